@@ -1,0 +1,45 @@
+"""`lev`: the command-line client. Each subcommand lives in its own module and
+registers itself; this file only dispatches and turns errors into one line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from leviathd.errors import LeviathError
+
+# Each module exposes `register(subparsers) -> None`; the parser it adds sets
+# `func(args) -> int` as its default.
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "leviathd.cli.validate",
+    "leviathd.cli.store",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lev", description="Run and inspect fenced AI agents (leviathd)."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc: int = args.func(args)
+    except LeviathError as exc:
+        print(f"lev: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

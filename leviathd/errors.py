@@ -1,0 +1,33 @@
+"""Errors a person reads. Every layer raises these; the CLI prints one line and
+the bus layer maps `dbus_name` to a named D-Bus error."""
+
+from __future__ import annotations
+
+
+class LeviathError(Exception):
+    dbus_name = "org.leviath.Error.Failed"
+    exit_code = 1
+
+
+class InvalidArgument(LeviathError):
+    dbus_name = "org.leviath.Error.InvalidArgument"
+
+
+class ConfigError(InvalidArgument):
+    """A config or blueprint file is wrong; the message names file, line and key."""
+
+    dbus_name = "org.leviath.Error.InvalidConfig"
+
+
+class NotFound(LeviathError):
+    dbus_name = "org.leviath.Error.NotFound"
+
+
+class AccessDenied(LeviathError):
+    dbus_name = "org.leviath.Error.AccessDenied"
+
+
+class Unavailable(LeviathError):
+    """The sandbox (or another part) cannot be built on this host."""
+
+    dbus_name = "org.leviath.Error.SandboxUnavailable"
