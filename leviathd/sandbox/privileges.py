@@ -1,0 +1,155 @@
+"""Drop from root to the agent's user with no way back.
+
+Order matters and follows the kernel's rules:
+
+1. groups, then gid, while we still have CAP_SETGID;
+2. the bounding set, while we still have CAP_SETPCAP (it limits what any later
+   exec, setuid binaries included, can gain);
+3. ambient and inheritable emptied, keep-caps off, so nothing survives setuid
+   or exec;
+4. `no_new_privs` (setuid bits and file capabilities are ignored on exec);
+5. setresuid: the kernel empties permitted and effective when every uid leaves 0;
+6. an explicit capset of all zeros (covers a uid 0 target) and a read-back that
+   proves every set is empty.
+
+python-prctl covers the prctl options; capget/capset go through libc, since
+python-prctl's set list is fixed at its build time and may miss newer caps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from collections.abc import Sequence
+
+import prctl
+
+from leviathd.errors import Unavailable
+
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_SYS_CAPGET = 125
+_SYS_CAPSET = 126
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read().strip())
+    except OSError:
+        return 63
+
+
+def _capget() -> tuple[int, int, int]:
+    """(effective, permitted, inheritable) of this thread as 64-bit masks."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.syscall(_SYS_CAPGET, ctypes.byref(header), data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capget: {os.strerror(err)}")
+    return (
+        data[0].effective | data[1].effective << 32,
+        data[0].permitted | data[1].permitted << 32,
+        data[0].inheritable | data[1].inheritable << 32,
+    )
+
+
+def _capset(effective: int, permitted: int, inheritable: int) -> None:
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    for i in range(2):
+        shift = 32 * i
+        data[i].effective = (effective >> shift) & 0xFFFFFFFF
+        data[i].permitted = (permitted >> shift) & 0xFFFFFFFF
+        data[i].inheritable = (inheritable >> shift) & 0xFFFFFFFF
+    if _libc.syscall(_SYS_CAPSET, ctypes.byref(header), data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capset: {os.strerror(err)}")
+
+
+def _ambient_clear() -> None:
+    if _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        # EINVAL: a kernel without ambient capabilities (< 4.3) has none to clear.
+        if err != 22:
+            raise OSError(err, f"PR_CAP_AMBIENT_CLEAR_ALL: {os.strerror(err)}")
+
+
+def drop_bounding_set() -> None:
+    """Empty the bounding set (needs CAP_SETPCAP)."""
+    for cap in range(_last_cap() + 1):
+        try:
+            prctl.capbset_drop(cap)
+        except (OSError, ValueError):
+            # python-prctl may not know caps newer than its build; use libc.
+            if _libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                err = ctypes.get_errno()
+                if err != 22:  # EINVAL: no such capability on this kernel
+                    raise OSError(err, f"PR_CAPBSET_DROP {cap}: {os.strerror(err)}") from None
+
+
+def capability_sets() -> dict[str, int]:
+    """Every capability set of this process, for checks and tests."""
+    eff, perm, inh = _capget()
+    bounding = 0
+    for cap in range(_last_cap() + 1):
+        if _libc.prctl(23, cap, 0, 0, 0) == 1:  # PR_CAPBSET_READ
+            bounding |= 1 << cap
+    ambient = 0
+    for cap in range(_last_cap() + 1):
+        if _libc.prctl(_PR_CAP_AMBIENT, 1, cap, 0, 0) == 1:  # PR_CAP_AMBIENT_IS_SET
+            ambient |= 1 << cap
+    return {
+        "effective": eff,
+        "permitted": perm,
+        "inheritable": inh,
+        "bounding": bounding,
+        "ambient": ambient,
+    }
+
+
+def drop_to_user(uid: int, gid: int, groups: Sequence[int], *, no_new_privs: bool) -> None:
+    """Become uid/gid/groups with every capability set empty.
+
+    Must be called as root (or with CAP_SETUID, CAP_SETGID and CAP_SETPCAP).
+    Raises Unavailable when any step fails or a set is not empty afterwards:
+    the caller must not exec in that case.
+    """
+    try:
+        os.setgroups(list(groups))
+        os.setresgid(gid, gid, gid)
+        drop_bounding_set()
+        _ambient_clear()
+        prctl.set_keepcaps(False)
+        eff, perm, _ = _capget()
+        _capset(eff, perm, 0)
+        if no_new_privs:
+            prctl.set_no_new_privs(1)
+        os.setresuid(uid, uid, uid)
+        _capset(0, 0, 0)
+    except OSError as exc:
+        raise Unavailable(f"cannot drop privileges to uid {uid}: {exc}") from exc
+    left = {name: mask for name, mask in capability_sets().items() if mask}
+    if left:
+        raise Unavailable(f"capabilities remain after dropping to uid {uid}: {left}")
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        raise Unavailable(f"uid/gid did not change to {uid}/{gid}")
+    if no_new_privs and prctl.get_no_new_privs() != 1:
+        raise Unavailable("no_new_privs did not stick")
