@@ -1,0 +1,64 @@
+"""Who is calling: the unique bus name of the sender, captured around dispatch,
+resolved to a uid and pid by the bus daemon. Never from the message body.
+
+dbus-fast does not hand the message to service methods. A message handler runs
+for every incoming message before dispatch and sets a context variable; the
+task that runs an async method is created right after, in the same context, so
+the method reads its own sender."""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+
+from dbus_fast import Message, MessageType
+from dbus_fast.aio import MessageBus
+
+from leviathd.errors import AccessDenied
+
+_sender: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "leviath_bus_sender", default=None
+)
+
+
+@dataclass(frozen=True)
+class Caller:
+    sender: str
+    uid: int
+    pid: int | None
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+
+def install(bus: MessageBus) -> None:
+    def capture(msg: Message) -> bool:
+        if msg.message_type is MessageType.METHOD_CALL:
+            _sender.set(msg.sender)
+        return False
+
+    bus.add_message_handler(capture)
+
+
+async def current(bus: MessageBus) -> Caller:
+    sender = _sender.get()
+    if not sender:
+        raise AccessDenied("cannot tell who is calling")
+    reply = await bus.call(
+        Message(
+            destination="org.freedesktop.DBus",
+            path="/org/freedesktop/DBus",
+            interface="org.freedesktop.DBus",
+            member="GetConnectionCredentials",
+            signature="s",
+            body=[sender],
+        )
+    )
+    if reply is None or reply.message_type is MessageType.ERROR:
+        raise AccessDenied("the bus could not say who is calling")
+    creds = reply.body[0]
+    if "UnixUserID" not in creds:
+        raise AccessDenied("the bus could not say who is calling")
+    pid = creds["ProcessID"].value if "ProcessID" in creds else None
+    return Caller(sender=sender, uid=int(creds["UnixUserID"].value), pid=pid)

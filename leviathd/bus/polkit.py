@@ -1,0 +1,58 @@
+"""Ask polkit whether a bus caller may do something. The subject is the
+caller's bus name, so polkit, not this daemon, decides who that is."""
+
+from __future__ import annotations
+
+import logging
+
+from dbus_fast import Message, MessageType, Variant
+from dbus_fast.aio import MessageBus
+
+from leviathd.bus.caller import Caller
+from leviathd.errors import AccessDenied
+
+log = logging.getLogger(__name__)
+
+AUTHORITY = "org.freedesktop.PolicyKit1"
+AUTHORITY_PATH = "/org/freedesktop/PolicyKit1/Authority"
+AUTHORITY_IFACE = "org.freedesktop.PolicyKit1.Authority"
+# Errors that mean "no polkit here", after which only root is allowed.
+_ABSENT = {
+    "org.freedesktop.DBus.Error.ServiceUnknown",
+    "org.freedesktop.DBus.Error.NameHasNoOwner",
+    "org.freedesktop.DBus.Error.NoReply",
+    "org.freedesktop.DBus.Error.TimedOut",
+    "org.freedesktop.DBus.Error.Spawn.ChildExited",
+    "org.freedesktop.DBus.Error.Spawn.ServiceNotFound",
+}
+
+
+async def is_authorized(bus: MessageBus, caller: Caller, action: str, *, interactive: bool = False) -> bool:
+    if caller.is_root:
+        return True
+    subject = ("system-bus-name", {"name": Variant("s", caller.sender)})
+    reply = await bus.call(
+        Message(
+            destination=AUTHORITY,
+            path=AUTHORITY_PATH,
+            interface=AUTHORITY_IFACE,
+            member="CheckAuthorization",
+            signature="(sa{sv})sa{ss}us",
+            body=[subject, action, {}, 1 if interactive else 0, ""],
+        )
+    )
+    if reply is None:
+        return False
+    if reply.message_type is MessageType.ERROR:
+        if reply.error_name in _ABSENT:
+            log.warning("polkit is not reachable (%s): only root is allowed", reply.error_name)
+        else:
+            log.warning("polkit refused to answer %s: %s", action, reply.error_name)
+        return False
+    authorized, _challenge, _details = reply.body[0]
+    return bool(authorized)
+
+
+async def require(bus: MessageBus, caller: Caller, action: str, what: str) -> None:
+    if not await is_authorized(bus, caller, action):
+        raise AccessDenied(f"not authorized to {what} (polkit action {action})")

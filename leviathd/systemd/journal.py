@@ -1,0 +1,43 @@
+"""The journal: structured records for the daemon's own events (so that
+`journalctl LEVIATH_AGENT=<id>` is an audit trail), and stdout streams for an
+agent's output opened from inside its scope, so journald files them under the
+scope's unit."""
+
+from __future__ import annotations
+
+import socket
+import syslog
+
+import pystemd.journal
+
+STDOUT_SOCKET = "/run/systemd/journal/stdout"
+
+
+def record(message: str, *, priority: int = syslog.LOG_INFO, **fields: object) -> None:
+    """Send one structured entry. Field names are upper-cased journal fields;
+    None values are left out."""
+    extra = {k.upper(): str(v) for k, v in fields.items() if v is not None}
+    pystemd.journal.sendv(
+        f"PRIORITY={priority}",
+        MESSAGE=message,
+        SYSLOG_IDENTIFIER="leviathd",
+        **extra,
+    )
+
+
+def open_stream(identifier: str, *, priority: int) -> int:
+    """What sd_journal_stream_fd() does: a write-only stream whose lines
+    journald records with the identity (and so the unit) of the connecting
+    process. Call it after the process sits in the agent's scope."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(STDOUT_SOCKET)
+        sock.shutdown(socket.SHUT_RD)
+        # identifier, unit id (empty: journald takes the unit from our cgroup),
+        # priority, level prefix, forward to syslog / kmsg / console.
+        header = f"{identifier}\n\n{priority}\n0\n0\n0\n0\n"
+        sock.sendall(header.encode())
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()

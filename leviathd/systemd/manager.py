@@ -1,0 +1,218 @@
+"""The systemd manager on the system bus, through dbus-fast: transient scopes
+for agents, stopping them, and reading what systemd knows about them."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from dbus_fast import Message, MessageType, Variant
+from dbus_fast.aio import MessageBus
+
+from leviathd.errors import LeviathError
+
+SYSTEMD = "org.freedesktop.systemd1"
+MANAGER_PATH = "/org/freedesktop/systemd1"
+MANAGER_IFACE = "org.freedesktop.systemd1.Manager"
+UNIT_IFACE = "org.freedesktop.systemd1.Unit"
+SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
+UINT64_MAX = 2**64 - 1
+
+
+class SystemdError(LeviathError):
+    dbus_name = "org.leviath.Error.Systemd"
+
+
+@dataclass(frozen=True)
+class ScopeLimits:
+    memory_max: int | None = None
+    tasks_max: int | None = None
+    cpu_quota_percent: int | None = None
+    cpu_weight: int | None = None
+
+
+@dataclass(frozen=True)
+class UnitState:
+    name: str
+    active_state: str
+    memory_current: int | None
+    tasks_current: int | None
+    control_group: str
+
+
+def scope_properties(
+    *, pids: list[int], slice_name: str, description: str, limits: ScopeLimits
+) -> list[tuple[str, Variant]]:
+    props: list[tuple[str, Variant]] = [
+        ("PIDs", Variant("au", pids)),
+        ("Slice", Variant("s", slice_name)),
+        ("Description", Variant("s", description)),
+        # An OOM-killed or failed agent must not linger as a failed unit.
+        ("CollectMode", Variant("s", "inactive-or-failed")),
+        # `lev stop` is SIGTERM then, after this, SIGKILL.
+        ("TimeoutStopUSec", Variant("t", 10_000_000)),
+        ("MemoryAccounting", Variant("b", True)),
+        ("TasksAccounting", Variant("b", True)),
+    ]
+    if limits.memory_max is not None:
+        props.append(("MemoryMax", Variant("t", limits.memory_max)))
+        # Swap would let a memory hog outlive its limit for minutes.
+        props.append(("MemorySwapMax", Variant("t", 0)))
+    if limits.tasks_max is not None:
+        props.append(("TasksMax", Variant("t", limits.tasks_max)))
+    if limits.cpu_quota_percent is not None:
+        props.append(("CPUQuotaPerSecUSec", Variant("t", limits.cpu_quota_percent * 10_000)))
+    if limits.cpu_weight is not None:
+        props.append(("CPUWeight", Variant("t", limits.cpu_weight)))
+    return props
+
+
+class SystemdManager:
+    """One connection's view of PID 1. `attach()` once before use: it
+    subscribes to job results so that starting a scope can wait for it."""
+
+    def __init__(self, bus: MessageBus) -> None:
+        self._bus = bus
+        self._job_waiters: dict[str, asyncio.Future[str]] = {}
+        self._job_results: dict[str, str] = {}
+
+    async def attach(self) -> None:
+        self._bus.add_message_handler(self._on_message)
+        await self._call_bus(
+            "AddMatch",
+            "s",
+            [
+                f"type='signal',sender='{SYSTEMD}',interface='{MANAGER_IFACE}',"
+                "member='JobRemoved'"
+            ],
+        )
+        await self._call(MANAGER_PATH, MANAGER_IFACE, "Subscribe", "", [])
+
+    def _on_message(self, msg: Message) -> bool:
+        if (
+            msg.message_type is MessageType.SIGNAL
+            and msg.member == "JobRemoved"
+            and msg.interface == MANAGER_IFACE
+        ):
+            _id, job, _unit, result = msg.body
+            waiter = self._job_waiters.pop(job, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(result)
+            else:
+                # The reply to StartTransientUnit may come after the job ended.
+                self._job_results[job] = result
+                if len(self._job_results) > 256:
+                    self._job_results.pop(next(iter(self._job_results)))
+        return False
+
+    async def _call_bus(self, member: str, signature: str, body: list[Any]) -> list[Any]:
+        reply = await self._bus.call(
+            Message(
+                destination="org.freedesktop.DBus",
+                path="/org/freedesktop/DBus",
+                interface="org.freedesktop.DBus",
+                member=member,
+                signature=signature,
+                body=body,
+            )
+        )
+        assert reply is not None
+        if reply.message_type is MessageType.ERROR:
+            raise SystemdError(f"{member}: {reply.error_name}: {_error_text(reply)}")
+        return list(reply.body)
+
+    async def _call(
+        self, path: str, interface: str, member: str, signature: str, body: list[Any]
+    ) -> list[Any]:
+        reply = await self._bus.call(
+            Message(
+                destination=SYSTEMD,
+                path=path,
+                interface=interface,
+                member=member,
+                signature=signature,
+                body=body,
+            )
+        )
+        assert reply is not None
+        if reply.message_type is MessageType.ERROR:
+            raise SystemdError(f"systemd {member}: {_error_text(reply)}", reply.error_name)
+        return list(reply.body)
+
+    async def start_scope(
+        self, name: str, *, pids: list[int], slice_name: str, description: str,
+        limits: ScopeLimits,
+    ) -> None:
+        """Create the scope around `pids` and wait until systemd reports the
+        job done, so that the processes are in its cgroup with its limits."""
+        props = scope_properties(
+            pids=pids, slice_name=slice_name, description=description, limits=limits
+        )
+        (job,) = await self._call(
+            MANAGER_PATH, MANAGER_IFACE, "StartTransientUnit", "ssa(sv)a(sa(sv))",
+            [name, "fail", props, []],
+        )
+        result = self._job_results.pop(job, None)
+        if result is None:
+            waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            self._job_waiters[job] = waiter
+            try:
+                result = await asyncio.wait_for(waiter, timeout=30)
+            finally:
+                self._job_waiters.pop(job, None)
+        if result != "done":
+            raise SystemdError(f"starting {name} ended with result {result!r}")
+
+    async def stop_unit(self, name: str) -> None:
+        try:
+            await self._call(MANAGER_PATH, MANAGER_IFACE, "StopUnit", "ss", [name, "replace"])
+        except SystemdError as exc:
+            if _is_no_such_unit(exc):
+                return
+            raise
+
+    async def unit_state(self, name: str) -> UnitState | None:
+        try:
+            (path,) = await self._call(MANAGER_PATH, MANAGER_IFACE, "GetUnit", "s", [name])
+        except SystemdError as exc:
+            if _is_no_such_unit(exc):
+                return None
+            raise
+        (unit_props,) = await self._call(
+            path, "org.freedesktop.DBus.Properties", "GetAll", "s", [UNIT_IFACE]
+        )
+        (scope_props,) = await self._call(
+            path, "org.freedesktop.DBus.Properties", "GetAll", "s", [SCOPE_IFACE]
+        )
+        return UnitState(
+            name=name,
+            active_state=str(unit_props["ActiveState"].value),
+            memory_current=_counter(scope_props.get("MemoryCurrent")),
+            tasks_current=_counter(scope_props.get("TasksCurrent")),
+            control_group=str(scope_props["ControlGroup"].value)
+            if "ControlGroup" in scope_props
+            else "",
+        )
+
+    async def scope_property(self, name: str, prop: str) -> Any:
+        (path,) = await self._call(MANAGER_PATH, MANAGER_IFACE, "GetUnit", "s", [name])
+        (value,) = await self._call(
+            path, "org.freedesktop.DBus.Properties", "Get", "ss", [SCOPE_IFACE, prop]
+        )
+        return value.value
+
+
+def _counter(v: Variant | None) -> int | None:
+    if v is None:
+        return None
+    n = int(v.value)
+    return None if n == UINT64_MAX else n
+
+
+def _error_text(reply: Message) -> str:
+    return str(reply.body[0]) if reply.body else str(reply.error_name)
+
+
+def _is_no_such_unit(exc: SystemdError) -> bool:
+    return len(exc.args) > 1 and exc.args[1] == "org.freedesktop.systemd1.NoSuchUnit"
