@@ -1,0 +1,131 @@
+"""`[[allowlist]]` rules: a tool may send data up to `max_sensitivity` to
+targets matching a glob, above its clearance.
+
+Matching must stay fast with thousands of rules, so rules are indexed when
+compiled: exact targets in a dict, `*suffix` and `prefix*` globs by their
+literal part, and only the remaining globs go through one combined regex.
+Globs: `*` matches any run of characters (dots and slashes included), `?`
+one character; everything else is literal; hosts compare case-insensitively.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from leviathd.errors import InvalidArgument
+from leviathd.policy.labels import Sensitivity
+
+
+@dataclass(frozen=True)
+class AllowRule:
+    tool: str
+    target: str
+    max_sensitivity: Sensitivity
+    index: int = 0  # position in the merged config, for messages
+
+    def describe(self) -> str:
+        return (
+            f"allowlist #{self.index}: {self.tool} → {self.target!r} "
+            f"up to {self.max_sensitivity}"
+        )
+
+
+def glob_to_regex(glob: str) -> str:
+    out = []
+    for ch in glob:
+        if ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        else:
+            out.append(re.escape(ch))
+    return "".join(out)
+
+
+@dataclass
+class _ToolIndex:
+    exact: dict[str, list[AllowRule]] = field(default_factory=dict)
+    suffix: dict[str, list[AllowRule]] = field(default_factory=dict)  # "*literal"
+    prefix: dict[str, list[AllowRule]] = field(default_factory=dict)  # "literal*"
+    suffix_lengths: tuple[int, ...] = ()
+    prefix_lengths: tuple[int, ...] = ()
+    other: list[tuple[re.Pattern[str], AllowRule]] = field(default_factory=list)
+    other_any: re.Pattern[str] | None = None
+
+    def finish(self) -> None:
+        self.suffix_lengths = tuple(sorted({len(k) for k in self.suffix}))
+        self.prefix_lengths = tuple(sorted({len(k) for k in self.prefix}))
+        if self.other:
+            self.other_any = re.compile(
+                "|".join(f"(?:{p.pattern})" for p, _ in self.other), re.IGNORECASE | re.DOTALL
+            )
+
+    def candidates(self, target: str) -> Iterable[AllowRule]:
+        yield from self.exact.get(target, ())
+        n = len(target)
+        for length in self.suffix_lengths:
+            if length > n:
+                break
+            yield from self.suffix.get(target[n - length :], ())
+        for length in self.prefix_lengths:
+            if length > n:
+                break
+            yield from self.prefix.get(target[:length], ())
+        if self.other_any is not None and self.other_any.fullmatch(target):
+            for pattern, rule in self.other:
+                if pattern.fullmatch(target):
+                    yield rule
+
+
+class Allowlist:
+    def __init__(self, rules: Sequence[AllowRule]) -> None:
+        self.rules = tuple(rules)
+        self._by_tool: dict[str, _ToolIndex] = {}
+        for rule in self.rules:
+            index = self._by_tool.setdefault(rule.tool, _ToolIndex())
+            glob = rule.target.lower()
+            stars = glob.count("*")
+            if "?" not in glob and stars == 0:
+                index.exact.setdefault(glob, []).append(rule)
+            elif "?" not in glob and stars == 1 and glob.startswith("*"):
+                index.suffix.setdefault(glob[1:], []).append(rule)
+            elif "?" not in glob and stars == 1 and glob.endswith("*"):
+                index.prefix.setdefault(glob[:-1], []).append(rule)
+            else:
+                pattern = re.compile(glob_to_regex(glob), re.IGNORECASE | re.DOTALL)
+                index.other.append((pattern, rule))
+        for index in self._by_tool.values():
+            index.finish()
+
+    def find(self, tool: str, target: str, taint: Sensitivity) -> AllowRule | None:
+        """The first rule (in config order) for `tool` whose glob matches
+        `target` and whose max_sensitivity covers `taint`."""
+        best: AllowRule | None = None
+        lowered = target.lower()
+        for key in (tool, "*"):
+            index = self._by_tool.get(key)
+            if index is None:
+                continue
+            for rule in index.candidates(lowered):
+                if rule.max_sensitivity >= taint and (best is None or rule.index < best.index):
+                    best = rule
+        return best
+
+
+def compile_allowlist(raw: Iterable[object]) -> Allowlist:
+    """From config AllowRule-like objects (attributes tool, target,
+    max_sensitivity) or dicts with those keys."""
+    rules = []
+    for i, item in enumerate(raw, start=1):
+        if isinstance(item, dict):
+            tool, target, level = item.get("tool"), item.get("target"), item.get("max_sensitivity")
+        else:
+            tool = getattr(item, "tool", None)
+            target = getattr(item, "target", None)
+            level = getattr(item, "max_sensitivity", None)
+        if not isinstance(tool, str) or not isinstance(target, str) or level is None:
+            raise InvalidArgument(f"allowlist entry {i} needs tool, target and max_sensitivity")
+        rules.append(AllowRule(tool, target, Sensitivity.parse(level), i))
+    return Allowlist(rules)

@@ -1,0 +1,147 @@
+"""The gate: one pure function from a tool call and the agent's state to a
+decision, following the spec's order: permission → reads outside the
+workdir → taint against clearance → run. No I/O: paths arrive already
+normalised; the broker re-checks the real path of every opened file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from leviathd.policy.labels import READ_TOOLS, WRITE_TOOLS, Sensitivity, label_for
+from leviathd.policy.permissions import permission_for
+from leviathd.policy.readgrant import is_within
+from leviathd.policy.settings import CompiledPolicy
+
+Outcome = Literal["allow", "deny", "ask"]
+AskKind = Literal["permission", "taint"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the gate needs to know about a call. `paths` are absolute,
+    normalised paths the call reads (read tools) or writes (write tools)."""
+
+    tool: str
+    target: str = ""
+    paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Step:
+    check: str
+    result: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    outcome: Outcome
+    rule: str
+    steps: tuple[Step, ...]
+    call: Call
+    taint: Sensitivity
+    clearance: Sensitivity | None
+    label: Sensitivity  # the label the tool's output will carry
+    ask_kind: AskKind | None = None
+
+
+class ApprovalView(Protocol):
+    def permission_approved(self, tool: str) -> bool: ...
+
+    def taint_approved(self, tool: str, target: str, taint: Sensitivity) -> bool: ...
+
+
+class NoApprovals:
+    def permission_approved(self, tool: str) -> bool:
+        return False
+
+    def taint_approved(self, tool: str, target: str, taint: Sensitivity) -> bool:
+        return False
+
+
+NO_APPROVALS = NoApprovals()
+
+
+def normalise(path: str, workdir: str) -> str:
+    """Lexical absolute form (relative paths are relative to the workdir)."""
+    return os.path.normpath(os.path.join(workdir, path))
+
+
+def decide(
+    policy: CompiledPolicy,
+    call: Call,
+    taint: Sensitivity,
+    approvals: ApprovalView = NO_APPROVALS,
+) -> Decision:
+    steps: list[Step] = []
+    tool = call.tool
+    label = label_for(tool, grant_active=policy.grant.active)
+    clearance = policy.clearances.get(tool)
+
+    def done(outcome: Outcome, rule: str, kind: AskKind | None = None) -> Decision:
+        return Decision(outcome, rule, tuple(steps), call, taint, clearance, label, kind)
+
+    # 1. Permission.
+    perm = permission_for(tool, policy.permissions)
+    if perm.source == "unknown-tool":
+        steps.append(Step("permission", "deny", f"{tool!r} is not a known tool (fail closed)"))
+        return done("deny", "unknown-tool")
+    steps.append(Step("permission", perm.permission, f"{tool} = {perm.permission} ({perm.source})"))
+    if perm.permission == "deny":
+        return done("deny", f"permission:{tool}=deny")
+    if perm.permission == "ask":
+        if not approvals.permission_approved(tool):
+            return done("ask", f"permission:{tool}=ask", "permission")
+        steps.append(Step("approval", "allow", f"{tool} approved by a person"))
+
+    # 2. Paths: reads may leave the workdir only through a grant; writes never.
+    workdir = policy.workdir
+    if tool in READ_TOOLS:
+        for path in call.paths:
+            if is_within(path, workdir):
+                steps.append(Step("read-path", "inside", f"{path} is inside the workdir"))
+                continue
+            grant = policy.grant.match(path)
+            if grant is None:
+                detail = f"{path} is outside the workdir, not granted"
+                steps.append(Step("read-path", "deny", detail))
+                return done("deny", "read-path-not-granted")
+            steps.append(Step("read-path", "granted", f"{path} granted by {grant!r}"))
+    elif tool in WRITE_TOOLS:
+        for path in call.paths:
+            if not is_within(path, workdir):
+                steps.append(Step("write-path", "deny", f"{path} is outside the workdir"))
+                return done("deny", "write-outside-workdir")
+            steps.append(Step("write-path", "inside", f"{path} is inside the workdir"))
+    else:
+        steps.append(Step("read-path", "n/a", f"{tool} reads no host paths"))
+
+    # 3. Taint against clearance, for tools that can send data out.
+    settings = policy.settings
+    if clearance is None:
+        steps.append(Step("taint", "n/a", f"{tool} cannot send data off the machine"))
+        return done("allow", "not-outbound")
+    if not settings.taint_enabled:
+        steps.append(Step("taint", "off", "taint tracking is disabled"))
+        return done("allow", "taint-disabled")
+    if taint <= clearance:
+        steps.append(Step("taint", "ok", f"taint {taint} ≤ clearance {clearance} of {tool}"))
+        return done("allow", "within-clearance")
+    steps.append(Step("taint", "exceeds", f"taint {taint} > clearance {clearance} of {tool}"))
+    rule = policy.allowlist.find(tool, call.target, taint)
+    if rule is not None:
+        steps.append(Step("allowlist", "allow", rule.describe()))
+        return done("allow", f"allowlist#{rule.index}")
+    steps.append(Step("allowlist", "none", f"no allowlist rule covers {tool} → {call.target!r}"))
+    if approvals.taint_approved(tool, call.target, taint):
+        steps.append(Step("approval", "allow", "approved by a person for this session"))
+        return done("allow", "session-approval")
+    steps.append(Step("on_exceed", settings.on_exceed, f"[taint] on_exceed = {settings.on_exceed}"))
+    if settings.on_exceed == "allow":
+        return done("allow", "on_exceed=allow")
+    if settings.on_exceed == "deny":
+        return done("deny", "on_exceed=deny")
+    return done("ask", "on_exceed=ask", "taint")

@@ -1,0 +1,77 @@
+"""The policy-relevant part of an agent's effective settings, compiled once
+(per agent, per config reload) into indexes the gate can query quickly."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from leviathd.policy.allowlist import Allowlist, compile_allowlist
+from leviathd.policy.labels import Sensitivity, clearance_for
+from leviathd.policy.permissions import KNOWN_TOOLS, Permission, compile_permissions
+from leviathd.policy.readgrant import ReadGrant, compile_grants
+
+OnExceed = Literal["allow", "deny", "ask"]
+
+
+@dataclass(frozen=True)
+class CredentialSpec:
+    command: tuple[str, ...]
+    secret_file: str
+    env: str
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    permissions: Mapping[str, object] = field(default_factory=dict)
+    read_paths: Sequence[str] = ()  # active grants: declared and granted
+    taint_enabled: bool = True
+    on_exceed: OnExceed = "ask"
+    budget: int = 32
+    approval_timeout: float = 120.0
+    clearance: Mapping[str, object] = field(default_factory=dict)
+    allow_private_addresses: bool = False
+    allowlist: Sequence[object] = ()
+    network: bool = True
+    credentials: Mapping[str, CredentialSpec] = field(default_factory=dict)
+
+    @classmethod
+    def from_effective(cls, eff: Any) -> PolicySettings:
+        """From `leviathd.config.merge.Effective` (read by attribute so this
+        module does not depend on the config package's import graph)."""
+        taint = getattr(eff, "taint", None)
+        creds: dict[str, CredentialSpec] = {}
+        for name, spec in dict(getattr(eff, "credentials", None) or {}).items():
+            creds[str(name)] = CredentialSpec(
+                tuple(str(a) for a in spec.command), str(spec.secret_file), str(spec.env)
+            )
+        on_exceed = str(getattr(taint, "on_exceed", "ask"))
+        return cls(
+            permissions=dict(getattr(eff, "permissions", None) or {}),
+            read_paths=tuple(getattr(eff, "read_paths_granted", None) or ()),
+            taint_enabled=bool(getattr(taint, "enabled", True)),
+            on_exceed=on_exceed if on_exceed in ("allow", "deny") else "ask",  # type: ignore[arg-type]
+            budget=int(getattr(taint, "budget", 32)),
+            approval_timeout=float(getattr(taint, "approval_timeout", 120)),
+            clearance=dict(getattr(taint, "clearance", None) or {}),
+            allow_private_addresses=bool(getattr(taint, "allow_private_addresses", False)),
+            allowlist=tuple(getattr(eff, "allowlist", None) or ()),
+            network=bool(getattr(eff, "network", True)),
+            credentials=creds,
+        )
+
+
+class CompiledPolicy:
+    """Everything `gate.decide` needs, precomputed. Build a new one on reload."""
+
+    def __init__(self, settings: PolicySettings, *, home: str, workdir: str) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.permissions: dict[str, Permission] = compile_permissions(settings.permissions)
+        self.grant: ReadGrant = compile_grants(settings.read_paths, home=home, workdir=workdir)
+        self.allowlist: Allowlist = compile_allowlist(settings.allowlist)
+        self.clearances: dict[str, Sensitivity | None] = {
+            tool: clearance_for(tool, settings.clearance, network=settings.network)
+            for tool in KNOWN_TOOLS
+        }
