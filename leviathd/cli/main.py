@@ -15,6 +15,8 @@ from leviathd.errors import LeviathError
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "leviathd.cli.validate",
     "leviathd.cli.store",
+    "leviathd.cli.run",
+    "leviathd.cli.control",
 )
 
 

@@ -1,0 +1,468 @@
+"""The registry of agents and their life cycle: start (checked, fenced, in a
+scope), stop, list, logs, and the end of every agent however it ends. Knows
+nothing of D-Bus; the bus layer hands it a `Caller` and a polkit check."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import secrets
+import signal
+import syslog
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dbus_fast.aio import MessageBus
+
+from leviathd import spawn
+from leviathd.bus import names, polkit
+from leviathd.bus.caller import Caller
+from leviathd.config import load as config_load
+from leviathd.config.merge import Effective, MergeResult, resolve
+from leviathd.config.models import Blueprint, Config
+from leviathd.errors import AccessDenied, ConfigError, InvalidArgument, NotFound, Unavailable
+from leviathd.identity import UserInfo, user_info
+from leviathd.records import AgentRecord, AgentState, RecordStore
+from leviathd.sandbox import scratch
+from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec
+from leviathd.systemd import journal
+from leviathd.systemd.manager import ScopeLimits, SystemdManager
+from leviathd.userfiles import read_user_file
+
+SLICE = "leviath.slice"
+WORKDIR_MODES = ("rw", "ro", "throwaway")
+_UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.]")
+
+
+def unit_name(user: str, agent: str, agent_id: str) -> str:
+    return f"leviath-{_UNIT_SAFE.sub('_', user)}-{_UNIT_SAFE.sub('_', agent)}-{agent_id}.scope"
+
+
+@dataclass
+class RunInput:
+    command: list[str] = field(default_factory=list)
+    blueprint_text: str | None = None
+    blueprint_source: str = "<request>"
+    workdir: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    sandbox: str = ""
+    workdir_mode: str = "rw"
+
+    @classmethod
+    def from_variants(cls, request: Mapping[str, Any]) -> RunInput:
+        """Check every key and type of a Run request: the bus only promised
+        a{sv}."""
+        expect = {
+            "command": "as",
+            "blueprint": "s",
+            "blueprint_source": "s",
+            "workdir": "s",
+            "env": "a{ss}",
+            "sandbox": "s",
+            "workdir_mode": "s",
+        }
+        values: dict[str, Any] = {}
+        for key, var in request.items():
+            if key not in expect:
+                raise InvalidArgument(f"unknown request key {key!r}; known: {', '.join(expect)}")
+            sig = getattr(var, "signature", None)
+            if sig != expect[key]:
+                raise InvalidArgument(f"request key {key!r} must have type {expect[key]}, not {sig}")
+            values[key] = var.value
+        req = cls(
+            command=list(values.get("command", [])),
+            blueprint_text=values.get("blueprint"),
+            blueprint_source=values.get("blueprint_source", "<request>"),
+            workdir=values.get("workdir", ""),
+            env=dict(values.get("env", {})),
+            sandbox=values.get("sandbox", ""),
+            workdir_mode=values.get("workdir_mode", "rw"),
+        )
+        if not req.workdir or not os.path.isabs(req.workdir):
+            raise InvalidArgument("workdir must be an absolute path")
+        if req.blueprint_text is None and not req.command:
+            raise InvalidArgument("give a blueprint or a command to run")
+        if any("\0" in a for a in req.command) or (req.command and not req.command[0]):
+            raise InvalidArgument("command has an empty program or a NUL byte")
+        if req.sandbox not in ("", "none"):
+            raise InvalidArgument("sandbox may only be \"none\" (or left out)")
+        if req.workdir_mode not in WORKDIR_MODES:
+            raise InvalidArgument(f"workdir_mode must be one of {', '.join(WORKDIR_MODES)}")
+        return req
+
+
+Emit = Callable[..., None]
+
+
+class Agents:
+    def __init__(
+        self,
+        bus: MessageBus,
+        systemd: SystemdManager,
+        store: RecordStore,
+        *,
+        machine_config_path: str,
+        scratch_dir_default: str,
+        on_started: Emit,
+        on_ended: Emit,
+    ) -> None:
+        self._bus = bus
+        self._systemd = systemd
+        self._store = store
+        self._machine_path = machine_config_path
+        self._scratch_default = scratch_dir_default
+        self._on_started = on_started
+        self._on_ended = on_ended
+        self.machine_config = Config()
+        self.records: dict[str, AgentRecord] = {}
+        self._watches: dict[str, int] = {}
+        self._followers: dict[str, list[asyncio.subprocess.Process]] = {}
+        self._finalizing: set[str] = set()
+        # Hooks for later parts (broker, containers): called with the record.
+        self.start_hooks: list[Callable[[AgentRecord, MergeResult, UserInfo], Awaitable[None]]] = []
+        self.end_hooks: list[Callable[[AgentRecord], Awaitable[None]]] = []
+
+    # --- configuration -----------------------------------------------------
+
+    def load_machine_config(self) -> None:
+        """Raises ConfigError and keeps the old config when the file is bad."""
+        if os.path.exists(self._machine_path):
+            self.machine_config = config_load.load_config(self._machine_path)
+        else:
+            self.machine_config = Config()
+
+    async def reload(self, who: Caller) -> None:
+        await polkit.require(self._bus, who, names.ACTION_CONFIG_MANAGE, "reload the configuration")
+        self.load_machine_config()
+        journal.record("configuration reloaded", LEVIATH_EVENT="reload")
+
+    def user_config(self, user: UserInfo) -> Config | None:
+        path = os.path.join(user.home, ".config", "leviath", "config.toml")
+        try:
+            text = read_user_file(path, user.uid)
+        except PermissionError as exc:
+            raise ConfigError(str(exc)) from None
+        if text is None:
+            return None
+        return config_load.parse_config(text, path)
+
+    # --- start -------------------------------------------------------------
+
+    async def run(self, who: Caller, req: RunInput, stdio: spawn.Stdio) -> AgentRecord:
+        try:
+            return await self._run(who, req, stdio)
+        finally:
+            # The supervisor has its own copies; ours must not leak.
+            for fd in stdio.fds():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    async def _run(self, who: Caller, req: RunInput, stdio: spawn.Stdio) -> AgentRecord:
+        await polkit.require(self._bus, who, names.ACTION_RUN, "run agents")
+        if req.sandbox == "none":
+            await polkit.require(
+                self._bus, who, names.ACTION_RUN_UNSANDBOXED, "run an agent without a sandbox"
+            )
+        user = user_info(who.uid)
+        blueprint: Blueprint | None = None
+        if req.blueprint_text is not None:
+            blueprint = config_load.parse_blueprint(req.blueprint_text, req.blueprint_source)
+        command = list(req.command) or (list(blueprint.agent.command) if blueprint else [])
+        if not command:
+            raise InvalidArgument("the blueprint has no [agent] command and none was given")
+        agent_name = blueprint.agent.name if blueprint else os.path.basename(command[0])
+        merged = resolve(self.machine_config, self.user_config(user), blueprint, agent_name)
+        errors = [f for f in merged.findings if f.level == "error"]
+        if errors:
+            raise InvalidArgument("; ".join(f"[{f.code}] {f.message}" for f in errors))
+        eff = merged.agent
+        kind, marks = self._choose_kind(eff, req)
+
+        agent_id = self._new_id()
+        unit = unit_name(user.name, agent_name, agent_id)
+        held = spawn.fork_held(
+            user, req.workdir, exit_path=self._store.exit_path(agent_id),
+            identifier=agent_name, stdio=stdio,
+        )
+        scratch_path = ""
+        try:
+            ok, detail = await _read_status(held)
+            if not ok:
+                raise InvalidArgument(detail)
+            real_workdir = detail
+            spec = self._spec(eff, kind, user, req, command, real_workdir, agent_id)
+            if kind == "namespace":
+                scratch_path = scratch.create(spec)
+            await self._systemd.start_scope(
+                unit, pids=[held.pid], slice_name=SLICE,
+                description=f"leviath agent {agent_name} of {user.name} ({agent_id})",
+                limits=_limits(eff),
+            )
+        except BaseException:
+            held.abort()
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(held.pid, 0)
+            if scratch_path:
+                scratch.remove(scratch_path)
+            raise
+        rec = AgentRecord(
+            id=agent_id, uid=user.uid, user=user.name, agent=agent_name, command=command,
+            workdir=real_workdir, unit=unit, sandbox=kind, marks=marks,
+            reads_granted=len(eff.read_paths_granted), reads_declared=len(eff.read_paths_declared),
+            supervisor_pid=held.pid, scratch=scratch_path, started_at=time.time(),
+        )
+        self._store.save(rec)
+        self.records[agent_id] = rec
+        for hook in self.start_hooks:
+            await hook(rec, merged, user)
+        spawn.release(held, spec.to_dict())
+        self._watch(rec)
+        journal.record(
+            f"agent {agent_id} ({agent_name}) started for {user.name} in {unit}",
+            LEVIATH_AGENT=agent_id, LEVIATH_USER=user.name, LEVIATH_UNIT=unit,
+            LEVIATH_SANDBOX=kind, LEVIATH_EVENT="start",
+        )
+        if rec.reads_declared and not rec.reads_granted:
+            journal.record(
+                f"agent {agent_id} ({agent_name}) declares {rec.reads_declared} read paths and "
+                "the configuration grants none: reads outside the workdir will be refused",
+                priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id, LEVIATH_EVENT="reads-not-granted",
+            )
+        self._on_started(agent_id, unit, user.uid)
+        return rec
+
+    def _choose_kind(self, eff: Effective, req: RunInput) -> tuple[str, list[str]]:
+        if req.sandbox == "none":
+            return "none", ["unsandboxed"]
+        kind = str(getattr(eff.kind, "value", eff.kind))
+        if kind == "none":
+            return "none", ["unsandboxed"]
+        if kind == "namespace":
+            from leviathd.sandbox import namespace
+
+            reason = namespace.probe()
+            if reason is None:
+                return "namespace", []
+        else:
+            reason = "the container kind is not available in this build"
+        on_unavailable = str(getattr(eff.on_unavailable, "value", eff.on_unavailable))
+        if on_unavailable == "warn":
+            journal.record(
+                f"sandbox {kind} unavailable ({reason}); running on the host as configured "
+                "(on_unavailable = \"warn\")",
+                priority=syslog.LOG_WARNING, LEVIATH_EVENT="sandbox-unavailable",
+            )
+            return "none", ["unsandboxed", f"{kind}-unavailable"]
+        raise Unavailable(f"the {kind} sandbox cannot be built here: {reason}")
+
+    def _spec(
+        self, eff: Effective, kind: str, user: UserInfo, req: RunInput, command: list[str],
+        workdir: str, agent_id: str,
+    ) -> SandboxSpec:
+        request = RunRequest(
+            argv=tuple(command), workdir=workdir, workdir_mode=req.workdir_mode,
+            caller_env=dict(req.env),
+        )
+        return build_spec(eff, user, request, agent_id, kind=kind)
+
+    def _new_id(self) -> str:
+        while True:
+            agent_id = secrets.token_hex(4)
+            if agent_id not in self.records:
+                return agent_id
+
+    # --- the end of an agent -----------------------------------------------
+
+    def _watch(self, rec: AgentRecord) -> None:
+        """Learn of the supervisor's end through a pidfd, which works whether
+        or not this daemon is its parent (after a restart it is not)."""
+        try:
+            pidfd = os.pidfd_open(rec.supervisor_pid)
+        except ProcessLookupError:
+            asyncio.get_running_loop().create_task(self._finalize(rec.id))
+            return
+        self._watches[rec.id] = pidfd
+        asyncio.get_running_loop().add_reader(pidfd, self._supervisor_ended, rec.id)
+
+    def _supervisor_ended(self, agent_id: str) -> None:
+        pidfd = self._watches.pop(agent_id, None)
+        if pidfd is not None:
+            asyncio.get_running_loop().remove_reader(pidfd)
+            os.close(pidfd)
+        asyncio.get_running_loop().create_task(self._finalize(agent_id))
+
+    async def _finalize(self, agent_id: str) -> None:
+        rec = self.records.get(agent_id)
+        if rec is None or not rec.running or agent_id in self._finalizing:
+            return
+        self._finalizing.add(agent_id)
+        try:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(rec.supervisor_pid, os.WNOHANG)
+            # Whatever the agent left behind in its scope ends with it.
+            with contextlib.suppress(Exception):
+                await self._systemd.stop_unit(rec.unit)
+            ended = self._store.read_exit(agent_id)
+            if ended is not None:
+                rec.exit_status, rec.ended_at = ended
+            else:
+                rec.ended_at = time.time()
+            if rec.stop_requested:
+                rec.state = AgentState.STOPPED
+            elif ended is None:
+                rec.state = AgentState.FAILED
+            else:
+                rec.state = AgentState.EXITED
+            for hook in self.end_hooks:
+                with contextlib.suppress(Exception):
+                    await hook(rec)
+            if rec.scratch:
+                scratch.remove(rec.scratch)
+            self._store.save(rec)
+            self._store.drop_exit(agent_id)
+            journal.record(
+                f"agent {agent_id} ({rec.agent}) of {rec.user} ended: {rec.state.value}"
+                + (f", exit status {rec.exit_status}" if rec.exit_status is not None else ""),
+                LEVIATH_AGENT=agent_id, LEVIATH_USER=rec.user, LEVIATH_UNIT=rec.unit,
+                LEVIATH_EVENT="end", LEVIATH_EXIT_STATUS=rec.exit_status,
+            )
+            self._on_ended(agent_id, -1 if rec.exit_status is None else rec.exit_status,
+                           rec.state.value)
+            asyncio.get_running_loop().call_later(1.0, self._end_followers, agent_id)
+        finally:
+            self._finalizing.discard(agent_id)
+
+    async def recover(self) -> None:
+        """After a (re)start: adopt agents whose scope and supervisor still
+        live, close the records of those that ended while we were away, and
+        sweep scratch folders nobody owns."""
+        for rec in self._store.load_all():
+            self.records[rec.id] = rec
+            if not rec.running:
+                continue
+            if _supervisor_alive(rec):
+                self._watch(rec)
+            else:
+                await self._finalize(rec.id)
+        live = {r.id for r in self.records.values() if r.running}
+        scratch.sweep(self._scratch_dirs(), live)
+
+    def _scratch_dirs(self) -> list[str]:
+        dirs = {self._scratch_default}
+        configured = getattr(self.machine_config.sandbox, "scratch_dir", None)
+        if configured:
+            dirs.add(str(configured))
+        return sorted(dirs)
+
+    # --- queries and control -----------------------------------------------
+
+    async def _authorize_record(self, who: Caller, agent_id: str, what: str) -> AgentRecord:
+        rec = self.records.get(agent_id)
+        if rec is None:
+            raise NotFound(f"no agent with id {agent_id!r}")
+        if rec.uid == who.uid:
+            await polkit.require(self._bus, who, names.ACTION_RUN, what)
+            return rec
+        if not await polkit.is_authorized(self._bus, who, names.ACTION_MANAGE_ANY):
+            # Another user's agent does not exist, as far as this caller can tell.
+            raise NotFound(f"no agent with id {agent_id!r}")
+        return rec
+
+    async def stop(self, who: Caller, agent_id: str) -> None:
+        rec = await self._authorize_record(who, agent_id, "stop agents")
+        if not rec.running:
+            return
+        rec.stop_requested = True
+        self._store.save(rec)
+        journal.record(
+            f"agent {agent_id} stop requested by uid {who.uid}",
+            LEVIATH_AGENT=agent_id, LEVIATH_EVENT="stop", LEVIATH_BY_UID=who.uid,
+        )
+        await self._systemd.stop_unit(rec.unit)
+
+    async def _live(self, rec: AgentRecord) -> dict[str, int | None]:
+        if not rec.running:
+            return {}
+        state = await self._systemd.unit_state(rec.unit)
+        if state is None:
+            return {}
+        return {"memory": state.memory_current, "tasks": state.tasks_current}
+
+    async def get(self, who: Caller, agent_id: str) -> tuple[AgentRecord, dict[str, int | None]]:
+        rec = await self._authorize_record(who, agent_id, "inspect agents")
+        return rec, await self._live(rec)
+
+    async def list(
+        self, who: Caller, *, include_ended: bool
+    ) -> list[tuple[AgentRecord, dict[str, int | None]]]:
+        everyone = await polkit.is_authorized(self._bus, who, names.ACTION_MANAGE_ANY)
+        rows = []
+        for rec in sorted(self.records.values(), key=lambda r: r.started_at):
+            if not everyone and rec.uid != who.uid:
+                continue
+            if not include_ended and not rec.running:
+                continue
+            rows.append((rec, await self._live(rec)))
+        return rows
+
+    async def logs(self, who: Caller, agent_id: str, follow: bool) -> int:
+        rec = await self._authorize_record(who, agent_id, "read agents' logs")
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        argv = ["journalctl", "--no-pager", "-o", "cat", "--all", f"_SYSTEMD_UNIT={rec.unit}"]
+        if follow and rec.running:
+            argv.append("--follow")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=write_fd,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+        finally:
+            os.close(write_fd)
+        if follow and rec.running:
+            self._followers.setdefault(agent_id, []).append(proc)
+        else:
+            asyncio.get_running_loop().create_task(proc.wait())
+        return read_fd
+
+    def _end_followers(self, agent_id: str) -> None:
+        for proc in self._followers.pop(agent_id, []):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            asyncio.get_running_loop().create_task(proc.wait())
+
+
+def _limits(eff: Effective) -> ScopeLimits:
+    r = eff.resources
+    return ScopeLimits(
+        memory_max=r.memory_max, tasks_max=r.tasks_max,
+        cpu_quota_percent=r.cpu_quota, cpu_weight=r.cpu_weight,
+    )
+
+
+async def _read_status(held: spawn.Held) -> tuple[bool, str]:
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    def readable() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(held.status_r, readable)
+    try:
+        await asyncio.wait_for(fut, timeout=30)
+    finally:
+        loop.remove_reader(held.status_r)
+    return spawn.read_status(held.status_r)
+
+
+def _supervisor_alive(rec: AgentRecord) -> bool:
+    """The recorded pid is still our supervisor only if it sits in the
+    agent's scope; a reused pid elsewhere does not count."""
+    try:
+        with open(f"/proc/{rec.supervisor_pid}/cgroup") as f:
+            return rec.unit in f.read()
+    except OSError:
+        return False

@@ -1,0 +1,137 @@
+"""org.leviath.Manager1: the control API. It only translates between the bus
+and `leviathd.agents.Agents`; identity comes from the bus, decisions from
+polkit and the core."""
+
+from typing import Annotated, Any
+
+from dbus_fast import Variant
+from dbus_fast.aio import MessageBus
+from dbus_fast.annotations import DBusSignature
+from dbus_fast.service import ServiceInterface, dbus_method, dbus_property, dbus_signal
+from dbus_fast.constants import PropertyAccess
+
+from leviathd import __version__
+from leviathd.agents import Agents, RunInput
+from leviathd.bus import caller as bus_caller
+from leviathd.bus.errors import translated
+from leviathd.bus.names import MANAGER_IFACE
+from leviathd.records import AgentRecord
+from leviathd.spawn import Stdio
+
+VarDict = Annotated[dict[str, Variant], DBusSignature("a{sv}")]
+VarDictList = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]
+Str = Annotated[str, DBusSignature("s")]
+Bool = Annotated[bool, DBusSignature("b")]
+Fd = Annotated[int, DBusSignature("h")]
+UInt = Annotated[int, DBusSignature("u")]
+Int = Annotated[int, DBusSignature("i")]
+IdAndUnit = Annotated[list[str], DBusSignature("ss")]
+
+
+def record_to_variants(rec: AgentRecord, live: dict[str, int | None]) -> dict[str, Variant]:
+    out: dict[str, Variant] = {
+        "id": Variant("s", rec.id),
+        "uid": Variant("u", rec.uid),
+        "user": Variant("s", rec.user),
+        "agent": Variant("s", rec.agent),
+        "state": Variant("s", rec.state.value),
+        "sandbox": Variant("s", rec.sandbox),
+        "marks": Variant("as", list(rec.marks)),
+        "reads_granted": Variant("u", rec.reads_granted),
+        "reads_declared": Variant("u", rec.reads_declared),
+        "unit": Variant("s", rec.unit),
+        "workdir": Variant("s", rec.workdir),
+        "command": Variant("as", list(rec.command)),
+        "started_at": Variant("d", rec.started_at),
+    }
+    if rec.ended_at is not None:
+        out["ended_at"] = Variant("d", rec.ended_at)
+    if rec.exit_status is not None:
+        out["exit_status"] = Variant("i", rec.exit_status)
+    for key in ("memory", "tasks"):
+        value = live.get(key)
+        if value is not None:
+            out[key] = Variant("t", value)
+    return out
+
+
+def _parse_request(request: dict[str, Any]) -> RunInput:
+    return RunInput.from_variants(request)
+
+
+class ManagerInterface(ServiceInterface):
+    def __init__(self, bus: MessageBus, agents: Agents) -> None:
+        super().__init__(MANAGER_IFACE)
+        self._bus = bus
+        self._agents = agents
+
+    @dbus_method()
+    @translated
+    async def Run(self, request: VarDict) -> IdAndUnit:  # noqa: N802 - D-Bus names
+        """Start an agent as the caller, detached. Keys: command (as),
+        blueprint (s, the blueprint.toml text), blueprint_source (s), workdir (s),
+        env (a{ss}), sandbox (s: "" or "none"), workdir_mode (s)."""
+        who = await bus_caller.current(self._bus)
+        rec = await self._agents.run(who, _parse_request(request), Stdio())
+        return [rec.id, rec.unit]
+
+    @dbus_method()
+    @translated
+    async def RunAttached(  # noqa: N802
+        self, request: VarDict, stdin: Fd, stdout: Fd, stderr: Fd
+    ) -> IdAndUnit:
+        """As Run, with the caller's terminal: output goes to the journal and
+        to these descriptors, input comes from stdin."""
+        who = await bus_caller.current(self._bus)
+        stdio = Stdio(stdin=stdin, stdout=stdout, stderr=stderr)
+        rec = await self._agents.run(who, _parse_request(request), stdio)
+        return [rec.id, rec.unit]
+
+    @dbus_method()
+    @translated
+    async def Stop(self, agent_id: Str) -> None:  # noqa: N802
+        who = await bus_caller.current(self._bus)
+        await self._agents.stop(who, agent_id)
+
+    @dbus_method()
+    @translated
+    async def List(self, all_agents: Bool) -> VarDictList:  # noqa: N802
+        """The caller's agents (everyone's with org.leviath.agent.manage-any);
+        running ones only unless all_agents."""
+        who = await bus_caller.current(self._bus)
+        rows = await self._agents.list(who, include_ended=all_agents)
+        return [record_to_variants(rec, live) for rec, live in rows]
+
+    @dbus_method()
+    @translated
+    async def Get(self, agent_id: Str) -> VarDict:  # noqa: N802
+        who = await bus_caller.current(self._bus)
+        rec, live = await self._agents.get(who, agent_id)
+        return record_to_variants(rec, live)
+
+    @dbus_method()
+    @translated
+    async def Logs(self, agent_id: Str, follow: Bool) -> Fd:  # noqa: N802
+        """A pipe carrying the agent's journal output; with follow, it stays
+        open until the agent ends."""
+        who = await bus_caller.current(self._bus)
+        return await self._agents.logs(who, agent_id, follow)
+
+    @dbus_method()
+    @translated
+    async def Reload(self) -> None:  # noqa: N802
+        """Re-read /etc/leviath/config.toml (org.leviath.config.manage)."""
+        who = await bus_caller.current(self._bus)
+        await self._agents.reload(who)
+
+    @dbus_signal()
+    def AgentStarted(self, agent_id: str, unit: str, uid: int) -> Annotated[list[Any], DBusSignature("ssu")]:  # noqa: N802
+        return [agent_id, unit, uid]
+
+    @dbus_signal()
+    def AgentEnded(self, agent_id: str, exit_status: int, state: str) -> Annotated[list[Any], DBusSignature("sis")]:  # noqa: N802
+        return [agent_id, exit_status, state]
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Version(self) -> Str:  # noqa: N802
+        return __version__

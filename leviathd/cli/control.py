@@ -1,0 +1,133 @@
+"""`lev ps`, `lev stop ID`, `lev logs ID [-f]`: thin clients of the daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from dbus_fast import Variant
+
+from leviathd.cli.client import Client
+
+COLUMNS = ("ID", "USER", "AGENT", "STATE", "SANDBOX", "READS", "MEM", "TASKS", "AGE", "UNIT")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ps = sub.add_parser("ps", help="list agents")
+    ps.add_argument("--all", "-a", action="store_true", help="include agents that ended")
+    ps.add_argument("--json", action="store_true", help="machine-readable output")
+    ps.set_defaults(func=ps_main)
+    stop = sub.add_parser("stop", help="stop an agent")
+    stop.add_argument("id")
+    stop.set_defaults(func=stop_main)
+    logs = sub.add_parser("logs", help="show an agent's output (from the journal)")
+    logs.add_argument("id")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
+    logs.set_defaults(func=logs_main)
+
+
+def plain(info: dict[str, Variant]) -> dict[str, Any]:
+    return {k: v.value for k, v in info.items()}
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "K", "M", "G", "T"):
+        if value < 1024 or unit == "T":
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return str(n)
+
+
+def human_age(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def table_row(a: dict[str, Any], now: float) -> list[str]:
+    sandbox = a["sandbox"] + ("".join(f" ({m})" for m in a.get("marks", []) if m != "unsandboxed"))
+    if "unsandboxed" in a.get("marks", []):
+        sandbox += " UNSANDBOXED"
+    state = a["state"]
+    if "exit_status" in a and state != "running":
+        state = f"{state}({a['exit_status']})"
+    return [
+        a["id"], a["user"], a["agent"], state, sandbox,
+        f"{a['reads_granted']}/{a['reads_declared']}",
+        human_bytes(a.get("memory")),
+        str(a["tasks"]) if "tasks" in a else "-",
+        human_age(now - a["started_at"]), a["unit"],
+    ]
+
+
+def format_table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+async def _ps(args: argparse.Namespace) -> int:
+    client = await Client.connect()
+    try:
+        (agents,) = await client.call("List", "b", [args.all])
+    finally:
+        client.close()
+    items = [plain(a) for a in agents]
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return 0
+    now = time.time()
+    print(format_table([list(COLUMNS)] + [table_row(a, now) for a in items]))
+    return 0
+
+
+async def _stop(args: argparse.Namespace) -> int:
+    client = await Client.connect()
+    try:
+        await client.call("Stop", "s", [args.id])
+    finally:
+        client.close()
+    return 0
+
+
+async def _logs(args: argparse.Namespace) -> int:
+    client = await Client.connect()
+    try:
+        (fd,) = await client.call("Logs", "sb", [args.id, args.follow])
+    finally:
+        client.close()
+    out = sys.stdout.buffer
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(65536):
+            out.write(chunk)
+            out.flush()
+    return 0
+
+
+def ps_main(args: argparse.Namespace) -> int:
+    return asyncio.run(_ps(args))
+
+
+def stop_main(args: argparse.Namespace) -> int:
+    return asyncio.run(_stop(args))
+
+
+def logs_main(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_logs(args))
+    except BrokenPipeError:
+        return 0

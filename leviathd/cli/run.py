@@ -1,0 +1,142 @@
+"""`lev run BLUEPRINT|-- COMMAND...`: start an agent through leviathd. Attached
+by default: the agent writes to this terminal (and the journal), `lev` exits
+with its status, and Ctrl-C stops it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from dbus_fast import Message, MessageType, Variant
+
+from leviathd.cli.client import Client
+from leviathd.errors import InvalidArgument, NotFound
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run", help="run an agent", usage="lev run [options] (BLUEPRINT | -- COMMAND...)"
+    )
+    p.add_argument("--workdir", "-w", help="the agent's working directory (default: here)")
+    p.add_argument("--detach", "-d", action="store_true", help="print the id and return")
+    p.add_argument(
+        "--workdir-mode", choices=("rw", "ro", "throwaway"), default="rw",
+        help="workdir read-write (default), read-only, or under a throwaway layer",
+    )
+    p.add_argument(
+        "--no-sandbox", action="store_true",
+        help="run without a sandbox (needs polkit action org.leviath.agent.run-unsandboxed)",
+    )
+    p.add_argument("target", nargs=argparse.REMAINDER, help="a blueprint, or -- and a command")
+    p.set_defaults(func=main)
+
+
+def blueprint_file(arg: str) -> Path:
+    """A folder holding blueprint.toml, the file itself, or an installed
+    agent's name."""
+    path = Path(arg)
+    if path.is_dir():
+        path = path / "blueprint.toml"
+    if path.is_file():
+        return path.resolve()
+    if "/" not in arg:
+        store = Path(
+            os.environ.get("LEVIATH_AGENT_STORE")
+            or Path.home() / ".local" / "share" / "leviath" / "agents"
+        )
+        candidate = store / arg / "blueprint.toml"
+        if candidate.is_file():
+            return candidate
+    raise NotFound(f"no blueprint at {arg!r} and no installed agent named so (see `lev list`)")
+
+
+def build_request(args: argparse.Namespace) -> dict[str, Variant]:
+    target: list[str] = list(args.target)
+    workdir = os.path.abspath(args.workdir or os.getcwd())
+    req: dict[str, Variant] = {
+        "workdir": Variant("s", workdir),
+        "env": Variant("a{ss}", dict(os.environ)),
+        "workdir_mode": Variant("s", args.workdir_mode),
+    }
+    if args.no_sandbox:
+        req["sandbox"] = Variant("s", "none")
+    if target and target[0] == "--":
+        if len(target) < 2:
+            raise InvalidArgument("nothing to run after --")
+        req["command"] = Variant("as", target[1:])
+    elif len(target) == 1:
+        path = blueprint_file(target[0])
+        # Read here, as the user: the daemon never opens a path a client names.
+        req["blueprint"] = Variant("s", path.read_text())
+        req["blueprint_source"] = Variant("s", str(path))
+    else:
+        raise InvalidArgument("give a blueprint, or -- and a command (lev run -- make test)")
+    return req
+
+
+async def _run(args: argparse.Namespace) -> int:
+    req = build_request(args)
+    client = await Client.connect()
+    try:
+        if args.detach:
+            agent_id, unit = await client.call("Run", "a{sv}", [req])
+            print(agent_id)
+            print(f"unit {unit}", file=sys.stderr)
+            return 0
+        return await _attached(client, req)
+    finally:
+        client.close()
+
+
+async def _attached(client: Client, req: dict[str, Variant]) -> int:
+    ended: dict[str, int] = {}
+    done = asyncio.Event()
+    wanted: list[str] = []
+
+    def on_signal(msg: Message) -> bool:
+        if msg.message_type is MessageType.SIGNAL and msg.member == "AgentEnded":
+            agent_id, status, _state = msg.body
+            ended[agent_id] = status
+            if agent_id in wanted:
+                done.set()
+        return False
+
+    client.bus.add_message_handler(on_signal)
+    await client.add_signal_match("AgentEnded")
+    agent_id, _unit = await client.call(
+        "RunAttached", "a{sv}hhh", [req, 0, 1, 2], unix_fds=[0, 1, 2]
+    )
+    wanted.append(agent_id)
+    if agent_id in ended:
+        done.set()
+
+    loop = asyncio.get_running_loop()
+    stop_sent = False
+
+    def interrupt() -> None:
+        nonlocal stop_sent
+        if not stop_sent:
+            stop_sent = True
+            loop.create_task(client.call("Stop", "s", [agent_id]))
+
+    loop.add_signal_handler(signal.SIGINT, interrupt)
+    loop.add_signal_handler(signal.SIGTERM, interrupt)
+    while not done.is_set():
+        try:
+            await asyncio.wait_for(done.wait(), timeout=5)
+        except TimeoutError:
+            # A missed signal (say, the daemon restarted) must not hang us.
+            (info,) = await client.call("Get", "s", [agent_id])
+            if info["state"].value != "running":
+                ended[agent_id] = info["exit_status"].value if "exit_status" in info else 1
+                break
+    status = ended.get(agent_id, 1)
+    return status if status >= 0 else 1
+
+
+def main(args: argparse.Namespace) -> int:
+    return asyncio.run(_run(args))

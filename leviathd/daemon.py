@@ -1,0 +1,110 @@
+"""leviathd: the system service. Wires the bus, systemd, the agent registry and
+the control API together, then serves until told to stop. Agents are not the
+daemon's: their scopes are systemd's, so they outlive a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from dbus_fast import BusType
+from dbus_fast.aio import MessageBus
+from dbus_fast.constants import NameFlag, RequestNameReply
+
+from leviathd.agents import Agents
+from leviathd.bus import caller
+from leviathd.bus.manager_iface import ManagerInterface
+from leviathd.bus.names import BUS_NAME, OBJECT_PATH
+from leviathd.errors import LeviathError
+from leviathd.records import RecordStore
+from leviathd.systemd import journal, notify
+from leviathd.systemd.manager import SystemdManager
+
+log = logging.getLogger("leviathd")
+
+
+def state_dir() -> str:
+    return os.environ.get("LEVIATH_STATE_DIR", "/var/lib/leviath")
+
+
+def machine_config_path() -> str:
+    return os.environ.get("LEVIATH_CONFIG", "/etc/leviath/config.toml")
+
+
+async def serve() -> int:
+    bus = await MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True).connect()
+    caller.install(bus)
+    systemd = SystemdManager(bus)
+    await systemd.attach()
+    store = RecordStore(state_dir())
+    store.ensure()
+
+    iface: ManagerInterface | None = None
+
+    def started(agent_id: str, unit: str, uid: int) -> None:
+        if iface is not None:
+            iface.AgentStarted(agent_id, unit, uid)
+
+    def ended(agent_id: str, status: int, state: str) -> None:
+        if iface is not None:
+            iface.AgentEnded(agent_id, status, state)
+
+    agents = Agents(
+        bus, systemd, store,
+        machine_config_path=machine_config_path(),
+        scratch_dir_default=os.path.join(state_dir(), "scratch"),
+        on_started=started, on_ended=ended,
+    )
+    agents.load_machine_config()
+    iface = ManagerInterface(bus, agents)
+    bus.export(OBJECT_PATH, iface)
+    await agents.recover()
+
+    reply = await bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
+    if reply is not RequestNameReply.PRIMARY_OWNER:
+        log.error("could not own %s (%s): is another leviathd running?", BUS_NAME, reply)
+        return 1
+    running = sum(1 for r in agents.records.values() if r.running)
+    notify.ready(f"serving; {running} agents running")
+    journal.record(f"leviathd ready, {running} agents adopted", LEVIATH_EVENT="ready")
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_hup() -> None:
+        notify.reloading()
+        try:
+            agents.load_machine_config()
+            log.info("configuration reloaded")
+        except LeviathError as exc:
+            log.error("configuration not reloaded, the old one stays in force: %s", exc)
+        notify.ready("serving")
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    disconnected = loop.create_task(bus.wait_for_disconnect())  # type: ignore[no-untyped-call]
+    stopping = loop.create_task(stop.wait())
+    await asyncio.wait({disconnected, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    notify.stopping()
+    bus.disconnect()
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if os.geteuid() != 0:
+        print("leviathd: must run as root (it starts agents as their users)", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(serve())
+    except LeviathError as exc:
+        log.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

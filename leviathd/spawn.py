@@ -1,0 +1,250 @@
+"""Starting an agent's first process so that it is inside its scope before it
+does anything.
+
+The daemon forks a child that (1) enters the workdir as the calling user, which
+proves the user can, and reports the real path, then (2) waits on a pipe while
+the daemon creates the scope around it, and (3) on release, reads the sandbox
+spec from that pipe and becomes the agent's supervisor: it connects the output
+to the journal from inside the scope, runs the launcher in a worker, records
+the exit status in the state folder, and exits. The supervisor stays root but
+holds nothing an agent could use, and it ignores SIGTERM so that `lev stop`
+still leaves an exit record."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import select
+import signal
+import syslog
+from dataclasses import dataclass
+
+from leviathd.identity import UserInfo
+from leviathd.systemd import journal
+
+_RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@dataclass
+class Stdio:
+    """The caller's terminal, for an attached run; None for detached."""
+
+    stdin: int | None = None
+    stdout: int | None = None
+    stderr: int | None = None
+
+    def fds(self) -> list[int]:
+        return [fd for fd in (self.stdin, self.stdout, self.stderr) if fd is not None]
+
+
+@dataclass
+class Held:
+    pid: int
+    status_r: int
+    go_w: int
+
+    def abort(self) -> None:
+        """Let the child go without running anything: closing the go pipe
+        makes it exit."""
+        for fd in (self.go_w, self.status_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def fork_held(
+    user: UserInfo, workdir: str, *, exit_path: str, identifier: str, stdio: Stdio
+) -> Held:
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            os.close(status_r)
+            os.close(go_w)
+            code = _child(user, workdir, status_w, go_r, exit_path, identifier, stdio)
+        except BaseException as exc:  # noqa: BLE001 - the child must never return
+            try:
+                os.write(2, f"leviathd supervisor: {exc!r}\n".encode())
+            except OSError:
+                pass
+        os._exit(code)
+    os.close(status_w)
+    os.close(go_r)
+    return Held(pid=pid, status_r=status_r, go_w=go_w)
+
+
+def read_status(fd: int) -> tuple[bool, str]:
+    """The child's answer to the workdir check: (True, real path) or
+    (False, reason)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return False, "the agent's process ended before it was ready"
+        data += chunk
+    text = data.decode(errors="replace").rstrip("\n")
+    ok, _, rest = text.partition(" ")
+    return ok == "ok", rest
+
+
+def release(held: Held, spec_dict: dict[str, object]) -> None:
+    payload = json.dumps(spec_dict).encode()
+    view = memoryview(payload)
+    while view:
+        n = os.write(held.go_w, view)
+        view = view[n:]
+    os.close(held.go_w)
+    os.close(held.status_r)
+
+
+# --- the child -------------------------------------------------------------
+
+
+def _enter_as_user(user: UserInfo, workdir: str) -> str:
+    """chdir into `workdir` with the user's identity (effective ids only, so
+    root can be regained), and return the real path."""
+    os.setgroups(list(user.groups))
+    os.setegid(user.gid)
+    os.seteuid(user.uid)
+    try:
+        os.chdir(workdir)
+        return os.getcwd()
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        os.setgroups([])
+
+
+def _child(
+    user: UserInfo, workdir: str, status_w: int, go_r: int, exit_path: str,
+    identifier: str, stdio: Stdio,
+) -> int:
+    os.setsid()
+    try:
+        real = _enter_as_user(user, workdir)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            reason = f"{user.name} may not enter {workdir}: {reason}"
+        else:
+            reason = f"cannot enter workdir {workdir}: {reason}"
+        os.write(status_w, f"err {reason}\n".encode())
+        return 1
+    os.write(status_w, f"ok {real}\n".encode())
+    os.close(status_w)
+
+    payload = b""
+    while chunk := os.read(go_r, 65536):
+        payload += chunk
+    os.close(go_r)
+    if not payload:
+        return 1  # the daemon gave up on this agent
+    from leviathd.sandbox.spec import SandboxSpec
+
+    spec = SandboxSpec.from_dict(json.loads(payload))
+    return _supervise(spec, exit_path, identifier, stdio)
+
+
+def _supervise(spec: object, exit_path: str, identifier: str, stdio: Stdio) -> int:
+    # We are in the scope now: journald files these streams under its unit.
+    j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO)
+    j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker = os.fork()
+    if worker == 0:  # pragma: no cover - the worker
+        code = 127
+        try:
+            stdin = stdio.stdin if stdio.stdin is not None else os.open(os.devnull, os.O_RDONLY)
+            os.dup2(stdin, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            # Python ignores SIGPIPE and friends; an exec'd program must not.
+            for sig in _RESET_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            os.closerange(3, _max_fd())
+            code = _launch(spec)
+        except BaseException as exc:  # noqa: BLE001
+            try:
+                os.write(2, f"leviath: could not start the agent: {exc}\n".encode())
+            except OSError:
+                pass
+        os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    if stdio.stdin is not None:
+        os.close(stdio.stdin)
+    _copy_output({out_r: (j_out, stdio.stdout), err_r: (j_err, stdio.stderr)})
+    _, wstatus = os.waitpid(worker, 0)
+    code = os.waitstatus_to_exitcode(wstatus)
+    if code < 0:
+        code = 128 - code
+    _write_exit(exit_path, code)
+    return code
+
+
+def _launch(spec: object) -> int:
+    kind = getattr(spec, "kind")
+    if str(getattr(kind, "value", kind)) == "namespace":
+        from leviathd.sandbox import namespace
+
+        return namespace.run(spec)  # type: ignore[arg-type]
+    from leviathd.sandbox import none
+
+    return none.run(spec)  # type: ignore[arg-type]
+
+
+def _copy_output(routes: dict[int, tuple[int, int | None]]) -> None:
+    """Copy each pipe to its journal stream and, for an attached run, to the
+    caller's terminal. A caller that went away stops getting output; the
+    journal keeps it."""
+    open_fds = dict(routes)
+    while open_fds:
+        ready, _, _ = select.select(list(open_fds), [], [])
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if not data:
+                del open_fds[fd]
+                os.close(fd)
+                continue
+            jfd, client = open_fds[fd]
+            _write_all(jfd, data)
+            if client is not None and not _write_all(client, data):
+                open_fds[fd] = (jfd, None)
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        return False
+    return True
+
+
+def _write_exit(path: str, code: int) -> None:
+    import time
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"exit_status": code, "ended_at": time.time()}, f)
+    os.rename(tmp, path)
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        return 65536

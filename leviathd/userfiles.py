@@ -1,0 +1,33 @@
+"""Reading a file that belongs to a user, from a root daemon, without letting
+the user point it at something they could not read themselves."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+
+def read_user_file(path: str, uid: int, *, limit: int = 1 << 20) -> str | None:
+    """The file's text, or None when it does not exist. The last component is
+    opened without following links, and the opened file must be a regular file
+    owned by `uid`: a file the user owns is one they could read anyway, so a
+    link or hard link to a root-only file gives them nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PermissionError(f"{path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PermissionError(f"{path}: not a regular file")
+        if st.st_uid != uid:
+            raise PermissionError(f"{path}: not owned by uid {uid}, ignored")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise PermissionError(f"{path}: larger than {limit} bytes")
+        return data.decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)
