@@ -1,0 +1,661 @@
+"""What an agent sees: a pure value, computed before anything runs.
+
+`build_spec` turns the effective settings, the user, the request and an
+execution id into a `SandboxSpec`: the mount table the launcher applies in
+order, the hidden paths, the namespaces, the environment, the limits. It does
+no I/O of its own: whatever it needs to know about the host (which paths
+exist, where links lead, the text of a worktree's `.git` file, the user's git
+identity, the system's top-level links) is passed in by the caller, so the
+same function runs in unit tests, in `lev inspect` and in the daemon.
+
+The bar is the Legato visibility table (shared/spec/legato-sandbox.md), with a
+filesystem isolated from the host's: the launcher builds a root from nothing
+but this table.
+"""
+
+from __future__ import annotations
+
+import os.path
+import posixpath
+import pwd
+import re
+import stat
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
+
+from leviathd.errors import InvalidArgument
+from leviathd.identity import UserInfo
+from leviathd.sandbox.environment import build_environment, parse_git_identity
+
+WorkdirMode = Literal["rw", "ro", "throwaway"]
+MountKind = Literal["bind", "tmpfs", "overlay", "proc", "dev", "symlink", "mask"]
+WORKDIR_MODES: tuple[str, ...] = ("rw", "ro", "throwaway")
+
+DEFAULT_SCRATCH_DIR = "/var/lib/leviath/scratch"
+
+# The system, read-only. The /bin-style names are links on merged-/usr systems
+# and directories elsewhere; the caller says which (see `links`).
+SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/etc", "/opt")
+SYSTEM_LINK_DIRS: tuple[str, ...] = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+# Home entries, relative to the home folder.
+AGENT_STATE: tuple[str, ...] = (
+    ".claude",
+    ".claude.json",
+    ".codex",
+    ".chimera",
+    ".gemini",
+    ".config/opencode",
+    ".local/share/opencode",
+)
+TOOLCHAINS: tuple[str, ...] = (
+    ".local/bin",
+    ".local/share/mise",
+    ".local/share/uv/python",
+    ".local/share/uv/tools",
+    ".cargo/bin",
+    ".rustup",
+    "go/bin",
+    ".bun/bin",
+    ".deno/bin",
+    ".nvm",
+    ".volta",
+    ".pyenv",
+    ".sdkman",
+)
+CACHES: tuple[str, ...] = (
+    ".cache/pip",
+    ".cache/uv",
+    ".npm",
+    ".local/share/pnpm",
+    ".cache/pnpm",
+    ".cache/yarn",
+    ".yarn/berry/cache",
+    ".bun/install/cache",
+    ".cargo/registry",
+    ".cargo/git",
+    "go/pkg/mod",
+    ".cache/go-build",
+    ".gradle/caches",
+    ".gradle/wrapper",
+    ".m2/repository",
+    ".cache/deno",
+    ".cache/pre-commit",
+)
+KNOWN_HOSTS = ".ssh/known_hosts"
+
+# Never visible, relative to the home folder...
+HIDDEN_IN_HOME: tuple[str, ...] = (
+    ".ssh",
+    ".gnupg",
+    ".1password",
+    ".config/op",
+    ".config/gh",
+    ".gitconfig",
+    ".git-credentials",
+    ".config/git/credentials",
+    ".netrc",
+    ".aws",
+    ".azure",
+    ".kube",
+    ".docker",
+    ".config/containers/auth.json",
+    ".npmrc",
+    ".pypirc",
+    ".yarnrc",
+    ".yarnrc.yml",
+    ".gradle/gradle.properties",
+    ".m2/settings.xml",
+    ".config/composer/auth.json",
+    ".composer/auth.json",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".local/share/keyrings",
+    ".password-store",
+    ".config/leviath",
+)
+# ...and absolute. "{uid}" is the user's uid.
+HIDDEN_ABSOLUTE: tuple[str, ...] = (
+    "/run/user/{uid}",
+    "/run/docker.sock",
+    "/var/run/docker.sock",
+    "/run/podman",
+    "/var/run/podman",
+    "/run/containerd",
+    "/run/dbus",
+    "/etc/leviath",
+    "/var/lib/leviath",
+    "/run/leviath",
+)
+
+
+class MountRequest(Protocol):
+    """A `mounts` entry of the config (`path`, `access`)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def access(self) -> str: ...
+
+
+class ResourcesLike(Protocol):
+    @property
+    def memory_max(self) -> int | None: ...
+
+    @property
+    def tasks_max(self) -> int | None: ...
+
+    @property
+    def cpu_quota(self) -> int | None: ...
+
+    @property
+    def cpu_weight(self) -> int | None: ...
+
+
+class EffectiveLike(Protocol):
+    """The fields of `leviathd.config.merge.Effective` the spec is built from."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def network(self) -> bool: ...
+
+    @property
+    def mounts(self) -> Sequence[MountRequest]: ...
+
+    @property
+    def default_mounts(self) -> bool: ...
+
+    @property
+    def scratch_dir(self) -> str | None: ...
+
+    @property
+    def resources(self) -> ResourcesLike: ...
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+    @property
+    def env_pass(self) -> Sequence[str]: ...
+
+    @property
+    def env_withhold(self) -> Sequence[str]: ...
+
+    @property
+    def hidden_paths(self) -> Sequence[str]: ...
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One step of building the agent's root, applied in table order.
+
+    bind: `source` (host path) at `target`, read-only when `readonly`.
+    tmpfs: an empty file system at `target`.
+    overlay: `source` is the lower (host) folder, `upper`/`work` live in scratch.
+    proc, dev: a fresh /proc, a minimal /dev.
+    symlink: a link at `target` whose text is `source` (/bin -> usr/bin).
+    mask: something hidden lies here inside a mounted folder; the launcher
+      covers it with an empty read-only file or folder when it exists.
+    `exact`: the source must be this very path, not a link to something else
+      (used for ~/.ssh/known_hosts, the one entry taken from a hidden folder).
+    """
+
+    kind: MountKind
+    target: str
+    source: str = ""
+    readonly: bool = False
+    upper: str = ""
+    work: str = ""
+    exact: bool = False
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    argv: tuple[str, ...]
+    workdir: str
+    workdir_mode: WorkdirMode = "rw"
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    kind: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    workdir: str
+    workdir_mode: WorkdirMode
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    user: str
+    home: str
+    sandbox_home: str
+    mounts: tuple[Mount, ...]
+    hidden: tuple[str, ...]
+    namespaces: tuple[str, ...]
+    network: bool
+    scratch: str
+    hostname: str
+    execution_id: str
+    limits: Mapping[str, int | None] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def scratch_home(self) -> str:
+        return posixpath.join(self.scratch, "home")
+
+    @property
+    def scratch_tmp(self) -> str:
+        return posixpath.join(self.scratch, "tmp")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["env"] = dict(self.env)
+        data["limits"] = dict(self.limits)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SandboxSpec:
+        values = dict(data)
+        values["argv"] = tuple(values["argv"])
+        values["groups"] = tuple(values["groups"])
+        values["mounts"] = tuple(Mount(**m) for m in values["mounts"])
+        values["hidden"] = tuple(values["hidden"])
+        values["namespaces"] = tuple(values["namespaces"])
+        values["notes"] = tuple(values.get("notes", ()))
+        values["env"] = dict(values["env"])
+        values["limits"] = dict(values.get("limits", {}))
+        return cls(**values)
+
+
+# --- path helpers (pure) -----------------------------------------------------
+
+
+def is_within(path: str, parent: str) -> bool:
+    """`path` is `parent` or lies beneath it (both normalised, absolute)."""
+    if parent == "/":
+        return True
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def expand(path: str, home: str) -> str:
+    """An absolute or `~/` path, normalised. Anything else is refused."""
+    if path == "~":
+        return posixpath.normpath(home)
+    if path.startswith("~/"):
+        return posixpath.normpath(posixpath.join(home, path[2:]))
+    if not path.startswith("/"):
+        raise InvalidArgument(f"path {path!r} must be absolute or start with ~/")
+    return posixpath.normpath(path)
+
+
+_EXECUTION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _as_predicate(existing: Callable[[str], bool] | Collection[str]) -> Callable[[str], bool]:
+    if callable(existing):
+        return existing
+    paths = frozenset(posixpath.normpath(p) for p in existing)
+    return paths.__contains__
+
+
+def hidden_paths(
+    user: UserInfo,
+    extra: Iterable[str] = (),
+    *,
+    scratch_dir: str = DEFAULT_SCRATCH_DIR,
+    other_homes: Iterable[str] = (),
+) -> list[str]:
+    """Every path no agent of `user` may see, expanded (not yet resolved)."""
+    home = posixpath.normpath(user.home)
+    paths = [posixpath.join(home, rel) for rel in HIDDEN_IN_HOME]
+    paths += [p.format(uid=user.uid) for p in HIDDEN_ABSOLUTE]
+    paths.append(posixpath.normpath(scratch_dir))
+    if user.uid != 0:
+        paths.append("/root")
+    paths += [posixpath.normpath(h) for h in other_homes if posixpath.normpath(h) != home]
+    paths += [expand(p, home) for p in extra]
+    seen: dict[str, None] = {}
+    for p in paths:
+        if p != "/" and not is_within(home, p):
+            seen.setdefault(p, None)
+    return list(seen)
+
+
+@dataclass
+class _Builder:
+    user: UserInfo
+    home: str
+    exists: Callable[[str], bool]
+    resolve: Callable[[str], str]
+    hidden: list[str]
+    mounts: list[Mount] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def hidden_hit(self, path: str) -> str | None:
+        """The hidden path that `path` (or where it leads) is at or inside."""
+        real = self.resolve(path)
+        for h in self.hidden:
+            if is_within(path, h) or is_within(real, h):
+                return h
+        return None
+
+    def add(self, mount: Mount) -> None:
+        self.mounts.append(mount)
+
+    def user_bind(self, path: str, *, readonly: bool, why: str, refuse: bool) -> None:
+        """Bind a path someone asked for, at the same place. A path at or inside
+        a hidden one (after links) is refused when `refuse`, skipped otherwise."""
+        if not self.exists(path):
+            self.notes.append(f"{path}: not present on this host, not mounted ({why})")
+            return
+        hit = self.hidden_hit(path)
+        if hit is not None:
+            if refuse:
+                raise InvalidArgument(
+                    f"mount {path} ({why}) is refused: it is, or leads to, a place inside "
+                    f"the hidden path {hit}"
+                )
+            self.notes.append(f"{path}: leads into hidden {hit}, not mounted ({why})")
+            return
+        self.add(Mount("bind", path, self.resolve(path), readonly=readonly, why=why))
+
+
+def _worktree_git_dirs(
+    workdir: str, read_text: Callable[[str], str | None]
+) -> list[str]:
+    """The git folders outside a worktree that git writes to: the `gitdir:` of
+    a `.git` file and, through its `commondir`, the main repository's `.git`."""
+    text = read_text(posixpath.join(workdir, ".git"))
+    if text is None or not text.startswith("gitdir:"):
+        return []
+    gitdir = text[len("gitdir:") :].strip().splitlines()[0].strip()
+    gitdir = posixpath.normpath(posixpath.join(workdir, gitdir))
+    dirs = [gitdir]
+    common = read_text(posixpath.join(gitdir, "commondir"))
+    if common is not None and common.strip():
+        main = posixpath.normpath(posixpath.join(gitdir, common.strip().splitlines()[0]))
+        dirs = [main] + [d for d in dirs if not is_within(d, main)]
+    return [d for d in dirs if not is_within(d, workdir)]
+
+
+def _depth(path: str) -> int:
+    return 0 if path == "/" else path.rstrip("/").count("/")
+
+
+def build_spec(
+    effective: EffectiveLike,
+    user: UserInfo,
+    request: RunRequest,
+    execution_id: str,
+    *,
+    existing: Callable[[str], bool] | Collection[str],
+    resolve: Callable[[str], str] | None = None,
+    read_text: Callable[[str], str | None] | None = None,
+    links: Mapping[str, str] | None = None,
+    git_identity: Mapping[str, str] | None = None,
+    other_homes: Iterable[str] = (),
+) -> SandboxSpec:
+    """Compute what the agent will see.
+
+    existing: which host paths exist (a set, or a predicate).
+    resolve: where a host path leads after links (default: itself).
+    read_text: the text of a small host file, or None (worktree `.git` files).
+    links: the system's top-level links, e.g. {"/bin": "usr/bin"}.
+    git_identity: {"name", "email"} from the user's ~/.gitconfig.
+    other_homes: other accounts' home folders, hidden too.
+    """
+    if not _EXECUTION_ID.match(execution_id):
+        raise InvalidArgument(f"execution id {execution_id!r} is not a plain name")
+    if not request.argv:
+        raise InvalidArgument("nothing to run: the command is empty")
+    if request.workdir_mode not in WORKDIR_MODES:
+        raise InvalidArgument(
+            f"workdir mode {request.workdir_mode!r} is not one of {', '.join(WORKDIR_MODES)}"
+        )
+    exists = _as_predicate(existing)
+    resolve_fn: Callable[[str], str] = resolve or posixpath.normpath
+    read_fn: Callable[[str], str | None] = read_text or (lambda _p: None)
+    system_links = dict(links or {})
+
+    home = posixpath.normpath(user.home)
+    scratch_dir = posixpath.normpath(effective.scratch_dir or DEFAULT_SCRATCH_DIR)
+    scratch = posixpath.join(scratch_dir, execution_id)
+    workdir = expand(request.workdir, home)
+
+    declared = hidden_paths(
+        user, effective.hidden_paths, scratch_dir=scratch_dir, other_homes=other_homes
+    )
+    # A hidden path is hidden under its own name and wherever it really lives.
+    hidden: dict[str, None] = {}
+    for h in declared:
+        hidden.setdefault(h, None)
+        hidden.setdefault(resolve_fn(h), None)
+    b = _Builder(
+        user=user,
+        home=home,
+        exists=exists,
+        resolve=resolve_fn,
+        hidden=list(hidden),
+    )
+
+    # The system, read-only.
+    for path in SYSTEM_DIRS:
+        if exists(path):
+            b.add(Mount("bind", path, resolve_fn(path), readonly=True, why="system"))
+    for path in SYSTEM_LINK_DIRS:
+        if path in system_links:
+            b.add(Mount("symlink", path, system_links[path], why="system link"))
+        elif exists(path):
+            b.add(Mount("bind", path, resolve_fn(path), readonly=True, why="system"))
+    b.add(Mount("proc", "/proc", why="fresh /proc"))
+    b.add(Mount("dev", "/dev", why="minimal /dev"))
+    # A home and a /tmp of its own, on disk in scratch.
+    b.add(Mount("bind", home, posixpath.join(scratch, "home"), why="home (scratch)"))
+    b.add(Mount("bind", "/tmp", posixpath.join(scratch, "tmp"), why="tmp (scratch)"))
+
+    # The workdir (and a worktree's git folders), in the mode asked for.
+    if workdir == "/" or is_within(home, workdir):
+        raise InvalidArgument(
+            f"workdir {workdir} would show the whole home folder; choose a project folder"
+        )
+    if not exists(workdir):
+        raise InvalidArgument(f"workdir {workdir} does not exist")
+    hit = b.hidden_hit(workdir)
+    if hit is not None:
+        raise InvalidArgument(f"workdir {workdir} is refused: it is inside the hidden path {hit}")
+    overlay_index = 0
+    for path, why in [(workdir, "workdir")] + [
+        (d, "worktree git") for d in _worktree_git_dirs(workdir, read_fn)
+    ]:
+        if why != "workdir":
+            hit = b.hidden_hit(path)
+            if hit is not None:
+                raise InvalidArgument(
+                    f"the worktree's git folder {path} is refused: it is inside {hit}"
+                )
+            if not exists(path):
+                b.notes.append(f"{path}: git folder named by {workdir}/.git is missing")
+                continue
+        if request.workdir_mode == "throwaway":
+            layer = posixpath.join(scratch, "overlay", str(overlay_index))
+            overlay_index += 1
+            b.add(
+                Mount(
+                    "overlay",
+                    path,
+                    resolve_fn(path),
+                    upper=posixpath.join(layer, "upper"),
+                    work=posixpath.join(layer, "work"),
+                    why=f"{why} (throwaway layer)",
+                )
+            )
+        else:
+            b.add(
+                Mount(
+                    "bind", path, resolve_fn(path), readonly=request.workdir_mode == "ro", why=why
+                )
+            )
+
+    # Home entries.
+    for rel in AGENT_STATE:
+        path = posixpath.join(home, rel)
+        if exists(path):
+            b.user_bind(path, readonly=False, why="agent tool state", refuse=False)
+    if effective.default_mounts:
+        for rel in TOOLCHAINS:
+            path = posixpath.join(home, rel)
+            if exists(path):
+                b.user_bind(path, readonly=True, why="toolchain", refuse=False)
+        for rel in CACHES:
+            path = posixpath.join(home, rel)
+            if exists(path):
+                b.user_bind(path, readonly=False, why="cache", refuse=False)
+    known_hosts = posixpath.join(home, KNOWN_HOSTS)
+    if exists(known_hosts):
+        real = resolve_fn(known_hosts)
+        own = posixpath.join(resolve_fn(posixpath.join(home, ".ssh")), "known_hosts")
+        leads = next((h for h in b.hidden if is_within(real, h)), None)
+        if real == own or leads is None:
+            b.add(Mount("bind", known_hosts, real, readonly=True, exact=True, why="known_hosts"))
+        else:
+            b.notes.append(f"{known_hosts}: leads into hidden {leads}, not mounted")
+
+    # Extra mounts from config: refused when inside a hidden path.
+    for m in effective.mounts:
+        path = expand(m.path, home)
+        if m.access not in ("read", "write"):
+            raise InvalidArgument(f"mount {m.path}: access must be read or write")
+        if is_within(home, path):
+            raise InvalidArgument(f"mount {m.path} would show the whole home folder")
+        b.user_bind(path, readonly=m.access != "write", why="config mount", refuse=True)
+
+    # Hidden things inside a mounted folder are covered.
+    masks: dict[str, None] = {}
+    for mount in b.mounts:
+        if mount.kind not in ("bind", "overlay") or mount.exact:
+            continue
+        if is_within(mount.source, scratch):
+            continue
+        for h in b.hidden:
+            for base in (mount.source, mount.target):
+                if h != base and is_within(h, base):
+                    masks.setdefault(posixpath.join(mount.target, h[len(base) :].lstrip("/")), None)
+    for target in masks:
+        b.add(Mount("mask", target, why="hidden"))
+
+    # Parents before children; the order above breaks ties (masks last).
+    ordered = sorted(b.mounts, key=lambda m: _depth(m.target))
+
+    kind = effective.kind
+    namespaces: tuple[str, ...] = ()
+    if kind == "namespace":
+        namespaces = ("ipc", "mnt", "pid", "uts") + (() if effective.network else ("net",))
+    env = build_environment(
+        request.env,
+        user,
+        env_pass=effective.env_pass,
+        env_withhold=effective.env_withhold,
+        blueprint_env=effective.env,
+        git_identity=git_identity,
+    )
+    res = effective.resources
+    return SandboxSpec(
+        kind=kind,
+        argv=tuple(request.argv),
+        env=env,
+        workdir=workdir,
+        workdir_mode=request.workdir_mode,
+        uid=user.uid,
+        gid=user.gid,
+        groups=tuple(user.groups),
+        user=user.name,
+        home=home,
+        sandbox_home=home,
+        mounts=tuple(ordered),
+        hidden=tuple(b.hidden),
+        namespaces=tuple(sorted(namespaces)),
+        network=effective.network,
+        scratch=scratch,
+        hostname=f"leviath-{execution_id}"[:64],
+        execution_id=execution_id,
+        limits={
+            "memory_max": res.memory_max,
+            "tasks_max": res.tasks_max,
+            "cpu_quota": res.cpu_quota,
+            "cpu_weight": res.cpu_weight,
+        },
+        notes=tuple(b.notes),
+    )
+
+
+# --- the host's answers, for callers that run on the real machine -----------
+
+
+def host_exists(path: str) -> bool:
+    return os.path.lexists(path)
+
+
+def host_resolve(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def host_read_text(path: str, limit: int = 65536) -> str | None:
+    """A small regular file's text; None for anything else (no links followed
+    at the last step, so a planted link cannot make root read a secret)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def host_links() -> dict[str, str]:
+    links: dict[str, str] = {}
+    for path in SYSTEM_LINK_DIRS:
+        if os.path.islink(path):
+            links[path] = os.readlink(path)
+    return links
+
+
+def host_other_homes(user: UserInfo) -> list[str]:
+    homes = {
+        posixpath.normpath(p.pw_dir)
+        for p in pwd.getpwall()
+        if p.pw_dir.startswith(("/home/", "/root", "/var/home/"))
+    }
+    homes.discard(posixpath.normpath(user.home))
+    return sorted(homes)
+
+
+def build_spec_on_host(
+    effective: EffectiveLike,
+    user: UserInfo,
+    request: RunRequest,
+    execution_id: str,
+) -> SandboxSpec:
+    """`build_spec` with the answers read from this machine, as the current
+    process sees it (the daemon reads the user's own files as the user)."""
+    gitconfig = host_read_text(posixpath.join(user.home, ".gitconfig"))
+
+    return build_spec(
+        effective,
+        user,
+        request,
+        execution_id,
+        existing=host_exists,
+        resolve=host_resolve,
+        read_text=host_read_text,
+        links=host_links(),
+        git_identity=parse_git_identity(gitconfig) if gitconfig else None,
+        other_homes=host_other_homes(user),
+    )
