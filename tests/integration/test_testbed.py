@@ -1,0 +1,107 @@
+"""The test bed itself: a real systemd, bus and polkit, and a host left as it was."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+from testbed import Testbed, cgroups
+
+pytestmark = pytest.mark.testbed
+
+
+def _host_cgroup_roots() -> list[Path]:
+    return [Path(p) for p in ("/sys/fs/cgroup", *map(str, Path("/sys/fs/cgroup").glob("*")))]
+
+
+def _hierarchy_ids() -> dict[str, str]:
+    lines = Path("/proc/cgroups").read_text().splitlines()[1:]
+    return {f[0]: f[1] for f in (line.split() for line in lines)}
+
+
+def test_systemd_reaches_running_with_no_failed_unit(testbed: Testbed) -> None:
+    state = testbed.run(["systemctl", "is-system-running"], check=False).stdout.strip()
+    failed = testbed.run(["systemctl", "--failed", "--plain", "--no-legend"]).stdout
+    assert (state, failed.strip()) == ("running", "")
+    assert testbed.run(["cat", "/proc/1/comm"]).stdout.strip() == "systemd"
+
+
+def test_polkit_allows_root_and_asks_an_unprivileged_user_to_authenticate(
+    testbed: Testbed,
+) -> None:
+    check = "pkcheck --action-id org.freedesktop.systemd1.manage-units --process $$"
+    as_root = testbed.run(check, check=False)
+    as_carol = testbed.run(check, user="carol", check=False)
+    assert as_root.returncode == 0, as_root.stderr
+    assert as_carol.returncode != 0
+    assert "requires authentication" in as_carol.stderr
+
+
+def test_a_transient_scope_gets_its_memory_and_tasks_limits_in_the_bed(testbed: Testbed) -> None:
+    r = testbed.run(
+        ["systemd-run", "--scope", "-p", "MemoryMax=100M", "-p", "TasksMax=20", "sh", "-c",
+         'g=$(grep :memory: /proc/self/cgroup | cut -d: -f3); '
+         'cat /sys/fs/cgroup/memory$g/memory.limit_in_bytes; '
+         'g=$(grep :pids: /proc/self/cgroup | cut -d: -f3); cat /sys/fs/cgroup/pids$g/pids.max'],
+    )  # fmt: skip
+    assert r.stdout.split() == ["104857600", "20"]
+
+
+def test_a_user_added_inside_does_not_exist_on_the_host(testbed: Testbed) -> None:
+    name = "tb" + secrets.token_hex(4)
+    testbed.add_user(name, ["leviath"])
+    assert testbed.run(["id", "-nG", name]).stdout.split() == [name, "leviath"]
+    assert name not in Path("/etc/passwd").read_text()
+    assert not Path("/home", name).exists()
+
+
+def test_commands_run_as_the_user_with_a_login_like_environment(testbed: Testbed) -> None:
+    r = testbed.run('id -un; id -Gn; echo "$HOME $USER"; pwd', user="dave")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "dave"
+    assert set(lines[1].split()) == {"dave", "leviath", "leviath-admin"}
+    assert lines[2:] == ["/home/dave dave", "/home/dave"]
+
+
+def test_the_project_is_installed_and_usable_by_an_unprivileged_user(testbed: Testbed) -> None:
+    wrapper = testbed.run(["cat", "/usr/bin/lev"], user="carol").stdout
+    assert wrapper.startswith("#!/opt/leviath-dev/venv/bin/python\n")
+    assert "from leviathd.cli.main import main" in wrapper
+    where = testbed.run(
+        ["/opt/leviath-dev/venv/bin/python", "-c", "import leviathd; print(leviathd.__file__)"],
+        user="carol",
+    )
+    assert where.stdout.startswith("/usr/lib/leviathd-test/")
+
+
+def test_booting_and_stopping_a_bed_leaves_the_host_as_it_was() -> None:
+    # A second, short-lived bed, so the hazards of docs/testbed.md are checked
+    # around a whole boot and shutdown: /tmp wiped, the cgroup tmpfs turned
+    # read-only, slices created at hierarchy roots, new v1 hierarchies.
+    marker = Path("/tmp") / f"leviath-testbed-marker-{secrets.token_hex(4)}"
+    marker.write_text("still here")
+    roots_before = {p: sorted(os.listdir(p)) for p in _host_cgroup_roots()}
+    ids_before = _hierarchy_ids()
+    try:
+        with Testbed() as bed:
+            assert bed.run(["systemctl", "is-system-running"]).stdout.strip() == "running"
+            bed.run(["systemd-run", "--scope", "true"])
+            created = list(bed._cgroups)
+        assert marker.read_text() == "still here"
+        assert "rw" in [
+            line.split()[3].split(",")[0]
+            for line in Path("/proc/mounts").read_text().splitlines()
+            if line.split()[1] == "/sys/fs/cgroup"
+        ]
+        probe = Path("/sys/fs/cgroup") / f".testbed-probe-{secrets.token_hex(4)}"
+        probe.mkdir()
+        probe.rmdir()
+        assert {p: sorted(os.listdir(p)) for p in _host_cgroup_roots()} == roots_before
+        assert _hierarchy_ids() == ids_before
+        assert created and not [c for c in created if c.exists()]
+        assert not [h.current / bed.name for h in cgroups.hierarchies()
+                    if (h.current / bed.name).exists()]  # fmt: skip
+    finally:
+        marker.unlink(missing_ok=True)
