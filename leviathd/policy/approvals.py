@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from leviathd.errors import AccessDenied, InvalidArgument, NotFound
-from leviathd.policy.gate import AskKind
+from leviathd.policy.gate import ApprovalView, AskKind
 from leviathd.policy.labels import Sensitivity
 
 
@@ -75,7 +75,7 @@ class OnceApproval:
     """A one-shot view layered over the session approvals, for re-deciding
     the same call after a person said `--once`."""
 
-    base: SessionApprovals
+    base: ApprovalView
     kind: AskKind
     tool: str
     target: str

@@ -12,8 +12,8 @@ from typing import Literal, Protocol
 
 from leviathd.policy.labels import READ_TOOLS, WRITE_TOOLS, Sensitivity, label_for
 from leviathd.policy.permissions import permission_for
-from leviathd.policy.readgrant import is_within
 from leviathd.policy.settings import CompiledPolicy
+from leviathd.readpaths import is_inside
 
 Outcome = Literal["allow", "deny", "ask"]
 AskKind = Literal["permission", "taint"]
@@ -101,7 +101,10 @@ def decide(
     workdir = policy.workdir
     if tool in READ_TOOLS:
         for path in call.paths:
-            if is_within(path, workdir):
+            if policy.grant.hidden(path):
+                steps.append(Step("read-path", "deny", f"{path} is a hidden path"))
+                return done("deny", "hidden-path")
+            if is_inside(path, workdir):
                 steps.append(Step("read-path", "inside", f"{path} is inside the workdir"))
                 continue
             grant = policy.grant.match(path)
@@ -112,7 +115,7 @@ def decide(
             steps.append(Step("read-path", "granted", f"{path} granted by {grant!r}"))
     elif tool in WRITE_TOOLS:
         for path in call.paths:
-            if not is_within(path, workdir):
+            if not policy.grant.may_write(path):
                 steps.append(Step("write-path", "deny", f"{path} is outside the workdir"))
                 return done("deny", "write-outside-workdir")
             steps.append(Step("write-path", "inside", f"{path} is inside the workdir"))

@@ -1,133 +1,114 @@
-"""Matching a real (symlink-resolved) path against the active read-path
-grants, compiled once per agent so that a check costs a few dict lookups.
+"""A fast index over the foundation's read grants (`leviathd.readpaths`).
 
-The pattern language is the foundation's (`leviathd/readpaths.py`):
-an exact path grants its subtree (`~/` is the user's home, relative entries
-resolve against the workdir), `glob:` (`*` stays in one component, `**`
-crosses), `regex:` (anchored, absolute). This module is the gate's fast
-index over those forms; `compile_grants` is the one entry point the broker
-and `lev policy test` use.
+`readpaths.may_read` tries every active pattern in turn; with a thousand
+patterns that is too slow for a check on every tool call. This index gives
+the same answers (a test compares the two on generated paths) with a few
+dict lookups: exact grants by their base path, and every regex pattern
+(`glob:` and `regex:`) filed under the literal directory its matches must
+start with, so a path only meets the patterns filed under one of its
+ancestors. Patterns with no usable literal prefix are tried one by one.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 
-from leviathd.errors import InvalidArgument
+from leviathd.readpaths import CompiledPattern, ReadGrants, compile_grants, is_inside
 
-
-def is_within(path: str, root: str) -> bool:
-    """`path` is `root` or below it; both absolute and normalised."""
-    if root == "/":
-        return path.startswith("/")
-    return path == root or path.startswith(root + "/")
+_SPECIAL = set(".^$*+?{}[]|()")
+_QUANTIFIERS = set("*+?{")
 
 
-def _expand(text: str, home: str, workdir: str) -> str:
-    if text == "~" or text.startswith("~/"):
-        text = home + text[1:]
-    if not text.startswith("/"):
-        text = os.path.join(workdir, text)
-    return os.path.normpath(text)
-
-
-def _glob_regex(glob: str) -> str:
-    out = []
+def literal_prefix(regex: str) -> str:
+    """Characters every match of `regex` must start with ("" when unknown).
+    Conservative: any `|` gives up, and a literal followed by a quantifier is
+    not part of the prefix."""
+    if "|" in regex:
+        return ""
+    out: list[str] = []
     i = 0
-    while i < len(glob):
-        ch = glob[i]
-        if glob.startswith("**", i):
-            # `/**/` also matches a single `/`; a trailing `/**` matches the dir itself.
-            if glob.startswith("**/", i):
-                out.append("(?:.*/)?")
-                i += 3
-                continue
-            out.append(".*")
-            i += 2
-            continue
-        if ch == "*":
-            out.append("[^/]*")
-        elif ch == "?":
-            out.append("[^/]")
+    while i < len(regex):
+        ch = regex[i]
+        if ch == "\\":
+            if i + 1 >= len(regex) or regex[i + 1].isalnum():
+                break  # \d, \w, \A ... are not literals
+            lit, step = regex[i + 1], 2
+        elif ch in _SPECIAL:
+            break
         else:
-            out.append(re.escape(ch))
-        i += 1
-    pattern = "".join(out)
-    if pattern.endswith("/.*"):
-        pattern = pattern[:-3] + "(?:/.*)?"
-    return pattern
+            lit, step = ch, 1
+        if i + step < len(regex) and regex[i + step] in _QUANTIFIERS:
+            break
+        out.append(lit)
+        i += step
+    return "".join(out)
 
 
-@dataclass(frozen=True)
-class _Glob:
-    source: str
-    regex: re.Pattern[str]
+def _real_form(path: str) -> bool:
+    return path.startswith("/") and not path.startswith("//") and os.path.normpath(path) == path
 
 
-class ReadGrant:
-    """Compiled grants. `match` returns the grant text that covers a path."""
-
-    def __init__(self, patterns: Sequence[str], *, home: str, workdir: str) -> None:
-        self.patterns = tuple(patterns)
+class GrantIndex:
+    def __init__(self, grants: ReadGrants) -> None:
+        self.grants = grants
         self._exact: dict[str, str] = {}
-        self._globs: dict[str, list[_Glob]] = {}  # literal directory prefix → globs
-        self._regexes: list[tuple[re.Pattern[str], str]] = []
-        self._regex_any: re.Pattern[str] | None = None
-        for source in self.patterns:
-            if source.startswith("regex:"):
-                body = source[len("regex:") :]
-                if body.startswith("~/"):
-                    body = re.escape(home) + body[1:]
-                if not body.startswith("/"):
-                    raise InvalidArgument(f"read path {source!r}: a regex must be absolute")
-                try:
-                    self._regexes.append((re.compile(body, re.DOTALL), source))
-                except re.error as exc:
-                    raise InvalidArgument(f"read path {source!r}: {exc}") from None
-            elif source.startswith("glob:"):
-                body = _expand(source[len("glob:") :], home, workdir)
-                first = min((i for i, c in enumerate(body) if c in "*?"), default=len(body))
-                literal_dir = body[: body.rfind("/", 0, first)] or "/"
-                glob = _Glob(source, re.compile(_glob_regex(body), re.DOTALL))
-                self._globs.setdefault(literal_dir, []).append(glob)
-            else:
-                self._exact.setdefault(_expand(source, home, workdir), source)
-        if self._regexes:
-            try:
-                self._regex_any = re.compile(
-                    "|".join(f"(?:{p.pattern})" for p, _ in self._regexes), re.DOTALL
-                )
-            except re.error:
-                self._regex_any = None  # e.g. clashing group names: check one by one
+        self._by_dir: dict[str, list[CompiledPattern]] = {}
+        self._loose: list[CompiledPattern] = []
+        for compiled in grants.patterns:
+            if compiled.base is not None:
+                self._exact.setdefault(compiled.base, compiled.pattern.text)
+                continue
+            prefix = literal_prefix(compiled.regex.pattern)
+            cut = prefix.rfind("/")
+            if not prefix.startswith("/") or cut < 0:
+                self._loose.append(compiled)
+                continue
+            self._by_dir.setdefault(prefix[:cut] or "/", []).append(compiled)
 
     @property
     def active(self) -> bool:
-        return bool(self.patterns)
+        return bool(self.grants.patterns)
 
-    def match(self, real_path: str) -> str | None:
-        # Walk the ancestors once: exact grants cover their subtree, globs are
-        # indexed by the literal directory before their first wildcard.
-        probe = real_path
+    @property
+    def workdir(self) -> str:
+        return self.grants.workdir
+
+    def hidden(self, real: str) -> bool:
+        return any(is_inside(real, h) for h in self.grants.hidden)
+
+    def match(self, real: str) -> str | None:
+        """The active pattern that grants `real` (ignoring workdir and hidden
+        paths), or None."""
+        probe = real
         while True:
             hit = self._exact.get(probe)
             if hit is not None:
                 return hit
-            for glob in self._globs.get(probe, ()):
-                if glob.regex.fullmatch(real_path):
-                    return glob.source
+            for compiled in self._by_dir.get(probe, ()):
+                if compiled.regex.fullmatch(real):
+                    return compiled.pattern.text
             if probe == "/":
                 break
-            cut = probe.rfind("/")
-            probe = probe[:cut] or "/"
-        if self._regexes and (self._regex_any is None or self._regex_any.fullmatch(real_path)):
-            for regex, source in self._regexes:
-                if regex.fullmatch(real_path):
-                    return source
+            probe = probe[: probe.rfind("/")] or "/"
+        for compiled in self._loose:
+            if compiled.regex.fullmatch(real):
+                return compiled.pattern.text
         return None
 
+    def may_read(self, real: str) -> bool:
+        """Same answer as `readpaths.may_read(real, grants)`."""
+        if not _real_form(real) or self.hidden(real):
+            return False
+        return is_inside(real, self.grants.workdir) or self.match(real) is not None
 
-def compile_grants(patterns: Sequence[str], *, home: str, workdir: str) -> ReadGrant:
-    return ReadGrant(patterns, home=home, workdir=workdir)
+    def may_write(self, real: str) -> bool:
+        if not _real_form(real) or self.hidden(real):
+            return False
+        return is_inside(real, self.grants.workdir)
+
+
+def build_index(
+    active: Iterable[str], *, home: str, workdir: str, hidden: Iterable[str] = ()
+) -> GrantIndex:
+    return GrantIndex(compile_grants(active, home=home, workdir=workdir, hidden=hidden))

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from leviathd.policy.allowlist import Allowlist, compile_allowlist
 from leviathd.policy.labels import Sensitivity, clearance_for
 from leviathd.policy.permissions import KNOWN_TOOLS, Permission, compile_permissions
-from leviathd.policy.readgrant import ReadGrant, compile_grants
+from leviathd.policy.readgrant import GrantIndex, build_index
 
 OnExceed = Literal["allow", "deny", "ask"]
 
@@ -26,6 +26,7 @@ class CredentialSpec:
 class PolicySettings:
     permissions: Mapping[str, object] = field(default_factory=dict)
     read_paths: Sequence[str] = ()  # active grants: declared and granted
+    hidden_paths: Sequence[str] = ()
     taint_enabled: bool = True
     on_exceed: OnExceed = "ask"
     budget: int = 32
@@ -49,7 +50,8 @@ class PolicySettings:
         on_exceed = str(getattr(taint, "on_exceed", "ask"))
         return cls(
             permissions=dict(getattr(eff, "permissions", None) or {}),
-            read_paths=tuple(getattr(eff, "read_paths_granted", None) or ()),
+            read_paths=tuple(str(p) for p in getattr(eff, "read_paths_granted", None) or ()),
+            hidden_paths=tuple(str(p) for p in getattr(eff, "hidden_paths", None) or ()),
             taint_enabled=bool(getattr(taint, "enabled", True)),
             on_exceed=on_exceed if on_exceed in ("allow", "deny") else "ask",  # type: ignore[arg-type]
             budget=int(getattr(taint, "budget", 32)),
@@ -67,9 +69,13 @@ class CompiledPolicy:
 
     def __init__(self, settings: PolicySettings, *, home: str, workdir: str) -> None:
         self.settings = settings
-        self.workdir = workdir
         self.permissions: dict[str, Permission] = compile_permissions(settings.permissions)
-        self.grant: ReadGrant = compile_grants(settings.read_paths, home=home, workdir=workdir)
+        # home and workdir are resolved to real paths by the read-path engine.
+        self.grant: GrantIndex = build_index(
+            settings.read_paths, home=home, workdir=workdir, hidden=settings.hidden_paths
+        )
+        self.workdir = self.grant.workdir
+        self.rejected_read_paths = self.grant.grants.rejected
         self.allowlist: Allowlist = compile_allowlist(settings.allowlist)
         self.clearances: dict[str, Sensitivity | None] = {
             tool: clearance_for(tool, settings.clearance, network=settings.network)

@@ -1,0 +1,270 @@
+"""The per-agent broker: every tool call goes gate → (person) → tool →
+ledger, and every decision becomes an audit record."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from leviathd.broker import schema
+from leviathd.broker.net import AddressRefused
+from leviathd.broker.opener import Opener
+from leviathd.broker.tools import (
+    FileTools,
+    RealPathRefused,
+    ShellRequest,
+    ShellRunner,
+    run_credential,
+    web_tool,
+)
+from leviathd.errors import LeviathError, NotFound, Unavailable
+from leviathd.identity import UserInfo
+from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
+from leviathd.policy.gate import ApprovalView, Call, Decision, decide
+from leviathd.policy.labels import Sensitivity
+from leviathd.policy.ledger import Ledger
+from leviathd.policy.settings import CompiledPolicy, PolicySettings
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    agent: str
+    user: str
+    uid: int
+    tool: str
+    target: str
+    taint: str
+    clearance: str
+    rule: str
+    outcome: str  # allow | deny | ask | error
+    detail: str = ""
+    at: float = 0.0
+
+    def journal_fields(self) -> dict[str, str]:
+        """Fields for the journal; `journalctl LEVIATH_AGENT=<id>` finds them."""
+        return {f"LEVIATH_{k.upper()}": str(v) for k, v in asdict(self).items() if k != "at"}
+
+
+AuditSink = Callable[[AuditRecord], None]
+
+
+class ToolRefused(LeviathError):
+    def __init__(self, message: str, rule: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+class Broker:
+    """One per running agent, created by the daemon. `call` never trusts the
+    caller's identity: the server has already tied the connection to this
+    agent by the peer's credentials and cgroup."""
+
+    def __init__(
+        self,
+        *,
+        agent_id: str,
+        user: UserInfo,
+        workdir: str,
+        settings: PolicySettings,
+        ledger: Ledger,
+        approvals: ApprovalQueue,
+        audit: AuditSink,
+        shell: ShellRunner | None = None,
+    ) -> None:
+        self.agent_id = agent_id
+        self.user = user
+        self.ledger = ledger
+        self.approvals = approvals
+        self.audit = audit
+        self._shell = shell
+        self._opener: Opener | None = None
+        self.policy = self._compile(settings, workdir)
+
+    def _compile(self, settings: PolicySettings, workdir: str) -> CompiledPolicy:
+        policy = CompiledPolicy(settings, home=self.user.home, workdir=workdir)
+        self.ledger.set_budget(settings.budget)
+        self.approvals.timeout = settings.approval_timeout
+        return policy
+
+    # -- life cycle ------------------------------------------------------
+
+    def reload(self, settings: PolicySettings) -> None:
+        """New settings (config reload): recompiled here, used by the next call."""
+        self.policy = self._compile(settings, self.policy.workdir)
+
+    def start(self) -> None:
+        """Start the opener process (as the agent's user)."""
+        if self._opener is None:
+            self._opener = Opener(uid=self.user.uid, gid=self.user.gid, groups=self.user.groups)
+
+    def close(self) -> None:
+        if self._opener is not None:
+            self._opener.close()
+            self._opener = None
+
+    # -- calls -----------------------------------------------------------
+
+    def _record(
+        self, call: Call, taint: Sensitivity, clearance: Sensitivity | None,
+        rule: str, outcome: str, detail: str = "",
+    ) -> None:
+        self.audit(
+            AuditRecord(
+                agent=self.agent_id,
+                user=self.user.name,
+                uid=self.user.uid,
+                tool=call.tool,
+                target=call.target,
+                taint=str(taint),
+                clearance=str(clearance) if clearance is not None else "-",
+                rule=rule,
+                outcome=outcome,
+                detail=detail,
+                at=time.time(),
+            )
+        )
+
+    async def decide(self, tool: str, args: Mapping[str, Any]) -> Decision:
+        """Gate a call, holding it for a person when policy says ask."""
+        call = schema.call_for(tool, args, self.policy.workdir)
+        view: ApprovalView = self.approvals.session
+        for _ in range(3):  # at most a permission ask and a taint ask
+            taint = self.ledger.taint
+            d = decide(self.policy, call, taint, view)
+            if d.outcome != "ask":
+                return d
+            assert d.ask_kind is not None
+            self._record(call, taint, d.clearance, d.rule, "ask")
+            answer = await self.approvals.ask(
+                kind=d.ask_kind, tool=tool, target=call.target, taint=taint,
+                clearance=d.clearance, rule=d.rule,
+            )
+            if answer is Answer.DENY:
+                return Decision("deny", f"{d.rule}:refused-by-person-or-timeout", d.steps,
+                                call, taint, d.clearance, d.label)
+            if answer is Answer.ONCE:
+                view = OnceApproval(view, d.ask_kind, tool, call.target, taint)
+        raise Unavailable("approval loop did not settle")  # pragma: no cover
+
+    async def call(self, tool: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Run one tool call; returns the JSON-able reply (ok or error)."""
+        try:
+            d = await self.decide(tool, args)
+        except LeviathError as exc:
+            self._record(Call(tool, ""), self.ledger.taint, None, "bad-request", "error", str(exc))
+            return _error("invalid", str(exc))
+        call = d.call
+        if d.outcome == "deny":
+            self._record(call, d.taint, d.clearance, d.rule, "deny")
+            return _error("denied", _why(d), d.rule)
+        try:
+            result = await self._run(tool, args)
+        except ToolRefused as exc:
+            self._record(call, d.taint, d.clearance, exc.rule, "deny", str(exc))
+            return _error("denied", str(exc), exc.rule)
+        except LeviathError as exc:
+            self._record(call, d.taint, d.clearance, d.rule, "error", str(exc))
+            return _error("failed", str(exc))
+        except OSError as exc:
+            self._record(call, d.taint, d.clearance, d.rule, "error", str(exc))
+            return _error("failed", f"{exc.filename or tool}: {exc.strerror or exc}")
+        entry = self.ledger.add(tool, call.target, d.label)
+        self._record(call, d.taint, d.clearance, d.rule, "allow")
+        return {
+            "ok": True,
+            "result": result,
+            "label": str(d.label),
+            "entry": entry.id,
+            "taint": str(self.ledger.taint),
+        }
+
+    async def _run(self, tool: str, args: Mapping[str, Any]) -> Any:
+        settings = self.policy.settings
+        if tool in ("read_file", "read_files", "list_dir", "write_file", "edit_file"):
+            self.start()
+            assert self._opener is not None
+            files = FileTools(self._opener, self.policy.grant)
+            workdir = self.policy.workdir
+            try:
+                return await asyncio.to_thread(_file_call, files, tool, args, workdir)
+            except RealPathRefused as exc:
+                raise ToolRefused(str(exc), "real-path-not-granted") from None
+        if tool in ("web_fetch", "http_get", "http_post"):
+            try:
+                return await asyncio.to_thread(
+                    web_tool, tool, args, allow_private=settings.allow_private_addresses
+                )
+            except AddressRefused as exc:
+                raise ToolRefused(str(exc), "address-refused") from None
+        if tool == "credential":
+            name = str(args["name"])
+            spec = settings.credentials.get(name)
+            if spec is None:
+                raise NotFound(f"no credential named {name!r} is configured")
+            self.start()
+            assert self._opener is not None
+            return await run_credential(
+                spec, [str(a) for a in args.get("args") or []], opener=self._opener,
+                uid=self.user.uid, gid=self.user.gid, groups=self.user.groups,
+                home=self.user.home, workdir=self.policy.workdir,
+            )
+        if tool == "shell":
+            if self._shell is None:
+                raise Unavailable("shell is not available for this agent")
+            timeout = args.get("timeout")
+            return dict(await self._shell(
+                ShellRequest(self.agent_id, str(args["command"]),
+                             int(timeout) if timeout is not None else None)
+            ))
+        raise Unavailable(f"{tool} is not implemented")  # the gate refuses unknown tools
+
+    # -- the agent's view of its ledger ---------------------------------
+
+    def evict(self, ids: list[int]) -> dict[str, Any]:
+        dropped = self.ledger.drop(ids)
+        return {"ok": True, "dropped": dropped, "taint": str(self.ledger.taint)}
+
+    def ledger_view(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "taint": str(self.ledger.taint),
+            "budget": self.ledger.budget,
+            "entries": [
+                {"id": e.id, "tool": e.tool, "target": e.target, "label": str(e.label)}
+                for e in self.ledger.entries()
+            ],
+        }
+
+
+def _file_call(files: FileTools, tool: str, args: Mapping[str, Any], workdir: str) -> Any:
+    def path(p: object) -> str:
+        return os.path.join(workdir, str(p))
+
+    max_bytes = args.get("max_bytes")
+    if tool == "read_file":
+        return files.read_file(path(args["path"]), max_bytes)
+    if tool == "read_files":
+        return files.read_files([path(p) for p in args["paths"]], max_bytes)
+    if tool == "list_dir":
+        return files.list_dir(path(args.get("path") or "."))
+    if tool == "write_file":
+        return files.write_file(path(args["path"]), str(args["content"]))
+    return files.edit_file(
+        path(args["path"]), str(args["old"]), str(args["new"]), bool(args.get("all", False))
+    )
+
+
+def _why(d: Decision) -> str:
+    last = d.steps[-1].detail if d.steps else d.rule
+    return f"{d.call.tool} refused: {last} [{d.rule}]"
+
+
+def _error(code: str, message: str, rule: str | None = None) -> dict[str, Any]:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if rule is not None:
+        err["rule"] = rule
+    return {"ok": False, "error": err}

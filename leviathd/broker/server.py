@@ -1,0 +1,217 @@
+"""The per-agent broker socket: JSON lines over a unix stream socket at
+$LEVIATH_RUNTIME_DIR/agents/<id>/broker.sock (bound read-only into the
+sandbox as /run/leviath/broker.sock).
+
+Who is calling is decided from the kernel only: SO_PEERCRED gives the peer's
+pid and uid, SO_PEERPIDFD pins that exact process, /proc/<pid>/cgroup gives
+its cgroup, and the daemon's lookup turns the cgroup into an agent id. A
+peer that is not in this socket's agent scope, or not running as the
+agent's user, is refused before its first request is read. Nothing in a
+request names an agent or a user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from leviathd.broker.core import AuditRecord, Broker
+from leviathd.errors import AccessDenied
+
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
+MAX_LINE = 16 << 20
+
+# cgroup path (as in /proc/<pid>/cgroup) → the agent id whose scope it is, or None.
+AgentLookup = Callable[[str], str | None]
+
+
+def runtime_dir() -> str:
+    return os.environ.get("LEVIATH_RUNTIME_DIR", "/run/leviath")
+
+
+def socket_path_for(agent_id: str) -> str:
+    return os.path.join(runtime_dir(), "agents", agent_id, "broker.sock")
+
+
+def cgroup_of(pid: int) -> str:
+    """The process's systemd cgroup path: the `name=systemd` hierarchy on a
+    hybrid/legacy host, else the unified (`0::`) one."""
+    unified = None
+    with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+        for line in f:
+            hier, _, path = line.rstrip("\n").partition(":")
+            controllers, _, path = path.partition(":")
+            if controllers == "name=systemd":
+                return path
+            if hier == "0" and controllers == "":
+                unified = path
+    if unified is None:
+        raise AccessDenied(f"pid {pid} has no systemd cgroup")
+    return unified
+
+
+_SCOPE = re.compile(r"^leviath-.+-([0-9a-f]{8})\.scope$")
+
+
+def agent_id_from_cgroup(path: str) -> str | None:
+    """The agent id in a `leviath-<user>-<agent>-<id>.scope` cgroup path (the
+    scope is the last component that is one; processes may sit below it).
+    The daemon confirms the id against its registry before trusting it."""
+    for part in reversed(path.split("/")):
+        m = _SCOPE.match(part)
+        if m:
+            return m.group(1)
+    return None
+
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+    cgroup: str
+
+
+def identify(sock: socket.socket) -> Peer:
+    """The peer's kernel-reported identity. With a pidfd, the cgroup read is
+    checked to belong to the process that connected, not a recycled pid."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", creds)
+    if pid <= 0:
+        raise AccessDenied("peer has no pid in this pid namespace")
+    pidfd = -1
+    try:
+        pidfd = struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0]
+    except OSError:
+        pidfd = -1  # older kernel: the pid could in theory be recycled meanwhile
+    try:
+        try:
+            cgroup = cgroup_of(pid)
+        except OSError:
+            raise AccessDenied(f"peer pid {pid} is gone") from None
+        if pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(pidfd, 0)
+            except ProcessLookupError:
+                raise AccessDenied(f"peer pid {pid} exited while being identified") from None
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+    return Peer(pid, uid, gid, cgroup)
+
+
+class BrokerServer:
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        lookup: AgentLookup,
+        path: str | None = None,
+        mode: int = 0o600,
+    ) -> None:
+        self.broker = broker
+        self.lookup = lookup
+        self.path = path or socket_path_for(broker.agent_id)
+        self.mode = mode
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self._server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_LINE)
+        os.chmod(self.path, self.mode)
+        if os.geteuid() == 0:
+            # Owned by the agent's user so that only it (and root) may connect.
+            os.chown(self.path, self.broker.user.uid, self.broker.user.gid)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def _check(self, peer: Peer) -> None:
+        agent = self.lookup(peer.cgroup)
+        if agent != self.broker.agent_id:
+            raise AccessDenied(
+                f"pid {peer.pid} in cgroup {peer.cgroup} is not agent {self.broker.agent_id}"
+            )
+        if peer.uid != self.broker.user.uid:
+            raise AccessDenied(f"pid {peer.pid} runs as uid {peer.uid}, not the agent's user")
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        try:
+            try:
+                peer = identify(sock)
+                self._check(peer)
+            except AccessDenied as exc:
+                self.broker.audit(
+                    AuditRecord(
+                        agent=self.broker.agent_id, user=self.broker.user.name,
+                        uid=self.broker.user.uid, tool="-", target="-", taint="-",
+                        clearance="-", rule="peer-identity", outcome="deny", detail=str(exc),
+                    )
+                )
+                await _send(writer, {"ok": False, "error": {"code": "identity",
+                                                            "message": str(exc)}})
+                return
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                reply = await self._handle(line)
+                await _send(writer, reply)
+        except (ConnectionError, asyncio.LimitOverrunError, ValueError):
+            return
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def _handle(self, line: bytes) -> dict[str, Any]:
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise ValueError("a request is a JSON object")
+        except ValueError as exc:
+            return {"ok": False, "error": {"code": "invalid", "message": f"bad request: {exc}"}}
+        rid = req.get("id")
+        op = req.get("op", "call")
+        if op == "call":
+            args = req.get("args") or {}
+            if not isinstance(args, dict) or not isinstance(req.get("tool"), str):
+                reply = {"ok": False, "error": {"code": "invalid",
+                                                "message": "call needs tool (str), args (object)"}}
+            else:
+                reply = await self.broker.call(req["tool"], args)
+        elif op == "evict":
+            ids = req.get("ids")
+            if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+                reply = {"ok": False, "error": {"code": "invalid", "message": "ids: list of int"}}
+            else:
+                reply = self.broker.evict(ids)
+        elif op == "ledger":
+            reply = self.broker.ledger_view()
+        else:
+            reply = {"ok": False, "error": {"code": "invalid", "message": f"unknown op {op!r}"}}
+        if rid is not None:
+            reply["id"] = rid
+        return reply
+
+
+async def _send(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:
+    writer.write(json.dumps(obj, ensure_ascii=False).encode() + b"\n")
+    await writer.drain()
