@@ -1,0 +1,129 @@
+"""Where config files and blueprints live, and reading them into models.
+
+The daemon reads a user's files itself (as that user) and calls `parse_config` /
+`parse_blueprint` on the text; local commands use `load_config` / `load_blueprint`. Every
+failure is a ConfigError (or NotFound) whose message names the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from leviathd.config.errors import toml_error, validation_error
+from leviathd.config.models import Blueprint, Config
+from leviathd.errors import ConfigError, NotFound
+
+MACHINE_CONFIG = Path("/etc/leviath/config.toml")
+USER_CONFIG_RELATIVE = Path(".config/leviath/config.toml")
+AGENT_STORE_RELATIVE = Path(".local/share/leviath/agents")
+BLUEPRINT_FILE = "blueprint.toml"
+
+ENV_CONFIG = "LEVIATH_CONFIG"
+ENV_USER_CONFIG = "LEVIATH_USER_CONFIG"
+ENV_AGENT_STORE = "LEVIATH_AGENT_STORE"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _home(home: str | os.PathLike[str] | None) -> Path:
+    return Path(home) if home is not None else Path.home()
+
+
+def machine_config_path() -> Path:
+    """/etc/leviath/config.toml, or $LEVIATH_CONFIG."""
+    env = os.environ.get(ENV_CONFIG)
+    return Path(env) if env else MACHINE_CONFIG
+
+
+def user_config_path(home: str | os.PathLike[str] | None = None) -> Path:
+    """~/.config/leviath/config.toml of `home` (default: the caller's), or
+    $LEVIATH_USER_CONFIG."""
+    env = os.environ.get(ENV_USER_CONFIG)
+    return Path(env) if env else _home(home) / USER_CONFIG_RELATIVE
+
+
+def agent_store_path(home: str | os.PathLike[str] | None = None) -> Path:
+    """~/.local/share/leviath/agents of `home` (default: the caller's), or
+    $LEVIATH_AGENT_STORE."""
+    env = os.environ.get(ENV_AGENT_STORE)
+    return Path(env) if env else _home(home) / AGENT_STORE_RELATIVE
+
+
+def _parse(text: str, source: str, model: type[M]) -> M:
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise toml_error(exc, source) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, source, text, model) from None
+
+
+def parse_config(text: str, source: str) -> Config:
+    """Parse a machine or user config.toml; `source` names it in error messages."""
+    return _parse(text, source, Config)
+
+
+def parse_blueprint(text: str, source: str) -> Blueprint:
+    """Parse a blueprint.toml; `source` names it in error messages."""
+    return _parse(text, source, Blueprint)
+
+
+def _read(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise NotFound(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a TOML file") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8") from None
+
+
+def load_config(path: str | os.PathLike[str], *, missing_ok: bool = True) -> Config:
+    """Read a config file. A file that does not exist is an empty config (every default)
+    unless `missing_ok` is False, then NotFound."""
+    p = Path(path)
+    try:
+        text = _read(p)
+    except NotFound:
+        if missing_ok:
+            return Config()
+        raise
+    return parse_config(text, str(p))
+
+
+def blueprint_file(path_or_folder: str | os.PathLike[str]) -> Path:
+    """A blueprint folder's blueprint.toml, or the file itself when given one."""
+    p = Path(path_or_folder)
+    return p / BLUEPRINT_FILE if p.is_dir() else p
+
+
+def load_blueprint(path_or_folder: str | os.PathLike[str]) -> Blueprint:
+    """Read a blueprint from its folder or its blueprint.toml."""
+    p = blueprint_file(path_or_folder)
+    if not p.exists():
+        raise NotFound(f"{p}: no such blueprint (expected a folder with {BLUEPRINT_FILE})")
+    return parse_blueprint(_read(p), str(p))
+
+
+def load_configs(home: str | os.PathLike[str] | None = None) -> tuple[Config, Config | None]:
+    """The machine config and the user's (None when the user has no file), as local
+    commands such as `lev validate` see them."""
+    machine = load_config(machine_config_path())
+    upath = user_config_path(home)
+    user = load_config(upath) if upath.exists() else None
+    return machine, user

@@ -1,0 +1,688 @@
+"""Tighten-only merging: the effective settings for one agent and each of its stages.
+
+`resolve` is pure (no I/O, no environment): the machine config sets the ceiling, the
+user's config may only tighten it (and may grant read paths for the user's own agents),
+and a blueprint may only tighten what the two allow. Every place where a lower layer
+asked for something looser and was overruled becomes a `Finding`, which `lev validate`
+prints and the daemon logs.
+
+The axes, and which direction is "tighter":
+
+- sandbox kind: none < namespace < container, only up; a blueprint's `engine` is always
+  discarded (the engine binary runs on the host, as root, before any prompt); a user's
+  too (the engine is the admin's choice);
+- `network`: only narrows (true -> false); `default_mounts`: only true -> false;
+  `on_unavailable`: only warn -> error; `scratch_dir`: the machine's only;
+- `mounts`: a subset of the upper layer's, each inside one of its mounts with no more
+  access. Exception: when no upper layer has a `[sandbox]` section at all, the lower
+  layer may opt in with its own `image` and `mounts` (the spec's rule);
+- resources: only lower (None, "infinity", is the loosest);
+- tool permissions: only stricter, allow < ask < deny; a blueprint may pre-allow
+  `web_search` and `web_fetch` only where the user's configs set neither tool;
+- taint: enabled only on, on_exceed only stricter, clearances only lower, a larger
+  ledger budget and a shorter approval timeout, private addresses only off;
+- read paths: a pattern is active only when the blueprint declares it and a config
+  grants it (see leviathd/readpaths.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from leviathd.config.models import (
+    KNOWN_TOOLS,
+    PRE_ALLOWABLE_TOOLS,
+    Access,
+    AllowRule,
+    Blueprint,
+    Config,
+    CredentialConfig,
+    Engine,
+    Mount,
+    OnUnavailable,
+    Permission,
+    Resources,
+    SandboxConfig,
+    SandboxKind,
+    Sensitivity,
+    TaintPolicy,
+)
+from leviathd.readpaths import ReadPathError, active_patterns, parse_pattern
+
+Level = Literal["error", "warn", "note"]
+
+DEFAULT_KIND = SandboxKind.NAMESPACE
+DEFAULT_ENGINE = Engine.AUTO
+DEFAULT_ON_UNAVAILABLE = OnUnavailable.ERROR
+DEFAULT_TAINT_BUDGET = 32
+DEFAULT_APPROVAL_TIMEOUT = 120
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Level
+    code: str
+    message: str
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class TaintSettings:
+    enabled: bool = False
+    on_exceed: TaintPolicy = TaintPolicy.ASK
+    budget: int = DEFAULT_TAINT_BUDGET
+    approval_timeout: int = DEFAULT_APPROVAL_TIMEOUT
+    clearance: dict[str, Sensitivity] = field(default_factory=dict)
+    allow_private_addresses: bool = False
+
+
+@dataclass(frozen=True)
+class Effective:
+    """What one agent (or one stage) actually gets. `scratch_dir` None means the default
+    under the state directory; `resources` None fields mean no limit; `permissions`
+    lists only tools somebody configured (the policy's default applies to the rest)."""
+
+    kind: SandboxKind = DEFAULT_KIND
+    engine: Engine = DEFAULT_ENGINE
+    image: str | None = None
+    network: bool = True
+    mounts: list[Mount] = field(default_factory=list)
+    default_mounts: bool = True
+    on_unavailable: OnUnavailable = DEFAULT_ON_UNAVAILABLE
+    scratch_dir: str | None = None
+    resources: Resources = field(default_factory=Resources)
+    permissions: dict[str, Permission] = field(default_factory=dict)
+    read_paths_declared: list[str] = field(default_factory=list)
+    read_paths_granted: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    env_pass: list[str] = field(default_factory=list)
+    env_withhold: list[str] = field(default_factory=list)
+    hidden_paths: list[str] = field(default_factory=list)
+    taint: TaintSettings = field(default_factory=TaintSettings)
+    allowlist: list[AllowRule] = field(default_factory=list)
+    credentials: dict[str, CredentialConfig] = field(default_factory=dict)
+    credential_store: str | None = None
+    command: list[str] = field(default_factory=list)
+    # True when the image and mounts came from the blueprint's own opt-in (no [sandbox]
+    # in any config); shown by `lev validate` and `lev inspect`.
+    blueprint_sandbox: bool = False
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    agent: Effective
+    stages: dict[str, Effective]
+    seed: list[list[str]]
+    findings: list[Finding]
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "warn"]
+
+
+class _Findings:
+    def __init__(self) -> None:
+        self.items: list[Finding] = []
+        self._seen: set[tuple[str, str]] = set()
+
+    def add(self, level: Level, code: str, message: str, hint: str = "") -> None:
+        if (code, message) in self._seen:
+            return
+        self._seen.add((code, message))
+        self.items.append(Finding(level, code, message, hint))
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _inside(path: str, base: str) -> bool:
+    base = base.rstrip("/") or "/"
+    path = path.rstrip("/") or "/"
+    if base == "/":
+        return path.startswith("/")
+    return path == base or path.startswith(base + "/")
+
+
+def _narrow_mounts(
+    wanted: list[Mount], allowed: list[Mount], where: str, out: _Findings
+) -> list[Mount]:
+    """Keep each wanted mount that lies inside an allowed one, with no more access."""
+    kept: list[Mount] = []
+    for m in wanted:
+        covering = [a for a in allowed if _inside(m.path, a.path)]
+        if not covering:
+            out.add(
+                "warn",
+                "mount-overruled",
+                f"{where}.mounts: {m.path} ({m.access}) is not among the mounts your "
+                "config allows; it is left out",
+            )
+            continue
+        best = max(a.access.rank for a in covering)
+        if m.access.rank > best:
+            out.add(
+                "warn",
+                "mount-access-overruled",
+                f"{where}.mounts: {m.path} asks for write access; your config allows read "
+                "only, so it is mounted read-only",
+            )
+            m = Mount(path=m.path, access=Access.READ)
+        kept.append(m)
+    return kept
+
+
+def _min_limit(upper: int | None, lower: int | None) -> int | None:
+    if upper is None:
+        return lower
+    if lower is None:
+        return upper
+    return min(upper, lower)
+
+
+_RESOURCE_FIELDS = ("memory_max", "tasks_max", "cpu_quota", "cpu_weight")
+
+
+def _tighten_resources(
+    upper: Resources, lower: Resources, where: str, out: _Findings
+) -> Resources:
+    values: dict[str, int | None] = {}
+    for name in _RESOURCE_FIELDS:
+        u, lo = getattr(upper, name), getattr(lower, name)
+        values[name] = _min_limit(u, lo)
+        if u is not None and lo is not None and lo > u:
+            out.add(
+                "warn",
+                "resource-overruled",
+                f"{where}.resources.{name} = {lo} is above the limit of {u} set above it; "
+                f"{u} applies",
+            )
+    return Resources(**values)
+
+
+def _check_tools(names: Iterable[str], where: str, out: _Findings) -> None:
+    for name in names:
+        if name not in KNOWN_TOOLS:
+            out.add(
+                "warn",
+                "unknown-tool",
+                f"{where}: unknown tool {name!r}; known tools: {', '.join(sorted(KNOWN_TOOLS))}",
+            )
+
+
+def _check_patterns(patterns: Iterable[str], where: str, out: _Findings) -> None:
+    for text in patterns:
+        try:
+            p = parse_pattern(text)
+        except ReadPathError as exc:
+            out.add("error", "bad-read-path", f"{where}: {exc}")
+            continue
+        if p.windows:
+            out.add(
+                "warn",
+                "bad-read-path",
+                f"{where}: {text!r} names a drive letter and never matches on Linux",
+            )
+
+
+# ------------------------------------------------------- the configs' own layer
+
+
+@dataclass
+class _Base:
+    """The configs merged (machine, then user) for one agent: the ceiling a blueprint
+    may tighten."""
+
+    eff: Effective
+    has_sandbox: bool  # any config has a [sandbox] section
+    configured_tools: set[str]
+    grants: list[str]
+    agent_grants: list[str]
+    allow_all: bool
+
+
+def _perm_table(cfg: Config, agent: str) -> dict[str, Permission]:
+    table = dict(cfg.tool_permissions)
+    table.update(cfg.agent_tool_permissions.get(agent, {}))
+    return table
+
+
+def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findings) -> _Base:
+    ms = machine.sandbox or SandboxConfig()
+    kind = ms.kind or DEFAULT_KIND
+    engine = ms.engine or DEFAULT_ENGINE
+    image = ms.image
+    network = True if ms.network is None else ms.network
+    mounts = list(ms.mounts or [])
+    default_mounts = True if ms.default_mounts is None else ms.default_mounts
+    on_unavailable = ms.on_unavailable or DEFAULT_ON_UNAVAILABLE
+    resources = machine.resources
+    perms = _perm_table(machine, agent)
+    configured_tools = set(perms)
+    mt = machine.taint
+    taint = TaintSettings(
+        enabled=bool(mt.enabled),
+        on_exceed=mt.on_exceed or TaintPolicy.ASK,
+        budget=mt.budget or DEFAULT_TAINT_BUDGET,
+        approval_timeout=mt.approval_timeout or DEFAULT_APPROVAL_TIMEOUT,
+        clearance=dict(mt.clearance),
+        allow_private_addresses=bool(mt.allow_private_addresses),
+    )
+    sec = machine.security
+    grants = list(sec.read_paths)
+    agent_grants: list[str] = []
+    if agent in machine.agent_read_paths:
+        agent_grants = list(machine.agent_read_paths[agent].allow)
+    allow_all = bool(sec.allow_blueprint_read_paths)
+    hidden = list(sec.hidden_paths)
+    env_pass = list(sec.env_pass)
+    env_withhold = list(sec.env_withhold)
+    credentials = dict(machine.credentials)
+    credential_store = sec.credential_store
+    allowlist = list(machine.allowlist)
+
+    _check_tools(machine.tool_permissions, "machine config [tool_permissions]", out)
+    for name, table in machine.agent_tool_permissions.items():
+        _check_tools(table, f"machine config [agent_tool_permissions.{name}]", out)
+    _check_tools(mt.clearance, "machine config [taint.clearance]", out)
+    _check_tools((r.tool for r in machine.allowlist), "machine config [[allowlist]]", out)
+
+    if user is not None:
+        w = "user config"
+        us = user.sandbox or SandboxConfig()
+        if us.kind is not None:
+            if us.kind.rank < kind.rank:
+                out.add("warn", "sandbox-kind-overruled",
+                        f"{w} [sandbox] kind = {us.kind.value!r} is looser than the machine's "
+                        f"{kind.value!r}; {kind.value!r} applies")
+            else:
+                kind = us.kind
+        if us.engine is not None and us.engine != engine:
+            out.add("warn", "engine-discarded",
+                    f"{w} [sandbox] engine = {us.engine.value!r} is ignored: the container "
+                    f"engine is the machine's choice ({engine.value!r})")
+        if machine.sandbox is None:
+            # No [sandbox] on the machine: the user may opt in with an image and mounts.
+            image = us.image if us.image is not None else image
+            mounts = list(us.mounts) if us.mounts is not None else mounts
+        else:
+            if us.image is not None and us.image != image:
+                out.add("warn", "image-discarded",
+                        f"{w} [sandbox] image = {us.image!r} is ignored: the machine config "
+                        "has a [sandbox] of its own")
+            if us.mounts is not None:
+                mounts = _narrow_mounts(list(us.mounts), mounts, f"{w} [sandbox]", out)
+        if us.network is not None:
+            if us.network and not network:
+                out.add("warn", "network-overruled",
+                        f"{w} [sandbox] network = true is ignored: the machine config turns "
+                        "the network off")
+            else:
+                network = us.network
+        if us.default_mounts is not None:
+            if us.default_mounts and not default_mounts:
+                out.add("warn", "default-mounts-overruled",
+                        f"{w} [sandbox] default_mounts = true is ignored: the machine config "
+                        "turns them off")
+            else:
+                default_mounts = us.default_mounts
+        if us.on_unavailable is not None:
+            if us.on_unavailable.rank < on_unavailable.rank:
+                out.add("warn", "on-unavailable-overruled",
+                        f"{w} [sandbox] on_unavailable = 'warn' is ignored: the machine "
+                        "config refuses to run unfenced ('error')")
+            else:
+                on_unavailable = us.on_unavailable
+        if us.scratch_dir is not None:
+            out.add("warn", "scratch-dir-ignored",
+                    f"{w} [sandbox] scratch_dir is ignored: only the machine config sets it")
+        resources = _tighten_resources(resources, user.resources, w, out)
+
+        uperms = _perm_table(user, agent)
+        for tool, level in uperms.items():
+            current = perms.get(tool)
+            if current is not None and level.rank < current.rank:
+                out.add("warn", "permission-overruled",
+                        f"{w}: {tool} = {level.value!r} is looser than the machine's "
+                        f"{current.value!r}; {current.value!r} applies")
+            else:
+                perms[tool] = level
+        configured_tools |= set(uperms)
+        _check_tools(user.tool_permissions, f"{w} [tool_permissions]", out)
+        for name, table in user.agent_tool_permissions.items():
+            _check_tools(table, f"{w} [agent_tool_permissions.{name}]", out)
+
+        ut = user.taint
+        on_exceed = taint.on_exceed
+        if ut.on_exceed is not None:
+            if ut.on_exceed.rank < on_exceed.rank:
+                out.add("warn", "taint-overruled",
+                        f"{w} [taint] on_exceed = {ut.on_exceed.value!r} is looser than the "
+                        f"machine's {on_exceed.value!r}; {on_exceed.value!r} applies")
+            else:
+                on_exceed = ut.on_exceed
+        clearance = dict(taint.clearance)
+        for tool, sens in ut.clearance.items():
+            cur = clearance.get(tool)
+            if cur is not None and sens.rank > cur.rank:
+                out.add("warn", "taint-overruled",
+                        f"{w} [taint.clearance] {tool} = {sens.value!r} is above the machine's "
+                        f"{cur.value!r}; {cur.value!r} applies")
+            else:
+                clearance[tool] = sens
+        _check_tools(ut.clearance, f"{w} [taint.clearance]", out)
+        budget = taint.budget
+        if ut.budget is not None:
+            if mt.budget is not None and ut.budget < mt.budget:
+                out.add("warn", "taint-overruled",
+                        f"{w} [taint] budget = {ut.budget} is below the machine's {mt.budget}; "
+                        "a smaller ledger forgets taint sooner, so the machine's applies")
+            else:
+                budget = ut.budget
+        timeout = taint.approval_timeout
+        if ut.approval_timeout is not None:
+            if mt.approval_timeout is not None and ut.approval_timeout > mt.approval_timeout:
+                out.add("warn", "taint-overruled",
+                        f"{w} [taint] approval_timeout = {ut.approval_timeout} is above the "
+                        f"machine's {mt.approval_timeout}; the machine's applies")
+            else:
+                timeout = ut.approval_timeout
+        private = taint.allow_private_addresses
+        if ut.allow_private_addresses is not None:
+            if ut.allow_private_addresses and not private:
+                if mt.allow_private_addresses is False:
+                    out.add("warn", "taint-overruled",
+                            f"{w} [taint] allow_private_addresses = true is ignored: the "
+                            "machine config refuses private addresses")
+                else:
+                    private = True
+            else:
+                private = ut.allow_private_addresses
+        taint = TaintSettings(
+            enabled=taint.enabled or bool(ut.enabled),
+            on_exceed=on_exceed,
+            budget=budget,
+            approval_timeout=timeout,
+            clearance=clearance,
+            allow_private_addresses=private,
+        )
+        if ut.enabled is False and taint.enabled:
+            out.add("warn", "taint-overruled",
+                    f"{w} [taint] enabled = false is ignored: the machine config turns it on")
+        allowlist += list(user.allowlist)
+        _check_tools((r.tool for r in user.allowlist), f"{w} [[allowlist]]", out)
+
+        usec = user.security
+        grants += list(usec.read_paths)
+        if agent in user.agent_read_paths:
+            agent_grants += list(user.agent_read_paths[agent].allow)
+        allow_all = allow_all or bool(usec.allow_blueprint_read_paths)
+        hidden += [h for h in usec.hidden_paths if h not in hidden]
+        env_pass += [e for e in usec.env_pass if e not in env_pass]
+        env_withhold += [e for e in usec.env_withhold if e not in env_withhold]
+        credential_store = usec.credential_store or credential_store
+        for name, cred in user.credentials.items():
+            if name in credentials:
+                out.add("warn", "credential-overruled",
+                        f"{w} [credentials.{name}] is ignored: the machine config defines "
+                        f"a credential named {name!r}")
+            else:
+                credentials[name] = cred
+
+    # A name the machine or the user withholds is never passed.
+    env_pass = [e for e in env_pass if e not in env_withhold]
+    eff = Effective(
+        kind=kind,
+        engine=engine,
+        image=image,
+        network=network,
+        mounts=mounts,
+        default_mounts=default_mounts,
+        on_unavailable=on_unavailable,
+        scratch_dir=ms.scratch_dir,
+        resources=resources,
+        permissions=perms,
+        env_pass=env_pass,
+        env_withhold=env_withhold,
+        hidden_paths=hidden,
+        taint=taint,
+        allowlist=allowlist,
+        credentials=credentials,
+        credential_store=credential_store,
+    )
+    return _Base(
+        eff=eff,
+        has_sandbox=machine.sandbox is not None or (user is not None and user.sandbox is not None),
+        configured_tools=configured_tools,
+        grants=grants,
+        agent_grants=agent_grants,
+        allow_all=allow_all,
+    )
+
+
+# ----------------------------------------------------------- the blueprint layer
+
+
+def _overlay(top: SandboxConfig | None, stage: SandboxConfig | None, stage_where: str
+             ) -> tuple[SandboxConfig, dict[str, str]]:
+    """A stage's sandbox: its own fields over the blueprint's, with where each came from."""
+    values: dict[str, object] = {}
+    origin: dict[str, str] = {}
+    for name in SandboxConfig.model_fields:
+        s = getattr(stage, name) if stage is not None else None
+        t = getattr(top, name) if top is not None else None
+        if s is not None:
+            values[name], origin[name] = s, stage_where
+        elif t is not None:
+            values[name], origin[name] = t, "blueprint [sandbox]"
+    return SandboxConfig.model_validate(values), origin
+
+
+def _apply_sandbox(base: _Base, sb: SandboxConfig, origin: Mapping[str, str], out: _Findings
+                   ) -> Effective:
+    """The configs' effective sandbox, tightened by what the blueprint (or stage) asks."""
+    e = base.eff
+    got: dict[str, object] = {}
+
+    def where(name: str) -> str:
+        return origin.get(name, "blueprint [sandbox]")
+
+    if sb.kind is not None:
+        if sb.kind.rank < e.kind.rank:
+            out.add("warn", "sandbox-kind-overruled",
+                    f"{where('kind')} kind = {sb.kind.value!r} is looser than your config's "
+                    f"{e.kind.value!r}; {e.kind.value!r} applies",
+                    "a blueprint may choose a stricter sandbox, never a looser one")
+        else:
+            got["kind"] = sb.kind
+    if sb.engine is not None:
+        out.add("warn", "engine-discarded",
+                f"{where('engine')} engine = {sb.engine.value!r} is discarded: the engine runs "
+                f"on the host before any prompt, so only your config chooses it "
+                f"({e.engine.value!r})")
+    opt_in = not base.has_sandbox
+    if sb.image is not None:
+        if opt_in:
+            got["image"] = sb.image
+        elif sb.image != e.image:
+            out.add("warn", "image-discarded",
+                    f"{where('image')} image = {sb.image!r} is discarded: your config has a "
+                    "[sandbox] of its own")
+    if sb.mounts is not None:
+        if opt_in:
+            got["mounts"] = list(sb.mounts)
+            if sb.mounts:
+                listed = ", ".join(f"{m.path} ({m.access.value})" for m in sb.mounts)
+                out.add("note", "blueprint-mounts",
+                        f"{where('mounts')} mounts its own folders, because your config has "
+                        f"no [sandbox]: {listed}",
+                        "read them before you run it; a [sandbox] in your config.toml "
+                        "takes this choice back")
+        else:
+            got["mounts"] = _narrow_mounts(list(sb.mounts), e.mounts, where("mounts"), out)
+    if sb.network is not None:
+        if sb.network and not e.network:
+            out.add("warn", "network-overruled",
+                    f"{where('network')} network = true is overruled: your config turns the "
+                    "network off")
+        else:
+            got["network"] = sb.network
+    if sb.default_mounts is not None:
+        if sb.default_mounts and not e.default_mounts:
+            out.add("warn", "default-mounts-overruled",
+                    f"{where('default_mounts')} default_mounts = true is overruled: your "
+                    "config turns them off")
+        else:
+            got["default_mounts"] = sb.default_mounts
+    if sb.on_unavailable is not None:
+        if sb.on_unavailable.rank < e.on_unavailable.rank:
+            out.add("warn", "on-unavailable-overruled",
+                    f"{where('on_unavailable')} on_unavailable = 'warn' is overruled: your "
+                    "config refuses to run unfenced ('error')")
+        else:
+            got["on_unavailable"] = sb.on_unavailable
+    if sb.scratch_dir is not None:
+        out.add("warn", "scratch-dir-ignored",
+                f"{where('scratch_dir')} scratch_dir is ignored: only the machine config "
+                "sets it")
+    if opt_in and ("image" in got or "mounts" in got):
+        got["blueprint_sandbox"] = True
+    return replace(e, **got)  # type: ignore[arg-type]
+
+
+def _apply_permissions(base: _Base, asked: Mapping[str, Permission], out: _Findings
+                       ) -> dict[str, Permission]:
+    perms = dict(base.eff.permissions)
+    web_configured = bool(base.configured_tools & PRE_ALLOWABLE_TOOLS)
+    for tool, level in asked.items():
+        current = perms.get(tool)
+        if current is not None:
+            if level.rank < current.rank:
+                out.add("warn", "permission-overruled",
+                        f"blueprint [permissions] {tool} = {level.value!r} is looser than your "
+                        f"config's {current.value!r}; {current.value!r} applies")
+            else:
+                perms[tool] = level
+            continue
+        if level is not Permission.ALLOW:
+            perms[tool] = level
+        elif tool in PRE_ALLOWABLE_TOOLS and not web_configured:
+            perms[tool] = level  # the spec's one exception: a pre-allowed web tool
+        elif tool in PRE_ALLOWABLE_TOOLS:
+            out.add("warn", "permission-overruled",
+                    f"blueprint [permissions] {tool} = 'allow' is not applied: your config "
+                    "sets web_search or web_fetch, so your settings govern both",
+                    f"add {tool} = \"allow\" to [tool_permissions] to allow it")
+        else:
+            out.add("note", "permission-not-applied",
+                    f"blueprint [permissions] {tool} = 'allow' is not applied: a blueprint "
+                    "may only tighten permissions (pre-allowing only web_search and "
+                    f"web_fetch); {tool} follows your config")
+    return perms
+
+
+def _toml_list(items: Iterable[str]) -> str:
+    return "[" + ", ".join('"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                           for i in items) + "]"
+
+
+def _read_path_findings(name: str, declared: list[str], granted: list[str],
+                        out: _Findings) -> None:
+    if not declared:
+        return
+    missing = [d for d in declared if d not in granted]
+    if missing:
+        out.add(
+            "warn",
+            "read-paths-not-granted",
+            f"your config does not grant {', '.join(missing)}: reads matching them will be "
+            "refused",
+            f"add to your config.toml: [agent_read_paths.{name}] allow = {_toml_list(missing)}",
+        )
+    states = "; ".join(f"{d}: {'granted' if d in granted else 'NOT granted'}" for d in declared)
+    out.add(
+        "note",
+        "read-paths-declared",
+        f"declares [read_paths] (reads outside the run workdir): {len(declared)} declared, "
+        f"{len(granted)} granted",
+        states,
+    )
+
+
+def resolve(machine: Config, user: Config | None, blueprint: Blueprint | None,
+            agent_name: str) -> MergeResult:
+    """The effective settings for `agent_name` run by the owner of `user` (None: no user
+    config), from `blueprint` (None: the configs alone). Pure; never raises for content
+    the models accepted."""
+    out = _Findings()
+    base = _config_layer(machine, user, agent_name, out)
+    _check_patterns(base.grants, "config [security] read_paths", out)
+    _check_patterns(base.agent_grants, f"config [agent_read_paths.{agent_name}]", out)
+    if blueprint is None:
+        return MergeResult(agent=base.eff, stages={}, seed=[], findings=out.items)
+
+    declared_raw = list(blueprint.read_paths.allow)
+    _check_patterns(declared_raw, "blueprint [read_paths] allow", out)
+    declared = active_patterns(declared_raw, declared_raw, allow_all=True)  # valid, deduped
+    granted = active_patterns(declared, base.grants + base.agent_grants,
+                              allow_all=base.allow_all)
+    _check_tools(blueprint.permissions, "blueprint [permissions]", out)
+    permissions = _apply_permissions(base, blueprint.permissions, out)
+    resources = _tighten_resources(base.eff.resources, blueprint.resources, "blueprint", out)
+
+    def effective(sandbox: SandboxConfig, origin: Mapping[str, str],
+                  command: list[str]) -> Effective:
+        fenced = _apply_sandbox(base, sandbox, origin, out)
+        return replace(
+            fenced,
+            mounts=list(fenced.mounts),
+            resources=resources,
+            permissions=dict(permissions),
+            read_paths_declared=list(declared),
+            read_paths_granted=list(granted),
+            env=dict(blueprint.env),
+            env_pass=list(fenced.env_pass),
+            env_withhold=list(fenced.env_withhold),
+            hidden_paths=list(fenced.hidden_paths),
+            allowlist=list(fenced.allowlist),
+            credentials=dict(fenced.credentials),
+            command=list(command),
+        )
+
+    top, origin = _overlay(blueprint.sandbox, None, "")
+    agent = effective(top, origin, list(blueprint.agent.command or []))
+    stages: dict[str, Effective] = {}
+    for name, stage in blueprint.stages.items():
+        sb, sorigin = _overlay(blueprint.sandbox, stage.sandbox,
+                               f"blueprint [stages.{name}.sandbox]")
+        stages[name] = effective(sb, sorigin, list(stage.command))
+
+    _read_path_findings(agent_name, declared, granted, out)
+    used = set(_canonical_all(declared))
+    for g in base.agent_grants:
+        canon = _canonical_all([g])
+        if canon and canon[0] not in used:
+            out.add("note", "read-path-grant-unused",
+                    f"config [agent_read_paths.{agent_name}] grants {g}, which the blueprint "
+                    "does not declare; a grant only applies to declared paths")
+    return MergeResult(
+        agent=agent,
+        stages=stages,
+        seed=[list(c) for c in blueprint.seed.commands],
+        findings=out.items,
+    )
+
+
+def _canonical_all(patterns: Iterable[str]) -> list[str]:
+    result: list[str] = []
+    for p in patterns:
+        try:
+            result.append(parse_pattern(p).text)
+        except ReadPathError:
+            continue
+    return result

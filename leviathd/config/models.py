@@ -1,0 +1,409 @@
+"""The configuration and blueprint schema, as pydantic v2 models.
+
+One model, `Config`, serves both the machine's /etc/leviath/config.toml and a user's
+~/.config/leviath/config.toml; `Blueprint` is a blueprint folder's blueprint.toml. Every
+model forbids unknown keys (a typo is an error, not a silently ignored setting) and is
+frozen. Fields a lower layer may tighten are Optional with None meaning "not set here", so
+the merge (leviathd/config/merge.py) can tell "unset" from "set to the default"; the
+defaults themselves live in the merge's `Effective`, documented in docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    model_validator,
+)
+
+from leviathd.readpaths import parse_pattern
+
+# Tools the broker knows (leviathd/policy); other names in a permission table are not an
+# error (a newer blueprint may name a newer tool) but produce an `unknown-tool` finding.
+KNOWN_TOOLS: frozenset[str] = frozenset(
+    {
+        "read_file",
+        "read_files",
+        "list_dir",
+        "write_file",
+        "edit_file",
+        "shell",
+        "web_fetch",
+        "web_search",
+        "http_get",
+        "http_post",
+        "credential",
+    }
+)
+
+# The tools a blueprint may pre-allow when the user configured neither (see merge.py).
+PRE_ALLOWABLE_TOOLS: frozenset[str] = frozenset({"web_search", "web_fetch"})
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ------------------------------------------------------------------------------ enums
+
+
+class SandboxKind(StrEnum):
+    NONE = "none"
+    NAMESPACE = "namespace"
+    CONTAINER = "container"
+
+    @property
+    def rank(self) -> int:
+        """none < namespace < container: a higher rank fences more."""
+        return _KIND_RANK[self]
+
+
+_KIND_RANK = {SandboxKind.NONE: 0, SandboxKind.NAMESPACE: 1, SandboxKind.CONTAINER: 2}
+
+
+class Engine(StrEnum):
+    AUTO = "auto"
+    PODMAN = "podman"
+    DOCKER = "docker"
+
+
+class Access(StrEnum):
+    READ = "read"
+    WRITE = "write"
+
+    @property
+    def rank(self) -> int:
+        return 0 if self is Access.READ else 1
+
+
+class OnUnavailable(StrEnum):
+    ERROR = "error"
+    WARN = "warn"
+
+    @property
+    def rank(self) -> int:
+        """Strictness: error (refuse to run unfenced) is stricter than warn."""
+        return 1 if self is OnUnavailable.ERROR else 0
+
+
+class Permission(StrEnum):
+    ALLOW = "allow"
+    ASK = "ask"
+    DENY = "deny"
+
+    @property
+    def rank(self) -> int:
+        """Strictness: allow < ask < deny."""
+        return _PERMISSION_RANK[self]
+
+
+_PERMISSION_RANK = {Permission.ALLOW: 0, Permission.ASK: 1, Permission.DENY: 2}
+
+
+class TaintPolicy(StrEnum):
+    """What happens when data is more sensitive than a tool's clearance."""
+
+    ALLOW = "allow"
+    ASK = "ask"
+    DENY = "deny"
+
+    @property
+    def rank(self) -> int:
+        return _PERMISSION_RANK[Permission(self.value)]
+
+
+class Sensitivity(StrEnum):
+    PUBLIC = "public"
+    INTERNAL = "internal"
+    PRIVATE = "private"
+
+    @property
+    def rank(self) -> int:
+        return _SENSITIVITY_RANK[self]
+
+
+_SENSITIVITY_RANK = {Sensitivity.PUBLIC: 0, Sensitivity.INTERNAL: 1, Sensitivity.PRIVATE: 2}
+
+
+# ------------------------------------------------------------------- value checkers
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def _argv(value: list[str]) -> list[str]:
+    if not value:
+        raise ValueError("must be a non-empty list of strings (an argv)")
+    for arg in value:
+        if "\0" in arg:
+            raise ValueError("an argument contains a NUL byte")
+    if not value[0]:
+        raise ValueError("the program (first element) is empty")
+    return value
+
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path, not {value!r}")
+    if "\0" in value:
+        raise ValueError("contains a NUL byte")
+    return value
+
+
+def _home_or_absolute(value: str) -> str:
+    if not (value.startswith("/") or value.startswith("~/") or value == "~"):
+        raise ValueError(f"must be an absolute path or start with ~/, not {value!r}")
+    if "\0" in value:
+        raise ValueError("contains a NUL byte")
+    parts = value.split("/")[1:]
+    if any(p in (".", "..") for p in parts):
+        raise ValueError(f"may not contain '.' or '..' components: {value!r}")
+    return value
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid environment variable name")
+    return value
+
+
+def _name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use letters, digits, '-' and '_', "
+            "starting with a letter or digit, at most 64 characters"
+        )
+    return value
+
+
+def _read_path(value: str) -> str:
+    parse_pattern(value)  # raises ReadPathError (a ValueError) saying what is wrong
+    return value
+
+
+Argv = Annotated[list[str], AfterValidator(_argv)]
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+MountPath = Annotated[str, AfterValidator(_home_or_absolute)]
+EnvName = Annotated[str, AfterValidator(_env_name)]
+Name = Annotated[str, AfterValidator(_name)]
+ReadPathPattern = Annotated[str, AfterValidator(_read_path)]
+
+
+# ------------------------------------------------------------- sizes and percentages
+
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGTkmgt]?)\s*$")
+
+
+def parse_size(value: object) -> int | None:
+    """systemd-style byte size: an int, or "512M", "2G" (K/M/G/T, base 1024); "infinity"
+    means no limit (None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("must be a size such as \"512M\" or \"2G\", not a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    if isinstance(value, str):
+        if value.strip().lower() == "infinity":
+            return None
+        m = _SIZE.match(value)
+        if m:
+            return int(m.group(1)) * _UNITS[m.group(2).upper()]
+    raise ValueError(
+        f"must be a size in bytes such as 536870912, \"512M\" or \"2G\" (K, M, G, T are "
+        f"powers of 1024), or \"infinity\"; got {value!r}"
+    )
+
+
+def parse_count(value: object) -> int | None:
+    """A positive count, or "infinity" (None)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() == "infinity":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValueError(f"must be a whole number of at least 1, or \"infinity\"; got {value!r}")
+
+
+def parse_percent(value: object) -> int | None:
+    """A CPU quota: "150%" (one and a half CPUs) or the number 150."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str):
+        m = re.match(r"^\s*(\d+)\s*%\s*$", value)
+        if m and int(m.group(1)) >= 1:
+            return int(m.group(1))
+    raise ValueError(f"must be a percentage of one CPU such as \"150%\"; got {value!r}")
+
+
+def _cpu_weight(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 10000:
+        return value
+    raise ValueError(f"must be a whole number from 1 to 10000; got {value!r}")
+
+
+# --------------------------------------------------------------------------- sections
+
+
+class Mount(_Model):
+    path: MountPath
+    access: Access = Access.READ
+
+
+class SandboxConfig(_Model):
+    """`[sandbox]`, in a config, a blueprint or a blueprint's stage. None = not set here."""
+
+    kind: SandboxKind | None = None
+    engine: Engine | None = None
+    image: str | None = None
+    network: StrictBool | None = None
+    mounts: list[Mount] | None = None
+    default_mounts: StrictBool | None = None
+    on_unavailable: OnUnavailable | None = None
+    scratch_dir: AbsolutePath | None = None
+
+
+class Resources(_Model):
+    """`[resources]`, parsed: memory in bytes, CPU quota in percent of one CPU. None means
+    no limit (unset, or "infinity")."""
+
+    memory_max: Annotated[int | None, BeforeValidator(parse_size)] = None
+    tasks_max: Annotated[int | None, BeforeValidator(parse_count)] = None
+    cpu_quota: Annotated[int | None, BeforeValidator(parse_percent)] = None
+    cpu_weight: Annotated[int | None, BeforeValidator(_cpu_weight)] = None
+
+
+class SecurityConfig(_Model):
+    read_paths: list[ReadPathPattern] = Field(default_factory=list)
+    allow_blueprint_read_paths: StrictBool | None = None
+    credential_store: str | None = None
+    hidden_paths: list[MountPath] = Field(default_factory=list)
+    env_pass: list[EnvName] = Field(default_factory=list)
+    env_withhold: list[EnvName] = Field(default_factory=list)
+
+
+class AgentReadPaths(_Model):
+    allow: list[ReadPathPattern] = Field(default_factory=list)
+
+
+class TaintConfig(_Model):
+    enabled: StrictBool | None = None
+    on_exceed: TaintPolicy | None = None
+    budget: Annotated[StrictInt, Field(ge=1)] | None = None
+    approval_timeout: Annotated[StrictInt, Field(ge=1)] | None = None
+    clearance: dict[str, Sensitivity] = Field(default_factory=dict)
+    allow_private_addresses: StrictBool | None = None
+
+
+class AllowRule(_Model):
+    """`[[allowlist]]`: `tool` may send to `target` (a glob) data up to `max_sensitivity`."""
+
+    tool: str
+    target: str
+    max_sensitivity: Sensitivity
+
+
+class CredentialConfig(_Model):
+    """`[credentials.NAME]`: where a secret comes from (a command's output or a file) and
+    the environment variable the credential tool puts it in."""
+
+    command: Argv | None = None
+    secret_file: AbsolutePath | None = None
+    env: EnvName | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CredentialConfig:
+        if (self.command is None) == (self.secret_file is None):
+            raise ValueError("set exactly one of command or secret_file")
+        return self
+
+
+class Config(_Model):
+    """A machine or user config.toml. Every section is optional."""
+
+    sandbox: SandboxConfig | None = None
+    resources: Resources = Field(default_factory=Resources)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    agent_read_paths: dict[str, AgentReadPaths] = Field(default_factory=dict)
+    tool_permissions: dict[str, Permission] = Field(default_factory=dict)
+    agent_tool_permissions: dict[str, dict[str, Permission]] = Field(default_factory=dict)
+    taint: TaintConfig = Field(default_factory=TaintConfig)
+    allowlist: list[AllowRule] = Field(default_factory=list)
+    credentials: dict[Name, CredentialConfig] = Field(default_factory=dict)
+
+
+# -------------------------------------------------------------------------- blueprint
+
+
+class AgentSection(_Model):
+    name: Name
+    version: str = "0.0.0"
+    description: str = ""
+    command: Argv | None = None
+
+
+class SeedSection(_Model):
+    commands: list[Argv] = Field(default_factory=list)
+
+
+class Stage(_Model):
+    command: Argv
+    description: str = ""
+    sandbox: SandboxConfig | None = None
+
+
+class ReadPathsSection(_Model):
+    allow: list[ReadPathPattern] = Field(default_factory=list)
+
+
+def _env_table(value: dict[str, str]) -> dict[str, str]:
+    for key, val in value.items():
+        _env_name(key)
+        if "\0" in val:
+            raise ValueError(f"{key}: value contains a NUL byte")
+    return value
+
+
+class Blueprint(_Model):
+    """A blueprint folder's blueprint.toml. Stages keep the file's order."""
+
+    agent: AgentSection
+    seed: SeedSection = Field(default_factory=SeedSection)
+    stages: dict[Name, Stage] = Field(default_factory=dict)
+    sandbox: SandboxConfig | None = None
+    read_paths: ReadPathsSection = Field(default_factory=ReadPathsSection)
+    permissions: dict[str, Permission] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    env: Annotated[dict[str, str], AfterValidator(_env_table)] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _has_something_to_run(self) -> Blueprint:
+        if self.agent.command is None and not self.stages:
+            raise ValueError("a blueprint needs [agent] command or at least one [stages.NAME]")
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.agent.name
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """A model as plain data (enums as their strings), e.g. for --json output."""
+    return model.model_dump(mode="json", exclude_none=True)
