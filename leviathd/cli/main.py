@@ -17,6 +17,9 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "leviathd.cli.store",
     "leviathd.cli.run",
     "leviathd.cli.control",
+    "leviathd.cli.tool",
+    "leviathd.cli.mcp",
+    "leviathd.cli.policy",
 )
 
 

@@ -1,0 +1,201 @@
+"""`lev policy list | add | test`: the tool policy as the gate sees it.
+
+`add` edits the user's config.toml (or, as root with --system, the machine
+config) by appending an `[[allowlist]]` table to the text, so comments and
+layout survive; the result is parsed before it replaces the file, and the
+replacement is atomic (temporary file, fsync, rename). Machine-wide changes
+by non-root users go through the daemon and polkit (org.leviath.config.manage)
+in phase 2; until then --system works only as root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from leviathd.config.load import (
+    load_blueprint,
+    load_configs,
+    machine_config_path,
+    parse_config,
+    user_config_path,
+)
+from leviathd.config.merge import resolve
+from leviathd.errors import AccessDenied, InvalidArgument
+from leviathd.policy.gate import decide
+from leviathd.policy.labels import READ_TOOLS, WRITE_TOOLS, Sensitivity
+from leviathd.policy.permissions import KNOWN_TOOLS, permission_for
+from leviathd.policy.settings import CompiledPolicy, PolicySettings
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("policy", help="list, add to and dry-run the tool policy")
+    psub = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+
+    ls = psub.add_parser("list", help="permissions, clearances and allowlist in force")
+    ls.add_argument("--agent", help="show the tables for this agent name")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=run_list)
+
+    add = psub.add_parser("add", help="add an [[allowlist]] rule")
+    add.add_argument("tool")
+    add.add_argument("--target", required=True, metavar="GLOB")
+    add.add_argument("--max-sensitivity", required=True, metavar="LEVEL",
+                     help="public, internal or private")
+    add.add_argument("--system", action="store_true",
+                     help="the machine config (root only for now; polkit via the daemon later)")
+    add.set_defaults(func=run_add)
+
+    test = psub.add_parser("test", help="dry-run the gate for one call, printing each step")
+    test.add_argument("tool")
+    test.add_argument("--target", default="", metavar="T", help="path, host or name")
+    test.add_argument("--taint", default="public", metavar="LEVEL")
+    test.add_argument("--agent", default="", help="agent name (per-agent tables)")
+    test.add_argument("--blueprint", help="blueprint folder or file (declared read paths)")
+    test.add_argument("--workdir", default=".", help="the run's workdir (default: here)")
+    test.set_defaults(func=run_test)
+
+
+def _settings(agent: str, blueprint: str | None) -> PolicySettings:
+    machine, user = load_configs()
+    bp = load_blueprint(blueprint) if blueprint else None
+    name = agent or (bp.agent.name if bp is not None else "")
+    return PolicySettings.from_effective(resolve(machine, user, bp, name).agent)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    s = _settings(args.agent or "", None)
+    table = CompiledPolicy(s, home=str(Path.home()), workdir=os.getcwd())
+    rows: list[dict[str, str | None]] = []
+    for tool in KNOWN_TOOLS:
+        perm = permission_for(tool, table.permissions)
+        clearance = table.clearances[tool]
+        rows.append({"tool": tool, "permission": perm.permission, "source": perm.source,
+                     "clearance": str(clearance) if clearance is not None else None})
+    rules = [{"tool": r.tool, "target": r.target, "max_sensitivity": str(r.max_sensitivity)}
+             for r in table.allowlist.rules]
+    taint = {"enabled": s.taint_enabled, "on_exceed": s.on_exceed, "budget": s.budget,
+             "approval_timeout": s.approval_timeout,
+             "allow_private_addresses": s.allow_private_addresses}
+    if args.json:
+        print(json.dumps({"tools": rows, "allowlist": rules, "taint": taint}, indent=2))
+        return 0
+    print(f"{'TOOL':<12} {'PERMISSION':<10} {'CLEARANCE':<10} SOURCE")
+    for r in rows:
+        print(f"{r['tool']:<12} {r['permission']:<10} {r['clearance'] or '-':<10} {r['source']}")
+    print()
+    print("taint: " + ", ".join(f"{k}={v}" for k, v in taint.items()))
+    print()
+    if not rules:
+        print("allowlist: (empty)")
+    for i, rule in enumerate(rules, start=1):
+        print(f"allowlist #{i}: {rule['tool']} → {rule['target']!r} up to "
+              f"{rule['max_sensitivity']}")
+    return 0
+
+
+def allowlist_block(tool: str, target: str, level: Sensitivity) -> str:
+    return (
+        "\n[[allowlist]]\n"
+        f"tool = {json.dumps(tool)}\n"
+        f"target = {json.dumps(target)}\n"
+        f"max_sensitivity = \"{level}\"\n"
+    )
+
+
+def append_rule(path: Path, tool: str, target: str, level: Sensitivity) -> None:
+    """Append the rule to `path`, refusing to write anything that does not parse."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    if text and not text.endswith("\n"):
+        text += "\n"
+    new = text + allowlist_block(tool, target, level)
+    parse_config(new, str(path))  # raises ConfigError naming file and line
+    atomic_write(path, new)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def run_add(args: argparse.Namespace) -> int:
+    level = Sensitivity.parse(args.max_sensitivity)
+    if not args.target:
+        raise InvalidArgument("--target must not be empty")
+    if args.tool not in KNOWN_TOOLS:
+        raise InvalidArgument(f"unknown tool {args.tool!r}; known: {', '.join(KNOWN_TOOLS)}")
+    if args.system:
+        if os.geteuid() != 0:
+            raise AccessDenied(
+                "machine-wide policy needs root for now (later: the daemon, with polkit "
+                "org.leviath.config.manage); without --system the rule goes to your own config"
+            )
+        path = machine_config_path()
+    else:
+        path = user_config_path()
+    append_rule(path, args.tool, args.target, level)
+    print(f"added to {path}: {args.tool} → {args.target!r} up to {level}")
+    return 0
+
+
+def run_test(args: argparse.Namespace) -> int:
+    from leviathd.broker.schema import call_for
+
+    s = _settings(args.agent, args.blueprint)
+    policy = CompiledPolicy(s, home=str(Path.home()), workdir=os.path.abspath(args.workdir))
+    taint = Sensitivity.parse(args.taint)
+    tool, target = args.tool, args.target
+    if tool in READ_TOOLS or tool in WRITE_TOOLS:
+        # The broker decides on the real path of the opened file; the nearest
+        # offline stand-in is the realpath of the target now.
+        real = os.path.realpath(os.path.join(policy.workdir, target or "."))
+        key = "paths" if tool == "read_files" else "path"
+        call = call_for(tool, {key: [real] if key == "paths" else real}
+                        | ({"content": ""} if tool == "write_file" else {})
+                        | ({"old": "x", "new": "y"} if tool == "edit_file" else {}),
+                        policy.workdir)
+    elif tool in ("web_fetch", "http_get", "http_post"):
+        url = target if "://" in target else f"https://{target}/"
+        call = call_for(tool, {"url": url} | ({"body": ""} if tool == "http_post" else {}),
+                        policy.workdir)
+    elif tool == "shell":
+        call = call_for(tool, {"command": target}, policy.workdir)
+    elif tool == "credential":
+        call = call_for(tool, {"name": target}, policy.workdir)
+    else:
+        from leviathd.policy.gate import Call
+
+        call = Call(tool, target)
+    d = decide(policy, call, taint)
+    print(f"{tool} → {call.target or '-'} with taint {taint}")
+    for i, step in enumerate(d.steps, start=1):
+        print(f"  {i}. {step.check:<10} {step.result:<9} {step.detail}")
+    print(f"decision: {d.outcome.upper()} (rule {d.rule}); output would be labelled {d.label}")
+    return 0 if d.outcome == "allow" else (2 if d.outcome == "ask" else 1)

@@ -1,0 +1,110 @@
+"""`lev tool NAME [ARGS...|--json JSON]`: call a gated tool from inside an
+agent's sandbox, through the broker socket mounted there."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+from leviathd.errors import InvalidArgument, LeviathError, Unavailable
+
+DEFAULT_SOCKET = "/run/leviath/broker.sock"
+
+
+def broker_socket() -> str:
+    return os.environ.get("LEVIATH_BROKER", DEFAULT_SOCKET)
+
+
+class BrokerClient:
+    """A blocking JSON-lines client; one request at a time."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path or broker_socket()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(self.path)
+        except OSError as exc:
+            self._sock.close()
+            raise Unavailable(f"cannot reach the broker at {self.path}: {exc.strerror}") from None
+        self._file = self._sock.makefile("rb")
+        self._next = 0
+
+    def request(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._next += 1
+        payload = {**payload, "id": self._next}
+        self._sock.sendall(json.dumps(payload).encode() + b"\n")
+        line = self._file.readline()
+        if not line:
+            raise Unavailable("the broker closed the connection")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def call(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        return self.request({"op": "call", "tool": tool, "args": args})
+
+    def close(self) -> None:
+        self._file.close()
+        self._sock.close()
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "tool",
+        help="call a gated tool through the agent's broker (inside a sandbox)",
+        description="Call a tool through the broker ($LEVIATH_BROKER or "
+        f"{DEFAULT_SOCKET}). `lev tool --ledger` shows the taint ledger; "
+        "`lev tool --evict ID...` reports entries dropped from the agent's context.",
+    )
+    p.add_argument("name", nargs="?", help="tool name, e.g. read_file")
+    p.add_argument("args", nargs="*", help="positional arguments of the tool")
+    p.add_argument("--json", dest="json_args", metavar="JSON", help="arguments as a JSON object")
+    p.add_argument("--ledger", action="store_true", help="print the taint ledger")
+    p.add_argument("--evict", nargs="+", type=int, metavar="ID", help="drop ledger entries")
+    p.set_defaults(func=run)
+
+
+def build_args(name: str, positional: list[str], json_args: str | None) -> dict[str, Any]:
+    from leviathd.broker.schema import args_from_positional
+
+    if json_args is not None:
+        if positional:
+            raise InvalidArgument("give either positional arguments or --json, not both")
+        try:
+            parsed = json.loads(json_args)
+        except ValueError as exc:
+            raise InvalidArgument(f"--json: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise InvalidArgument("--json must be a JSON object")
+        return parsed
+    args = args_from_positional(name, positional)
+    if name == "write_file" and "content" not in args and "path" in args:
+        args["content"] = sys.stdin.read()
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    client = BrokerClient()
+    try:
+        if args.ledger:
+            reply = client.request({"op": "ledger"})
+        elif args.evict:
+            reply = client.request({"op": "evict", "ids": args.evict})
+        elif args.name:
+            reply = client.call(args.name, build_args(args.name, args.args, args.json_args))
+        else:
+            raise InvalidArgument("name a tool, or use --ledger / --evict")
+    finally:
+        client.close()
+    if not reply.get("ok"):
+        err = reply.get("error") or {}
+        raise LeviathError(f"{err.get('code', 'error')}: {err.get('message', 'refused')}")
+    result = reply.get("result")
+    if args.name == "read_file" and isinstance(result, dict) and "content" in result:
+        sys.stdout.write(str(result["content"]))
+    else:
+        print(json.dumps(result if args.name else reply, indent=2, ensure_ascii=False))
+    return 0
