@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import re
 import secrets
@@ -23,12 +24,12 @@ from leviathd.bus import names, polkit
 from leviathd.bus.caller import Caller
 from leviathd.config import load as config_load
 from leviathd.config.merge import Effective, MergeResult, resolve
-from leviathd.config.models import Blueprint, Config
+from leviathd.config.models import Blueprint, Config, SandboxKind
 from leviathd.errors import AccessDenied, ConfigError, InvalidArgument, NotFound, Unavailable
 from leviathd.identity import UserInfo, user_info
 from leviathd.records import AgentRecord, AgentState, RecordStore
 from leviathd.sandbox import scratch
-from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec
+from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdManager
 from leviathd.userfiles import read_user_file
@@ -171,7 +172,7 @@ class Agents:
         blueprint: Blueprint | None = None
         if req.blueprint_text is not None:
             blueprint = config_load.parse_blueprint(req.blueprint_text, req.blueprint_source)
-        command = list(req.command) or (list(blueprint.agent.command) if blueprint else [])
+        command = list(req.command) or list(blueprint.agent.command or [] if blueprint else [])
         if not command:
             raise InvalidArgument("the blueprint has no [agent] command and none was given")
         agent_name = blueprint.agent.name if blueprint else os.path.basename(command[0])
@@ -264,10 +265,12 @@ class Agents:
         workdir: str, agent_id: str,
     ) -> SandboxSpec:
         request = RunRequest(
-            argv=tuple(command), workdir=workdir, workdir_mode=req.workdir_mode,
-            caller_env=dict(req.env),
+            argv=tuple(command), workdir=workdir,
+            workdir_mode=req.workdir_mode,  # type: ignore[arg-type]  # checked in from_variants
+            env=dict(req.env),
         )
-        return build_spec(eff, user, request, agent_id, kind=kind)
+        eff = dataclasses.replace(eff, kind=SandboxKind(kind))
+        return build_spec_on_host(eff, user, request, agent_id)
 
     def _new_id(self) -> str:
         while True:
@@ -349,7 +352,8 @@ class Agents:
             else:
                 await self._finalize(rec.id)
         live = {r.id for r in self.records.values() if r.running}
-        scratch.sweep(self._scratch_dirs(), live)
+        for folder in self._scratch_dirs():
+            scratch.sweep(folder, live)
 
     def _scratch_dirs(self) -> list[str]:
         dirs = {self._scratch_default}

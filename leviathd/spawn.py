@@ -21,6 +21,7 @@ import syslog
 from dataclasses import dataclass
 
 from leviathd.identity import UserInfo
+from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -147,13 +148,11 @@ def _child(
     os.close(go_r)
     if not payload:
         return 1  # the daemon gave up on this agent
-    from leviathd.sandbox.spec import SandboxSpec
-
     spec = SandboxSpec.from_dict(json.loads(payload))
     return _supervise(spec, exit_path, identifier, stdio)
 
 
-def _supervise(spec: object, exit_path: str, identifier: str, stdio: Stdio) -> int:
+def _supervise(spec: SandboxSpec, exit_path: str, identifier: str, stdio: Stdio) -> int:
     # We are in the scope now: journald files these streams under its unit.
     j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO)
     j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING)
@@ -194,15 +193,14 @@ def _supervise(spec: object, exit_path: str, identifier: str, stdio: Stdio) -> i
     return code
 
 
-def _launch(spec: object) -> int:
-    kind = getattr(spec, "kind")
-    if str(getattr(kind, "value", kind)) == "namespace":
+def _launch(spec: SandboxSpec) -> int:
+    if spec.kind == "namespace":
         from leviathd.sandbox import namespace
 
-        return namespace.run(spec)  # type: ignore[arg-type]
+        return namespace.run(spec)
     from leviathd.sandbox import none
 
-    return none.run(spec)  # type: ignore[arg-type]
+    return none.run(spec)
 
 
 def _copy_output(routes: dict[int, tuple[int, int | None]]) -> None:
