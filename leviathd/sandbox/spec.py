@@ -551,7 +551,7 @@ def build_spec(
     # Parents before children; the order above breaks ties (masks last).
     ordered = sorted(b.mounts, key=lambda m: _depth(m.target))
 
-    kind = effective.kind
+    kind = str(effective.kind)
     namespaces: tuple[str, ...] = ()
     if kind == "namespace":
         namespaces = ("ipc", "mnt", "pid", "uts") + (() if effective.network else ("net",))

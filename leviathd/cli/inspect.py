@@ -1,0 +1,113 @@
+"""`lev inspect BLUEPRINT [--workdir DIR] [--json]`: what an agent would see.
+
+Computed locally, from the same files and the same pure `build_spec` the
+daemon uses, so an admin or a user can read the mount table, the hidden paths
+and the environment before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+from leviathd.cli.run import blueprint_file
+from leviathd.config.load import load_blueprint, load_configs
+from leviathd.config.merge import resolve
+from leviathd.errors import InvalidArgument, NotFound
+from leviathd.identity import user_info
+from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
+
+_PLACEHOLDER_ID = "EXECUTION"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("inspect", help="show the sandbox an agent would get")
+    p.add_argument("blueprint", help="a blueprint folder or file, or an installed agent's name")
+    p.add_argument("--workdir", "-w", help="the workdir to assume (default: here)")
+    p.add_argument("--workdir-mode", choices=("rw", "ro", "throwaway"), default="rw")
+    p.add_argument("--stage", help="show this stage's sandbox instead of the agent's")
+    p.add_argument("--json", action="store_true", help="print the spec as JSON")
+    p.set_defaults(func=main)
+
+
+def compute(args: argparse.Namespace) -> SandboxSpec:
+    if re.fullmatch(r"[0-9a-f]{8}", args.blueprint) and not os.path.exists(args.blueprint):
+        raise NotFound(
+            f"{args.blueprint} looks like an agent id; inspecting a running agent needs "
+            "the daemon, give a blueprint here"
+        )
+    blueprint = load_blueprint(blueprint_file(args.blueprint))
+    machine, user_config = load_configs()
+    merged = resolve(machine, user_config, blueprint, blueprint.agent.name)
+    for finding in merged.findings:
+        print(f"{finding.level}: {finding.message}", file=sys.stderr)
+    effective = merged.agent
+    if args.stage:
+        if args.stage not in merged.stages:
+            raise NotFound(f"the blueprint has no stage {args.stage!r}")
+        effective = merged.stages[args.stage]
+    command = tuple(effective.command or blueprint.agent.command or ())
+    if not command:
+        raise InvalidArgument("the blueprint names no command")
+    request = RunRequest(
+        argv=command,
+        workdir=os.path.abspath(args.workdir or os.getcwd()),
+        workdir_mode=args.workdir_mode,
+        env=dict(os.environ),
+    )
+    return build_spec_on_host(effective, user_info(os.getuid()), request, _PLACEHOLDER_ID)
+
+
+def _access(readonly: bool) -> str:
+    return "read-only" if readonly else "read-write"
+
+
+def render(spec: SandboxSpec) -> str:
+    lines = [
+        f"sandbox     {spec.kind}",
+        f"command     {' '.join(spec.argv)}",
+        f"user        {spec.user} (uid {spec.uid}, gid {spec.gid}, "
+        f"groups {','.join(map(str, spec.groups))})",
+        f"workdir     {spec.workdir} ({spec.workdir_mode})",
+        f"home        {spec.sandbox_home} (empty, on disk in scratch)",
+        f"scratch     {spec.scratch}  ({_PLACEHOLDER_ID} = the run's id)",
+        f"namespaces  {', '.join(spec.namespaces) or '(none)'}",
+        f"network     {'host' if spec.network else 'none (only lo)'}",
+        f"hostname    {spec.hostname}",
+    ]
+    limits = {k: v for k, v in spec.limits.items() if v is not None}
+    if limits:
+        lines.append("limits      " + ", ".join(f"{k}={v}" for k, v in limits.items()))
+    lines += ["", "what it sees:"]
+    for m in spec.mounts:
+        if m.kind == "bind":
+            src = "" if m.source == m.target else f"  <- {m.source}"
+            lines.append(f"  {m.target:<40} {_access(m.readonly):<10} {m.why}{src}")
+        elif m.kind == "overlay":
+            lines.append(f"  {m.target:<40} {'throwaway':<10} {m.why}, layer in {m.upper}")
+        elif m.kind == "symlink":
+            lines.append(f"  {m.target:<40} {'link':<10} -> {m.source}")
+        elif m.kind == "mask":
+            lines.append(f"  {m.target:<40} {'hidden':<10} covered inside a mounted folder")
+        else:
+            lines.append(f"  {m.target:<40} {m.kind:<10} {m.why}")
+    lines += ["", "never visible:"]
+    lines += [f"  {h}" for h in spec.hidden]
+    lines += ["", "environment:"]
+    lines += [f"  {k}={v}" for k, v in sorted(spec.env.items())]
+    if spec.notes:
+        lines += ["", "notes:"]
+        lines += [f"  {n}" for n in spec.notes]
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    spec = compute(args)
+    if args.json:
+        print(json.dumps(spec.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(render(spec))
+    return 0
