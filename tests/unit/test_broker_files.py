@@ -1,0 +1,206 @@
+"""File tools through a real broker socket on real files: the decision is
+taken on the real path of the opened file."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from broker_harness import Running, call, running_broker
+
+from leviathd.cli.tool import BrokerClient
+from leviathd.policy.settings import PolicySettings
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> dict[str, Path]:
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    notes = home / "notes"
+    ssh = home / ".ssh"
+    for d in (work, notes, ssh):
+        d.mkdir(parents=True)
+    (ssh / "id_ed25519").write_text("PRIVATE KEY")
+    (notes / "plan.md").write_text("the plan")
+    (work / "main.py").write_text("print('hi')\n")
+    return {"home": home, "work": work, "notes": notes, "ssh": ssh, "tmp": tmp_path}
+
+
+@pytest.fixture
+def broker(tree: dict[str, Path]) -> Iterator[Running]:
+    settings = PolicySettings(read_paths=["~/notes"], taint_enabled=True)
+    with running_broker(home=str(tree["home"]), workdir=str(tree["work"]), settings=settings,
+                        socket_path=str(tree["tmp"] / "broker.sock")) as running:
+        yield running
+
+
+def test_a_workdir_file_is_read_through_the_broker(broker: Running) -> None:
+    reply = call(broker.path, "read_file", {"path": "main.py"})
+    assert reply["ok"], reply
+    assert reply["result"]["content"] == "print('hi')\n"
+
+
+def test_a_granted_read_succeeds_and_raises_taint_to_private(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    reply = call(broker.path, "read_file", {"path": str(tree["notes"] / "plan.md")})
+    assert reply["ok"], reply
+    assert reply["result"]["content"] == "the plan"
+    assert (reply["label"], reply["taint"]) == ("private", "private")
+
+
+def test_a_read_outside_the_workdir_without_a_grant_is_refused(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    reply = call(broker.path, "read_file", {"path": str(tree["ssh"] / "id_ed25519")})
+    assert not reply["ok"]
+    assert reply["error"]["rule"] == "read-path-not-granted"
+    assert broker.audit[-1].outcome == "deny"
+
+
+def test_a_symlink_inside_a_granted_directory_cannot_escape_it(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    (tree["notes"] / "keys").symlink_to(tree["ssh"])
+    (tree["notes"] / "key").symlink_to(tree["ssh"] / "id_ed25519")
+    for path in (tree["notes"] / "key", tree["notes"] / "keys" / "id_ed25519"):
+        reply = call(broker.path, "read_file", {"path": str(path)})
+        assert not reply["ok"], reply
+        assert reply["error"]["rule"] == "real-path-not-granted"
+        assert "PRIVATE KEY" not in str(reply)
+    listing = call(broker.path, "list_dir", {"path": str(tree["notes"] / "keys")})
+    assert not listing["ok"]
+    record = broker.audit[-1]
+    assert (record.outcome, record.rule, record.tool) == ("deny", "real-path-not-granted",
+                                                         "list_dir")
+
+
+def test_a_symlink_in_the_workdir_cannot_reach_an_ungranted_file(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    (tree["work"] / "k").symlink_to(tree["ssh"] / "id_ed25519")
+    reply = call(broker.path, "read_file", {"path": "k"})
+    assert not reply["ok"] and reply["error"]["rule"] == "real-path-not-granted"
+
+
+def test_swapping_a_granted_directory_for_a_symlink_between_calls_cannot_widen_a_grant(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    sub = tree["notes"] / "sub"
+    sub.mkdir()
+    (sub / "id_ed25519").write_text("notes copy")
+    path = str(sub / "id_ed25519")
+    assert call(broker.path, "read_file", {"path": path})["result"]["content"] == "notes copy"
+    (sub / "id_ed25519").unlink()
+    sub.rmdir()
+    sub.symlink_to(tree["ssh"])
+    reply = call(broker.path, "read_file", {"path": path})
+    assert not reply["ok"] and "PRIVATE KEY" not in str(reply)
+
+
+def test_a_directory_swapped_back_and_forth_during_reads_never_leaks(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    sub = tree["notes"] / "sub"
+    real = tree["notes"] / "real"
+    real.mkdir()
+    (real / "id_ed25519").write_text("granted")
+    link = tree["notes"] / "link"
+    link.symlink_to(tree["ssh"])
+    os.symlink(real, sub)
+    stop = threading.Event()
+
+    def swapper() -> None:
+        # rename(2) swaps atomically between a link into the grant and a
+        # link out of it, as fast as it can.
+        tmp_in, tmp_out = tree["notes"] / ".in", tree["notes"] / ".out"
+        while not stop.is_set():
+            os.symlink(tree["ssh"], tmp_out)
+            os.replace(tmp_out, sub)
+            os.symlink(real, tmp_in)
+            os.replace(tmp_in, sub)
+
+    t = threading.Thread(target=swapper)
+    t.start()
+    outcomes = {"granted": 0, "refused": 0}
+    client = BrokerClient(broker.path)
+    try:
+        for _ in range(400):
+            reply = client.call("read_file", {"path": str(sub / "id_ed25519")})
+            assert "PRIVATE KEY" not in str(reply)
+            if reply["ok"]:
+                assert reply["result"]["content"] == "granted"
+                outcomes["granted"] += 1
+            else:
+                outcomes["refused"] += 1
+    finally:
+        client.close()
+        stop.set()
+        t.join()
+    # Both sides of the race were exercised.
+    assert outcomes["granted"] > 0 and outcomes["refused"] > 0, outcomes
+
+
+def test_list_dir_lists_a_granted_directory(broker: Running, tree: dict[str, Path]) -> None:
+    reply = call(broker.path, "list_dir", {"path": str(tree["notes"])})
+    assert reply["ok"]
+    assert {"name": "plan.md", "type": "file"} in reply["result"]["entries"]
+
+
+def test_read_files_reads_several_and_refuses_any_ungranted(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    ok = call(broker.path, "read_files", {"paths": ["main.py", str(tree["notes"] / "plan.md")]})
+    assert [f["content"] for f in ok["result"]["files"]] == ["print('hi')\n", "the plan"]
+    bad = call(broker.path, "read_files", {"paths": ["main.py", str(tree["ssh"] / "id_ed25519")]})
+    assert not bad["ok"]
+
+
+def test_write_and_edit_work_inside_the_workdir(broker: Running, tree: dict[str, Path]) -> None:
+    assert call(broker.path, "write_file", {"path": "new.txt", "content": "one two"})["ok"]
+    assert call(broker.path, "edit_file", {"path": "new.txt", "old": "two", "new": "2"})["ok"]
+    assert (tree["work"] / "new.txt").read_text() == "one 2"
+
+
+def test_writes_cannot_leave_the_workdir_through_a_granted_path_or_a_symlink(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    plan = tree["notes"] / "plan.md"
+    assert not call(broker.path, "write_file", {"path": str(plan), "content": "x"})["ok"]
+    (tree["work"] / "out").symlink_to(tree["notes"])
+    (tree["work"] / "plan.md").symlink_to(plan)
+    for path in ("out/plan.md", "plan.md"):
+        reply = call(broker.path, "write_file", {"path": path, "content": "owned"})
+        assert not reply["ok"], reply
+        reply = call(broker.path, "edit_file", {"path": path, "old": "plan", "new": "owned"})
+        assert not reply["ok"], reply
+    assert plan.read_text() == "the plan"
+
+
+def test_a_hard_linked_file_is_not_written(broker: Running, tree: dict[str, Path]) -> None:
+    outside = tree["tmp"] / "outside.txt"
+    outside.write_text("keep")
+    os.link(outside, tree["work"] / "hl.txt")
+    assert not call(broker.path, "write_file", {"path": "hl.txt", "content": "x"})["ok"]
+    assert outside.read_text() == "keep"
+
+
+def test_the_agent_can_report_evictions_and_taint_recovers(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    reply = call(broker.path, "read_file", {"path": str(tree["notes"] / "plan.md")})
+    client = BrokerClient(broker.path)
+    try:
+        assert client.request({"op": "ledger"})["taint"] == "private"
+        evicted = client.request({"op": "evict", "ids": [reply["entry"]]})
+        assert evicted["dropped"] == [reply["entry"]] and evicted["taint"] == "public"
+    finally:
+        client.close()
+
+
+def test_an_unknown_tool_is_refused_over_the_socket(broker: Running) -> None:
+    reply = call(broker.path, "format_disk", {})
+    assert not reply["ok"] and reply["error"]["rule"] == "unknown-tool"

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from leviathd.errors import InvalidArgument
+from leviathd.policy.allowlist import AllowRule, compile_allowlist, glob_to_regex
+from leviathd.policy.labels import Sensitivity
+
+X = Sensitivity.PRIVATE
+
+
+def test_rules_match_exact_suffix_prefix_and_general_globs() -> None:
+    al = compile_allowlist([
+        {"tool": "http_post", "target": "hooks.corp", "max_sensitivity": "private"},
+        {"tool": "http_post", "target": "*.example.com", "max_sensitivity": "private"},
+        {"tool": "http_post", "target": "api-*", "max_sensitivity": "private"},
+        {"tool": "http_post", "target": "s?.*.net", "max_sensitivity": "private"},
+    ])
+    assert al.find("http_post", "hooks.corp", X).index == 1  # type: ignore[union-attr]
+    assert al.find("http_post", "A.Example.COM", X).index == 2  # type: ignore[union-attr]
+    assert al.find("http_post", "api-eu", X).index == 3  # type: ignore[union-attr]
+    assert al.find("http_post", "s3.eu.net", X).index == 4  # type: ignore[union-attr]
+    assert al.find("http_post", "example.com", X) is None
+    assert al.find("http_post", "hooks.corp.evil", X) is None
+
+
+def test_a_rule_for_every_tool_uses_a_star() -> None:
+    al = compile_allowlist([{"tool": "*", "target": "x.org", "max_sensitivity": "internal"}])
+    assert al.find("web_fetch", "x.org", Sensitivity.INTERNAL) is not None
+
+
+def test_an_incomplete_rule_is_refused() -> None:
+    with pytest.raises(InvalidArgument):
+        compile_allowlist([{"tool": "http_post", "target": "x"}])
+
+
+def test_the_index_agrees_with_plain_glob_matching() -> None:
+    import re
+
+    rng = random.Random(7)
+    alphabet = "ab.-"
+    globs = []
+    for _ in range(300):
+        g = "".join(rng.choice(alphabet + "*?") for _ in range(rng.randint(1, 6)))
+        globs.append(g)
+    rules = [AllowRule("t", g, X, i) for i, g in enumerate(globs, start=1)]
+    from leviathd.policy.allowlist import Allowlist
+
+    al = Allowlist(rules)
+    for _ in range(2000):
+        target = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+        expected = next((r.index for r in rules
+                         if re.fullmatch(glob_to_regex(r.target), target, re.DOTALL)), None)
+        got = al.find("t", target, X)
+        assert (got.index if got else None) == expected, target
