@@ -1,0 +1,299 @@
+"""The sandbox spec: the Legato visibility table as a pure value. No root, no I/O:
+every answer about the host is passed in."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Callable, Mapping
+
+import pytest
+
+from leviathd.config.merge import Effective
+from leviathd.config.models import Access, SandboxKind
+from leviathd.config.models import Mount as ConfigMount
+from leviathd.errors import InvalidArgument
+from leviathd.identity import UserInfo
+from leviathd.sandbox.spec import (
+    CACHES,
+    HIDDEN_IN_HOME,
+    TOOLCHAINS,
+    Mount,
+    RunRequest,
+    SandboxSpec,
+    build_spec,
+    is_within,
+)
+
+HOME = "/home/alice"
+ALICE = UserInfo("alice", 1000, 1000, (1000, 27), HOME, "/bin/bash")
+WORKDIR = f"{HOME}/src/app"
+
+
+def everything_exists(_path: str) -> bool:
+    return True
+
+
+def spec_for(
+    effective: Effective | None = None,
+    *,
+    workdir: str = WORKDIR,
+    mode: str = "rw",
+    existing: Callable[[str], bool] = everything_exists,
+    resolve: Callable[[str], str] | None = None,
+    files: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    other_homes: tuple[str, ...] = ("/home/bob",),
+) -> SandboxSpec:
+    texts = dict(files or {})
+    return build_spec(
+        effective or Effective(kind=SandboxKind.NAMESPACE),
+        ALICE,
+        RunRequest(("claude",), workdir, mode, dict(env or {})),  # type: ignore[arg-type]
+        "0123abcd",
+        existing=existing,
+        resolve=resolve,
+        read_text=texts.get,
+        links={"/bin": "usr/bin", "/lib": "usr/lib"},
+        other_homes=other_homes,
+    )
+
+
+def binds(spec: SandboxSpec) -> dict[str, Mount]:
+    return {m.target: m for m in spec.mounts if m.kind in ("bind", "overlay")}
+
+
+def test_no_hidden_path_is_ever_a_mount_source_or_a_mounted_target() -> None:
+    spec = spec_for()
+    hidden = [posixpath.join(HOME, rel) for rel in HIDDEN_IN_HOME] + ["/home/bob", "/root"]
+    for m in spec.mounts:
+        if m.kind not in ("bind", "overlay") or m.exact:
+            continue
+        for h in hidden:
+            assert not is_within(m.source, h), (m, h)
+            assert not is_within(m.target, h), (m, h)
+    assert set(hidden) <= set(spec.hidden)
+
+
+def test_the_system_is_read_only_and_top_level_links_stay_links() -> None:
+    spec = spec_for()
+    table = binds(spec)
+    for path in ("/usr", "/etc", "/opt"):
+        assert table[path].readonly and table[path].source == path
+    links = {m.target: m.source for m in spec.mounts if m.kind == "symlink"}
+    assert links == {"/bin": "usr/bin", "/lib": "usr/lib"}
+    # Host directories that are not links are bound read-only instead.
+    assert table["/sbin"].readonly
+
+
+def test_home_and_tmp_are_scratch_folders_on_disk_and_the_workdir_is_read_write() -> None:
+    spec = spec_for()
+    table = binds(spec)
+    assert spec.scratch == "/var/lib/leviath/scratch/0123abcd"
+    assert table[HOME].source == f"{spec.scratch}/home" and not table[HOME].readonly
+    assert table["/tmp"].source == f"{spec.scratch}/tmp"
+    assert table[WORKDIR].source == WORKDIR and not table[WORKDIR].readonly
+    assert spec.sandbox_home == HOME
+    kinds = [m.kind for m in spec.mounts if m.target in ("/proc", "/dev")]
+    assert kinds == ["proc", "dev"]
+
+
+def test_nothing_of_the_host_root_is_mounted_whole() -> None:
+    spec = spec_for()
+    assert all(m.target != "/" for m in spec.mounts)
+    for absent in ("/home", "/var", "/run", "/srv", "/mnt", "/media", "/root", "/home/bob"):
+        assert absent not in binds(spec)
+
+
+def test_parents_are_mounted_before_what_lies_inside_them() -> None:
+    spec = spec_for()
+    seen: list[str] = []
+    for m in spec.mounts:
+        for earlier in seen:
+            assert not (is_within(earlier, m.target) and earlier != m.target), (earlier, m)
+        seen.append(m.target)
+
+
+def test_agent_state_is_writable_toolchains_read_only_and_caches_writable() -> None:
+    table = binds(spec_for())
+    assert not table[f"{HOME}/.claude"].readonly
+    assert not table[f"{HOME}/.codex"].readonly
+    assert table[f"{HOME}/.local/bin"].readonly
+    assert table[f"{HOME}/.cargo/bin"].readonly
+    assert table[f"{HOME}/go/bin"].readonly
+    for rel in (".cache/pip", ".npm", ".cargo/registry", "go/pkg/mod", ".m2/repository"):
+        assert not table[f"{HOME}/{rel}"].readonly, rel
+    known = table[f"{HOME}/.ssh/known_hosts"]
+    assert known.readonly and known.exact
+
+
+def test_only_entries_that_exist_are_mounted_in_the_home() -> None:
+    present = {"/usr", "/etc", WORKDIR, f"{HOME}/.claude", f"{HOME}/.npm"}
+    table = binds(spec_for(existing=present.__contains__))
+    home_entries = {t for t in table if is_within(t, HOME) and t not in (HOME, WORKDIR)}
+    assert home_entries == {f"{HOME}/.claude", f"{HOME}/.npm"}
+
+
+def test_default_mounts_false_leaves_toolchains_and_caches_out() -> None:
+    spec = spec_for(Effective(kind=SandboxKind.NAMESPACE, default_mounts=False))
+    table = binds(spec)
+    for rel in TOOLCHAINS + CACHES:
+        assert f"{HOME}/{rel}" not in table, rel
+    assert f"{HOME}/.claude" in table
+
+
+def test_a_config_mount_is_bound_with_the_access_asked_for() -> None:
+    eff = Effective(
+        kind=SandboxKind.NAMESPACE,
+        mounts=[
+            ConfigMount(path="~/Documents/specs"),
+            ConfigMount(path="/data/shared", access=Access.WRITE),
+        ],
+    )
+    table = binds(spec_for(eff))
+    assert table[f"{HOME}/Documents/specs"].readonly
+    assert not table["/data/shared"].readonly
+
+
+def test_a_config_mount_inside_a_hidden_path_is_refused() -> None:
+    eff = Effective(kind=SandboxKind.NAMESPACE, mounts=[ConfigMount(path="~/.ssh/keys")])
+    with pytest.raises(InvalidArgument, match=r"hidden path /home/alice/\.ssh"):
+        spec_for(eff)
+
+
+def test_a_config_mount_that_is_a_link_into_a_hidden_path_is_refused() -> None:
+    eff = Effective(kind=SandboxKind.NAMESPACE, mounts=[ConfigMount(path="~/notes")])
+
+    def resolve(path: str) -> str:
+        return path.replace(f"{HOME}/notes", f"{HOME}/.aws")
+
+    with pytest.raises(InvalidArgument, match=r"\.aws"):
+        spec_for(eff, resolve=resolve)
+
+
+def test_a_config_mount_under_a_linked_hidden_folder_is_refused_where_it_really_lives() -> None:
+    # ~/.gnupg is a link to /secure/gnupg; mounting /secure/gnupg/x is still refused.
+    eff = Effective(kind=SandboxKind.NAMESPACE, mounts=[ConfigMount(path="/secure/gnupg/x")])
+
+    def resolve(path: str) -> str:
+        return path.replace(f"{HOME}/.gnupg", "/secure/gnupg")
+
+    with pytest.raises(InvalidArgument, match="gnupg"):
+        spec_for(eff, resolve=resolve)
+
+
+def test_extra_hidden_paths_from_config_are_refused_and_covered() -> None:
+    eff = Effective(
+        kind=SandboxKind.NAMESPACE,
+        hidden_paths=["/data/shared/secrets", "~/private"],
+        mounts=[ConfigMount(path="/data/shared")],
+    )
+    spec = spec_for(eff)
+    assert "/data/shared/secrets" in spec.hidden and f"{HOME}/private" in spec.hidden
+    masks = {m.target for m in spec.mounts if m.kind == "mask"}
+    assert "/data/shared/secrets" in masks
+    eff2 = Effective(
+        kind=SandboxKind.NAMESPACE,
+        hidden_paths=["~/private"],
+        mounts=[ConfigMount(path="~/private/x")],
+    )
+    with pytest.raises(InvalidArgument):
+        spec_for(eff2)
+
+
+def test_leviaths_own_configuration_is_covered_inside_the_read_only_etc() -> None:
+    masks = {m.target for m in spec_for().mounts if m.kind == "mask"}
+    assert "/etc/leviath" in masks
+
+
+def test_another_users_home_and_the_scratch_of_other_agents_are_hidden() -> None:
+    spec = spec_for()
+    assert "/home/bob" in spec.hidden
+    assert "/var/lib/leviath/scratch" in spec.hidden
+    with pytest.raises(InvalidArgument):
+        spec_for(workdir="/home/bob/src")
+
+
+def test_a_workdir_inside_a_hidden_path_or_holding_the_whole_home_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="hidden"):
+        spec_for(workdir=f"{HOME}/.ssh")
+    with pytest.raises(InvalidArgument, match="whole home"):
+        spec_for(workdir=HOME)
+    with pytest.raises(InvalidArgument, match="whole home"):
+        spec_for(workdir="/home")
+
+
+def test_known_hosts_that_links_to_a_private_key_is_not_mounted() -> None:
+    def resolve(path: str) -> str:
+        if path == f"{HOME}/.ssh/known_hosts":
+            return f"{HOME}/.ssh/id_ed25519"
+        return path
+
+    spec = spec_for(resolve=resolve)
+    assert f"{HOME}/.ssh/known_hosts" not in binds(spec)
+    assert any("known_hosts" in n for n in spec.notes)
+
+
+def _worktree_files() -> dict[str, str]:
+    return {
+        f"{WORKDIR}/.git": "gitdir: /repos/app/.git/worktrees/app\n",
+        "/repos/app/.git/worktrees/app/commondir": "../..\n",
+    }
+
+
+def test_a_worktrees_main_git_folder_is_writable_too() -> None:
+    table = binds(spec_for(files=_worktree_files()))
+    assert table["/repos/app/.git"].source == "/repos/app/.git"
+    assert not table["/repos/app/.git"].readonly
+    # The worktree's own git folder lies inside the main one: not mounted twice.
+    assert "/repos/app/.git/worktrees/app" not in table
+
+
+def test_a_read_only_workdir_makes_the_worktree_git_folder_read_only() -> None:
+    table = binds(spec_for(files=_worktree_files(), mode="ro"))
+    assert table[WORKDIR].readonly and table["/repos/app/.git"].readonly
+
+
+def test_a_throwaway_workdir_is_an_overlay_with_its_layers_in_scratch() -> None:
+    spec = spec_for(files=_worktree_files(), mode="throwaway")
+    table = binds(spec)
+    for target in (WORKDIR, "/repos/app/.git"):
+        m = table[target]
+        assert m.kind == "overlay" and m.source == target
+        assert is_within(m.upper, spec.scratch) and is_within(m.work, spec.scratch)
+    assert table[WORKDIR].upper != table["/repos/app/.git"].upper
+
+
+def test_a_worktree_git_folder_inside_a_hidden_path_is_refused() -> None:
+    files = {f"{WORKDIR}/.git": f"gitdir: {HOME}/.ssh/evil\n"}
+    with pytest.raises(InvalidArgument, match="git folder"):
+        spec_for(files=files)
+
+
+def test_network_false_adds_a_network_namespace() -> None:
+    assert spec_for().namespaces == ("ipc", "mnt", "pid", "uts")
+    spec = spec_for(Effective(kind=SandboxKind.NAMESPACE, network=False))
+    assert spec.namespaces == ("ipc", "mnt", "net", "pid", "uts") and not spec.network
+
+
+def test_the_environment_is_allowlisted_and_secrets_never_arrive() -> None:
+    spec = spec_for(env={"PATH": "/usr/bin", "GITHUB_TOKEN": "ghp_x", "HOME": "/elsewhere",
+                         "AWS_SECRET_ACCESS_KEY": "k", "RANDOM_THING": "1"})
+    assert spec.env["PATH"] == "/usr/bin"
+    assert spec.env["HOME"] == HOME and spec.env["USER"] == "alice"
+    for name in ("GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "RANDOM_THING"):
+        assert name not in spec.env
+
+
+def test_the_spec_survives_a_json_round_trip() -> None:
+    spec = spec_for(files=_worktree_files(), mode="throwaway")
+    again = SandboxSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert again == spec
+
+
+def test_an_execution_id_cannot_climb_out_of_the_scratch_folder() -> None:
+    with pytest.raises(InvalidArgument):
+        build_spec(
+            Effective(kind=SandboxKind.NAMESPACE), ALICE, RunRequest(("true",), WORKDIR),
+            "../../etc", existing=everything_exists,
+        )
