@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -105,3 +106,21 @@ def test_booting_and_stopping_a_bed_leaves_the_host_as_it_was() -> None:
                     if (h.current / bed.name).exists()]  # fmt: skip
     finally:
         marker.unlink(missing_ok=True)
+
+
+def _declared_actions() -> list[str]:
+    repo = Path(__file__).resolve().parents[2]
+    ids: list[str] = []
+    for policy in sorted((repo / "polkit").glob("*.policy")):
+        ids += re.findall(r'<action\s+id="([^"]+)"', policy.read_text())
+    return ids
+
+
+def test_every_polkit_action_of_the_checkout_is_known_to_polkitd_in_the_bed(
+    testbed: Testbed,
+) -> None:
+    actions = _declared_actions()
+    if not actions:
+        pytest.skip("polkit/ declares no actions yet")
+    known = testbed.run(["pkaction"]).stdout.split()
+    assert [a for a in actions if a not in known] == []

@@ -250,6 +250,9 @@ class Testbed:
         check_host()
         hs = cgroups.hierarchies()
         cgroups.remove_stale(hs)
+        for old in self.workdir.parent.glob(cgroups.PREFIX + "*"):
+            if cgroups.owner_dead(old.name) and not self.keep_logs:
+                shutil.rmtree(old, ignore_errors=True)
         self._cgroups = cgroups.create_children(hs, self.name)
         self.console_log.touch()
         stage1 = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"'

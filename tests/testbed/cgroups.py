@@ -127,19 +127,40 @@ def remove_tree(top: Path, attempts: int = 50) -> None:
     raise OSError(f"cgroup {top} could not be removed (still busy)")
 
 
+STALE = re.compile(re.escape(PREFIX) + r"(\d+)-[0-9a-f]+(\.|$)")
+
+
+def owner_dead(name: str) -> bool:
+    """Whether `name` belongs to a test bed whose booting process has died."""
+    m = STALE.match(name)
+    return m is not None and not _alive(int(m.group(1)))
+
+
 def remove_stale(hs: list[Hierarchy]) -> list[Path]:
-    """Remove run cgroups left behind by test beds whose owner process died."""
+    """Remove run cgroups left behind by test beds whose owner process died
+    (killed with SIGKILL: its bed died with it, but nothing ran rmdir)."""
     removed = []
-    pattern = re.compile(re.escape(PREFIX) + r"(\d+)-[0-9a-f]+$")
     for h in hs:
         with contextlib.suppress(OSError):
             for child in h.current.iterdir():
-                m = pattern.match(child.name)
-                if m and child.is_dir() and not _alive(int(m.group(1))):
+                if child.is_dir() and owner_dead(child.name):
                     with contextlib.suppress(OSError):
                         remove_tree(child, attempts=5)
                         removed.append(child)
     return removed
+
+
+def _delegate_controllers(parent: Path) -> None:
+    """On cgroup2, make the parent's controllers available to the run's child.
+
+    Only possible where the parent holds no processes itself (or is the root);
+    in hybrid mode the cgroup2 hierarchy usually has no controllers at all.
+    Best effort: the bed still boots without them, only without limits there.
+    """
+    with contextlib.suppress(OSError):
+        for c in (parent / "cgroup.controllers").read_text().split():
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.subtree_control").write_text(f"+{c}")
 
 
 def create_children(hs: list[Hierarchy], name: str) -> list[Path]:
@@ -150,6 +171,8 @@ def create_children(hs: list[Hierarchy], name: str) -> list[Path]:
             child = h.current / name
             child.mkdir()
             created.append(child)
+            if h.fstype == "cgroup2":
+                _delegate_controllers(h.current)
             if "cpuset" in h.options.split(","):
                 # A new cpuset is empty and refuses tasks until given cpus and mems.
                 for f in ("cpuset.cpus", "cpuset.mems"):
