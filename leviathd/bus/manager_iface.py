@@ -2,6 +2,9 @@
 and `leviathd.agents.Agents`; identity comes from the bus, decisions from
 polkit and the core."""
 
+import asyncio
+import contextlib
+import os
 from typing import Annotated, Any
 
 from dbus_fast import Variant
@@ -53,6 +56,11 @@ def record_to_variants(rec: AgentRecord, live: dict[str, int | None]) -> dict[st
         if value is not None:
             out[key] = Variant("t", value)
     return out
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _parse_request(request: dict[str, Any]) -> RunInput:
@@ -115,7 +123,11 @@ class ManagerInterface(ServiceInterface):
         """A pipe carrying the agent's journal output; with follow, it stays
         open until the agent ends."""
         who = await bus_caller.current(self._bus)
-        return await self._agents.logs(who, agent_id, follow)
+        fd = await self._agents.logs(who, agent_id, follow)
+        # dbus-fast sends a duplicate through the socket but never closes ours;
+        # the reply leaves at once, so closing a little later is safe.
+        asyncio.get_running_loop().call_later(30, _close_quietly, fd)
+        return fd
 
     @dbus_method()
     @translated

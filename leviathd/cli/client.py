@@ -42,6 +42,15 @@ class Client:
         self, member: str, signature: str = "", body: list[Any] | None = None,
         unix_fds: list[int] | None = None,
     ) -> list[Any]:
+        body, _fds = await self.call_with_fds(member, signature, body, unix_fds)
+        return body
+
+    async def call_with_fds(
+        self, member: str, signature: str = "", body: list[Any] | None = None,
+        unix_fds: list[int] | None = None,
+    ) -> tuple[list[Any], list[int]]:
+        """The reply's body and the descriptors it carries (a 'h' in the body
+        is an index into them)."""
         reply = await self.bus.call(
             Message(
                 destination=BUS_NAME, path=OBJECT_PATH, interface=MANAGER_IFACE,
@@ -53,7 +62,7 @@ class Client:
             text = str(reply.body[0]) if reply.body else ""
             name = reply.error_name or "org.leviath.Error.Failed"
             raise DaemonError(name, _FRIENDLY.get(name, text or name))
-        return list(reply.body)
+        return list(reply.body), list(reply.unix_fds)
 
     async def add_signal_match(self, member: str) -> None:
         await self.bus.call(

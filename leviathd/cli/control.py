@@ -107,7 +107,8 @@ async def _stop(args: argparse.Namespace) -> int:
 async def _logs(args: argparse.Namespace) -> int:
     client = await Client.connect()
     try:
-        (fd,) = await client.call("Logs", "sb", [args.id, args.follow])
+        (index,), fds = await client.call_with_fds("Logs", "sb", [args.id, args.follow])
+        fd = fds[index]
     finally:
         client.close()
     out = sys.stdout.buffer
