@@ -4,6 +4,7 @@ agent's sandbox, through the broker socket mounted there."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -36,8 +37,13 @@ class BrokerClient:
     def request(self, payload: dict[str, Any]) -> dict[str, Any]:
         self._next += 1
         payload = {**payload, "id": self._next}
-        self._sock.sendall(json.dumps(payload).encode() + b"\n")
-        line = self._file.readline()
+        # A refused peer: the broker said why and closed; the reason is read below.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self._sock.sendall(json.dumps(payload).encode() + b"\n")
+        try:
+            line = self._file.readline()
+        except ConnectionResetError:
+            line = b""
         if not line:
             raise Unavailable("the broker closed the connection")
         reply: dict[str, Any] = json.loads(line)
