@@ -125,6 +125,9 @@ def test_hardening_that_would_break_agents_is_not_switched_on() -> None:
                 "RestrictRealtime", "LockPersonality"):
         assert single(s, key) == "yes", key
     assert single(s, "SystemCallArchitectures") == "native"
+    # /etc is read-only for the daemon, except the machine config it manages.
+    assert single(s, "ProtectSystem") == "full"
+    assert "/etc/leviath" in single(s, "ReadWritePaths").split()
 
 
 def test_the_service_installs_as_the_target_of_bus_activation() -> None:
