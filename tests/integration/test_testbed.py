@@ -22,11 +22,15 @@ def _hierarchy_ids() -> dict[str, str]:
     return {f[0]: f[1] for f in (line.split() for line in lines)}
 
 
-def test_systemd_reaches_running_with_no_failed_unit(testbed: Testbed) -> None:
-    state = testbed.run(["systemctl", "is-system-running"], check=False).stdout.strip()
-    failed = testbed.run(["systemctl", "--failed", "--plain", "--no-legend"]).stdout
-    assert (state, failed.strip()) == ("running", "")
-    assert testbed.run(["cat", "/proc/1/comm"]).stdout.strip() == "systemd"
+def test_systemd_reaches_running_with_no_failed_unit() -> None:
+    # A bed of its own: the session's bed is shared, and a test of the
+    # service may legitimately leave leviathd.service failed in it.
+    with Testbed() as bed:
+        state = bed.run(["systemctl", "is-system-running"], check=False).stdout.strip()
+        failed = bed.run(["systemctl", "--failed", "--plain", "--no-legend"]).stdout
+        assert (state, failed.strip()) == ("running", "")
+        assert bed.run(["cat", "/proc/1/comm"]).stdout.strip() == "systemd"
+        assert bed.boot_seconds is not None and bed.boot_seconds < 30
 
 
 def test_polkit_allows_root_and_asks_an_unprivileged_user_to_authenticate(
