@@ -13,7 +13,8 @@ One linear story, as in bubblewrap:
     fork the agent, then drop to the user itself and reap until the agent ends
   the agent
     new session, drop to the user with no capabilities and no_new_privs,
-    chdir to the workdir, exec.
+    chdir to the workdir, a seccomp filter (no new namespaces, no mounts,
+    no keyring, no TIOCSTI), exec.
 
 The parent waits and returns the agent's exit status (128+signal when killed).
 Anything that goes wrong before exec comes back to the parent over a
@@ -43,7 +44,7 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 from leviathd.errors import InvalidArgument, Unavailable
-from leviathd.sandbox import scratch
+from leviathd.sandbox import scratch, seccomp
 from leviathd.sandbox.privileges import drop_to_user
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
 
@@ -253,6 +254,9 @@ def _pid1(spec: SandboxSpec, wfd: int) -> NoReturn:
     code = 1
     try:
         drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=True)
+        # A change of credentials clears the parent-death signal: set it again,
+        # so that killing the launcher takes the whole namespace down.
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         while True:
             try:
                 pid, status = os.waitpid(-1, 0)
@@ -275,6 +279,7 @@ def _agent(spec: SandboxSpec, wfd: int) -> NoReturn:
         os.setsid()
         drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=True)
         os.chdir(spec.workdir)
+        seccomp.install()
         for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                     signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)

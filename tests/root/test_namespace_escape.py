@@ -1,0 +1,498 @@
+"""Escape checks against the real namespace launcher, run as root on this host.
+
+Each run builds a real fence in a subprocess (its mounts live in a private
+mount namespace, so the host's are never touched), runs a probe inside as
+`nobody` with a throwaway home under /var/tmp, and the tests below assert, one
+threat each, what the probe could and could not do. Skipped when not root or
+when the host cannot build the fence (the reason is shown).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leviathd.config.merge import Effective
+from leviathd.config.models import Mount as ConfigMount
+from leviathd.config.models import SandboxKind
+from leviathd.identity import UserInfo
+from leviathd.sandbox import namespace, scratch
+from leviathd.sandbox.spec import (
+    RunRequest,
+    SandboxSpec,
+    build_spec,
+    host_exists,
+    host_links,
+    host_read_text,
+    host_resolve,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted-by-the-test"
+CALLER_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "GITHUB_TOKEN": "ghp_planted",
+    "OP_SERVICE_ACCOUNT_TOKEN": "ops_planted",
+    "AWS_SECRET_ACCESS_KEY": "aws_planted",
+    "SSH_AUTH_SOCK": "/run/user/65534/ssh",
+    "DOCKER_HOST": "unix:///var/run/docker.sock",
+    "NPM_TOKEN": "npm_planted",
+}
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to build namespaces"
+    reason = namespace.probe()
+    return f"the fence cannot be built here: {reason}" if reason else None
+
+
+_WHY_NOT = _why_not()
+pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=str(_WHY_NOT))
+
+# The probe runs inside the fence with the system python; it prints one JSON object.
+PROBE = r"""
+import ctypes, errno, json, os, socket, subprocess, sys
+cfg = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+
+def attempt(fn):
+    try:
+        r = fn()
+        return "ok" if r is None else "ok:" + str(r)
+    except OSError as e:
+        return "err:" + errno.errorcode.get(e.errno, str(e.errno))
+
+def read(p):
+    with open(p) as f:
+        return f.read()
+
+def write(p):
+    with open(p, "w") as f:
+        f.write("x")
+
+def call(rc):
+    if rc != 0:
+        raise OSError(ctypes.get_errno(), "")
+
+key = cfg["home"] + "/.ssh/id_ed25519"
+out["key_by_path"] = attempt(lambda: read(key))
+out["key_via_abs_link"] = attempt(lambda: read(cfg["workdir"] + "/abs-link"))
+out["key_via_rel_link"] = attempt(lambda: read(cfg["workdir"] + "/rel-link"))
+out["key_via_proc1_root"] = attempt(lambda: read("/proc/1/root" + key))
+out["key_via_proc_self_root"] = attempt(lambda: read("/proc/self/root" + key))
+out["ssh_dir"] = attempt(lambda: sorted(os.listdir(cfg["home"] + "/.ssh")))
+out["known_hosts"] = attempt(lambda: read(cfg["home"] + "/.ssh/known_hosts"))
+out["gitconfig"] = attempt(lambda: read(cfg["home"] + "/.gitconfig"))
+out["other_home"] = attempt(lambda: os.listdir(cfg["other_home"]))
+out["home_listing"] = attempt(lambda: sorted(os.listdir(cfg["home"])))
+out["tmp_listing"] = attempt(lambda: sorted(os.listdir("/tmp")))
+out["write_tmp"] = attempt(lambda: write("/tmp/agent-was-here"))
+out["write_home"] = attempt(lambda: write(cfg["home"] + "/agent-was-here"))
+out["write_workdir"] = attempt(lambda: write(cfg["workdir"] + "/agent-was-here"))
+for place in ("/usr/agent", "/etc/agent", "/opt/agent", "/agent", "/dev/agent",
+              "/proc/agent", cfg["suid_dir"] + "/agent"):
+    out["write " + place] = attempt(lambda: write(place))
+out["interfaces"] = sorted(name for _, name in socket.if_nameindex())
+def connect():
+    s = socket.create_connection(("127.0.0.1", cfg["port"]), timeout=2)
+    s.close()
+out["tcp_host_loopback"] = attempt(connect)
+status = dict(line.split(":", 1) for line in read("/proc/self/status").splitlines())
+out["CapEff"] = status["CapEff"].strip()
+out["CapBnd"] = status["CapBnd"].strip()
+out["NoNewPrivs"] = status["NoNewPrivs"].strip()
+out["Seccomp"] = status["Seccomp"].strip()
+out["suid_euid"] = subprocess.run([cfg["suid_id"], "-u"], capture_output=True,
+                                  text=True).stdout.strip()
+out["mount"] = attempt(lambda: call(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)))
+out["unshare_mnt"] = attempt(lambda: call(libc.unshare(0x00020000)))
+out["unshare_user"] = attempt(lambda: call(libc.unshare(0x10000000)))
+def setns(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        call(libc.setns(fd, 0))
+    finally:
+        os.close(fd)
+out["setns_self"] = attempt(lambda: setns("/proc/self/ns/mnt"))
+out["setns_pid1"] = attempt(lambda: setns("/proc/1/ns/mnt"))
+out["ptrace_pid1"] = attempt(lambda: call(libc.ptrace(16, 1, None, None)))
+out["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+out["env"] = dict(os.environ)
+out["uid"] = list(os.getresuid())
+out["cwd"] = os.getcwd()
+out["hostname"] = socket.gethostname()
+print(json.dumps(out))
+"""
+
+DRIVER = r"""
+import json, sys
+from leviathd.sandbox import namespace, scratch
+from leviathd.sandbox.spec import SandboxSpec
+spec = SandboxSpec.from_dict(json.load(open(sys.argv[1])))
+scratch.create(spec)
+keep = len(sys.argv) > 2
+try:
+    rc = namespace.run(spec)
+finally:
+    if not keep:
+        scratch.remove(spec.scratch)
+sys.exit(rc)
+"""
+
+
+@dataclass
+class World:
+    base: Path
+    home: Path
+    workdir: Path
+    other_home: Path
+    suid_dir: Path
+    suid_id: Path
+    scratch_dir: Path
+    user: UserInfo
+    port: int
+    server: socket.socket
+
+    def probe_config(self) -> str:
+        return json.dumps(
+            {
+                "home": str(self.home),
+                "workdir": str(self.workdir),
+                "other_home": str(self.other_home),
+                "suid_dir": str(self.suid_dir),
+                "suid_id": str(self.suid_id),
+                "port": self.port,
+            }
+        )
+
+    def spec(
+        self,
+        argv: tuple[str, ...],
+        *,
+        network: bool = True,
+        mode: str = "rw",
+        execution: str = "e5ca9e01",
+    ) -> SandboxSpec:
+        effective = Effective(
+            kind=SandboxKind.NAMESPACE,
+            network=network,
+            scratch_dir=str(self.scratch_dir),
+            mounts=[ConfigMount(path=str(self.suid_dir))],
+        )
+        return build_spec(
+            effective,
+            self.user,
+            RunRequest(argv, str(self.workdir), mode, CALLER_ENV),  # type: ignore[arg-type]
+            execution,
+            existing=host_exists,
+            resolve=host_resolve,
+            read_text=host_read_text,
+            links=host_links(),
+            git_identity={"name": "Nobody", "email": "nobody@example.org"},
+            other_homes=[str(self.other_home)],
+        )
+
+    def launch(
+        self, spec: SandboxSpec, *, keep_scratch: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        path = self.base / f"spec-{spec.execution_id}.json"
+        path.write_text(json.dumps(spec.to_dict()))
+        argv = [sys.executable, "-c", DRIVER, str(path)] + (["keep"] if keep_scratch else [])
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout,
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        )
+
+    def probe(self, **kwargs: Any) -> dict[str, Any]:
+        spec = self.spec(
+            ("/usr/bin/python3", str(self.workdir / "probe.py"), self.probe_config()), **kwargs
+        )
+        done = self.launch(spec)
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return result
+
+
+def _own(path: Path) -> None:
+    os.chown(path, NOBODY, NOBODY)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    base = Path(tempfile.mkdtemp(prefix="leviath-escape-", dir="/var/tmp"))
+    os.chmod(base, 0o755)
+    home = base / "home" / "nobody"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text(SECRET)
+    os.chmod(home / ".ssh" / "id_ed25519", 0o600)
+    (home / ".ssh" / "known_hosts").write_text("github.com ssh-ed25519 AAAA\n")
+    (home / ".gitconfig").write_text("[user]\n  name = Nobody\n")
+    (home / ".claude").mkdir()
+    workdir = home / "src" / "app"
+    workdir.mkdir(parents=True)
+    (workdir / "probe.py").write_text(PROBE)
+    (workdir / "abs-link").symlink_to(home / ".ssh" / "id_ed25519")
+    (workdir / "rel-link").symlink_to("../../.ssh/id_ed25519")
+    for p in (home, home / ".ssh", home / ".ssh" / "id_ed25519", home / ".ssh" / "known_hosts",
+              home / ".gitconfig", home / ".claude", home / "src", workdir):
+        _own(p)
+    os.chmod(home, 0o700)
+    other = base / "home" / "bob"
+    other.mkdir()
+    (other / "diary").write_text("bob's")
+    suid_dir = base / "suid"
+    suid_dir.mkdir()
+    suid_id = suid_dir / "id"
+    shutil.copy2("/usr/bin/id", suid_id)
+    os.chown(suid_id, 0, 0)
+    os.chmod(suid_id, 0o4755)
+    scratch_dir = base / "scratch"
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    user = UserInfo("nobody", NOBODY, NOBODY, (NOBODY,), str(home), "/bin/sh")
+    w = World(base, home, workdir, other, suid_dir, suid_id, scratch_dir, user,
+              server.getsockname()[1], server)
+    (Path("/tmp") / f"host-only-{base.name}").write_text("host")
+    try:
+        yield w
+    finally:
+        server.close()
+        (Path("/tmp") / f"host-only-{base.name}").unlink()
+        shutil.rmtree(base)
+
+
+@pytest.fixture(scope="module")
+def inside(world: World) -> dict[str, Any]:
+    return world.probe()
+
+
+@pytest.fixture(scope="module")
+def offline(world: World) -> dict[str, Any]:
+    return world.probe(network=False, execution="e5ca9e02")
+
+
+# --- credentials ------------------------------------------------------------
+
+
+def test_a_planted_private_key_cannot_be_read_by_its_path(inside: dict[str, Any]) -> None:
+    assert inside["key_by_path"] == "err:ENOENT"
+
+
+def test_a_link_in_the_workdir_cannot_reach_the_key(inside: dict[str, Any]) -> None:
+    assert inside["key_via_abs_link"] == "err:ENOENT"
+    assert inside["key_via_rel_link"] == "err:ENOENT"
+
+
+def test_proc_root_links_lead_only_into_the_sandbox(inside: dict[str, Any]) -> None:
+    assert inside["key_via_proc1_root"].startswith("err:")
+    assert inside["key_via_proc_self_root"] == "err:ENOENT"
+
+
+def test_the_ssh_folder_holds_only_known_hosts_read_only(inside: dict[str, Any]) -> None:
+    assert inside["ssh_dir"] == "ok:['known_hosts']"
+    assert inside["known_hosts"].startswith("ok:github.com")
+    assert inside["gitconfig"] == "err:ENOENT"
+
+
+def test_the_home_is_empty_but_for_configured_entries(inside: dict[str, Any]) -> None:
+    assert inside["home_listing"] == "ok:['.claude', '.ssh', 'src']"
+
+
+def test_another_users_home_is_absent(world: World, inside: dict[str, Any]) -> None:
+    assert inside["other_home"] == "err:ENOENT"
+
+
+def test_secret_variables_from_the_caller_are_absent(inside: dict[str, Any]) -> None:
+    env = inside["env"]
+    for name in ("GITHUB_TOKEN", "OP_SERVICE_ACCOUNT_TOKEN", "AWS_SECRET_ACCESS_KEY",
+                 "SSH_AUTH_SOCK", "DOCKER_HOST", "NPM_TOKEN"):
+        assert name not in env, name
+    assert env["HOME"] == inside["env"]["HOME"] and env["USER"] == "nobody"
+    assert env["GIT_AUTHOR_EMAIL"] == "nobody@example.org"
+
+
+# --- files --------------------------------------------------------------------
+
+
+def test_tmp_is_private(world: World, inside: dict[str, Any]) -> None:
+    assert f"host-only-{world.base.name}" not in inside["tmp_listing"]
+    assert inside["write_tmp"] == "ok"
+    assert not Path("/tmp/agent-was-here").exists()
+
+
+def test_workdir_writes_persist_and_home_writes_stay_in_scratch(
+    world: World, inside: dict[str, Any]
+) -> None:
+    assert inside["write_workdir"] == "ok"
+    assert (world.workdir / "agent-was-here").exists()
+    assert inside["write_home"] == "ok"
+    assert not (world.home / "agent-was-here").exists()
+    assert inside["cwd"] == str(world.workdir)
+
+
+def test_writes_anywhere_else_fail(world: World, inside: dict[str, Any]) -> None:
+    for place in ("/usr/agent", "/etc/agent", "/opt/agent", "/agent", "/dev/agent",
+                  "/proc/agent"):
+        assert inside["write " + place] in ("err:EROFS", "err:EACCES", "err:ENOENT"), place
+    # A folder mounted read-only from config, writable on the host by root only.
+    assert inside[f"write {world.suid_dir}/agent"] == "err:EROFS"
+
+
+def test_a_read_only_workdir_refuses_writes(world: World) -> None:
+    spec = world.spec(("/bin/sh", "-c", f"echo x > {world.workdir}/ro-attempt"), mode="ro",
+                      execution="e5ca9e03")
+    done = world.launch(spec)
+    assert done.returncode != 0
+    assert "Read-only file system" in done.stderr
+    assert not (world.workdir / "ro-attempt").exists()
+
+
+def test_a_throwaway_workdir_takes_writes_and_forgets_them(world: World) -> None:
+    script = f"echo x > {world.workdir}/thrown && cat {world.workdir}/thrown"
+    spec = world.spec(("/bin/sh", "-c", script), mode="throwaway", execution="e5ca9e04")
+    done = world.launch(spec)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "x"
+    assert not (world.workdir / "thrown").exists()
+
+
+# --- network ----------------------------------------------------------------
+
+
+def test_with_network_the_hosts_loopback_is_reachable(inside: dict[str, Any]) -> None:
+    # The control for the next test: the probe does reach a listening server.
+    assert inside["tcp_host_loopback"] == "ok"
+
+
+def test_without_network_only_lo_exists_and_the_hosts_loopback_is_unreachable(
+    offline: dict[str, Any],
+) -> None:
+    assert offline["interfaces"] == ["lo"]
+    assert offline["tcp_host_loopback"] == "err:ECONNREFUSED"
+
+
+# --- privileges -----------------------------------------------------------------
+
+
+def test_no_capabilities_and_no_new_privileges(inside: dict[str, Any]) -> None:
+    assert int(inside["CapEff"], 16) == 0
+    assert int(inside["CapBnd"], 16) == 0
+    assert inside["NoNewPrivs"] == "1"
+    assert inside["Seccomp"] == "2"
+    assert inside["uid"] == [NOBODY] * 3
+
+
+def test_a_setuid_binary_does_not_raise_privileges(world: World, inside: dict[str, Any]) -> None:
+    # Control: outside the fence the same binary does make nobody root.
+    outside = subprocess.run([str(world.suid_id), "-u"], capture_output=True, text=True,
+                             user=NOBODY, group=NOBODY, extra_groups=[])
+    assert outside.stdout.strip() == "0"
+    assert inside["suid_euid"] == str(NOBODY)
+
+
+def test_mount_unshare_setns_and_ptrace_fail(inside: dict[str, Any]) -> None:
+    assert inside["mount"] == "err:EPERM"
+    assert inside["unshare_mnt"] == "err:EPERM"
+    assert inside["unshare_user"] == "err:EPERM"
+    assert inside["setns_self"] == "err:EPERM"
+    assert inside["setns_pid1"].startswith("err:")
+    assert inside["ptrace_pid1"] == "err:EPERM"
+
+
+def test_only_the_sandboxs_own_processes_are_visible(inside: dict[str, Any]) -> None:
+    assert inside["pids"][0] == 1 and len(inside["pids"]) <= 4
+    assert inside["hostname"] == "leviath-e5ca9e01"
+
+
+# --- life cycle ---------------------------------------------------------------
+
+
+def test_scratch_is_gone_after_a_run(world: World, inside: dict[str, Any]) -> None:
+    assert not (world.scratch_dir / "e5ca9e01").exists()
+    st = os.stat(world.scratch_dir)
+    assert st.st_uid == 0 and st.st_mode & 0o077 in (0o011, 0)
+
+
+def test_killing_the_launcher_ends_the_agent_and_sweep_removes_its_scratch(world: World) -> None:
+    marker = world.workdir / "started"
+    spec = world.spec(("/bin/sh", "-c", f"touch {marker}; exec sleep 300"), execution="e5ca9e05")
+    path = world.base / "spec-kill.json"
+    path.write_text(json.dumps(spec.to_dict()))
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(path), "keep"],
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    try:
+        deadline = time.monotonic() + 20
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the agent never started"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 10
+    while _sleepers(world):
+        assert time.monotonic() < deadline, "the agent outlived its launcher"
+        time.sleep(0.05)
+    assert (world.scratch_dir / "e5ca9e05").exists()
+    assert scratch.sweep(str(world.scratch_dir), live={"e5ca9e99"}) == ["e5ca9e05"]
+    assert not (world.scratch_dir / "e5ca9e05").exists()
+    assert str(world.scratch_dir) not in Path("/proc/self/mountinfo").read_text()
+    marker.unlink()
+
+
+def _sleepers(world: World) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            st = os.stat(f"/proc/{pid}")
+        except OSError:
+            continue
+        if cmd[:2] == [b"sleep", b"300"] and st.st_uid == NOBODY:
+            found.append(int(pid))
+    return found
+
+
+def test_a_fence_that_cannot_be_built_fails_clearly_and_leaves_nothing(world: World) -> None:
+    spec = world.spec(("/bin/true",), execution="e5ca9e06")
+    # The workdir vanishes between computing the spec and building the fence.
+    broken = SandboxSpec.from_dict(
+        spec.to_dict() | {"mounts": [m.__dict__ | ({"source": "/nonexistent/leviath"}
+                                                    if m.why == "workdir" else {})
+                                     for m in spec.mounts]}
+    )
+    code = (
+        "import json,sys\n"
+        "from leviathd.sandbox import namespace\n"
+        "from leviathd.sandbox.spec import SandboxSpec\n"
+        "from leviathd.errors import Unavailable\n"
+        "spec = SandboxSpec.from_dict(json.load(open(sys.argv[1])))\n"
+        "try:\n    namespace.run(spec)\nexcept Unavailable as e:\n"
+        "    print('UNAVAILABLE', e); sys.exit(3)\n"
+    )
+    path = world.base / "spec-broken.json"
+    path.write_text(json.dumps(broken.to_dict()))
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, env={"PYTHONPATH": str(REPO)}, timeout=30)
+    assert done.returncode == 3, done.stderr
+    assert "/nonexistent/leviath" in done.stdout
+    assert not (world.scratch_dir / "e5ca9e06").exists()
