@@ -174,8 +174,9 @@ def _parse_regex(body: str, text: str) -> ReadPattern:
         re.compile(body)
     except re.error as exc:
         raise ReadPathError(f"{text!r}: not a valid regular expression: {exc}") from None
-    return ReadPattern(text=text, kind=PatternKind.REGEX, body=body, relative=False,
-                       windows=windows)
+    return ReadPattern(
+        text=text, kind=PatternKind.REGEX, body=body, relative=False, windows=windows
+    )
 
 
 def _parse_glob(body: str, text: str) -> ReadPattern:
@@ -197,8 +198,13 @@ def _parse_glob(body: str, text: str) -> ReadPattern:
     for part in parts:
         if "**" in part and part != "**":
             raise ReadPathError(f"{text!r}: '**' must be a whole path component, as in a/**/b")
-    return ReadPattern(text=GLOB_PREFIX + body, kind=PatternKind.GLOB, body=body,
-                       relative=relative, windows=windows)
+    return ReadPattern(
+        text=GLOB_PREFIX + body,
+        kind=PatternKind.GLOB,
+        body=body,
+        relative=relative,
+        windows=windows,
+    )
 
 
 def _parse_exact(text: str) -> ReadPattern:
@@ -216,8 +222,9 @@ def _parse_exact(text: str) -> ReadPattern:
     if "" in rest[:-1] or (rest and rest[-1] == "" and len(rest) > 1):
         raise ReadPathError(f"{text!r}: empty path component ('//')")
     _check_no_dots(rest, text, what="a path")
-    return ReadPattern(text=body, kind=PatternKind.EXACT, body=body, relative=relative,
-                       windows=windows)
+    return ReadPattern(
+        text=body, kind=PatternKind.EXACT, body=body, relative=relative, windows=windows
+    )
 
 
 def _refuse_catch_all(pattern: ReadPattern) -> None:

@@ -189,9 +189,7 @@ def validation_error(
     return ConfigError("\n".join(_lines(exc.errors(), source, text, model)))
 
 
-def _lines(
-    errors: Iterable[Any], source: str, text: str, model: type[BaseModel]
-) -> list[str]:
+def _lines(errors: Iterable[Any], source: str, text: str, model: type[BaseModel]) -> list[str]:
     out: list[str] = []
     for err in errors:
         loc = [p for p in err["loc"] if isinstance(p, int | str)]

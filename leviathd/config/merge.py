@@ -188,9 +188,7 @@ def _min_limit(upper: int | None, lower: int | None) -> int | None:
 _RESOURCE_FIELDS = ("memory_max", "tasks_max", "cpu_quota", "cpu_weight")
 
 
-def _tighten_resources(
-    upper: Resources, lower: Resources, where: str, out: _Findings
-) -> Resources:
+def _tighten_resources(upper: Resources, lower: Resources, where: str, out: _Findings) -> Resources:
     values: dict[str, int | None] = {}
     for name in _RESOURCE_FIELDS:
         u, lo = getattr(upper, name), getattr(lower, name)
@@ -297,59 +295,83 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         us = user.sandbox or SandboxConfig()
         if us.kind is not None:
             if us.kind.rank < kind.rank:
-                out.add("warn", "sandbox-kind-overruled",
-                        f"{w} [sandbox] kind = {us.kind.value!r} is looser than the machine's "
-                        f"{kind.value!r}; {kind.value!r} applies")
+                out.add(
+                    "warn",
+                    "sandbox-kind-overruled",
+                    f"{w} [sandbox] kind = {us.kind.value!r} is looser than the machine's "
+                    f"{kind.value!r}; {kind.value!r} applies",
+                )
             else:
                 kind = us.kind
         if us.engine is not None and us.engine != engine:
-            out.add("warn", "engine-discarded",
-                    f"{w} [sandbox] engine = {us.engine.value!r} is ignored: the container "
-                    f"engine is the machine's choice ({engine.value!r})")
+            out.add(
+                "warn",
+                "engine-discarded",
+                f"{w} [sandbox] engine = {us.engine.value!r} is ignored: the container "
+                f"engine is the machine's choice ({engine.value!r})",
+            )
         if machine.sandbox is None:
             # No [sandbox] on the machine: the user may opt in with an image and mounts.
             image = us.image if us.image is not None else image
             mounts = list(us.mounts) if us.mounts is not None else mounts
         else:
             if us.image is not None and us.image != image:
-                out.add("warn", "image-discarded",
-                        f"{w} [sandbox] image = {us.image!r} is ignored: the machine config "
-                        "has a [sandbox] of its own")
+                out.add(
+                    "warn",
+                    "image-discarded",
+                    f"{w} [sandbox] image = {us.image!r} is ignored: the machine config "
+                    "has a [sandbox] of its own",
+                )
             if us.mounts is not None:
                 mounts = _narrow_mounts(list(us.mounts), mounts, f"{w} [sandbox]", out)
         if us.network is not None:
             if us.network and not network:
-                out.add("warn", "network-overruled",
-                        f"{w} [sandbox] network = true is ignored: the machine config turns "
-                        "the network off")
+                out.add(
+                    "warn",
+                    "network-overruled",
+                    f"{w} [sandbox] network = true is ignored: the machine config turns "
+                    "the network off",
+                )
             else:
                 network = us.network
         if us.default_mounts is not None:
             if us.default_mounts and not default_mounts:
-                out.add("warn", "default-mounts-overruled",
-                        f"{w} [sandbox] default_mounts = true is ignored: the machine config "
-                        "turns them off")
+                out.add(
+                    "warn",
+                    "default-mounts-overruled",
+                    f"{w} [sandbox] default_mounts = true is ignored: the machine config "
+                    "turns them off",
+                )
             else:
                 default_mounts = us.default_mounts
         if us.on_unavailable is not None:
             if us.on_unavailable.rank < on_unavailable.rank:
-                out.add("warn", "on-unavailable-overruled",
-                        f"{w} [sandbox] on_unavailable = 'warn' is ignored: the machine "
-                        "config refuses to run unfenced ('error')")
+                out.add(
+                    "warn",
+                    "on-unavailable-overruled",
+                    f"{w} [sandbox] on_unavailable = 'warn' is ignored: the machine "
+                    "config refuses to run unfenced ('error')",
+                )
             else:
                 on_unavailable = us.on_unavailable
         if us.scratch_dir is not None:
-            out.add("warn", "scratch-dir-ignored",
-                    f"{w} [sandbox] scratch_dir is ignored: only the machine config sets it")
+            out.add(
+                "warn",
+                "scratch-dir-ignored",
+                f"{w} [sandbox] scratch_dir is ignored: only the machine config sets it",
+            )
         resources = _tighten_resources(resources, user.resources, w, out)
 
         uperms = _perm_table(user, agent)
         for tool, level in uperms.items():
             current = perms.get(tool)
             if current is not None and level.rank < current.rank:
-                out.add("warn", "permission-overruled",
-                        f"{w}: {tool} = {level.value!r} is looser than the machine's "
-                        f"{current.value!r}; {current.value!r} applies")
+                out.add(
+                    "warn",
+                    "permission-overruled",
+                    f"{w}: {tool} = {level.value!r} is looser than the machine's "
+                    f"{current.value!r}; {current.value!r} applies",
+                )
             else:
                 perms[tool] = level
         configured_tools |= set(uperms)
@@ -361,46 +383,60 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         on_exceed = taint.on_exceed
         if ut.on_exceed is not None:
             if ut.on_exceed.rank < on_exceed.rank:
-                out.add("warn", "taint-overruled",
-                        f"{w} [taint] on_exceed = {ut.on_exceed.value!r} is looser than the "
-                        f"machine's {on_exceed.value!r}; {on_exceed.value!r} applies")
+                out.add(
+                    "warn",
+                    "taint-overruled",
+                    f"{w} [taint] on_exceed = {ut.on_exceed.value!r} is looser than the "
+                    f"machine's {on_exceed.value!r}; {on_exceed.value!r} applies",
+                )
             else:
                 on_exceed = ut.on_exceed
         clearance = dict(taint.clearance)
         for tool, sens in ut.clearance.items():
             cur = clearance.get(tool)
             if cur is not None and sens.rank > cur.rank:
-                out.add("warn", "taint-overruled",
-                        f"{w} [taint.clearance] {tool} = {sens.value!r} is above the machine's "
-                        f"{cur.value!r}; {cur.value!r} applies")
+                out.add(
+                    "warn",
+                    "taint-overruled",
+                    f"{w} [taint.clearance] {tool} = {sens.value!r} is above the machine's "
+                    f"{cur.value!r}; {cur.value!r} applies",
+                )
             else:
                 clearance[tool] = sens
         _check_tools(ut.clearance, f"{w} [taint.clearance]", out)
         budget = taint.budget
         if ut.budget is not None:
             if mt.budget is not None and ut.budget < mt.budget:
-                out.add("warn", "taint-overruled",
-                        f"{w} [taint] budget = {ut.budget} is below the machine's {mt.budget}; "
-                        "a smaller ledger forgets taint sooner, so the machine's applies")
+                out.add(
+                    "warn",
+                    "taint-overruled",
+                    f"{w} [taint] budget = {ut.budget} is below the machine's {mt.budget}; "
+                    "a smaller ledger forgets taint sooner, so the machine's applies",
+                )
             else:
                 budget = ut.budget
         timeout = taint.approval_timeout
         if ut.approval_timeout is not None:
             if mt.approval_timeout is not None and ut.approval_timeout > mt.approval_timeout:
-                out.add("warn", "taint-overruled",
-                        f"{w} [taint] approval_timeout = {ut.approval_timeout} is above the "
-                        f"machine's {mt.approval_timeout}; the machine's applies")
+                out.add(
+                    "warn",
+                    "taint-overruled",
+                    f"{w} [taint] approval_timeout = {ut.approval_timeout} is above the "
+                    f"machine's {mt.approval_timeout}; the machine's applies",
+                )
             else:
                 timeout = ut.approval_timeout
         private = taint.allow_private_addresses
         if ut.allow_private_addresses is not None:
             if ut.allow_private_addresses and not private:
-                if mt.allow_private_addresses is False:
-                    out.add("warn", "taint-overruled",
-                            f"{w} [taint] allow_private_addresses = true is ignored: the "
-                            "machine config refuses private addresses")
-                else:
-                    private = True
+                # Loopback and private addresses reach other users' services and the
+                # cloud metadata endpoint: only the machine may open them.
+                out.add(
+                    "warn",
+                    "taint-overruled",
+                    f"{w} [taint] allow_private_addresses = true is ignored: only the "
+                    "machine config may allow private addresses",
+                )
             else:
                 private = ut.allow_private_addresses
         taint = TaintSettings(
@@ -412,8 +448,11 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
             allow_private_addresses=private,
         )
         if ut.enabled is False and taint.enabled:
-            out.add("warn", "taint-overruled",
-                    f"{w} [taint] enabled = false is ignored: the machine config turns it on")
+            out.add(
+                "warn",
+                "taint-overruled",
+                f"{w} [taint] enabled = false is ignored: the machine config turns it on",
+            )
         allowlist += list(user.allowlist)
         _check_tools((r.tool for r in user.allowlist), f"{w} [[allowlist]]", out)
 
@@ -428,9 +467,12 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         credential_store = usec.credential_store or credential_store
         for name, cred in user.credentials.items():
             if name in credentials:
-                out.add("warn", "credential-overruled",
-                        f"{w} [credentials.{name}] is ignored: the machine config defines "
-                        f"a credential named {name!r}")
+                out.add(
+                    "warn",
+                    "credential-overruled",
+                    f"{w} [credentials.{name}] is ignored: the machine config defines "
+                    f"a credential named {name!r}",
+                )
             else:
                 credentials[name] = cred
 
@@ -468,8 +510,9 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
 # ----------------------------------------------------------- the blueprint layer
 
 
-def _overlay(top: SandboxConfig | None, stage: SandboxConfig | None, stage_where: str
-             ) -> tuple[SandboxConfig, dict[str, str]]:
+def _overlay(
+    top: SandboxConfig | None, stage: SandboxConfig | None, stage_where: str
+) -> tuple[SandboxConfig, dict[str, str]]:
     """A stage's sandbox: its own fields over the blueprint's, with where each came from."""
     values: dict[str, object] = {}
     origin: dict[str, str] = {}
@@ -483,8 +526,9 @@ def _overlay(top: SandboxConfig | None, stage: SandboxConfig | None, stage_where
     return SandboxConfig.model_validate(values), origin
 
 
-def _apply_sandbox(base: _Base, sb: SandboxConfig, origin: Mapping[str, str], out: _Findings
-                   ) -> Effective:
+def _apply_sandbox(
+    base: _Base, sb: SandboxConfig, origin: Mapping[str, str], out: _Findings
+) -> Effective:
     """The configs' effective sandbox, tightened by what the blueprint (or stage) asks."""
     e = base.eff
     got: dict[str, object] = {}
@@ -494,78 +538,105 @@ def _apply_sandbox(base: _Base, sb: SandboxConfig, origin: Mapping[str, str], ou
 
     if sb.kind is not None:
         if sb.kind.rank < e.kind.rank:
-            out.add("warn", "sandbox-kind-overruled",
-                    f"{where('kind')} kind = {sb.kind.value!r} is looser than your config's "
-                    f"{e.kind.value!r}; {e.kind.value!r} applies",
-                    "a blueprint may choose a stricter sandbox, never a looser one")
+            out.add(
+                "warn",
+                "sandbox-kind-overruled",
+                f"{where('kind')} kind = {sb.kind.value!r} is looser than your config's "
+                f"{e.kind.value!r}; {e.kind.value!r} applies",
+                "a blueprint may choose a stricter sandbox, never a looser one",
+            )
         else:
             got["kind"] = sb.kind
     if sb.engine is not None:
-        out.add("warn", "engine-discarded",
-                f"{where('engine')} engine = {sb.engine.value!r} is discarded: the engine runs "
-                f"on the host before any prompt, so only your config chooses it "
-                f"({e.engine.value!r})")
+        out.add(
+            "warn",
+            "engine-discarded",
+            f"{where('engine')} engine = {sb.engine.value!r} is discarded: the engine runs "
+            f"on the host before any prompt, so only your config chooses it "
+            f"({e.engine.value!r})",
+        )
     opt_in = not base.has_sandbox
     if sb.image is not None:
         if opt_in:
             got["image"] = sb.image
         elif sb.image != e.image:
-            out.add("warn", "image-discarded",
-                    f"{where('image')} image = {sb.image!r} is discarded: your config has a "
-                    "[sandbox] of its own")
+            out.add(
+                "warn",
+                "image-discarded",
+                f"{where('image')} image = {sb.image!r} is discarded: your config has a "
+                "[sandbox] of its own",
+            )
     if sb.mounts is not None:
         if opt_in:
             got["mounts"] = list(sb.mounts)
             if sb.mounts:
                 listed = ", ".join(f"{m.path} ({m.access.value})" for m in sb.mounts)
-                out.add("note", "blueprint-mounts",
-                        f"{where('mounts')} mounts its own folders, because your config has "
-                        f"no [sandbox]: {listed}",
-                        "read them before you run it; a [sandbox] in your config.toml "
-                        "takes this choice back")
+                out.add(
+                    "note",
+                    "blueprint-mounts",
+                    f"{where('mounts')} mounts its own folders, because your config has "
+                    f"no [sandbox]: {listed}",
+                    "read them before you run it; a [sandbox] in your config.toml "
+                    "takes this choice back",
+                )
         else:
             got["mounts"] = _narrow_mounts(list(sb.mounts), e.mounts, where("mounts"), out)
     if sb.network is not None:
         if sb.network and not e.network:
-            out.add("warn", "network-overruled",
-                    f"{where('network')} network = true is overruled: your config turns the "
-                    "network off")
+            out.add(
+                "warn",
+                "network-overruled",
+                f"{where('network')} network = true is overruled: your config turns the "
+                "network off",
+            )
         else:
             got["network"] = sb.network
     if sb.default_mounts is not None:
         if sb.default_mounts and not e.default_mounts:
-            out.add("warn", "default-mounts-overruled",
-                    f"{where('default_mounts')} default_mounts = true is overruled: your "
-                    "config turns them off")
+            out.add(
+                "warn",
+                "default-mounts-overruled",
+                f"{where('default_mounts')} default_mounts = true is overruled: your "
+                "config turns them off",
+            )
         else:
             got["default_mounts"] = sb.default_mounts
     if sb.on_unavailable is not None:
         if sb.on_unavailable.rank < e.on_unavailable.rank:
-            out.add("warn", "on-unavailable-overruled",
-                    f"{where('on_unavailable')} on_unavailable = 'warn' is overruled: your "
-                    "config refuses to run unfenced ('error')")
+            out.add(
+                "warn",
+                "on-unavailable-overruled",
+                f"{where('on_unavailable')} on_unavailable = 'warn' is overruled: your "
+                "config refuses to run unfenced ('error')",
+            )
         else:
             got["on_unavailable"] = sb.on_unavailable
     if sb.scratch_dir is not None:
-        out.add("warn", "scratch-dir-ignored",
-                f"{where('scratch_dir')} scratch_dir is ignored: only the machine config "
-                "sets it")
+        out.add(
+            "warn",
+            "scratch-dir-ignored",
+            f"{where('scratch_dir')} scratch_dir is ignored: only the machine config sets it",
+        )
     if opt_in and ("image" in got or "mounts" in got):
         got["blueprint_sandbox"] = True
     return replace(e, **got)  # type: ignore[arg-type]
 
 
-def _apply_permissions(base: _Base, asked: Mapping[str, Permission], out: _Findings
-                       ) -> dict[str, Permission]:
+def _apply_permissions(
+    base: _Base, asked: Mapping[str, Permission], out: _Findings
+) -> dict[str, Permission]:
     perms = dict(base.eff.permissions)
     web_configured = bool(base.configured_tools & PRE_ALLOWABLE_TOOLS)
     for tool, level in asked.items():
         current = perms.get(tool)
         if current is not None:
             if level.rank < current.rank:
-                out.add("warn", "permission-overruled",
-                        f"blueprint [permissions] {tool} = {level.value!r} is looser than your "
-                        f"config's {current.value!r}; {current.value!r} applies")
+                out.add(
+                    "warn",
+                    "permission-overruled",
+                    f"blueprint [permissions] {tool} = {level.value!r} is looser than your "
+                    f"config's {current.value!r}; {current.value!r} applies",
+                )
             else:
                 perms[tool] = level
             continue
@@ -574,25 +645,33 @@ def _apply_permissions(base: _Base, asked: Mapping[str, Permission], out: _Findi
         elif tool in PRE_ALLOWABLE_TOOLS and not web_configured:
             perms[tool] = level  # the spec's one exception: a pre-allowed web tool
         elif tool in PRE_ALLOWABLE_TOOLS:
-            out.add("warn", "permission-overruled",
-                    f"blueprint [permissions] {tool} = 'allow' is not applied: your config "
-                    "sets web_search or web_fetch, so your settings govern both",
-                    f"add {tool} = \"allow\" to [tool_permissions] to allow it")
+            out.add(
+                "warn",
+                "permission-overruled",
+                f"blueprint [permissions] {tool} = 'allow' is not applied: your config "
+                "sets web_search or web_fetch, so your settings govern both",
+                f'add {tool} = "allow" to [tool_permissions] to allow it',
+            )
         else:
-            out.add("note", "permission-not-applied",
-                    f"blueprint [permissions] {tool} = 'allow' is not applied: a blueprint "
-                    "may only tighten permissions (pre-allowing only web_search and "
-                    f"web_fetch); {tool} follows your config")
+            out.add(
+                "note",
+                "permission-not-applied",
+                f"blueprint [permissions] {tool} = 'allow' is not applied: a blueprint "
+                "may only tighten permissions (pre-allowing only web_search and "
+                f"web_fetch); {tool} follows your config",
+            )
     return perms
 
 
 def _toml_list(items: Iterable[str]) -> str:
-    return "[" + ", ".join('"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"'
-                           for i in items) + "]"
+    return (
+        "["
+        + ", ".join('"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items)
+        + "]"
+    )
 
 
-def _read_path_findings(name: str, declared: list[str], granted: list[str],
-                        out: _Findings) -> None:
+def _read_path_findings(name: str, declared: list[str], granted: list[str], out: _Findings) -> None:
     if not declared:
         return
     missing = [d for d in declared if d not in granted]
@@ -600,8 +679,7 @@ def _read_path_findings(name: str, declared: list[str], granted: list[str],
         out.add(
             "warn",
             "read-paths-not-granted",
-            f"your config does not grant {', '.join(missing)}: reads matching them will be "
-            "refused",
+            f"your config does not grant {', '.join(missing)}: reads matching them will be refused",
             f"add to your config.toml: [agent_read_paths.{name}] allow = {_toml_list(missing)}",
         )
     states = "; ".join(f"{d}: {'granted' if d in granted else 'NOT granted'}" for d in declared)
@@ -614,8 +692,9 @@ def _read_path_findings(name: str, declared: list[str], granted: list[str],
     )
 
 
-def resolve(machine: Config, user: Config | None, blueprint: Blueprint | None,
-            agent_name: str) -> MergeResult:
+def resolve(
+    machine: Config, user: Config | None, blueprint: Blueprint | None, agent_name: str
+) -> MergeResult:
     """The effective settings for `agent_name` run by the owner of `user` (None: no user
     config), from `blueprint` (None: the configs alone). Pure; never raises for content
     the models accepted."""
@@ -629,14 +708,14 @@ def resolve(machine: Config, user: Config | None, blueprint: Blueprint | None,
     declared_raw = list(blueprint.read_paths.allow)
     _check_patterns(declared_raw, "blueprint [read_paths] allow", out)
     declared = active_patterns(declared_raw, declared_raw, allow_all=True)  # valid, deduped
-    granted = active_patterns(declared, base.grants + base.agent_grants,
-                              allow_all=base.allow_all)
+    granted = active_patterns(declared, base.grants + base.agent_grants, allow_all=base.allow_all)
     _check_tools(blueprint.permissions, "blueprint [permissions]", out)
     permissions = _apply_permissions(base, blueprint.permissions, out)
     resources = _tighten_resources(base.eff.resources, blueprint.resources, "blueprint", out)
 
-    def effective(sandbox: SandboxConfig, origin: Mapping[str, str],
-                  command: list[str]) -> Effective:
+    def effective(
+        sandbox: SandboxConfig, origin: Mapping[str, str], command: list[str]
+    ) -> Effective:
         fenced = _apply_sandbox(base, sandbox, origin, out)
         return replace(
             fenced,
@@ -658,8 +737,9 @@ def resolve(machine: Config, user: Config | None, blueprint: Blueprint | None,
     agent = effective(top, origin, list(blueprint.agent.command or []))
     stages: dict[str, Effective] = {}
     for name, stage in blueprint.stages.items():
-        sb, sorigin = _overlay(blueprint.sandbox, stage.sandbox,
-                               f"blueprint [stages.{name}.sandbox]")
+        sb, sorigin = _overlay(
+            blueprint.sandbox, stage.sandbox, f"blueprint [stages.{name}.sandbox]"
+        )
         stages[name] = effective(sb, sorigin, list(stage.command))
 
     _read_path_findings(agent_name, declared, granted, out)
@@ -667,9 +747,12 @@ def resolve(machine: Config, user: Config | None, blueprint: Blueprint | None,
     for g in base.agent_grants:
         canon = _canonical_all([g])
         if canon and canon[0] not in used:
-            out.add("note", "read-path-grant-unused",
-                    f"config [agent_read_paths.{agent_name}] grants {g}, which the blueprint "
-                    "does not declare; a grant only applies to declared paths")
+            out.add(
+                "note",
+                "read-path-grant-unused",
+                f"config [agent_read_paths.{agent_name}] grants {g}, which the blueprint "
+                "does not declare; a grant only applies to declared paths",
+            )
     return MergeResult(
         agent=agent,
         stages=stages,

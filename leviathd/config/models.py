@@ -210,7 +210,7 @@ def parse_size(value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise ValueError("must be a size such as \"512M\" or \"2G\", not a boolean")
+        raise ValueError('must be a size such as "512M" or "2G", not a boolean')
     if isinstance(value, int):
         if value < 0:
             raise ValueError("must not be negative")
@@ -222,8 +222,8 @@ def parse_size(value: object) -> int | None:
         if m:
             return int(m.group(1)) * _UNITS[m.group(2).upper()]
     raise ValueError(
-        f"must be a size in bytes such as 536870912, \"512M\" or \"2G\" (K, M, G, T are "
-        f"powers of 1024), or \"infinity\"; got {value!r}"
+        f'must be a size in bytes such as 536870912, "512M" or "2G" (K, M, G, T are '
+        f'powers of 1024), or "infinity"; got {value!r}'
     )
 
 
@@ -235,7 +235,7 @@ def parse_count(value: object) -> int | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
-    raise ValueError(f"must be a whole number of at least 1, or \"infinity\"; got {value!r}")
+    raise ValueError(f'must be a whole number of at least 1, or "infinity"; got {value!r}')
 
 
 def parse_percent(value: object) -> int | None:
@@ -248,7 +248,7 @@ def parse_percent(value: object) -> int | None:
         m = re.match(r"^\s*(\d+)\s*%\s*$", value)
         if m and int(m.group(1)) >= 1:
             return int(m.group(1))
-    raise ValueError(f"must be a percentage of one CPU such as \"150%\"; got {value!r}")
+    raise ValueError(f'must be a percentage of one CPU such as "150%"; got {value!r}')
 
 
 def _cpu_weight(value: object) -> int | None:
