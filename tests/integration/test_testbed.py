@@ -17,6 +17,15 @@ def _host_cgroup_roots() -> list[Path]:
     return [Path(p) for p in ("/sys/fs/cgroup", *map(str, Path("/sys/fs/cgroup").glob("*")))]
 
 
+def _root_listing() -> dict[Path, list[str]]:
+    # Other test beds on this machine (other sessions) come and go at the
+    # roots while this test runs: their run folders are not ours to judge.
+    return {
+        p: sorted(n for n in os.listdir(p) if not n.startswith(cgroups.PREFIX))
+        for p in _host_cgroup_roots()
+    }
+
+
 def _hierarchy_ids() -> dict[str, str]:
     lines = Path("/proc/cgroups").read_text().splitlines()[1:]
     return {f[0]: f[1] for f in (line.split() for line in lines)}
@@ -87,7 +96,7 @@ def test_booting_and_stopping_a_bed_leaves_the_host_as_it_was() -> None:
     # read-only, slices created at hierarchy roots, new v1 hierarchies.
     marker = Path("/tmp") / f"leviath-testbed-marker-{secrets.token_hex(4)}"
     marker.write_text("still here")
-    roots_before = {p: sorted(os.listdir(p)) for p in _host_cgroup_roots()}
+    roots_before = _root_listing()
     ids_before = _hierarchy_ids()
     try:
         with Testbed() as bed:
@@ -103,7 +112,9 @@ def test_booting_and_stopping_a_bed_leaves_the_host_as_it_was() -> None:
         probe = Path("/sys/fs/cgroup") / f".testbed-probe-{secrets.token_hex(4)}"
         probe.mkdir()
         probe.rmdir()
-        assert {p: sorted(os.listdir(p)) for p in _host_cgroup_roots()} == roots_before
+        assert _root_listing() == roots_before
+        for names in roots_before.values():
+            assert not {"system.slice", "user.slice", "init.scope"} & set(names)
         assert _hierarchy_ids() == ids_before
         assert created and not [c for c in created if c.exists()]
         assert not [h.current / bed.name for h in cgroups.hierarchies()
