@@ -286,11 +286,23 @@ class Testbed:
             if self._proc.poll() is not None:
                 raise TestbedError(f"the test bed did not boot:\n{self.logs()}")
             with contextlib.suppress(OSError, ValueError):
-                for pid in children.read_text().split():
+                for pid in self._children_of(self._proc.pid, children):
                     if Path(f"/proc/{pid}/comm").read_text().strip() == "systemd":
                         return int(pid)
             time.sleep(0.02)
         raise TestbedError(f"systemd did not start within {timeout}s:\n{self.logs()}")
+
+    @staticmethod
+    def _children_of(parent: int, children: Path) -> list[str]:
+        if children.exists():  # needs CONFIG_PROC_CHILDREN
+            return children.read_text().split()
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, IndexError):
+                # Fields after the ")" closing the command name: state, ppid, ...
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                    found.append(stat.parent.name)
+        return found
 
     def wait_running(self, timeout: float = 90.0) -> str:
         """Wait until systemd has finished booting; returns "running" or raises.
