@@ -58,6 +58,12 @@ MASKED_UNITS = (
     "serial-getty@.service",
     "systemd-timesyncd.service",
     "systemd-modules-load.service",
+    # Machine-wide kernel interfaces: nothing in the bed needs them mounted.
+    "sys-kernel-debug.mount",
+    "sys-kernel-tracing.mount",
+    "sys-kernel-config.mount",
+    "proc-sys-fs-binfmt_misc.automount",
+    "systemd-binfmt.service",
 )
 
 
