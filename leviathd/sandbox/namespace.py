@@ -340,8 +340,9 @@ def _as_user(spec: SandboxSpec, active: bool) -> Iterator[None]:
 
 
 class _Root:
-    def __init__(self, spec: SandboxSpec) -> None:
+    def __init__(self, spec: SandboxSpec, host_mounts: list[tuple[str, str]]) -> None:
         self.spec = spec
+        self.host_mounts = host_mounts  # (mount point, per-mount options) of the host
         self.mounted: list[str] = []  # targets inside the new root, in order
 
     def host(self, target: str) -> str:
@@ -381,26 +382,36 @@ class _Root:
             raise FenceError(f"mount point {target} was redirected to {real}")
         return fd
 
-    def lock_flags(self, target: str, readonly: bool, *, keep_dev: bool = False) -> None:
-        """Remount `target` and every mount beneath it nosuid, nodev (unless a
-        device node) and read-only when asked."""
+    def lock_flags(self, target: str, real_source: str, readonly: bool) -> None:
+        """Remount a bind of `real_source` at `target`, and every mount it
+        brought along, nosuid and nodev, and read-only when asked. Works from
+        the host's mount table read once, not re-read per bind."""
+        flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (MS_RDONLY if readonly else 0)
         host = self.host(target)
-        flags = MS_BIND | MS_REMOUNT | MS_NOSUID | (0 if keep_dev else MS_NODEV)
-        if readonly:
-            flags |= MS_RDONLY
-        for point, options in _mounts_under(host):
-            extra = MS_NOEXEC if "noexec" in options else 0
+        owner = max(
+            (p for p in self.host_mounts if is_within(real_source, p[0])),
+            key=lambda p: len(p[0]),
+            default=("/", ""),
+        )
+        points = [(host, owner[1])] + [
+            (host + point[len(real_source) :], options)
+            for point, options in self.host_mounts
+            if point != real_source and is_within(point, real_source)
+        ]
+        for point, options in points:
+            extra = MS_NOEXEC if "noexec" in options.split(",") else 0
             mount(None, point, None, flags | extra, None)
 
     def bind(self, m: Mount, src: int) -> None:
         is_dir = stat.S_ISDIR(os.fstat(src).st_mode)
+        real = os.readlink(_proc_fd(src))
         self.make(m.target, is_dir=is_dir)
         dst = self.target_fd(m.target)
         try:
             mount(_proc_fd(src), _proc_fd(dst), None, MS_BIND | MS_REC, None)
         finally:
             os.close(dst)
-        self.lock_flags(m.target, m.readonly)
+        self.lock_flags(m.target, real, m.readonly)
         self.mounted.append(m.target)
 
     def overlay(self, m: Mount, fds: list[int]) -> None:
@@ -476,15 +487,13 @@ class _Root:
         os.symlink(m.source, self.host(m.target))
 
 
-def _mounts_under(path: str) -> list[tuple[str, str]]:
-    """(mount point, per-mount options) of `path` and every mount beneath it."""
+def _mount_table() -> list[tuple[str, str]]:
+    """(mount point, per-mount options) of every mount this process sees."""
     found = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")
-            if is_within(point, path):
-                found.append((point, fields[5]))
+            found.append((fields[4].encode().decode("unicode_escape"), fields[5]))
     return found
 
 
@@ -498,7 +507,7 @@ def _build_root(spec: SandboxSpec) -> None:
             pins[i] = [_pin(m.source, spec, exact=m.exact)]
         elif m.kind == "overlay":
             pins[i] = [_pin(m.source, spec), _pin(m.upper, spec), _pin(m.work, spec)]
-    root = _Root(spec)
+    root = _Root(spec, _mount_table())
     mount("tmpfs", _BASE, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
     for i, m in enumerate(spec.mounts):
         if m.kind == "bind":
