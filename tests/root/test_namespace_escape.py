@@ -459,6 +459,27 @@ def test_killing_the_launcher_ends_the_agent_and_sweep_removes_its_scratch(world
     marker.unlink()
 
 
+def test_stopping_the_launcher_stops_the_agent_with_the_signals_status(world: World) -> None:
+    marker = world.workdir / "started-term"
+    spec = world.spec(("/bin/sh", "-c", f"touch {marker}; exec sleep 300"), execution="e5ca9e07")
+    path = world.base / "spec-term.json"
+    path.write_text(json.dumps(spec.to_dict()))
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(path)],
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    try:
+        deadline = time.monotonic() + 20
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the agent never started"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (world.scratch_dir / "e5ca9e07").exists()
+    marker.unlink()
+
+
 def _sleepers(world: World) -> list[int]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
