@@ -25,7 +25,7 @@ from leviathd.bus.caller import Caller
 from leviathd.config import load as config_load
 from leviathd.config.merge import Effective, MergeResult, resolve
 from leviathd.config.models import Blueprint, Config, SandboxKind
-from leviathd.errors import AccessDenied, ConfigError, InvalidArgument, NotFound, Unavailable
+from leviathd.errors import ConfigError, InvalidArgument, NotFound, Unavailable
 from leviathd.identity import UserInfo, user_info
 from leviathd.records import AgentRecord, AgentState, RecordStore
 from leviathd.sandbox import scratch
@@ -72,7 +72,9 @@ class RunInput:
                 raise InvalidArgument(f"unknown request key {key!r}; known: {', '.join(expect)}")
             sig = getattr(var, "signature", None)
             if sig != expect[key]:
-                raise InvalidArgument(f"request key {key!r} must have type {expect[key]}, not {sig}")
+                raise InvalidArgument(
+                    f"request key {key!r} must have type {expect[key]}, not {sig}"
+                )
             values[key] = var.value
         req = cls(
             command=list(values.get("command", [])),
@@ -97,6 +99,7 @@ class RunInput:
 
 
 Emit = Callable[..., None]
+_UNPROBED = object()
 
 
 class Agents:
@@ -123,6 +126,7 @@ class Agents:
         self._watches: dict[str, int] = {}
         self._followers: dict[str, list[asyncio.subprocess.Process]] = {}
         self._finalizing: set[str] = set()
+        self._namespace_probe: object = _UNPROBED
         # Hooks for later parts (broker, containers): called with the record.
         self.start_hooks: list[Callable[[AgentRecord, MergeResult, UserInfo], Awaitable[None]]] = []
         self.end_hooks: list[Callable[[AgentRecord], Awaitable[None]]] = []
@@ -131,6 +135,7 @@ class Agents:
 
     def load_machine_config(self) -> None:
         """Raises ConfigError and keeps the old config when the file is bad."""
+        self._namespace_probe = _UNPROBED
         if os.path.exists(self._machine_path):
             self.machine_config = config_load.load_config(self._machine_path)
         else:
@@ -163,6 +168,7 @@ class Agents:
                     os.close(fd)
 
     async def _run(self, who: Caller, req: RunInput, stdio: spawn.Stdio) -> AgentRecord:
+        t0 = time.perf_counter()
         await polkit.require(self._bus, who, names.ACTION_RUN, "run agents")
         if req.sandbox == "none":
             await polkit.require(
@@ -221,17 +227,19 @@ class Agents:
         for hook in self.start_hooks:
             await hook(rec, merged, user)
         spawn.release(held, spec.to_dict())
+        spawn_usec = int((time.perf_counter() - t0) * 1e6)
         self._watch(rec)
         journal.record(
             f"agent {agent_id} ({agent_name}) started for {user.name} in {unit}",
             LEVIATH_AGENT=agent_id, LEVIATH_USER=user.name, LEVIATH_UNIT=unit,
-            LEVIATH_SANDBOX=kind, LEVIATH_EVENT="start",
+            LEVIATH_SANDBOX=kind, LEVIATH_EVENT="start", LEVIATH_SPAWN_USEC=spawn_usec,
         )
         if rec.reads_declared and not rec.reads_granted:
             journal.record(
                 f"agent {agent_id} ({agent_name}) declares {rec.reads_declared} read paths and "
                 "the configuration grants none: reads outside the workdir will be refused",
-                priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id, LEVIATH_EVENT="reads-not-granted",
+                priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
+                LEVIATH_EVENT="reads-not-granted",
             )
         self._on_started(agent_id, unit, user.uid)
         return rec
@@ -243,9 +251,7 @@ class Agents:
         if kind == "none":
             return "none", ["unsandboxed"]
         if kind == "namespace":
-            from leviathd.sandbox import namespace
-
-            reason = namespace.probe()
+            reason = self.namespace_problem()
             if reason is None:
                 return "namespace", []
         else:
@@ -259,6 +265,15 @@ class Agents:
             )
             return "none", ["unsandboxed", f"{kind}-unavailable"]
         raise Unavailable(f"the {kind} sandbox cannot be built here: {reason}")
+
+    def namespace_problem(self) -> str | None:
+        """Why the namespace fence cannot be built here (None: it can). Asked
+        once, then again on reload: the answer is the host's, not the run's."""
+        if self._namespace_probe is _UNPROBED:
+            from leviathd.sandbox import namespace
+
+            self._namespace_probe = namespace.probe()
+        return self._namespace_probe  # type: ignore[return-value]
 
     def _spec(
         self, eff: Effective, kind: str, user: UserInfo, req: RunInput, command: list[str],

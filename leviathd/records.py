@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 
-class AgentState(str, Enum):
+class AgentState(StrEnum):
     RUNNING = "running"
     EXITED = "exited"
     FAILED = "failed"

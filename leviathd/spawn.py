@@ -71,7 +71,7 @@ def fork_held(
             os.close(status_r)
             os.close(go_w)
             code = _child(user, workdir, status_w, go_r, exit_path, identifier, stdio)
-        except BaseException as exc:  # noqa: BLE001 - the child must never return
+        except BaseException as exc:
             try:
                 os.write(2, f"leviathd supervisor: {exc!r}\n".encode())
             except OSError:
@@ -174,7 +174,7 @@ def _supervise(spec: SandboxSpec, exit_path: str, identifier: str, stdio: Stdio)
                 signal.signal(sig, signal.SIG_DFL)
             os.closerange(3, _max_fd())
             code = _launch(spec)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             try:
                 os.write(2, f"leviath: could not start the agent: {exc}\n".encode())
             except OSError:

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 from dbus_fast import Variant
 from dbus_fast.aio import MessageBus
 from dbus_fast.annotations import DBusSignature
-from dbus_fast.service import ServiceInterface, dbus_method, dbus_property, dbus_signal
 from dbus_fast.constants import PropertyAccess
+from dbus_fast.service import ServiceInterface, dbus_method, dbus_property, dbus_signal
 
 from leviathd import __version__
 from leviathd.agents import Agents, RunInput
@@ -75,7 +75,7 @@ class ManagerInterface(ServiceInterface):
 
     @dbus_method()
     @translated
-    async def Run(self, request: VarDict) -> IdAndUnit:  # noqa: N802 - D-Bus names
+    async def Run(self, request: VarDict) -> IdAndUnit:
         """Start an agent as the caller, detached. Keys: command (as),
         blueprint (s, the blueprint.toml text), blueprint_source (s), workdir (s),
         env (a{ss}), sandbox (s: "" or "none"), workdir_mode (s)."""
@@ -85,7 +85,7 @@ class ManagerInterface(ServiceInterface):
 
     @dbus_method()
     @translated
-    async def RunAttached(  # noqa: N802
+    async def RunAttached(
         self, request: VarDict, stdin: Fd, stdout: Fd, stderr: Fd
     ) -> IdAndUnit:
         """As Run, with the caller's terminal: output goes to the journal and
@@ -97,13 +97,13 @@ class ManagerInterface(ServiceInterface):
 
     @dbus_method()
     @translated
-    async def Stop(self, agent_id: Str) -> None:  # noqa: N802
+    async def Stop(self, agent_id: Str) -> None:
         who = await bus_caller.current(self._bus)
         await self._agents.stop(who, agent_id)
 
     @dbus_method()
     @translated
-    async def List(self, all_agents: Bool) -> VarDictList:  # noqa: N802
+    async def List(self, all_agents: Bool) -> VarDictList:
         """The caller's agents (everyone's with org.leviath.agent.manage-any);
         running ones only unless all_agents."""
         who = await bus_caller.current(self._bus)
@@ -112,14 +112,14 @@ class ManagerInterface(ServiceInterface):
 
     @dbus_method()
     @translated
-    async def Get(self, agent_id: Str) -> VarDict:  # noqa: N802
+    async def Get(self, agent_id: Str) -> VarDict:
         who = await bus_caller.current(self._bus)
         rec, live = await self._agents.get(who, agent_id)
         return record_to_variants(rec, live)
 
     @dbus_method()
     @translated
-    async def Logs(self, agent_id: Str, follow: Bool) -> Fd:  # noqa: N802
+    async def Logs(self, agent_id: Str, follow: Bool) -> Fd:
         """A pipe carrying the agent's journal output; with follow, it stays
         open until the agent ends."""
         who = await bus_caller.current(self._bus)
@@ -131,19 +131,23 @@ class ManagerInterface(ServiceInterface):
 
     @dbus_method()
     @translated
-    async def Reload(self) -> None:  # noqa: N802
+    async def Reload(self) -> None:
         """Re-read /etc/leviath/config.toml (org.leviath.config.manage)."""
         who = await bus_caller.current(self._bus)
         await self._agents.reload(who)
 
     @dbus_signal()
-    def AgentStarted(self, agent_id: str, unit: str, uid: int) -> Annotated[list[Any], DBusSignature("ssu")]:  # noqa: N802
+    def AgentStarted(
+        self, agent_id: str, unit: str, uid: int
+    ) -> Annotated[list[Any], DBusSignature("ssu")]:
         return [agent_id, unit, uid]
 
     @dbus_signal()
-    def AgentEnded(self, agent_id: str, exit_status: int, state: str) -> Annotated[list[Any], DBusSignature("sis")]:  # noqa: N802
+    def AgentEnded(
+        self, agent_id: str, exit_status: int, state: str
+    ) -> Annotated[list[Any], DBusSignature("sis")]:
         return [agent_id, exit_status, state]
 
     @dbus_property(access=PropertyAccess.READ)
-    def Version(self) -> Str:  # noqa: N802
+    def Version(self) -> Str:
         return __version__

@@ -27,7 +27,9 @@ _ABSENT = {
 }
 
 
-async def is_authorized(bus: MessageBus, caller: Caller, action: str, *, interactive: bool = False) -> bool:
+async def is_authorized(
+    bus: MessageBus, caller: Caller, action: str, *, interactive: bool = False
+) -> bool:
     if caller.is_root:
         return True
     subject = ("system-bus-name", {"name": Variant("s", caller.sender)})

@@ -24,12 +24,24 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Which module registers a command, so that `lev run` imports only what `run`
+# needs (startup time is most of a short agent's wall time). A command missing
+# here still works: then every module is loaded.
+COMMAND_MODULES: dict[str, str] = {
+    "run": "leviathd.cli.run",
+    "ps": "leviathd.cli.control",
+    "stop": "leviathd.cli.control",
+    "logs": "leviathd.cli.control",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lev", description="Run and inspect fenced AI agents (leviathd)."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in SUBCOMMAND_MODULES:
+    wanted = COMMAND_MODULES.get(command or "")
+    for name in (wanted,) if wanted else SUBCOMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -42,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(first).parse_args(argv)
     try:
         rc: int = args.func(args)
     except LeviathError as exc:

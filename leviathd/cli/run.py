@@ -115,13 +115,11 @@ async def _attached(client: Client, req: dict[str, Variant]) -> int:
         done.set()
 
     loop = asyncio.get_running_loop()
-    stop_sent = False
+    stopping: list[asyncio.Task[list[object]]] = []
 
     def interrupt() -> None:
-        nonlocal stop_sent
-        if not stop_sent:
-            stop_sent = True
-            loop.create_task(client.call("Stop", "s", [agent_id]))
+        if not stopping:
+            stopping.append(loop.create_task(client.call("Stop", "s", [agent_id])))
 
     loop.add_signal_handler(signal.SIGINT, interrupt)
     loop.add_signal_handler(signal.SIGTERM, interrupt)

@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -109,8 +108,8 @@ def test_an_agent_runs_as_its_user_in_a_scope_with_the_configured_limits(bed: Te
 def test_attached_run_streams_output_exits_with_the_agents_status_and_logs_to_the_journal(
     bed: Testbed,
 ) -> None:
-    r = lev(bed, "alice", "run", "--", "sh", "-c", "echo out-marker-1; echo err-marker-1 >&2; exit 7",
-            check=False)
+    script = "echo out-marker-1; echo err-marker-1 >&2; exit 7"
+    r = lev(bed, "alice", "run", "--", "sh", "-c", script, check=False)
     assert r.returncode == 7, r
     assert "out-marker-1" in r.stdout and "err-marker-1" in r.stderr
     rows = json.loads(lev(bed, "alice", "ps", "--all", "--json").stdout)
@@ -217,7 +216,7 @@ def test_a_fork_bomb_is_capped_by_tasks_max_and_the_daemon_lives_on(bed: Testbed
 def test_a_memory_hog_is_killed_inside_its_scope_and_the_daemon_lives_on(bed: Testbed) -> None:
     hog = "python3 -c \"b=[]\nwhile True: b.append(bytearray(8<<20))\""
     r = lev(bed, "alice", "run", "--", "sh", "-c", hog, check=False, timeout=120)
-    assert r.returncode in (137, 128 + 9) or r.returncode == 1 and "MemoryError" in r.stderr, r
+    assert r.returncode in (137, 128 + 9) or (r.returncode == 1 and "MemoryError" in r.stderr), r
     assert bed.run(["systemctl", "is-active", "leviathd"]).stdout.strip() == "active"
 
 
