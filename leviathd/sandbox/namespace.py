@@ -46,7 +46,13 @@ from typing import NoReturn
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.sandbox import scratch, seccomp
 from leviathd.sandbox.privileges import drop_to_user
-from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
+from leviathd.sandbox.spec import (
+    SYSTEM_DIRS,
+    SYSTEM_LINK_DIRS,
+    Mount,
+    SandboxSpec,
+    is_within,
+)
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -305,12 +311,22 @@ def _proc_fd(fd: int) -> str:
 def _pin(path: str, spec: SandboxSpec, *, exact: bool = False) -> int:
     """An O_PATH descriptor for `path`, checked: what it really is must not lie
     inside a hidden path. Mounting from the descriptor means a link swapped in
-    after this check cannot change what gets mounted."""
+    after this check cannot change what gets mounted.
+
+    Everything but the system folders and the agent's own scratch is opened
+    with the user's file-system ids: a bind made by root would otherwise
+    carry the user past folders they cannot enter (a link from ~/.cache/pip
+    into a 0700 folder of someone else's)."""
     flags = os.O_PATH | os.O_CLOEXEC | (os.O_NOFOLLOW if exact else 0)
+    as_user = not is_within(path, spec.scratch) and not any(
+        is_within(path, system) for system in SYSTEM_DIRS + SYSTEM_LINK_DIRS
+    )
     try:
-        fd = os.open(path, flags)
+        with _as_user(spec, as_user):
+            fd = os.open(path, flags)
     except OSError as exc:
-        raise FenceError(f"cannot open {path}: {exc.strerror}") from exc
+        who = f"uid {spec.uid}" if as_user else "root"
+        raise FenceError(f"cannot open {path} (as {who}): {exc.strerror}") from exc
     real = os.readlink(_proc_fd(fd))
     if exact and real != path:
         os.close(fd)

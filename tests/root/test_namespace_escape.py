@@ -374,6 +374,30 @@ def test_a_throwaway_workdir_takes_writes_and_forgets_them(world: World) -> None
     assert not (world.workdir / "thrown").exists()
 
 
+def test_a_home_entry_linking_past_a_folder_the_user_cannot_enter_is_not_mounted(
+    world: World,
+) -> None:
+    locked = world.base / "root-only"
+    (locked / "pip").mkdir(parents=True)
+    (locked / "pip" / "secret").write_text("root-only secret")
+    os.chmod(locked, 0o700)
+    os.chmod(locked / "pip" / "secret", 0o644)  # readable, but behind a 0700 folder
+    cache = world.home / ".cache"
+    cache.mkdir()
+    _own(cache)
+    (cache / "pip").symlink_to(locked / "pip")
+    try:
+        spec = world.spec(("/bin/cat", f"{world.home}/.cache/pip/secret"), execution="e5ca9e08")
+        assert any(m.target == f"{world.home}/.cache/pip" for m in spec.mounts)
+        done = world.launch(spec)
+        assert done.returncode != 0
+        assert "root-only secret" not in done.stdout
+        assert "Permission denied" in done.stderr and "uid 65534" in done.stderr
+    finally:
+        shutil.rmtree(cache)
+        shutil.rmtree(locked)
+
+
 # --- network ----------------------------------------------------------------
 
 
