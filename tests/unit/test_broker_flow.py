@@ -1,0 +1,137 @@
+"""Held calls, the credential tool, the shell hook and the audit trail,
+through a real broker socket."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from broker_harness import AGENT, Running, call, running_broker
+
+from leviathd.broker.tools import ShellRequest
+from leviathd.policy.approvals import Answer
+from leviathd.policy.settings import CredentialSpec, PolicySettings
+
+
+def _dirs(tmp_path: Path) -> tuple[str, str]:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "f.txt").write_text("data")
+    return str(tmp_path / "home"), str(tmp_path / "work")
+
+
+def _wait_for_request(b: Running, n: int = 1) -> str:
+    deadline = time.monotonic() + 5
+    while len(b.asked) < n:
+        assert time.monotonic() < deadline, "no approval request appeared"
+        time.sleep(0.01)
+    return b.asked[n - 1].id
+
+
+@pytest.mark.parametrize(("answer", "ok"), [(Answer.ONCE, True), (Answer.DENY, False)])
+def test_an_asked_tool_waits_for_its_owner(tmp_path: Path, answer: Answer, ok: bool) -> None:
+    home, work = _dirs(tmp_path)
+    settings = PolicySettings(permissions={"read_file": "ask"})
+    with running_broker(home=home, workdir=work, settings=settings,
+                        socket_path=str(tmp_path / "b.sock")) as b, ThreadPoolExecutor() as ex:
+        pending = ex.submit(call, b.path, "read_file", {"path": "f.txt"})
+        rid = _wait_for_request(b)
+        time.sleep(0.05)
+        assert not pending.done()  # held until somebody answers
+        b.run(lambda: b.broker.approvals.answer(rid, answer, by_uid=b.broker.user.uid))
+        reply = pending.result(5)
+        assert reply["ok"] is ok
+        assert [r.outcome for r in b.audit] == ["ask", "allow" if ok else "deny"]
+
+
+def test_an_asked_tool_is_refused_after_the_timeout(tmp_path: Path) -> None:
+    home, work = _dirs(tmp_path)
+    settings = PolicySettings(permissions={"read_file": "ask"}, approval_timeout=0.2)
+    with running_broker(home=home, workdir=work, settings=settings,
+                        socket_path=str(tmp_path / "b.sock")) as b:
+        reply = call(b.path, "read_file", {"path": "f.txt"})
+        assert not reply["ok"]
+        assert "refused-by-person-or-timeout" in reply["error"]["rule"]
+
+
+def test_a_session_answer_is_not_asked_again(tmp_path: Path) -> None:
+    home, work = _dirs(tmp_path)
+    settings = PolicySettings(permissions={"read_file": "ask"})
+    with running_broker(home=home, workdir=work, settings=settings,
+                        socket_path=str(tmp_path / "b.sock")) as b, ThreadPoolExecutor() as ex:
+        pending = ex.submit(call, b.path, "read_file", {"path": "f.txt"})
+        rid = _wait_for_request(b)
+        b.run(lambda: b.broker.approvals.answer(rid, Answer.SESSION, by_uid=b.broker.user.uid))
+        assert pending.result(5)["ok"]
+        assert call(b.path, "read_file", {"path": "f.txt"})["ok"]
+        assert len(b.asked) == 1
+
+
+def test_every_decision_is_an_audit_record_with_the_agreed_fields(tmp_path: Path) -> None:
+    home, work = _dirs(tmp_path)
+    with running_broker(home=home, workdir=work, settings=PolicySettings(),
+                        socket_path=str(tmp_path / "b.sock")) as b:
+        call(b.path, "read_file", {"path": "f.txt"})
+        call(b.path, "read_file", {"path": "/etc/passwd"})
+    allow, deny = b.audit
+    assert (allow.outcome, deny.outcome) == ("allow", "deny")
+    fields = deny.journal_fields()
+    assert fields["LEVIATH_AGENT"] == AGENT
+    for key in ("USER", "TOOL", "TARGET", "TAINT", "CLEARANCE", "RULE", "OUTCOME"):
+        assert f"LEVIATH_{key}" in fields
+    assert fields["LEVIATH_TARGET"] == "/etc/passwd"
+
+
+def test_the_credential_tool_hides_the_secret_and_labels_output_private(
+    tmp_path: Path,
+) -> None:
+    home, work = _dirs(tmp_path)
+    secret_file = tmp_path / "token"
+    secret_file.write_text("s3cr3t-t0ken\n")
+    spec = CredentialSpec(("/bin/sh", "-c", 'echo "auth=$API_TOKEN for $0"; env', "x"),
+                          str(secret_file), "API_TOKEN")
+    settings = PolicySettings(credentials={"api": spec})
+    with running_broker(home=home, workdir=work, settings=settings,
+                        socket_path=str(tmp_path / "b.sock")) as b:
+        assert call(b.path, "credential", {"name": "nope"})["error"]["code"] == "failed"
+        reply = call(b.path, "credential", {"name": "api", "args": []})
+        assert reply["ok"], reply
+        out = reply["result"]["stdout"]
+        assert "auth=[redacted] for x" in out
+        assert "s3cr3t" not in str(reply)
+        assert reply["label"] == "private" and reply["taint"] == "private"
+
+
+def test_shell_runs_through_the_daemons_runner(tmp_path: Path) -> None:
+    home, work = _dirs(tmp_path)
+    seen: list[ShellRequest] = []
+
+    async def runner(req: ShellRequest) -> Mapping[str, Any]:
+        seen.append(req)
+        return {"exit_status": 0, "stdout": "ran", "stderr": ""}
+
+    with running_broker(home=home, workdir=work, settings=PolicySettings(),
+                        socket_path=str(tmp_path / "b.sock"), shell=runner) as b:
+        reply = call(b.path, "shell", {"command": "ls -l"})
+    assert reply["result"]["stdout"] == "ran"
+    assert seen == [ShellRequest(AGENT, "ls -l", None)]
+
+
+def test_shell_without_a_runner_is_unavailable_not_run(tmp_path: Path) -> None:
+    home, work = _dirs(tmp_path)
+    with running_broker(home=home, workdir=work, settings=PolicySettings(),
+                        socket_path=str(tmp_path / "b.sock")) as b:
+        assert not call(b.path, "shell", {"command": "ls"})["ok"]
+
+
+def test_bad_arguments_are_refused_before_the_gate(tmp_path: Path) -> None:
+    home, work = _dirs(tmp_path)
+    with running_broker(home=home, workdir=work, settings=PolicySettings(),
+                        socket_path=str(tmp_path / "b.sock")) as b:
+        reply = call(b.path, "read_file", {"path": 3})
+        assert reply["error"]["code"] == "invalid"
+        assert call(b.path, "read_file", {"path": "f.txt", "evil": 1})["error"]["code"] == "invalid"
