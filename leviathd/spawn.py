@@ -68,8 +68,10 @@ def fork_held(
     if pid == 0:  # pragma: no cover - runs in the child
         code = 1
         try:
-            os.close(status_r)
-            os.close(go_w)
+            # The daemon's descriptors (its bus connection above all) must not
+            # live on in the agent's supervisor: a supervisor holding the bus
+            # socket keeps a dead daemon's name owned.
+            _close_fds_except({0, 1, 2, status_w, go_r, *stdio.fds()})
             code = _child(user, workdir, status_w, go_r, exit_path, identifier, stdio)
         except BaseException as exc:
             try:
@@ -239,6 +241,16 @@ def _write_exit(path: str, code: int) -> None:
     with open(tmp, "w") as f:
         json.dump({"exit_status": code, "ended_at": time.time()}, f)
     os.rename(tmp, path)
+
+
+def _close_fds_except(keep: set[int]) -> None:
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _max_fd() -> int:
