@@ -1,0 +1,164 @@
+"""The agent store: installed blueprints, one folder per agent, under
+~/.local/share/leviath/agents/<name>/ (or $LEVIATH_AGENT_STORE).
+
+Installing is all or nothing: the blueprint is validated, copied into a temporary folder
+inside the store (same file system), validated again there, and renamed into place. A
+failure at any step removes what this call created, so a failed `lev add` leaves the disk
+as it found it. An installed agent is never replaced silently: that takes `force`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from leviathd.config.load import BLUEPRINT_FILE, agent_store_path, load_blueprint
+from leviathd.config.models import Blueprint
+from leviathd.errors import ConfigError, InvalidArgument, LeviathError, NotFound
+
+
+@dataclass(frozen=True)
+class InstalledAgent:
+    """One folder of the store: its blueprint, or why it could not be read."""
+
+    name: str
+    path: Path
+    blueprint: Blueprint | None
+    error: str | None = None
+
+
+def _looks_like_path(arg: str) -> bool:
+    return "/" in arg or arg in (".", "..") or arg.endswith(".toml")
+
+
+def blueprint_folder(arg: str | os.PathLike[str], store: Path | None = None) -> Path:
+    """Resolve a BLUEPRINT argument: a path to a blueprint folder or its blueprint.toml
+    if one exists there, else the name of an installed agent. Returns the folder."""
+    p = Path(arg)
+    if p.is_dir() and (p / BLUEPRINT_FILE).is_file():
+        return p
+    if p.is_file():
+        return p.parent
+    text = os.fspath(arg)
+    store = store if store is not None else agent_store_path()
+    if not _looks_like_path(text):
+        installed = store / text
+        if (installed / BLUEPRINT_FILE).is_file():
+            return installed
+    if p.is_dir():
+        raise NotFound(f"{p}: no {BLUEPRINT_FILE} in this folder")
+    raise NotFound(
+        f"{text}: no such blueprint (neither a folder with {BLUEPRINT_FILE} nor an agent "
+        f"installed in {store})"
+    )
+
+
+def installed_path(name: str, store: Path | None = None) -> Path:
+    return (store if store is not None else agent_store_path()) / name
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """mkdir -p, returning the folders it created (deepest last) so they can be undone."""
+    created: list[Path] = []
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o755)
+        except FileExistsError:
+            continue
+        created.append(d)
+    return created
+
+
+def install(
+    source: str | os.PathLike[str], store: Path | None = None, *, force: bool = False
+) -> tuple[Path, Blueprint]:
+    """Install the blueprint folder `source` (or the folder of the blueprint.toml given)
+    into the store; return where it went and the blueprint. Raises ConfigError for an
+    invalid blueprint, InvalidArgument when the agent is installed and not `force`."""
+    src = Path(source)
+    folder = src.parent if src.is_file() else src
+    blueprint = load_blueprint(folder)  # raises before anything is written
+    store = store if store is not None else agent_store_path()
+    dest = store / blueprint.agent.name
+    if dest.exists() and os.path.realpath(dest) == os.path.realpath(folder):
+        return dest, blueprint  # installing the installed copy onto itself: nothing to do
+    if dest.exists() and not force:
+        raise InvalidArgument(
+            f"agent '{blueprint.agent.name}' is already installed at {dest}; "
+            "use --force to replace it"
+        )
+
+    created = _make_dirs(store)
+    tmp: Path | None = None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{blueprint.agent.name}.new-", dir=store))
+        staged = tmp / "agent"
+        # Links are copied as links, never followed: a link in a blueprint folder must
+        # not pull the target's contents (say, a key) into the store.
+        shutil.copytree(folder, staged, symlinks=True)
+        copied = load_blueprint(staged)
+        if copied.agent.name != blueprint.agent.name:
+            raise ConfigError(f"{folder}: the blueprint changed while it was being installed")
+        os.chmod(staged, 0o755)
+        if dest.exists() or dest.is_symlink():
+            _replace(staged, dest, tmp)
+        else:
+            os.rename(staged, dest)
+        return dest, copied
+    except LeviathError:
+        _undo(tmp, created)
+        raise
+    except OSError as exc:
+        _undo(tmp, created)
+        raise InvalidArgument(f"cannot install into {store}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace(staged: Path, dest: Path, tmp: Path) -> None:
+    """Swap `staged` in for `dest`; on failure put the old one back."""
+    old = tmp / "old"
+    os.rename(dest, old)
+    try:
+        os.rename(staged, dest)
+    except OSError:
+        os.rename(old, dest)
+        raise
+
+
+def _undo(tmp: Path | None, created: list[Path]) -> None:
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for d in reversed(created):
+        try:
+            d.rmdir()
+        except OSError:
+            break
+
+
+def list_installed(store: Path | None = None) -> list[InstalledAgent]:
+    """Every agent in the store, by name; a folder that does not load is listed with the
+    error rather than hidden."""
+    store = store if store is not None else agent_store_path()
+    if not store.is_dir():
+        return []
+    out: list[InstalledAgent] = []
+    for entry in sorted(store.iterdir(), key=lambda p: p.name):
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue  # leftovers of an interrupted install are dot-folders
+        try:
+            out.append(InstalledAgent(entry.name, entry, load_blueprint(entry)))
+        except LeviathError as exc:
+            out.append(InstalledAgent(entry.name, entry, None, str(exc)))
+    return out
