@@ -176,6 +176,16 @@ def _env_name(value: str) -> str:
     return value
 
 
+_ENV_PATTERN = re.compile(r"^[A-Za-z0-9_*?\[\]!-]+$")
+
+
+def _env_pattern(value: str) -> str:
+    # env_pass / env_withhold take names or fnmatch patterns such as "LC_*".
+    if not _ENV_PATTERN.match(value):
+        raise ValueError(f"{value!r} is not an environment variable name or pattern (like LC_*)")
+    return value
+
+
 def _name(value: str) -> str:
     if not _NAME.match(value):
         raise ValueError(
@@ -194,6 +204,7 @@ Argv = Annotated[list[str], AfterValidator(_argv)]
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
 MountPath = Annotated[str, AfterValidator(_home_or_absolute)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvPattern = Annotated[str, AfterValidator(_env_pattern)]
 Name = Annotated[str, AfterValidator(_name)]
 ReadPathPattern = Annotated[str, AfterValidator(_read_path)]
 
@@ -295,8 +306,8 @@ class SecurityConfig(_Model):
     allow_blueprint_read_paths: StrictBool | None = None
     credential_store: str | None = None
     hidden_paths: list[MountPath] = Field(default_factory=list)
-    env_pass: list[EnvName] = Field(default_factory=list)
-    env_withhold: list[EnvName] = Field(default_factory=list)
+    env_pass: list[EnvPattern] = Field(default_factory=list)
+    env_withhold: list[EnvPattern] = Field(default_factory=list)
 
 
 class AgentReadPaths(_Model):

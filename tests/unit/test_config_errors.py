@@ -80,8 +80,9 @@ CONFIG_CASES = [
         f"{SRC}:2: credentials.gh.command: must be a non-empty list of strings (an argv)",
     ),
     (
-        '[security]\nenv_pass = ["NOT-A-NAME"]\n',
-        f"{SRC}:2: security.env_pass[0]: 'NOT-A-NAME' is not a valid environment variable name",
+        '[security]\nenv_pass = ["NOT A NAME"]\n',
+        f"{SRC}:2: security.env_pass[0]: 'NOT A NAME' is not an environment variable name "
+        "or pattern (like LC_*)",
     ),
     (
         '[security]\nhidden_paths = ["~/a/../b"]\n',
