@@ -189,6 +189,7 @@ class World:
         network: bool = True,
         mode: str = "rw",
         execution: str = "e5ca9e01",
+        workdir: Path | None = None,
     ) -> SandboxSpec:
         effective = Effective(
             kind=SandboxKind.NAMESPACE,
@@ -199,7 +200,7 @@ class World:
         return build_spec(
             effective,
             self.user,
-            RunRequest(argv, str(self.workdir), mode, CALLER_ENV),  # type: ignore[arg-type]
+            RunRequest(argv, str(workdir or self.workdir), mode, CALLER_ENV),  # type: ignore[arg-type]
             execution,
             existing=host_exists,
             resolve=host_resolve,
@@ -396,6 +397,37 @@ def test_a_home_entry_linking_past_a_folder_the_user_cannot_enter_is_not_mounted
     finally:
         shutil.rmtree(cache)
         shutil.rmtree(locked)
+
+
+def test_a_worktrees_main_git_folder_is_writable_inside(world: World) -> None:
+    repo = world.base / "repos" / "app"
+    worktree = world.home / "src" / "wt"
+    nobody_env = {"PATH": "/usr/bin:/bin", "HOME": str(world.home)}
+
+    def git(*args: str, cwd: Path) -> None:
+        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, user=NOBODY,
+                       group=NOBODY, extra_groups=[], env=nobody_env)
+
+    repo.mkdir(parents=True)
+    os.chown(repo.parent, NOBODY, NOBODY)
+    _own(repo)
+    ident = ("-c", "user.name=n", "-c", "user.email=n@x")
+    git("init", "-q", "-b", "main", cwd=repo)
+    git(*ident, "commit", "-q", "--allow-empty", "-m", "first", cwd=repo)
+    git("worktree", "add", "-q", "-b", "side", str(worktree), cwd=repo)
+    try:
+        spec = world.spec(("/usr/bin/git", "commit", "-q", "--allow-empty", "-m", "from inside"),
+                          execution="e5ca9e09", workdir=worktree)
+        assert any(m.target == str(repo / ".git") and not m.readonly for m in spec.mounts)
+        done = world.launch(spec)
+        assert done.returncode == 0, done.stderr
+        log = subprocess.run(["git", "-C", str(repo), "log", "--format=%s", "side"],
+                             capture_output=True, text=True, check=True, user=NOBODY,
+                             group=NOBODY, extra_groups=[], env=nobody_env).stdout
+        assert log.splitlines()[0] == "from inside"
+    finally:
+        shutil.rmtree(worktree)
+        shutil.rmtree(world.base / "repos")
 
 
 # --- network ----------------------------------------------------------------
