@@ -126,6 +126,7 @@ class Agents:
         self._watches: dict[str, int] = {}
         self._followers: dict[str, list[asyncio.subprocess.Process]] = {}
         self._finalizing: set[str] = set()
+        self._user_configs: dict[int, Config] = {}
         self._namespace_probe: object = _UNPROBED
         # Hooks for later parts (broker, containers): called with the record.
         self.start_hooks: list[Callable[[AgentRecord, MergeResult, UserInfo], Awaitable[None]]] = []
@@ -153,8 +154,23 @@ class Agents:
         except PermissionError as exc:
             raise ConfigError(str(exc)) from None
         if text is None:
+            self._user_configs.pop(user.uid, None)
             return None
-        return config_load.parse_config(text, path)
+        try:
+            config = config_load.parse_config(text, path)
+        except ConfigError as exc:
+            last_good = self._user_configs.get(user.uid)
+            if last_good is None:
+                raise
+            # As with the machine file: a broken edit leaves the last good
+            # configuration in force, and says so where the admin looks.
+            journal.record(
+                f"{path} does not load; the last good version stays in force: {exc}",
+                priority=syslog.LOG_ERR, LEVIATH_EVENT="reload-failed", LEVIATH_USER=user.name,
+            )
+            return last_good
+        self._user_configs[user.uid] = config
+        return config
 
     # --- start -------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import syslog
 
 from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
@@ -18,6 +19,7 @@ from leviathd.agents import Agents
 from leviathd.bus import caller
 from leviathd.bus.manager_iface import ManagerInterface
 from leviathd.bus.names import BUS_NAME, OBJECT_PATH
+from leviathd.config_watch import ConfigWatcher
 from leviathd.errors import LeviathError
 from leviathd.records import RecordStore
 from leviathd.systemd import journal, notify
@@ -83,6 +85,19 @@ async def serve() -> int:
             log.error("configuration not reloaded, the old one stays in force: %s", exc)
         notify.ready("serving")
 
+    def on_file_change() -> None:
+        try:
+            agents.load_machine_config()
+            journal.record(f"{machine_config_path()} changed: reloaded", LEVIATH_EVENT="reload")
+        except LeviathError as exc:
+            journal.record(
+                f"{machine_config_path()} changed but does not load; the old configuration "
+                f"stays in force: {exc}",
+                priority=syslog.LOG_ERR, LEVIATH_EVENT="reload-failed",
+            )
+
+    watcher = ConfigWatcher(machine_config_path(), on_file_change)
+    watcher.start()
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
@@ -90,6 +105,7 @@ async def serve() -> int:
     stopping = loop.create_task(stop.wait())
     await asyncio.wait({disconnected, stopping}, return_when=asyncio.FIRST_COMPLETED)
     notify.stopping()
+    watcher.close()
     bus.disconnect()
     return 0
 

@@ -1,0 +1,59 @@
+"""Re-read the machine configuration when its file changes (inotify), so the
+next `lev run` after an edit uses it without a restart. The folder is watched,
+not the file: editors and `lev policy` replace files by renaming."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+
+from inotify_simple import INotify, flags
+
+log = logging.getLogger(__name__)
+
+_MASK = flags.CLOSE_WRITE | flags.MOVED_TO | flags.CREATE | flags.DELETE | flags.MOVED_FROM
+
+
+class ConfigWatcher:
+    def __init__(self, path: str, on_change: Callable[[], None], *, settle: float = 0.1) -> None:
+        self._path = path
+        self._name = os.path.basename(path)
+        self._on_change = on_change
+        self._settle = settle
+        self._inotify: INotify | None = None
+        self._pending: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        folder = os.path.dirname(self._path) or "."
+        try:
+            os.makedirs(folder, mode=0o755, exist_ok=True)
+            inotify = INotify()
+            inotify.add_watch(folder, _MASK)
+        except OSError as exc:
+            log.warning("not watching %s for changes (%s); use `systemctl reload leviathd`",
+                        self._path, exc)
+            return
+        self._inotify = inotify
+        asyncio.get_running_loop().add_reader(inotify.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        assert self._inotify is not None
+        events = self._inotify.read(timeout=0)
+        if not any(ev.name == self._name for ev in events):
+            return
+        # One save is often several events (write, rename): act once they settle.
+        if self._pending is not None:
+            self._pending.cancel()
+        self._pending = asyncio.get_running_loop().call_later(self._settle, self._fire)
+
+    def _fire(self) -> None:
+        self._pending = None
+        self._on_change()
+
+    def close(self) -> None:
+        if self._inotify is not None:
+            asyncio.get_running_loop().remove_reader(self._inotify.fileno())
+            self._inotify.close()
+            self._inotify = None
