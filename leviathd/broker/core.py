@@ -28,6 +28,7 @@ from leviathd.policy.gate import ApprovalView, Call, Decision, decide
 from leviathd.policy.labels import Sensitivity
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
+from leviathd.readpaths import is_inside
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,10 @@ class Broker:
         self.audit = audit
         self._shell = shell
         self._opener: Opener | None = None
+        # Files the agent wrote while its taint was above Internal, with that
+        # taint: reading them back carries it again (no laundering through
+        # the workdir). Keyed by (st_dev, st_ino), which survives renames.
+        self._tainted_files: dict[tuple[int, int], Sensitivity] = {}
         self.policy = self._compile(settings, workdir)
 
     def _compile(self, settings: PolicySettings, workdir: str) -> CompiledPolicy:
@@ -162,7 +167,7 @@ class Broker:
             self._record(call, d.taint, d.clearance, d.rule, "deny")
             return _error("denied", _why(d), d.rule)
         try:
-            result = await self._run(tool, args)
+            result, label = await self._run(tool, args, d.label)
         except ToolRefused as exc:
             self._record(call, d.taint, d.clearance, exc.rule, "deny", str(exc))
             return _error("denied", str(exc), exc.rule)
@@ -172,17 +177,36 @@ class Broker:
         except OSError as exc:
             self._record(call, d.taint, d.clearance, d.rule, "error", str(exc))
             return _error("failed", f"{exc.filename or tool}: {exc.strerror or exc}")
-        entry = self.ledger.add(tool, call.target, d.label)
+        entry = self.ledger.add(tool, call.target, label)
         self._record(call, d.taint, d.clearance, d.rule, "allow")
         return {
             "ok": True,
             "result": result,
-            "label": str(d.label),
+            "label": str(label),
             "entry": entry.id,
             "taint": str(self.ledger.taint),
         }
 
-    async def _run(self, tool: str, args: Mapping[str, Any]) -> Any:
+    def _settle_label(self, files: FileTools, predicted: Sensitivity) -> Sensitivity:
+        """The label of a file call, from what was really opened."""
+        taint = self.ledger.taint
+        for key in files.writes:
+            if taint > Sensitivity.INTERNAL:
+                self._tainted_files[key] = max(taint, self._tainted_files.get(key, taint))
+            else:
+                self._tainted_files.pop(key, None)  # rewritten with cleaner data
+        if not files.reads:
+            return predicted
+        label = Sensitivity.INTERNAL
+        for real, key in files.reads:
+            if not is_inside(real, self.policy.workdir):
+                label = max(label, Sensitivity.PRIVATE)
+            label = max(label, self._tainted_files.get(key, Sensitivity.PUBLIC))
+        return label
+
+    async def _run(
+        self, tool: str, args: Mapping[str, Any], predicted: Sensitivity
+    ) -> tuple[Any, Sensitivity]:
         settings = self.policy.settings
         if tool in ("read_file", "read_files", "list_dir", "write_file", "edit_file"):
             self.start()
@@ -190,14 +214,15 @@ class Broker:
             files = FileTools(self._opener, self.policy.grant)
             workdir = self.policy.workdir
             try:
-                return await asyncio.to_thread(_file_call, files, tool, args, workdir)
+                result = await asyncio.to_thread(_file_call, files, tool, args, workdir)
             except RealPathRefused as exc:
                 raise ToolRefused(str(exc), "real-path-not-granted") from None
+            return result, self._settle_label(files, predicted)
         if tool in ("web_fetch", "http_get", "http_post"):
             try:
                 return await asyncio.to_thread(
                     web_tool, tool, args, allow_private=settings.allow_private_addresses
-                )
+                ), predicted
             except AddressRefused as exc:
                 raise ToolRefused(str(exc), "address-refused") from None
         if tool == "credential":
@@ -211,15 +236,17 @@ class Broker:
                 spec, [str(a) for a in args.get("args") or []], opener=self._opener,
                 uid=self.user.uid, gid=self.user.gid, groups=self.user.groups,
                 home=self.user.home, workdir=self.policy.workdir,
-            )
+            ), predicted
         if tool == "shell":
             if self._shell is None:
                 raise Unavailable("shell is not available for this agent")
             timeout = args.get("timeout")
-            return dict(await self._shell(
+            out = dict(await self._shell(
                 ShellRequest(self.agent_id, str(args["command"]),
                              int(timeout) if timeout is not None else None)
             ))
+            # The shell can read back anything the agent wrote while tainted.
+            return out, max([predicted, *self._tainted_files.values()])
         raise Unavailable(f"{tool} is not implemented")  # the gate refuses unknown tools
 
     # -- the agent's view of its ledger ---------------------------------

@@ -50,6 +50,10 @@ class FileTools:
     def __init__(self, opener: Opener, index: GrantIndex) -> None:
         self.opener = opener
         self.index = index
+        # What this call touched, for the broker's labels: (real path, inode
+        # key) of every file or directory read, inode keys of files written.
+        self.reads: list[tuple[str, tuple[int, int]]] = []
+        self.writes: list[tuple[int, int]] = []
 
     def _open_read(self, path: str, *, directory: bool = False) -> tuple[int, str]:
         flags = _READ_FLAGS | (os.O_DIRECTORY if directory else 0)
@@ -60,12 +64,13 @@ class FileTools:
                 raise RealPathRefused(
                     f"{path}: opened file is {real}, outside the workdir and not granted"
                 )
-            mode = os.fstat(fd).st_mode
-            if not directory and not stat.S_ISREG(mode):
+            st = os.fstat(fd)
+            if not directory and not stat.S_ISREG(st.st_mode):
                 raise InvalidArgument(f"{path}: not a regular file")
         except BaseException:
             os.close(fd)
             raise
+        self.reads.append((real, (st.st_dev, st.st_ino)))
         return fd, real
 
     def read_file(self, path: str, max_bytes: int | None = None) -> dict[str, Any]:
@@ -139,6 +144,7 @@ class FileTools:
         except BaseException:
             os.close(fd)
             raise
+        self.writes.append((st.st_dev, st.st_ino))
         return fd, real
 
     def write_file(self, path: str, content: str) -> dict[str, Any]:

@@ -78,7 +78,10 @@ def decide(
 ) -> Decision:
     steps: list[Step] = []
     tool = call.tool
-    label = label_for(tool, grant_active=policy.grant.active)
+    outside = tool in READ_TOOLS and any(not is_inside(p, policy.workdir) for p in call.paths)
+    # For reads this is the label the requested paths predict; the broker
+    # settles it on the real paths of the files actually opened.
+    label = label_for(tool, outside_workdir=outside)
     clearance = policy.clearances.get(tool)
 
     def done(outcome: Outcome, rule: str, kind: AskKind | None = None) -> Decision:

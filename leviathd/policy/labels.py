@@ -71,12 +71,14 @@ def clearance_for(
     return DEFAULT_CLEARANCE[tool]
 
 
-def label_for(tool: str, *, grant_active: bool) -> Sensitivity:
-    """The label of a tool's output. With a read-path grant active the read
-    tools are Private for that agent (out-of-workdir content gets more
-    suspicion, and we do not try to tell the two apart after the fact)."""
+def label_for(tool: str, *, outside_workdir: bool) -> Sensitivity:
+    """The label of a tool's output. A read is Private when it reached
+    outside the workdir (through a read-path grant), Internal inside it; the
+    broker raises a read's label further for files the agent itself wrote
+    while it held more sensitive data (see broker/core.py), so copying
+    granted data into the workdir does not launder it."""
     if tool in READ_TOOLS:
-        return Sensitivity.PRIVATE if grant_active else Sensitivity.INTERNAL
+        return Sensitivity.PRIVATE if outside_workdir else Sensitivity.INTERNAL
     if tool in WEB_TOOLS:
         return Sensitivity.PUBLIC
     if tool == CREDENTIAL_TOOL:

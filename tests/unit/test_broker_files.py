@@ -204,3 +204,24 @@ def test_the_agent_can_report_evictions_and_taint_recovers(
 def test_an_unknown_tool_is_refused_over_the_socket(broker: Running) -> None:
     reply = call(broker.path, "format_disk", {})
     assert not reply["ok"] and reply["error"]["rule"] == "unknown-tool"
+
+
+def test_a_workdir_read_is_internal_even_with_a_grant_active(broker: Running) -> None:
+    reply = call(broker.path, "read_file", {"path": "main.py"})
+    assert (reply["label"], reply["taint"]) == ("internal", "internal")
+
+
+def test_granted_data_copied_into_the_workdir_keeps_its_label(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    secret = call(broker.path, "read_file", {"path": str(tree["notes"] / "plan.md")})
+    assert call(broker.path, "write_file", {"path": "copy.md", "content": "the plan"})["ok"]
+    client = BrokerClient(broker.path)
+    try:
+        client.request({"op": "evict", "ids": [secret["entry"]]})
+        assert client.request({"op": "ledger"})["taint"] == "public"
+    finally:
+        client.close()
+    os.rename(tree["work"] / "copy.md", tree["work"] / "renamed.md")
+    again = call(broker.path, "read_file", {"path": "renamed.md"})
+    assert (again["label"], again["taint"]) == ("private", "private")

@@ -20,10 +20,10 @@ def test_sensitivity_parses_config_spellings_and_refuses_others() -> None:
 
 
 def test_runtime_labels_per_tool() -> None:
-    assert label_for("read_file", grant_active=False) is N
-    assert label_for("list_dir", grant_active=True) is X
-    assert label_for("web_fetch", grant_active=True) is P
-    assert label_for("credential", grant_active=False) is X
+    assert label_for("read_file", outside_workdir=False) is N
+    assert label_for("list_dir", outside_workdir=True) is X
+    assert label_for("web_fetch", outside_workdir=False) is P
+    assert label_for("credential", outside_workdir=False) is X
 
 
 def test_every_outbound_tool_has_a_clearance_and_local_tools_none() -> None:
