@@ -124,20 +124,29 @@ def find_line(text: str, loc: Loc) -> int | None:
 # -------------------------------------------------------------- validation messages
 
 
-def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str]:
-    """The keys the schema allows next to an unknown key at `loc`, for "did you mean"."""
+def _model_at(model: type[BaseModel], loc: Loc) -> Any:
+    """The model class the schema expects at `loc` (None when it is not a model)."""
     current: Any = model
-    for part in loc[:-1]:
+    for part in loc:
         is_model = isinstance(current, type) and issubclass(current, BaseModel)
         if isinstance(part, int) or not is_model:
-            return []
+            return None
         field = current.model_fields.get(part)
         if field is None:
-            return []
+            return None
         current = _model_in(field.annotation)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str]:
+    """The keys the schema allows next to an unknown key at `loc`, for "did you mean"."""
+    found = _model_at(model, loc[:-1])
+    return list(found.model_fields) if found is not None else []
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _model_in(annotation: Any) -> Any:
@@ -163,10 +172,12 @@ def _describe(err: dict[str, Any], model: type[BaseModel]) -> str:
                 hint = f" (did you mean {close[0]!r}?)"
         return "unknown key" + hint
     if kind == "missing":
+        if _model_at(model, loc) is not None:
+            return "required table is missing"
         return "required key is missing"
     if kind == "enum":
         expected = err.get("ctx", {}).get("expected", "")
-        return f"must be {expected}, not {err['input']!r}"
+        return f"must be {expected}, not {_short(err['input'])}"
     msg = str(err["msg"])
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
@@ -175,7 +186,7 @@ def _describe(err: dict[str, Any], model: type[BaseModel]) -> str:
     else:
         msg = msg[:1].lower() + msg[1:]
         if "input" in err and kind not in ("model_type", "dict_type", "list_type"):
-            msg += f" (got {err['input']!r})"
+            msg += f" (got {_short(err['input'])})"
         elif kind in ("model_type", "dict_type"):
             msg = "must be a table"
         elif kind == "list_type":

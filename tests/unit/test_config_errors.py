@@ -104,7 +104,7 @@ BP = "agents/cto/blueprint.toml"
 
 BLUEPRINT_CASES = [
     ('[agent]\nversion = "1"\ncommand = ["x"]\n', f"{BP}:1: agent.name: required key is missing"),
-    ('[stages.a]\ncommand = ["x"]\n', f"{BP}: agent: required key is missing"),
+    ('[stages.a]\ncommand = ["x"]\n', f"{BP}: agent: required table is missing"),
     (
         '[agent]\nname = "x"\n\n[stages.a]\ndescription = "d"\n',
         f"{BP}:4: stages.a.command: required key is missing",
