@@ -240,3 +240,34 @@ def test_an_agent_that_ended_while_the_daemon_was_down_keeps_its_exit_status(bed
     bed.run(["systemctl", "restart", "leviathd"])
     info = wait_state(bed, "alice", agent_id)
     assert info["state"] == "exited" and info["exit_status"] == 3
+
+
+def test_an_edited_config_applies_to_the_next_run_and_a_broken_edit_keeps_the_old_one(
+    bed: Testbed,
+) -> None:
+    try:
+        edited = CONFIG.replace("tasks_max = 24", "tasks_max = 31")
+        bed.write_file("/etc/leviath/config.toml", edited)
+        deadline = time.monotonic() + 10
+        while True:
+            agent_id = start(bed, "alice", "sleep", "30")
+            unit = agent_info(bed, "alice", agent_id)["unit"]
+            tasks = unit_prop(bed, unit, "TasksMax")
+            lev(bed, "alice", "stop", agent_id)
+            if tasks == "31" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert tasks == "31"
+        bed.write_file("/etc/leviath/config.toml", edited + "\n[resources\nbroken = \n")
+        time.sleep(1)
+        agent_id = start(bed, "alice", "sleep", "30")
+        unit = agent_info(bed, "alice", agent_id)["unit"]
+        assert unit_prop(bed, unit, "TasksMax") == "31"
+        lev(bed, "alice", "stop", agent_id)
+        log = bed.run(
+            ["journalctl", "--no-pager", "-o", "cat", "LEVIATH_EVENT=reload-failed"]
+        ).stdout
+        assert re.search(r"/etc/leviath/config\.toml:\d+: not valid TOML", log), log
+    finally:
+        bed.write_file("/etc/leviath/config.toml", CONFIG)
+        bed.run(["systemctl", "reload", "leviathd"])
