@@ -1,0 +1,88 @@
+"""`lev policy add/test/list` and `lev tool` argument forms."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from leviathd.broker.schema import args_from_positional
+from leviathd.cli import policy as cli
+from leviathd.errors import ConfigError, InvalidArgument
+
+
+@pytest.fixture
+def configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    machine = tmp_path / "machine.toml"
+    machine.write_text("[taint]\nenabled = true\n")
+    monkeypatch.setenv("LEVIATH_CONFIG", str(machine))
+    monkeypatch.setenv("LEVIATH_USER_CONFIG", str(tmp_path / "user" / "config.toml"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "user" / "config.toml"
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_policy_add_appends_a_rule_keeping_the_rest_of_the_file(configs: Path) -> None:
+    configs.parent.mkdir()
+    configs.write_text("# my settings\n[tool_permissions]\nshell = \"ask\"\n")
+    args = _parse(["policy", "add", "http_post", "--target", "*.example.com",
+                   "--max-sensitivity", "private"])
+    assert args.func(args) == 0
+    text = configs.read_text()
+    assert text.startswith("# my settings\n")
+    assert '[[allowlist]]\ntool = "http_post"\ntarget = "*.example.com"' in text
+
+
+def test_policy_add_refuses_an_edit_that_would_not_parse(configs: Path) -> None:
+    configs.parent.mkdir()
+    configs.write_text("[[allowlist]]\ntool = \"x\"\n")  # already broken: missing keys
+    before = configs.read_text()
+    args = _parse(["policy", "add", "http_post", "--target", "a", "--max-sensitivity", "public"])
+    with pytest.raises(ConfigError):
+        args.func(args)
+    assert configs.read_text() == before
+
+
+def test_policy_add_system_needs_root(configs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    args = _parse(["policy", "add", "http_post", "--target", "a", "--max-sensitivity",
+                   "public", "--system"])
+    with pytest.raises(Exception, match="root"):
+        args.func(args)
+
+
+def test_policy_test_prints_each_step_and_follows_the_allowlist(
+    configs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _parse(["policy", "test", "http_post", "--target", "api.example.com",
+                   "--taint", "private"])
+    assert args.func(args) == 2  # ask
+    out = capsys.readouterr().out
+    assert "1. permission" in out and "on_exceed" in out and "decision: ASK" in out
+    add = _parse(["policy", "add", "http_post", "--target", "*.example.com",
+                  "--max-sensitivity", "private"])
+    add.func(add)
+    capsys.readouterr()
+    assert args.func(args) == 0
+    assert "decision: ALLOW (rule allowlist#1)" in capsys.readouterr().out
+
+
+def test_policy_test_refuses_an_unknown_tool(configs: Path) -> None:
+    args = _parse(["policy", "test", "teleport"])
+    assert args.func(args) == 1
+
+
+def test_tool_positional_arguments_map_to_the_schema() -> None:
+    assert args_from_positional("read_file", ["a.txt"]) == {"path": "a.txt"}
+    assert args_from_positional("read_files", ["a", "b"]) == {"paths": ["a", "b"]}
+    assert args_from_positional("shell", ["ls", "-l"]) == {"command": "ls -l"}
+    assert args_from_positional("credential", ["gh", "api", "x"]) == {"name": "gh",
+                                                                      "args": ["api", "x"]}
+    with pytest.raises(InvalidArgument):
+        args_from_positional("read_file", ["a", "b"])
