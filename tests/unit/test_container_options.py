@@ -1,0 +1,238 @@
+"""The container kind's settings as pure values: what `podman run` and `podman
+exec` are asked for, the warm container's key, the cgroup files the engine
+joins, and the engine/runtime/ulimit choices. No root, no engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from leviathd.config.merge import Effective
+from leviathd.config.models import Access, Resources, SandboxKind
+from leviathd.config.models import Mount as ConfigMount
+from leviathd.errors import InvalidArgument
+from leviathd.identity import UserInfo
+from leviathd.sandbox import container
+from leviathd.sandbox import engine as engines
+from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec
+
+HOME = "/home/alice"
+ALICE = UserInfo("alice", 1000, 1000, (1000, 27, 990), HOME, "/bin/bash")
+WORKDIR = f"{HOME}/src/app"
+PODMAN = engines.Engine("podman", "/usr/bin/podman", "runc")
+DOCKER = engines.Engine("docker", "/usr/bin/docker", None)
+ULIMITS = {"nofile": (1024, 1024), "nproc": (4096, 4096)}
+
+
+def eff(**kw: object) -> Effective:
+    base: dict[str, object] = {"kind": SandboxKind.CONTAINER, "image": "localhost/img:1"}
+    base.update(kw)
+    return Effective(**base)  # type: ignore[arg-type]
+
+
+def spec_for(
+    effective: Effective,
+    *,
+    mode: str = "rw",
+    env: dict[str, str] | None = None,
+    existing: Callable[[str], bool] = lambda _p: True,
+) -> SandboxSpec:
+    return build_spec(
+        effective, ALICE,
+        RunRequest(("sh", "-c", "echo hi"), WORKDIR, mode, dict(env or {})),  # type: ignore[arg-type]
+        "0123abcd", existing=existing, links={"/bin": "usr/bin"},
+    )  # fmt: skip
+
+
+def options(effective: Effective, engine: engines.Engine = PODMAN, **kw: object) -> list[str]:
+    spec = spec_for(effective, **kw)  # type: ignore[arg-type]
+    return container.container_options(
+        spec, effective, engine, ulimits=ULIMITS,
+        network=engines.network_mode(spec.network), init="/usr/bin/catatonit",
+        exists=lambda p: p.endswith(("secret", "token")), is_dir=lambda p: p.endswith("secret"),
+    )  # fmt: skip
+
+
+def pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+
+
+def test_every_capability_is_dropped_and_privileges_cannot_be_regained() -> None:
+    o = options(eff())
+    assert pairs(o, "--cap-drop") == ["all"]
+    assert pairs(o, "--security-opt") == ["no-new-privileges"]
+    assert "--privileged" not in o and "--cap-add" not in o
+
+
+def test_pids_and_memory_are_capped_from_the_effective_resources_without_swap() -> None:
+    o = options(eff(resources=Resources(memory_max=64 << 20, tasks_max=40, cpu_quota=150)))
+    assert pairs(o, "--pids-limit") == ["40"]
+    assert pairs(o, "--memory") == [str(64 << 20)]
+    assert pairs(o, "--memory-swap") == [str(64 << 20)]
+    assert pairs(o, "--cpus") == ["1.50"]
+    unlimited = options(eff())
+    assert "--pids-limit" not in unlimited and "--memory" not in unlimited
+
+
+def test_network_false_means_no_network_and_true_the_hosts_unless_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(engines.NETWORK_ENV, raising=False)
+    assert pairs(options(eff(network=False)), "--network") == ["none"]
+    assert pairs(options(eff(network=True)), "--network") == ["host"]
+    monkeypatch.setenv(engines.NETWORK_ENV, "pasta")
+    assert pairs(options(eff(network=True)), "--network") == ["pasta"]
+    assert pairs(options(eff(network=False)), "--network") == ["none"]
+
+
+def test_the_user_and_groups_are_the_agents_never_root() -> None:
+    o = options(eff())
+    assert pairs(o, "--user") == ["1000:1000"]
+    assert sorted(pairs(o, "--group-add")) == ["27", "990"]
+
+
+def test_the_workdir_is_bound_read_write_at_its_own_path_and_read_mounts_stay_read_only() -> None:
+    e = eff(mounts=[ConfigMount(path="/srv/data", access=Access.READ),
+                    ConfigMount(path="/srv/out", access=Access.WRITE)])  # fmt: skip
+    mounts = pairs(options(e), "--mount")
+    assert f"type=bind,source={WORKDIR},destination={WORKDIR}" in mounts
+    assert "type=bind,source=/srv/data,destination=/srv/data,ro=true" in mounts
+    assert "type=bind,source=/srv/out,destination=/srv/out" in mounts
+    ro = pairs(options(eff(), mode="ro"), "--mount")
+    assert f"type=bind,source={WORKDIR},destination={WORKDIR},ro=true" in ro
+
+
+def test_a_throwaway_workdir_is_an_overlay_and_docker_refuses_it() -> None:
+    assert f"{WORKDIR}:{WORKDIR}:O" in pairs(options(eff(), mode="throwaway"), "-v")
+    with pytest.raises(InvalidArgument, match="throwaway"):
+        options(eff(), DOCKER, mode="throwaway")
+
+
+def test_nothing_of_the_host_system_home_or_hidden_paths_is_mounted() -> None:
+    on_host = {"/usr", "/etc", "/var/lib/leviath", "/etc/leviath", f"{HOME}/.ssh",
+               f"{HOME}/.ssh/id_ed25519", f"{HOME}/.aws", WORKDIR}  # fmt: skip
+    o = options(eff(), existing=on_host.__contains__)
+    sources = [m.split(",")[1].removeprefix("source=") for m in pairs(o, "--mount")
+               if m.startswith("type=bind")]  # fmt: skip
+    assert sources == [WORKDIR, "/usr/bin/catatonit"]
+    # The home and /tmp are the container's own, empty.
+    tmpfs = pairs(o, "--tmpfs")
+    assert tmpfs[0].startswith("/tmp:") and tmpfs[1].startswith(f"{HOME}:")
+
+
+def test_a_hidden_path_inside_a_mounted_folder_is_covered_when_it_exists() -> None:
+    e = eff(mounts=[ConfigMount(path="/srv/data", access=Access.READ)],
+            hidden_paths=["/srv/data/secret", "/srv/data/token", "/srv/data/absent"])  # fmt: skip
+    mounts = pairs(options(e), "--mount")
+    assert "type=tmpfs,destination=/srv/data/secret,ro=true,tmpfs-mode=0" in mounts
+    assert "type=bind,source=/dev/null,destination=/srv/data/token,ro=true" in mounts
+    assert not any("absent" in m for m in mounts)
+
+
+def test_paths_that_would_break_the_mount_syntax_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match="cannot be mounted"):
+        options(eff(mounts=[ConfigMount(path="/srv/a,b", access=Access.READ)]))
+
+
+def test_identical_settings_share_a_key_and_any_difference_gets_another() -> None:
+    def key(e: Effective, **kw: object) -> str:
+        return container.config_key(options(e, **kw), e.image or "", PODMAN)  # type: ignore[arg-type]
+
+    base = key(eff())
+    assert base == key(eff())
+    assert base != key(eff(network=False))
+    assert base != key(eff(image="localhost/other:1"))
+    assert base != key(eff(resources=Resources(tasks_max=10)))
+    assert base != key(eff(), mode="ro")
+    assert container.container_name("0123abcd", base) == f"leviath-0123abcd-{base}"
+
+
+def test_labels_name_the_agent_the_user_the_daemon_instance_and_the_settings() -> None:
+    spec = spec_for(eff())
+    lab = pairs(container.labels(spec, "k" * 12, "d" * 16), "--label")
+    assert lab == ["org.leviath.agent=0123abcd", "org.leviath.user=alice",
+                   f"org.leviath.daemon={'d' * 16}", f"org.leviath.config={'k' * 12}"]  # fmt: skip
+
+
+def test_secrets_in_the_environment_travel_by_name_not_on_the_command_line() -> None:
+    spec = container.with_container(
+        spec_for(eff(), env={"LANG": "C.UTF-8"}), "leviath-0123abcd-000000000000"
+    )
+    spec = spec.__class__(**{**spec.__dict__, "env": {**spec.env, "API_KEY": "s3cret",
+                                                      "CONTAINERS_CONF": "/tmp/evil"}})  # fmt: skip
+    argv = container.exec_argv(spec.hostname, spec, PODMAN)
+    assert "s3cret" not in " ".join(argv)
+    assert pairs(argv, "-e").count("API_KEY") == 1
+    env = container.exec_env(spec)
+    assert env["API_KEY"] == "s3cret"
+    # A name the engine itself reads must not configure it: value on argv only.
+    assert "CONTAINERS_CONF" not in env and "CONTAINERS_CONF=/tmp/evil" in pairs(argv, "-e")
+    assert env["HOME"] == "/root" and "NOTIFY_SOCKET" not in env
+    assert argv[-4:] == ["leviath-0123abcd-000000000000", "sh", "-c", "echo hi"]
+    assert pairs(argv, "--user") == ["1000:1000"] and pairs(argv, "--workdir") == [WORKDIR]
+
+
+def test_the_engine_joins_every_mounted_hierarchy_of_the_scope() -> None:
+    mountinfo = "\n".join([
+        "30 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755",
+        "31 30 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw",
+        "32 30 0:28 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd",
+        "33 30 0:29 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory",
+        "34 30 0:30 /nested /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids",
+        "40 25 0:40 / /proc rw - proc proc rw",
+    ])  # fmt: skip
+    files = container.cgroup_procs_files("/leviath.slice/a.scope", mountinfo)
+    assert files == [
+        "/sys/fs/cgroup/unified/leviath.slice/a.scope/cgroup.procs",
+        "/sys/fs/cgroup/systemd/leviath.slice/a.scope/cgroup.procs",
+        "/sys/fs/cgroup/memory/leviath.slice/a.scope/cgroup.procs",
+    ]
+    assert container.cgroup_procs_files("/nested/x.scope", mountinfo)[-1] == (
+        "/sys/fs/cgroup/pids/x.scope/cgroup.procs"
+    )
+
+
+def test_crun_on_hybrid_cgroups_switches_to_runc_and_says_so_when_runc_is_missing() -> None:
+    assert engines.choose_runtime("crun", "hybrid", None, {"runc", "crun"}) == ("runc", None)
+    runtime, why = engines.choose_runtime("/usr/bin/crun", "hybrid", None, {"crun"})
+    assert runtime is None and why is not None and "hybrid" in why
+    assert engines.choose_runtime("crun", "v2", None, {"crun"}) == (None, None)
+    assert engines.choose_runtime("runc", "hybrid", None, {"runc"}) == (None, None)
+    assert engines.choose_runtime("crun", "hybrid", "youki", set()) == ("youki", None)
+
+
+def test_the_cgroup_mode_is_read_from_the_mount_table() -> None:
+    hybrid = ("1 0 0:1 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+              "2 0 0:2 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n")  # fmt: skip
+    assert engines.cgroup_mode(hybrid) == "hybrid"
+    assert engines.cgroup_mode(hybrid.splitlines()[0]) == "v2"
+    assert engines.cgroup_mode(hybrid.splitlines()[1]) == "v1"
+
+
+def test_ulimits_never_ask_above_the_hard_limits_in_force() -> None:
+    assert engines.ulimits({"nofile": 20000, "nproc": 96365}, {}) == {
+        "nofile": (20000, 20000), "nproc": (96365, 96365),
+    }
+    assert engines.ulimits({"nofile": -1, "nproc": -1}, {}) == {
+        "nofile": (1 << 20, 1 << 20), "nproc": (1 << 20, 1 << 20),
+    }
+    wanted = engines.parse_ulimits("nofile=1024:99999, nproc=100")
+    assert engines.ulimits({"nofile": 4096, "nproc": 500}, wanted) == {
+        "nofile": (1024, 4096), "nproc": (100, 100),
+    }
+    with pytest.raises(ValueError, match="nofile=SOFT:HARD"):
+        engines.parse_ulimits("stack=1")
+    with pytest.raises(ValueError, match="soft <= hard"):
+        engines.parse_ulimits("nofile=10:5")
+
+
+def test_probe_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(container.os, "geteuid", lambda: 1000)
+    assert container.probe(eff()) == "the container kind needs the daemon to run as root"
+    monkeypatch.setattr(container.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(engines, "find_binary", lambda _n: None)
+    container._engine_cache.clear()
+    reason = container.probe(eff())
+    assert reason == "no container engine (podman or docker) on PATH"
+    container._engine_cache.clear()
