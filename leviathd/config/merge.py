@@ -406,23 +406,23 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         _check_tools(ut.clearance, f"{w} [taint.clearance]", out)
         budget = taint.budget
         if ut.budget is not None:
-            if mt.budget is not None and ut.budget < mt.budget:
+            if ut.budget < budget:
                 out.add(
                     "warn",
                     "taint-overruled",
-                    f"{w} [taint] budget = {ut.budget} is below the machine's {mt.budget}; "
+                    f"{w} [taint] budget = {ut.budget} is below the machine's {budget}; "
                     "a smaller ledger forgets taint sooner, so the machine's applies",
                 )
             else:
                 budget = ut.budget
         timeout = taint.approval_timeout
         if ut.approval_timeout is not None:
-            if mt.approval_timeout is not None and ut.approval_timeout > mt.approval_timeout:
+            if ut.approval_timeout > timeout:
                 out.add(
                     "warn",
                     "taint-overruled",
                     f"{w} [taint] approval_timeout = {ut.approval_timeout} is above the "
-                    f"machine's {mt.approval_timeout}; the machine's applies",
+                    f"machine's {timeout}; the machine's applies",
                 )
             else:
                 timeout = ut.approval_timeout

@@ -385,3 +385,10 @@ def test_blueprint_env_and_seed_pass_through() -> None:
     assert r.agent.env == {"MODE": "x"}
     assert r.seed == [["git", "init"]]
     assert r.agent.command == ["run"]
+
+
+def test_a_user_cannot_shrink_the_taint_ledger_below_the_default() -> None:
+    r = resolve(cfg(""), cfg("[taint]\nbudget = 2\napproval_timeout = 9999"), None, "a")
+    assert r.agent.taint.budget == 32
+    assert r.agent.taint.approval_timeout == 120
+    assert codes(r) == ["taint-overruled", "taint-overruled"]

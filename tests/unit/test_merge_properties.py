@@ -264,10 +264,8 @@ def test_a_user_config_only_tightens_the_machine_config(machine: Config, user: C
     assert u.taint.enabled >= m.taint.enabled
     assert u.taint.on_exceed.rank >= m.taint.on_exceed.rank
     assert u.taint.allow_private_addresses <= m.taint.allow_private_addresses
-    assert u.taint.budget >= m.taint.budget or machine.taint.budget is None
-    assert u.taint.approval_timeout <= m.taint.approval_timeout or (
-        machine.taint.approval_timeout is None
-    )
+    assert u.taint.budget >= m.taint.budget
+    assert u.taint.approval_timeout <= m.taint.approval_timeout
     for tool, sens in m.taint.clearance.items():
         assert u.taint.clearance[tool].rank <= sens.rank
     assert set(m.hidden_paths) <= set(u.hidden_paths)
