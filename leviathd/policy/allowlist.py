@@ -52,17 +52,20 @@ class _ToolIndex:
     suffix_lengths: tuple[int, ...] = ()
     prefix_lengths: tuple[int, ...] = ()
     other: list[tuple[re.Pattern[str], AllowRule]] = field(default_factory=list)
-    other_any: re.Pattern[str] | None = None
+    other_any: re.Pattern[str] | None = None  # prefilter, no groups (faster on a miss)
+    other_which: re.Pattern[str] | None = None
 
     def finish(self) -> None:
         self.suffix_lengths = tuple(sorted({len(k) for k in self.suffix}))
         self.prefix_lengths = tuple(sorted({len(k) for k in self.prefix}))
         if self.other:
-            self.other_any = re.compile(
-                "|".join(f"(?:{p.pattern})" for p, _ in self.other), re.IGNORECASE | re.DOTALL
-            )
+            # One capturing group per rule (the translated globs have none of
+            # their own), so `lastindex` names the first rule that matched.
+            flags = re.IGNORECASE | re.DOTALL
+            self.other_any = re.compile("|".join(f"(?:{p.pattern})" for p, _ in self.other), flags)
+            self.other_which = re.compile("|".join(f"({p.pattern})" for p, _ in self.other), flags)
 
-    def candidates(self, target: str) -> Iterable[AllowRule]:
+    def candidates(self, target: str, taint: Sensitivity) -> Iterable[AllowRule]:
         yield from self.exact.get(target, ())
         n = len(target)
         for length in self.suffix_lengths:
@@ -74,9 +77,18 @@ class _ToolIndex:
                 break
             yield from self.prefix.get(target[:length], ())
         if self.other_any is not None and self.other_any.fullmatch(target):
-            for pattern, rule in self.other:
-                if pattern.fullmatch(target):
-                    yield rule
+            assert self.other_which is not None
+            m = self.other_which.fullmatch(target)
+            first = m.lastindex if m is not None and m.lastindex is not None else 1
+            rule = self.other[first - 1][1]
+            if rule.max_sensitivity >= taint:
+                yield rule
+            else:
+                # Only a later rule with a higher max_sensitivity can still cover it.
+                for pattern, later in self.other[first:]:
+                    if later.max_sensitivity >= taint and pattern.fullmatch(target):
+                        yield later
+                        break
 
 
 class Allowlist:
@@ -108,7 +120,7 @@ class Allowlist:
             index = self._by_tool.get(key)
             if index is None:
                 continue
-            for rule in index.candidates(lowered):
+            for rule in index.candidates(lowered, taint):
                 if rule.max_sensitivity >= taint and (best is None or rule.index < best.index):
                     best = rule
         return best

@@ -24,8 +24,30 @@ def literal_prefix(regex: str) -> str:
     """Characters every match of `regex` must start with ("" when unknown).
     Conservative: any `|` gives up, and a literal followed by a quantifier is
     not part of the prefix."""
+    return _literal_split(regex)[0]
+
+
+# What may follow a literal that ends exactly at a path component boundary
+# (the read-path engine writes `**` as this group).
+_ANY_COMPONENTS = "(?:/[^/]+)*"
+
+
+def index_key(regex: str) -> str | None:
+    """The deepest directory every match of `regex` lies in or is: the
+    literal prefix itself when it is followed by `/`, the end, or a `**`
+    group; else the literal up to its last `/`. None when unknown."""
+    prefix, rest = _literal_split(regex)
+    if not prefix.startswith("/"):
+        return None
+    tail = rest[len(_ANY_COMPONENTS):] if rest.startswith(_ANY_COMPONENTS) else rest
+    if len(prefix) > 1 and (tail == "" or tail.startswith("/")) and not prefix.endswith("/"):
+        return prefix
+    return prefix[: prefix.rfind("/")] or "/"
+
+
+def _literal_split(regex: str) -> tuple[str, str]:
     if "|" in regex:
-        return ""
+        return "", regex
     out: list[str] = []
     i = 0
     while i < len(regex):
@@ -42,7 +64,7 @@ def literal_prefix(regex: str) -> str:
             break
         out.append(lit)
         i += step
-    return "".join(out)
+    return "".join(out), regex[i:]
 
 
 def _real_form(path: str) -> bool:
@@ -59,12 +81,11 @@ class GrantIndex:
             if compiled.base is not None:
                 self._exact.setdefault(compiled.base, compiled.pattern.text)
                 continue
-            prefix = literal_prefix(compiled.regex.pattern)
-            cut = prefix.rfind("/")
-            if not prefix.startswith("/") or cut < 0:
+            key = index_key(compiled.regex.pattern)
+            if key is None:
                 self._loose.append(compiled)
                 continue
-            self._by_dir.setdefault(prefix[:cut] or "/", []).append(compiled)
+            self._by_dir.setdefault(key, []).append(compiled)
 
     @property
     def active(self) -> bool:

@@ -55,3 +55,14 @@ def test_the_index_agrees_with_plain_glob_matching() -> None:
                          if re.fullmatch(glob_to_regex(r.target), target, re.DOTALL)), None)
         got = al.find("t", target, X)
         assert (got.index if got else None) == expected, target
+
+
+def test_a_later_rule_with_a_higher_max_sensitivity_still_covers() -> None:
+    al = compile_allowlist([
+        {"tool": "t", "target": "a?.*.org", "max_sensitivity": "internal"},
+        {"tool": "t", "target": "a*.x.org", "max_sensitivity": "private"},
+        {"tool": "t", "target": "*.x.org", "max_sensitivity": "public"},
+    ])
+    assert al.find("t", "ab.x.org", Sensitivity.INTERNAL).index == 1  # type: ignore[union-attr]
+    assert al.find("t", "ab.x.org", X).index == 2  # type: ignore[union-attr]
+    assert al.find("t", "zz.x.org", X) is None

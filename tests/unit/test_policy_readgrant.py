@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from leviathd.policy.readgrant import build_index, literal_prefix
+from leviathd.policy.readgrant import build_index, index_key, literal_prefix
 from leviathd.readpaths import compile_grants, may_read
 
 
@@ -15,10 +15,19 @@ def test_literal_prefix_stops_at_the_first_non_literal() -> None:
     assert literal_prefix(r"/x\.y\d") == "/x.y"
 
 
+def test_index_keys_are_directories_every_match_lies_in() -> None:
+    assert index_key(r"/home/u/docs(?:/[^/]+)*/[^/]*\.md") == "/home/u/docs"
+    assert index_key(r"/home/u/docs(?:/[^/]+)*") == "/home/u/docs"
+    assert index_key(r"/data/run[^/]*/x") == "/data"
+    assert index_key(r"/archive/a1/[0-9]+/.*") == "/archive/a1"
+    assert index_key(r"(/a|/b)/.*") is None
+
+
 def test_the_index_agrees_with_may_read_on_generated_paths() -> None:
     rng = random.Random(11)
     home, work = "/home/u", "/srv/w"
     patterns = ["~/notes", "../shared", "glob:~/docs/**/*.md", "glob:/data/*/runs",
+                "glob:~/docs/**", "glob:/data/q/**/runs", "regex:/data/q(/.*)?",
                 "regex:/archive/[0-9]+/.*", "regex:~/mail/.*\\.txt", "glob:**/specs",
                 "/opt/x"]
     grants = compile_grants(patterns, home=home, workdir=work, hidden=["~/notes/private"])
