@@ -209,7 +209,7 @@ class Agents:
         unit = unit_name(user.name, agent_name, agent_id)
         held = spawn.fork_held(
             user, req.workdir, exit_path=self._store.exit_path(agent_id),
-            identifier=agent_name, stdio=stdio,
+            identifier=agent_name, unit=unit, stdio=stdio,
         )
         scratch_path = ""
         try:

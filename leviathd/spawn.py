@@ -60,7 +60,7 @@ class Held:
 
 
 def fork_held(
-    user: UserInfo, workdir: str, *, exit_path: str, identifier: str, stdio: Stdio
+    user: UserInfo, workdir: str, *, exit_path: str, identifier: str, unit: str, stdio: Stdio
 ) -> Held:
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
@@ -72,7 +72,7 @@ def fork_held(
             # live on in the agent's supervisor: a supervisor holding the bus
             # socket keeps a dead daemon's name owned.
             _close_fds_except({0, 1, 2, status_w, go_r, *stdio.fds()})
-            code = _child(user, workdir, status_w, go_r, exit_path, identifier, stdio)
+            code = _child(user, workdir, status_w, go_r, exit_path, identifier, unit, stdio)
         except BaseException as exc:
             try:
                 os.write(2, f"leviathd supervisor: {exc!r}\n".encode())
@@ -128,7 +128,7 @@ def _enter_as_user(user: UserInfo, workdir: str) -> str:
 
 def _child(
     user: UserInfo, workdir: str, status_w: int, go_r: int, exit_path: str,
-    identifier: str, stdio: Stdio,
+    identifier: str, unit: str, stdio: Stdio,
 ) -> int:
     os.setsid()
     try:
@@ -151,13 +151,15 @@ def _child(
     if not payload:
         return 1  # the daemon gave up on this agent
     spec = SandboxSpec.from_dict(json.loads(payload))
-    return _supervise(spec, exit_path, identifier, stdio)
+    return _supervise(spec, exit_path, identifier, unit, stdio)
 
 
-def _supervise(spec: SandboxSpec, exit_path: str, identifier: str, stdio: Stdio) -> int:
+def _supervise(
+    spec: SandboxSpec, exit_path: str, identifier: str, unit: str, stdio: Stdio
+) -> int:
     # We are in the scope now: journald files these streams under its unit.
-    j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO)
-    j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING)
+    j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO, unit=unit)
+    j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING, unit=unit)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

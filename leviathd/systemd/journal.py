@@ -25,17 +25,21 @@ def record(message: str, *, priority: int = syslog.LOG_INFO, **fields: object) -
     )
 
 
-def open_stream(identifier: str, *, priority: int) -> int:
+def open_stream(identifier: str, *, priority: int, unit: str = "") -> int:
     """What sd_journal_stream_fd() does: a write-only stream whose lines
     journald records with the identity (and so the unit) of the connecting
-    process. Call it after the process sits in the agent's scope."""
+    process. Call it after the process sits in the agent's scope.
+
+    `unit` is journald's fallback for a root peer whose cgroup it can no
+    longer read: a short-lived agent's supervisor may be gone before journald
+    gets to its last lines, which would then lose their _SYSTEMD_UNIT."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(STDOUT_SOCKET)
         sock.shutdown(socket.SHUT_RD)
-        # identifier, unit id (empty: journald takes the unit from our cgroup),
-        # priority, level prefix, forward to syslog / kmsg / console.
-        header = f"{identifier}\n\n{priority}\n0\n0\n0\n0\n"
+        # identifier, unit id, priority, level prefix, forward to syslog /
+        # kmsg / console.
+        header = f"{identifier}\n{unit}\n{priority}\n0\n0\n0\n0\n"
         sock.sendall(header.encode())
     except OSError:
         sock.close()
