@@ -209,15 +209,22 @@ class Broker:
     ) -> tuple[Any, Sensitivity]:
         settings = self.policy.settings
         if tool in ("read_file", "read_files", "list_dir", "write_file", "edit_file"):
-            self.start()
-            assert self._opener is not None
-            files = FileTools(self._opener, self.policy.grant)
             workdir = self.policy.workdir
-            try:
-                result = await asyncio.to_thread(_file_call, files, tool, args, workdir)
-            except RealPathRefused as exc:
-                raise ToolRefused(str(exc), "real-path-not-granted") from None
-            return result, self._settle_label(files, predicted)
+            for attempt in (1, 2):
+                self.start()
+                assert self._opener is not None
+                files = FileTools(self._opener, self.policy.grant)
+                try:
+                    result = await asyncio.to_thread(_file_call, files, tool, args, workdir)
+                except RealPathRefused as exc:
+                    raise ToolRefused(str(exc), "real-path-not-granted") from None
+                except Unavailable:
+                    # The opener died (its user can kill it): start a new one, once.
+                    self.close()
+                    if attempt == 2:
+                        raise
+                    continue
+                return result, self._settle_label(files, predicted)
         if tool in ("web_fetch", "http_get", "http_post"):
             try:
                 return await asyncio.to_thread(

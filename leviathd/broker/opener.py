@@ -41,7 +41,7 @@ class Opener:
         elif uid != os.geteuid():
             raise Unavailable("the broker must run as root to act for another user")
         env = {"PATH": "/usr/bin:/bin"}
-        self._proc = subprocess.Popen(
+        self._proc: subprocess.Popen[bytes] = subprocess.Popen(
             # Run as a plain script under -I -S: nothing from the user's
             # environment or site-packages is imported into a process that
             # holds the user's credentials and talks to root.
@@ -62,8 +62,11 @@ class Opener:
         message = json.dumps({"path": path, "flags": flags, "mode": mode}).encode()
         fds = [dir_fd] if dir_fd is not None else []
         with self._lock:
-            socket.send_fds(self._sock, [message], fds)
-            data, got, _, _ = socket.recv_fds(self._sock, _MAX_MSG, 1)
+            try:
+                socket.send_fds(self._sock, [message], fds)
+                data, got, _, _ = socket.recv_fds(self._sock, _MAX_MSG, 1)
+            except OSError as exc:
+                raise Unavailable(f"the file opener process is gone: {exc}") from None
         if not data:
             raise Unavailable("the file opener process has exited")
         reply = json.loads(data)
@@ -75,6 +78,10 @@ class Opener:
         if len(got) != 1:
             raise Unavailable("the file opener sent no descriptor")
         return got[0]
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     def close(self) -> None:
         self._sock.close()

@@ -37,5 +37,16 @@ def serve(fd: int) -> None:
                 os.close(extra)
 
 
+def _not_dumpable() -> None:
+    # Other processes of the same user on the host may not ptrace this one
+    # (or read its memory): it talks to root and holds descriptors for it.
+    import ctypes
+
+    pr_set_dumpable = 4
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_dumpable, 0, 0, 0, 0)
+
+
 if __name__ == "__main__":
+    _not_dumpable()
     serve(int(sys.argv[1]))

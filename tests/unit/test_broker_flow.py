@@ -135,3 +135,19 @@ def test_bad_arguments_are_refused_before_the_gate(tmp_path: Path) -> None:
         reply = call(b.path, "read_file", {"path": 3})
         assert reply["error"]["code"] == "invalid"
         assert call(b.path, "read_file", {"path": "f.txt", "evil": 1})["error"]["code"] == "invalid"
+
+
+def test_a_killed_opener_is_replaced_on_the_next_call(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    home, work = _dirs(tmp_path)
+    with running_broker(home=home, workdir=work, settings=PolicySettings(),
+                        socket_path=str(tmp_path / "b.sock")) as b:
+        assert call(b.path, "read_file", {"path": "f.txt"})["ok"]
+        opener = b.broker._opener
+        assert opener is not None
+        os.kill(opener.pid, signal.SIGKILL)
+        os.waitpid(opener.pid, 0)
+        assert call(b.path, "read_file", {"path": "f.txt"})["ok"]
+        assert b.broker._opener is not None and b.broker._opener.pid != opener.pid
