@@ -1,0 +1,87 @@
+"""Run inside a fenced agent (with the system python) by the escape tests, on
+the host (tests/root/) and through the real daemon in the test bed
+(tests/integration/): tries each way out and prints one JSON object saying
+what worked. Its one argument is a JSON object: home, workdir, other_home,
+suid_dir, suid_id, port, and optionally daemon_pid."""
+
+import ctypes
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+
+cfg = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+
+def attempt(fn):
+    try:
+        r = fn()
+        return "ok" if r is None else "ok:" + str(r)
+    except OSError as e:
+        return "err:" + errno.errorcode.get(e.errno, str(e.errno))
+
+def read(p):
+    with open(p) as f:
+        return f.read()
+
+def write(p):
+    with open(p, "w") as f:
+        f.write("x")
+
+def call(rc):
+    if rc != 0:
+        raise OSError(ctypes.get_errno(), "")
+
+key = cfg["home"] + "/.ssh/id_ed25519"
+out["key_by_path"] = attempt(lambda: read(key))
+out["key_via_abs_link"] = attempt(lambda: read(cfg["workdir"] + "/abs-link"))
+out["key_via_rel_link"] = attempt(lambda: read(cfg["workdir"] + "/rel-link"))
+out["key_via_proc1_root"] = attempt(lambda: read("/proc/1/root" + key))
+out["key_via_proc_self_root"] = attempt(lambda: read("/proc/self/root" + key))
+if "daemon_pid" in cfg:
+    out["key_via_daemon_root"] = attempt(lambda: read(f"/proc/{cfg['daemon_pid']}/root" + key))
+out["ssh_dir"] = attempt(lambda: sorted(os.listdir(cfg["home"] + "/.ssh")))
+out["known_hosts"] = attempt(lambda: read(cfg["home"] + "/.ssh/known_hosts"))
+out["gitconfig"] = attempt(lambda: read(cfg["home"] + "/.gitconfig"))
+out["other_home"] = attempt(lambda: os.listdir(cfg["other_home"]))
+out["home_listing"] = attempt(lambda: sorted(os.listdir(cfg["home"])))
+out["tmp_listing"] = attempt(lambda: sorted(os.listdir("/tmp")))
+out["write_tmp"] = attempt(lambda: write("/tmp/agent-was-here"))
+out["write_home"] = attempt(lambda: write(cfg["home"] + "/agent-was-here"))
+out["write_workdir"] = attempt(lambda: write(cfg["workdir"] + "/agent-was-here"))
+for place in ("/usr/agent", "/etc/agent", "/opt/agent", "/agent", "/dev/agent",
+              "/proc/agent", cfg["suid_dir"] + "/agent"):
+    out["write " + place] = attempt(lambda p=place: write(p))
+out["interfaces"] = sorted(name for _, name in socket.if_nameindex())
+def connect():
+    s = socket.create_connection(("127.0.0.1", cfg["port"]), timeout=2)
+    s.close()
+out["tcp_host_loopback"] = attempt(connect)
+status = dict(line.split(":", 1) for line in read("/proc/self/status").splitlines())
+out["CapEff"] = status["CapEff"].strip()
+out["CapBnd"] = status["CapBnd"].strip()
+out["NoNewPrivs"] = status["NoNewPrivs"].strip()
+out["Seccomp"] = status["Seccomp"].strip()
+out["suid_euid"] = subprocess.run([cfg["suid_id"], "-u"], capture_output=True,
+                                  text=True).stdout.strip()
+out["mount"] = attempt(lambda: call(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)))
+out["unshare_mnt"] = attempt(lambda: call(libc.unshare(0x00020000)))
+out["unshare_user"] = attempt(lambda: call(libc.unshare(0x10000000)))
+def setns(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        call(libc.setns(fd, 0))
+    finally:
+        os.close(fd)
+out["setns_self"] = attempt(lambda: setns("/proc/self/ns/mnt"))
+out["setns_pid1"] = attempt(lambda: setns("/proc/1/ns/mnt"))
+out["ptrace_pid1"] = attempt(lambda: call(libc.ptrace(16, 1, None, None)))
+out["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+out["env"] = dict(os.environ)
+out["uid"] = list(os.getresuid())
+out["cwd"] = os.getcwd()
+out["hostname"] = socket.gethostname()
+print(json.dumps(out))
