@@ -10,6 +10,7 @@ import sys
 from typing import IO, Any
 
 from leviathd.cli.tool import BrokerClient
+from leviathd.errors import LeviathError
 
 PROTOCOL_VERSION = "2025-03-26"
 SUPPORTED = ("2024-11-05", "2025-03-26", "2025-06-18")
@@ -57,7 +58,10 @@ class McpServer:
             arguments = params.get("arguments") or {}
             if not isinstance(name, str) or not isinstance(arguments, dict):
                 return _err(mid, -32602, "tools/call needs name and arguments")
-            reply = self.client.call(name, arguments)
+            try:
+                reply = self.client.call(name, arguments)
+            except LeviathError as exc:
+                reply = {"ok": False, "error": {"code": "unavailable", "message": str(exc)}}
             if reply.get("ok"):
                 result = reply.get("result")
                 text = json.dumps(result, ensure_ascii=False, indent=1)

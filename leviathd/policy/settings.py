@@ -44,8 +44,13 @@ class PolicySettings:
         taint = getattr(eff, "taint", None)
         creds: dict[str, CredentialSpec] = {}
         for name, spec in dict(getattr(eff, "credentials", None) or {}).items():
+            command = getattr(spec, "command", None)
+            secret_file = getattr(spec, "secret_file", None)
+            env = getattr(spec, "env", None)
+            if not command or not secret_file or not env:
+                continue  # incomplete: the validator reports it; the tool says "not configured"
             creds[str(name)] = CredentialSpec(
-                tuple(str(a) for a in spec.command), str(spec.secret_file), str(spec.env)
+                tuple(str(a) for a in command), str(secret_file), str(env)
             )
         on_exceed = str(getattr(taint, "on_exceed", "ask"))
         return cls(
