@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import secrets
@@ -31,7 +32,7 @@ from leviathd.records import AgentRecord, AgentState, RecordStore
 from leviathd.sandbox import scratch
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
 from leviathd.systemd import journal
-from leviathd.systemd.manager import ScopeLimits, SystemdManager
+from leviathd.systemd.manager import ScopeLimits, SystemdError, SystemdManager
 from leviathd.userfiles import read_user_file
 
 SLICE = "leviath.slice"
@@ -195,15 +196,24 @@ class Agents:
         if req.blueprint_text is not None:
             blueprint = config_load.parse_blueprint(req.blueprint_text, req.blueprint_source)
         command = list(req.command) or list(blueprint.agent.command or [] if blueprint else [])
-        if not command:
-            raise InvalidArgument("the blueprint has no [agent] command and none was given")
-        agent_name = blueprint.agent.name if blueprint else os.path.basename(command[0])
+        agent_name = (
+            blueprint.agent.name if blueprint else os.path.basename(command[0] if command else "")
+        )
         merged = resolve(self.machine_config, self.user_config(user), blueprint, agent_name)
         errors = [f for f in merged.findings if f.level == "error"]
         if errors:
             raise InvalidArgument("; ".join(f"[{f.code}] {f.message}" for f in errors))
         eff = merged.agent
-        kind, marks = self._choose_kind(eff, req)
+        plan = _plan(merged, command, agent_name)
+        if not plan:
+            raise InvalidArgument("nothing to run: the blueprint has no [agent] command, no "
+                                  "stages, and no command was given")
+        kinds: list[str] = []
+        marks: list[str] = []
+        for _label, step_eff, _argv in plan:
+            kind, step_marks = self._choose_kind(step_eff, req)
+            kinds.append(kind)
+            marks += [m for m in step_marks if m not in marks]
 
         agent_id = self._new_id()
         unit = unit_name(user.name, agent_name, agent_id)
@@ -217,32 +227,43 @@ class Agents:
             if not ok:
                 raise InvalidArgument(detail)
             real_workdir = detail
-            spec = self._spec(eff, kind, user, req, command, real_workdir, agent_id)
-            if kind == "namespace":
-                scratch_path = scratch.create(spec)
+            steps = [
+                (label, self._spec(step_eff, kind, user, req, argv, real_workdir, agent_id))
+                for (label, step_eff, argv), kind in zip(plan, kinds, strict=True)
+            ]
+            for _label, spec in steps:
+                if spec.kind == "namespace" and not scratch_path:
+                    scratch_path = scratch.create(spec)
             await self._systemd.start_scope(
                 unit, pids=[held.pid], slice_name=SLICE,
                 description=f"leviath agent {agent_name} of {user.name} ({agent_id})",
                 limits=_limits(eff),
             )
+            rec = AgentRecord(
+                id=agent_id, uid=user.uid, user=user.name, agent=agent_name,
+                command=command or plan[-1][2], workdir=real_workdir, unit=unit,
+                sandbox="+".join(dict.fromkeys(kinds)), marks=marks,
+                reads_granted=len(eff.read_paths_granted),
+                reads_declared=len(eff.read_paths_declared),
+                supervisor_pid=held.pid, scratch=scratch_path, started_at=time.time(),
+            )
+            self._store.save_spec(agent_id, [(label, spec.to_dict()) for label, spec in steps])
+            for hook in self.start_hooks:
+                await hook(rec, merged, user)
         except BaseException:
             held.abort()
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(held.pid, 0)
+            with contextlib.suppress(SystemdError, OSError):
+                await self._systemd.stop_unit(unit)
             if scratch_path:
                 scratch.remove(scratch_path)
+            self._store.forget(agent_id)
             raise
-        rec = AgentRecord(
-            id=agent_id, uid=user.uid, user=user.name, agent=agent_name, command=command,
-            workdir=real_workdir, unit=unit, sandbox=kind, marks=marks,
-            reads_granted=len(eff.read_paths_granted), reads_declared=len(eff.read_paths_declared),
-            supervisor_pid=held.pid, scratch=scratch_path, started_at=time.time(),
-        )
         self._store.save(rec)
         self.records[agent_id] = rec
-        for hook in self.start_hooks:
-            await hook(rec, merged, user)
-        spawn.release(held, spec.to_dict())
+        spawn.release(held, [(label, spec.to_dict()) for label, spec in steps])
+        kind = rec.sandbox
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
         self._watch(rec)
         journal.record(
@@ -444,6 +465,14 @@ class Agents:
             rows.append((rec, await self._live(rec)))
         return rows
 
+    async def inspect(self, who: Caller, agent_id: str) -> str:
+        """The sandbox spec of each of the agent's steps, as JSON."""
+        await self._authorize_record(who, agent_id, "inspect agents")
+        steps = self._store.load_spec(agent_id)
+        if steps is None:
+            raise NotFound(f"agent {agent_id} has no recorded sandbox spec")
+        return json.dumps(steps)
+
     async def logs(self, who: Caller, agent_id: str, follow: bool) -> int:
         rec = await self._authorize_record(who, agent_id, "read agents' logs")
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
@@ -468,6 +497,21 @@ class Agents:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             asyncio.get_running_loop().create_task(proc.wait())
+
+
+def _plan(
+    merged: MergeResult, command: list[str], agent_name: str
+) -> list[tuple[str, Effective, list[str]]]:
+    """What the agent runs, in order: the blueprint's seed commands, then its
+    stages (each with its own effective settings) or its command. A command
+    given with the request replaces the stages and the blueprint's command."""
+    eff = merged.agent
+    plan = [(f"seed {i + 1}", eff, list(argv)) for i, argv in enumerate(merged.seed)]
+    if command:
+        plan.append((agent_name, eff, command))
+    elif merged.stages:
+        plan += [(f"stage {name}", st, list(st.command)) for name, st in merged.stages.items()]
+    return plan
 
 
 def _limits(eff: Effective) -> ScopeLimits:

@@ -4,6 +4,7 @@ ended. Kept in the state folder so that it outlives the agent and the daemon
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from enum import StrEnum
@@ -67,9 +68,31 @@ class RecordStore:
         tmp.write_text(record.model_dump_json())
         os.replace(tmp, path)
 
+    def save_spec(self, agent_id: str, steps: list[tuple[str, dict[str, object]]]) -> None:
+        """What the agent sees, step by step, for `lev inspect ID`."""
+        path = self.dir / f"{agent_id}.spec.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([{"label": lb, "spec": sp} for lb, sp in steps]))
+        os.replace(tmp, path)
+
+    def load_spec(self, agent_id: str) -> list[dict[str, object]] | None:
+        try:
+            data = json.loads((self.dir / f"{agent_id}.spec.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, list) else None
+
+    def forget(self, agent_id: str) -> None:
+        """Remove every file of an agent that never started."""
+        for suffix in (".json", ".spec.json", ".exit"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.dir / f"{agent_id}{suffix}")
+
     def load_all(self) -> list[AgentRecord]:
         records = []
         for path in sorted(self.dir.glob("*.json")):
+            if path.name.endswith(".spec.json"):
+                continue
             try:
                 records.append(AgentRecord.model_validate_json(path.read_text()))
             except (OSError, ValidationError):

@@ -98,8 +98,10 @@ def read_status(fd: int) -> tuple[bool, str]:
     return ok == "ok", rest
 
 
-def release(held: Held, spec_dict: dict[str, object]) -> None:
-    payload = json.dumps(spec_dict).encode()
+def release(held: Held, steps: list[tuple[str, dict[str, object]]]) -> None:
+    """Let the held process go on, handing it the steps to run: (label, the
+    spec as a dict) each."""
+    payload = json.dumps({"steps": [{"label": lb, "spec": sp} for lb, sp in steps]}).encode()
     view = memoryview(payload)
     while view:
         n = os.write(held.go_w, view)
@@ -150,21 +152,54 @@ def _child(
     os.close(go_r)
     if not payload:
         return 1  # the daemon gave up on this agent
-    spec = SandboxSpec.from_dict(json.loads(payload))
-    return _supervise(spec, exit_path, identifier, unit, stdio)
+    steps = [
+        (str(step["label"]), SandboxSpec.from_dict(step["spec"]))
+        for step in json.loads(payload)["steps"]
+    ]
+    return _supervise(steps, exit_path, identifier, unit, stdio)
 
 
 def _supervise(
-    spec: SandboxSpec, exit_path: str, identifier: str, unit: str, stdio: Stdio
+    steps: list[tuple[str, SandboxSpec]], exit_path: str, identifier: str, unit: str,
+    stdio: Stdio,
 ) -> int:
+    """Run each step (seed commands, then stages or the command) in turn, in
+    its own fence, stopping at the first that fails; the agent's exit status
+    is the last step's."""
     # We are in the scope now: journald files these streams under its unit.
     j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO, unit=unit)
     j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING, unit=unit)
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # When the scope runs out of memory, the agent is what should go, not the
+    # process that records how it ended.
+    _write_proc("/proc/self/oom_score_adj", "-1000")
+    code = 0
+    agent_id = os.path.basename(exit_path).split(".")[0]
+    for label, spec in steps:
+        if len(steps) > 1:
+            journal.record_after_fork(
+                f"agent {agent_id}: {label} starts", LEVIATH_AGENT=agent_id,
+                LEVIATH_STEP=label, LEVIATH_EVENT="step-start",
+            )
+        code = _run_step(spec, stdio, j_out, j_err)
+        if len(steps) > 1:
+            journal.record_after_fork(
+                f"agent {agent_id}: {label} ended with status {code}", LEVIATH_AGENT=agent_id,
+                LEVIATH_STEP=label, LEVIATH_EVENT="step-end", LEVIATH_EXIT_STATUS=code,
+            )
+        if code != 0:
+            break
+    if stdio.stdin is not None:
+        os.close(stdio.stdin)
+    _write_exit(exit_path, code)
+    return code
+
+
+def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
     worker = os.fork()
     if worker == 0:  # pragma: no cover - the worker
         code = 127
@@ -176,6 +211,7 @@ def _supervise(
             # Python ignores SIGPIPE and friends; an exec'd program must not.
             for sig in _RESET_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
+            _write_proc("/proc/self/oom_score_adj", "0")
             os.closerange(3, _max_fd())
             code = _launch(spec)
         except BaseException as exc:
@@ -186,15 +222,18 @@ def _supervise(
         os._exit(code)
     os.close(out_w)
     os.close(err_w)
-    if stdio.stdin is not None:
-        os.close(stdio.stdin)
     _copy_output({out_r: (j_out, stdio.stdout), err_r: (j_err, stdio.stderr)})
     _, wstatus = os.waitpid(worker, 0)
     code = os.waitstatus_to_exitcode(wstatus)
-    if code < 0:
-        code = 128 - code
-    _write_exit(exit_path, code)
-    return code
+    return 128 - code if code < 0 else code
+
+
+def _write_proc(path: str, value: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError:
+        pass
 
 
 def _launch(spec: SandboxSpec) -> int:

@@ -119,6 +119,14 @@ class ManagerInterface(ServiceInterface):
 
     @dbus_method()
     @translated
+    async def Inspect(self, agent_id: Str) -> Str:
+        """What the agent sees: its sandbox spec for each step (seed commands,
+        stages), as JSON: [{"label": ..., "spec": {...}}]."""
+        who = await bus_caller.current(self._bus)
+        return await self._agents.inspect(who, agent_id)
+
+    @dbus_method()
+    @translated
     async def Logs(self, agent_id: Str, follow: Bool) -> Fd:
         """A pipe carrying the agent's journal output; with follow, it stays
         open until the agent ends."""

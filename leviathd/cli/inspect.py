@@ -25,7 +25,10 @@ _PLACEHOLDER_ID = "EXECUTION"
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("inspect", help="show the sandbox an agent would get")
-    p.add_argument("blueprint", help="a blueprint folder or file, or an installed agent's name")
+    p.add_argument(
+        "blueprint",
+        help="a blueprint folder or file, an installed agent's name, or a started agent's id",
+    )
     p.add_argument("--workdir", "-w", help="the workdir to assume (default: here)")
     p.add_argument("--workdir-mode", choices=("rw", "ro", "throwaway"), default="rw")
     p.add_argument("--stage", help="show this stage's sandbox instead of the agent's")
@@ -33,12 +36,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=main)
 
 
+def is_agent_id(arg: str) -> bool:
+    return bool(re.fullmatch(r"[0-9a-f]{8}", arg)) and not os.path.exists(arg)
+
+
+def from_daemon(agent_id: str) -> list[tuple[str, SandboxSpec]]:
+    """The specs the daemon recorded for a started agent."""
+    import asyncio
+
+    from leviathd.cli.client import Client
+
+    async def fetch() -> str:
+        client = await Client.connect()
+        try:
+            (text,) = await client.call("Inspect", "s", [agent_id])
+        finally:
+            client.close()
+        return str(text)
+
+    steps = json.loads(asyncio.run(fetch()))
+    return [(str(s["label"]), SandboxSpec.from_dict(s["spec"])) for s in steps]
+
+
 def compute(args: argparse.Namespace) -> SandboxSpec:
-    if re.fullmatch(r"[0-9a-f]{8}", args.blueprint) and not os.path.exists(args.blueprint):
-        raise NotFound(
-            f"{args.blueprint} looks like an agent id; inspecting a running agent needs "
-            "the daemon, give a blueprint here"
-        )
     blueprint = load_blueprint(blueprint_file(args.blueprint))
     machine, user_config = load_configs()
     merged = resolve(machine, user_config, blueprint, blueprint.agent.name)
@@ -105,6 +125,13 @@ def render(spec: SandboxSpec) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    if is_agent_id(args.blueprint):
+        steps = from_daemon(args.blueprint)
+        if args.json:
+            print(json.dumps([{"label": lb, "spec": sp.to_dict()} for lb, sp in steps], indent=2))
+        else:
+            print("\n\n".join(f"== {lb} ==\n{render(sp)}" for lb, sp in steps))
+        return 0
     spec = compute(args)
     if args.json:
         print(json.dumps(spec.to_dict(), indent=2, sort_keys=True))

@@ -32,6 +32,7 @@ COMMAND_MODULES: dict[str, str] = {
     "ps": "leviathd.cli.control",
     "stop": "leviathd.cli.control",
     "logs": "leviathd.cli.control",
+    "inspect": "leviathd.cli.inspect",
     "tool": "leviathd.cli.tool",
     "mcp": "leviathd.cli.mcp",
     "policy": "leviathd.cli.policy",

@@ -185,11 +185,13 @@ def mount_options(
     thing inside a mounted folder covered. Hidden paths are otherwise simply
     not mounted: the container sees the image, not the host."""
     out: list[str] = []
+    mounted: list[str] = []
     for m in spec.mounts:
         if m.kind == "bind" and m.why in _BIND_WHY:
             if is_within(m.source, spec.scratch):
                 continue
             out += _bind(m.source, m.target, m.readonly)
+            mounted.append(m.target)
         elif m.kind == "overlay":
             if engine_name != "podman":
                 raise InvalidArgument(
@@ -199,18 +201,27 @@ def mount_options(
                 if ":" in _check_path(p):
                     raise InvalidArgument(f"path {p!r} with ':' cannot be an overlay mount")
             out += ["-v", f"{m.source}:{m.target}:O"]
-        elif m.kind == "mask":
-            out += _mask(m, exists, is_dir)
+            mounted.append(m.target)
+        elif m.kind == "mask" and any(is_within(m.target, t) for t in mounted):
+            # (masks inside the system folders the image replaces are moot)
+            out += _mask(m, engine_name, exists, is_dir)
     return out
 
 
-def _mask(m: Mount, exists: Callable[[str], bool], is_dir: Callable[[str], bool]) -> list[str]:
+def _mask(
+    m: Mount, engine_name: str, exists: Callable[[str], bool], is_dir: Callable[[str], bool]
+) -> list[str]:
     # Only what is there needs covering; a missing mount point would be
     # created by the runtime inside the user's bound folder.
     if not exists(m.target):
         return []
     if is_dir(m.target):
-        return ["--mount", f"type=tmpfs,destination={_check_path(m.target)},ro=true,tmpfs-mode=0"]
+        # notmpcopyup: podman would otherwise copy the hidden folder's
+        # contents into the tmpfs that is meant to hide them (seen in the bed).
+        opts = "ro,mode=000,nosuid,nodev,noexec"
+        if engine_name == "podman":
+            opts += ",notmpcopyup"
+        return ["--tmpfs", f"{_check_path(m.target)}:{opts}"]
     return _bind("/dev/null", m.target, True)
 
 
@@ -477,11 +488,13 @@ def exec_env(spec: SandboxSpec) -> dict[str, str]:
 
 
 def exec_argv(container: str, spec: SandboxSpec, eng: engines.Engine | None = None) -> list[str]:
-    """`<engine> exec` of spec.argv in `container` as the user, in the workdir,
+    """`<engine> exec` of spec.argv in `container` (as the user it was
+    started as), in the workdir,
     with exactly the spec's environment (see exec_env for how it travels)."""
     eng = eng or _read_record(container)
-    argv = [*eng.base(), "exec", "-i", "--user", f"{spec.uid}:{spec.gid}",
-            "--workdir", spec.workdir]  # fmt: skip
+    # No --user: the container runs as the user already, and an exec with
+    # --user loses the supplementary groups given at `run` (seen with podman).
+    argv = [*eng.base(), "exec", "-i", "--workdir", spec.workdir]
     for k, v in sorted(spec.env.items()):
         if "\0" in k or "\0" in v:
             raise InvalidArgument(f"environment variable {k!r} holds a NUL byte")

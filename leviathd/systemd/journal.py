@@ -25,6 +25,29 @@ def record(message: str, *, priority: int = syslog.LOG_INFO, **fields: object) -
     )
 
 
+NATIVE_SOCKET = "/run/systemd/journal/socket"
+
+
+def record_after_fork(message: str, *, priority: int = syslog.LOG_INFO, **fields: object) -> None:
+    """`record` for a forked child that closed its parent's descriptors:
+    libsystemd caches its journal socket per process, and a child that closed
+    it would lose every record. Sends journald's native datagram itself."""
+    entries = {"PRIORITY": str(priority), "MESSAGE": message, "SYSLOG_IDENTIFIER": "leviathd"}
+    entries.update({k.upper(): str(v) for k, v in fields.items() if v is not None})
+    payload = bytearray()
+    for key, value in entries.items():
+        data = value.encode()
+        if b"\n" in data:
+            payload += key.encode() + b"\n" + len(data).to_bytes(8, "little") + data + b"\n"
+        else:
+            payload += key.encode() + b"=" + data + b"\n"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(bytes(payload), NATIVE_SOCKET)
+    except OSError:
+        pass
+
+
 def open_stream(identifier: str, *, priority: int, unit: str = "") -> int:
     """What sd_journal_stream_fd() does: a write-only stream whose lines
     journald records with the identity (and so the unit) of the connecting
