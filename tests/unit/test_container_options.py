@@ -50,7 +50,8 @@ def options(effective: Effective, engine: engines.Engine = PODMAN, **kw: object)
     return container.container_options(
         spec, effective, engine, ulimits=ULIMITS,
         network=engines.network_mode(spec.network), init="/usr/bin/catatonit",
-        exists=lambda p: p.endswith(("secret", "token")), is_dir=lambda p: p.endswith("secret"),
+        exists=lambda p: p.endswith(("secret", "token", "/etc/leviath")),
+        is_dir=lambda p: p.endswith(("secret", "/etc/leviath")),
     )  # fmt: skip
 
 
@@ -124,10 +125,14 @@ def test_nothing_of_the_host_system_home_or_hidden_paths_is_mounted() -> None:
 def test_a_hidden_path_inside_a_mounted_folder_is_covered_when_it_exists() -> None:
     e = eff(mounts=[ConfigMount(path="/srv/data", access=Access.READ)],
             hidden_paths=["/srv/data/secret", "/srv/data/token", "/srv/data/absent"])  # fmt: skip
-    mounts = pairs(options(e), "--mount")
-    assert "type=tmpfs,destination=/srv/data/secret,ro=true,tmpfs-mode=0" in mounts
+    o = options(e)
+    mounts = pairs(o, "--mount")
+    assert "/srv/data/secret:ro,mode=000,nosuid,nodev,noexec,notmpcopyup" in pairs(o, "--tmpfs")
     assert "type=bind,source=/dev/null,destination=/srv/data/token,ro=true" in mounts
-    assert not any("absent" in m for m in mounts)
+    assert not any("absent" in m for m in mounts + pairs(o, "--tmpfs"))
+    # Hidden things under system folders are moot: the image replaces them.
+    assert not any("/etc/leviath" in m for m in mounts + pairs(o, "--tmpfs"))
+    assert "notmpcopyup" not in " ".join(options(e, DOCKER))
 
 
 def test_paths_that_would_break_the_mount_syntax_are_refused() -> None:
@@ -170,7 +175,8 @@ def test_secrets_in_the_environment_travel_by_name_not_on_the_command_line() -> 
     assert "CONTAINERS_CONF" not in env and "CONTAINERS_CONF=/tmp/evil" in pairs(argv, "-e")
     assert env["HOME"] == "/root" and "NOTIFY_SOCKET" not in env
     assert argv[-4:] == ["leviath-0123abcd-000000000000", "sh", "-c", "echo hi"]
-    assert pairs(argv, "--user") == ["1000:1000"] and pairs(argv, "--workdir") == [WORKDIR]
+    # The container's own user (with its groups) runs the command.
+    assert "--user" not in argv and pairs(argv, "--workdir") == [WORKDIR]
 
 
 def test_the_engine_joins_every_mounted_hierarchy_of_the_scope() -> None:
