@@ -129,7 +129,13 @@ class Agents:
         self._finalizing: set[str] = set()
         self._user_configs: dict[int, Config] = {}
         self._namespace_probe: object = _UNPROBED
-        # Hooks for later parts (broker, containers): called with the record.
+        # Extension points for other parts (the broker, containers).
+        # spec_extensions: each step's spec passes through these before it is
+        # recorded and released (e.g. to bind the agent's broker socket in).
+        self.spec_extensions: list[Callable[[SandboxSpec], SandboxSpec]] = []
+        # start_hooks run after the scope exists and before the agent is
+        # released (a hook that raises aborts the start, leaving nothing);
+        # end_hooks run when it has ended, before its scratch is removed.
         self.start_hooks: list[Callable[[AgentRecord, MergeResult, UserInfo], Awaitable[None]]] = []
         self.end_hooks: list[Callable[[AgentRecord], Awaitable[None]]] = []
 
@@ -322,7 +328,10 @@ class Agents:
             env=dict(req.env),
         )
         eff = dataclasses.replace(eff, kind=SandboxKind(kind))
-        return build_spec_on_host(eff, user, request, agent_id)
+        spec = build_spec_on_host(eff, user, request, agent_id)
+        for extend in self.spec_extensions:
+            spec = extend(spec)
+        return spec
 
     def _new_id(self) -> str:
         while True:
