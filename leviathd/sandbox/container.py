@@ -574,6 +574,14 @@ async def teardown(agent_id: str) -> list[str]:
     return removed
 
 
+async def end_hook(rec: Any) -> None:
+    """For `Agents.end_hooks`: an agent with a container step (its record's
+    sandbox is "container" or, with stages, e.g. "namespace+container") loses
+    its containers when it ends, however it ends."""
+    if "container" in str(rec.sandbox).split("+"):
+        await teardown(str(rec.id))
+
+
 async def sweep(live_ids: Iterable[str]) -> list[str]:
     """At daemon start: remove this daemon's containers whose agent is not
     alive (it ended while the daemon was away). Returns their names."""
