@@ -478,6 +478,13 @@ def test_lev_stop_ends_the_container_agent_and_removes_its_container(
     assert cbed.containers(agent_id), "no container while the agent runs"
     status = daemon.run(["systemctl", "status", "--no-pager", str(row["unit"])]).stdout
     assert "libpod-" in status and "sleep 300" in status
+    # lev ps reads MEM and TASKS from the unit: the container's processes
+    # (init, sleep) count, with the supervisor, conmon and the exec client.
+    cg = daemon.run(["systemctl", "show", "-P", "ControlGroup", str(row["unit"])]).stdout.strip()
+    inside = daemon.run(f"cat /sys/fs/cgroup/pids{cg}/libpod-*/pids.current").stdout.strip()
+    assert int(inside) >= 2
+    assert isinstance(row["tasks"], int) and row["tasks"] > int(inside)
+    assert isinstance(row["memory"], int) and row["memory"] > 0
     lev(daemon, "alice", "stop", agent_id)
     assert wait_ended(daemon, agent_id)["state"] == "stopped"
     wait_no_containers(cbed, agent_id)
