@@ -8,12 +8,9 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-
-from inotify_simple import INotify, flags
+from typing import Any
 
 log = logging.getLogger(__name__)
-
-_MASK = flags.CLOSE_WRITE | flags.MOVED_TO | flags.CREATE | flags.DELETE | flags.MOVED_FROM
 
 
 class ConfigWatcher:
@@ -22,15 +19,24 @@ class ConfigWatcher:
         self._name = os.path.basename(path)
         self._on_change = on_change
         self._settle = settle
-        self._inotify: INotify | None = None
+        self._inotify: Any = None
         self._pending: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         folder = os.path.dirname(self._path) or "."
         try:
+            # Not packaged by Debian: where it is missing, SIGHUP and Reload
+            # still re-read the file.
+            from inotify_simple import INotify, flags
+        except ImportError:
+            log.warning("inotify_simple is not installed: edits to %s take effect on "
+                        "`systemctl reload leviathd`", self._path)
+            return
+        mask = flags.CLOSE_WRITE | flags.MOVED_TO | flags.CREATE | flags.DELETE | flags.MOVED_FROM
+        try:
             os.makedirs(folder, mode=0o755, exist_ok=True)
             inotify = INotify()
-            inotify.add_watch(folder, _MASK)
+            inotify.add_watch(folder, mask)
         except OSError as exc:
             log.warning("not watching %s for changes (%s); use `systemctl reload leviathd`",
                         self._path, exc)
