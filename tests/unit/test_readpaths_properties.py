@@ -47,10 +47,13 @@ patterns = st.one_of(
 
 
 def _valid(items: list[str]) -> list[str]:
+    """The patterns the engine accepts: some are refused only once compiled
+    against the workdir (a relative glob that covers the whole home)."""
     out = []
     for p in items:
         try:
             parse_pattern(p)
+            compile_pattern(p, home=HOME, workdir=WORKDIR)
         except ReadPathError:
             continue
         out.append(p)
