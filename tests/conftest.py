@@ -28,6 +28,17 @@ from testbed import Testbed, TestbedUnavailable, check_host  # noqa: E402
 
 REQUIRE_ENV = "LEVIATH_REQUIRE_TESTBED"
 
+# CI runs the property tests with a fixed seed, so a red run can be replayed;
+# elsewhere they explore anew each time.
+try:
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("ci", derandomize=True, deadline=None)
+    if os.environ.get("CI"):
+        _hypothesis_settings.load_profile("ci")
+except ImportError:  # pragma: no cover - hypothesis is a test dependency
+    pass
+
 
 def testbed_required() -> bool:
     return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
