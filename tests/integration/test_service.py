@@ -81,6 +81,10 @@ def test_an_agent_runs_as_its_user_in_a_scope_with_the_configured_limits(bed: Te
     agent_id = start(bed, "alice", "sh", "-c", "id -u > uid.txt; exec sleep 120")
     info = agent_info(bed, "alice", agent_id, all_=False)
     assert info is not None and info["state"] == "running" and info["user"] == "alice"
+    # MEM and TASKS come from systemd's accounting of the scope.
+    assert info["tasks"] >= 1 and info["memory"] > 0
+    table = lev(bed, "alice", "ps").stdout
+    assert re.search(rf"^{agent_id}\s+alice\s+sh\s+running\s+none", table, re.M), table
     unit = info["unit"]
     assert unit == f"leviath-alice-sh-{agent_id}.scope"
     status = bed.run(["systemctl", "status", "--no-pager", unit]).stdout
@@ -271,3 +275,25 @@ def test_an_edited_config_applies_to_the_next_run_and_a_broken_edit_keeps_the_ol
     finally:
         bed.write_file("/etc/leviath/config.toml", CONFIG)
         bed.run(["systemctl", "reload", "leviathd"])
+
+
+def test_ctrl_c_on_an_attached_run_stops_the_agent(bed: Testbed) -> None:
+    import subprocess
+
+    home = bed.users["alice"].home
+    proc = subprocess.Popen(
+        bed.command(["lev", "run", "--", "sh", "-c", "echo ready; exec sleep 300"],
+                    user="alice", cwd=f"{home}/work"),
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    # The terminal's Ctrl-C reaches lev (the agent has a session of its own).
+    lev_pid = int(bed.run("pgrep -u alice -f 'lev run -- sh'").stdout.split()[0])
+    bed.run(["kill", "-INT", str(lev_pid)])
+    rc = proc.wait(timeout=30)
+    rows = json.loads(lev(bed, "alice", "ps", "--all", "--json").stdout)
+    row = [r for r in rows if r["command"][-1] == "echo ready; exec sleep 300"][-1]
+    assert row["state"] == "stopped"
+    # lev exits with the agent's status: killed by systemd's SIGTERM.
+    assert rc == 128 + 15
