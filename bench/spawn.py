@@ -50,10 +50,10 @@ def as_alice(bed: Testbed, argv: list[str]) -> list[str]:
             "--reset-env", "--", "env", f"HOME={alice.home}", *argv]  # fmt: skip
 
 
-def spawn_usec(bed: Testbed, sandbox: str) -> list[int]:
+def spawn_usec(bed: Testbed, sandbox: str, field: str = "LEVIATH_SPAWN_USEC") -> list[int]:
     out = bed.run(["journalctl", "-o", "json", "--no-pager", "LEVIATH_EVENT=start",
                    f"LEVIATH_SANDBOX={sandbox}"]).stdout  # fmt: skip
-    return [int(json.loads(line)["LEVIATH_SPAWN_USEC"]) for line in out.splitlines() if line]
+    return [int(json.loads(line)[field]) for line in out.splitlines() if line]
 
 
 def measure(bed: Testbed, kind: str, rounds: int, peers: dict[str, list[str]]) -> dict:
@@ -103,11 +103,21 @@ def main() -> int:
         print(f"lev run (namespace) / bwrap               = {ns_ms / bwrap:.2f}x")
         print(f"namespace fence adds {ns_ms - none_ms:+.1f} ms over kind none  (aim < 15 ms)")
         for kind in ("none", "namespace"):
-            usec = spawn_usec(bed, kind)
-            if usec:
-                median = statistics.median(usec) / 1e3
-                print(f"daemon request->release, {kind}: median {median:.1f} ms"
-                      f" over {len(usec)} runs")
+            parts = {
+                "request->release": spawn_usec(bed, kind),
+                "of which polkit": spawn_usec(bed, kind, "LEVIATH_POLKIT_USEC"),
+                "of which StartTransientUnit+job": spawn_usec(bed, kind, "LEVIATH_SCOPE_USEC"),
+            }
+            for what, usec in parts.items():
+                if usec:
+                    median = statistics.median(usec) / 1e3
+                    print(f"daemon {what}, {kind}: median {median:.1f} ms over {len(usec)} runs")
+        client = measure(bed, "none", args.rounds, {
+            "python3 -c pass": ["/opt/leviath-dev/venv/bin/python", "-c", "pass"],
+            "lev --help (imports only)": ["lev", "ps", "--help"],
+        })
+        for name, r in client.items():
+            print(f"client start-up, {name}: median {r['median_ms']:.1f} ms")
     return 0
 
 

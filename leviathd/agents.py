@@ -193,6 +193,7 @@ class Agents:
     async def _run(self, who: Caller, req: RunInput, stdio: spawn.Stdio) -> AgentRecord:
         t0 = time.perf_counter()
         await polkit.require(self._bus, who, names.ACTION_RUN, "run agents")
+        t_polkit = time.perf_counter()
         if req.sandbox == "none":
             await polkit.require(
                 self._bus, who, names.ACTION_RUN_UNSANDBOXED, "run an agent without a sandbox"
@@ -240,11 +241,13 @@ class Agents:
             for _label, spec in steps:
                 if spec.kind == "namespace" and not scratch_path:
                     scratch_path = scratch.create(spec)
+            t_scope = time.perf_counter()
             await self._systemd.start_scope(
                 unit, pids=[held.pid], slice_name=SLICE,
                 description=f"leviath agent {agent_name} of {user.name} ({agent_id})",
                 limits=_limits(eff),
             )
+            scope_usec = int((time.perf_counter() - t_scope) * 1e6)
             rec = AgentRecord(
                 id=agent_id, uid=user.uid, user=user.name, agent=agent_name,
                 command=command or plan[-1][2], workdir=real_workdir, unit=unit,
@@ -276,6 +279,7 @@ class Agents:
             f"agent {agent_id} ({agent_name}) started for {user.name} in {unit}",
             LEVIATH_AGENT=agent_id, LEVIATH_USER=user.name, LEVIATH_UNIT=unit,
             LEVIATH_SANDBOX=kind, LEVIATH_EVENT="start", LEVIATH_SPAWN_USEC=spawn_usec,
+            LEVIATH_POLKIT_USEC=int((t_polkit - t0) * 1e6), LEVIATH_SCOPE_USEC=scope_usec,
         )
         if rec.reads_declared and not rec.reads_granted:
             journal.record(
