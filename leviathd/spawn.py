@@ -74,10 +74,7 @@ def fork_held(
             _close_fds_except({0, 1, 2, status_w, go_r, *stdio.fds()})
             code = _child(user, workdir, status_w, go_r, exit_path, identifier, unit, stdio)
         except BaseException as exc:
-            try:
-                os.write(2, f"leviathd supervisor: {exc!r}\n".encode())
-            except OSError:
-                pass
+            _complain(f"leviathd supervisor: {exc!r}")
         os._exit(code)
     os.close(status_w)
     os.close(go_r)
@@ -215,10 +212,7 @@ def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
             os.closerange(3, _max_fd())
             code = _launch(spec)
         except BaseException as exc:
-            try:
-                os.write(2, f"leviath: could not start the agent: {exc}\n".encode())
-            except OSError:
-                pass
+            _complain(f"leviath: could not start the agent: {exc}")
         os._exit(code)
     os.close(out_w)
     os.close(err_w)
@@ -226,6 +220,14 @@ def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
     _, wstatus = os.waitpid(worker, 0)
     code = os.waitstatus_to_exitcode(wstatus)
     return 128 - code if code < 0 else code
+
+
+def _complain(message: str) -> None:
+    """Last words of a forked child on its stderr, which may be gone."""
+    try:
+        os.write(2, f"{message}\n".encode())
+    except OSError:
+        pass
 
 
 def _write_proc(path: str, value: str) -> None:
