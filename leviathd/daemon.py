@@ -19,8 +19,10 @@ from leviathd.agents import Agents
 from leviathd.bus import caller
 from leviathd.bus.manager_iface import ManagerInterface
 from leviathd.bus.names import BUS_NAME, OBJECT_PATH
+from leviathd.bus.policy_iface import PolicyInterface
 from leviathd.config_watch import ConfigWatcher
 from leviathd.errors import LeviathError
+from leviathd.gate_service import GateService
 from leviathd.records import RecordStore
 from leviathd.systemd import journal, notify
 from leviathd.systemd.manager import SystemdManager
@@ -61,9 +63,13 @@ async def serve() -> int:
         on_started=started, on_ended=ended,
     )
     agents.load_machine_config()
+    gate = GateService(bus, agents, state_dir=state_dir())
+    gate.install()
     iface = ManagerInterface(bus, agents)
     bus.export(OBJECT_PATH, iface)
+    bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate))
     await agents.recover()
+    await gate.recover()
 
     reply = await bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
     if reply is not RequestNameReply.PRIMARY_OWNER:
@@ -106,6 +112,7 @@ async def serve() -> int:
     await asyncio.wait({disconnected, stopping}, return_when=asyncio.FIRST_COMPLETED)
     notify.stopping()
     watcher.close()
+    await gate.close()
     bus.disconnect()
     return 0
 

@@ -214,6 +214,39 @@ def web_tool(tool: str, args: Mapping[str, Any], *, allow_private: bool) -> dict
 # --------------------------------------------------------------- credential
 
 
+async def _secret_from_command(
+    argv: Sequence[str], *, uid: int, gid: int, groups: Sequence[int], home: str, as_root: bool,
+    timeout: float = 30.0,
+) -> str:
+    """The standard output of `secret_command`, stripped. Its output and
+    errors are never shown to the agent: a failure is reported by status."""
+    switch: dict[str, Any] = {}
+    if not as_root:
+        if os.geteuid() == 0:
+            switch = {"user": uid, "group": gid, "extra_groups": list(groups)}
+        elif uid != os.geteuid():
+            raise Unavailable("the broker must run as root to act for another user")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root" if as_root else home,
+                 "LANG": "C.UTF-8"},
+            cwd="/", **switch,
+        )
+    except OSError as exc:
+        raise NotFound(f"cannot run the credential's secret_command: {exc.strerror}") from None
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise Unavailable(f"secret_command timed out after {timeout:.0f}s") from None
+    if proc.returncode != 0:
+        raise Unavailable(f"secret_command failed with status {proc.returncode}")
+    return out[:MAX_READ].decode("utf-8", "replace").strip()
+
+
 def redact(text: str, secret: str) -> str:
     return text.replace(secret, "[redacted]") if secret else text
 
@@ -231,19 +264,31 @@ async def run_credential(
     timeout: float = 120.0,
 ) -> dict[str, Any]:
     """Run the configured command with the secret in `spec.env`. The secret
-    file is read through the opener (as the agent's user, so a config cannot
-    point it at a file only root may read), the command runs as the agent's
-    user, outside the sandbox, and the secret is cut out of its output."""
+    comes from `secret_file` or `secret_command`: as root for a credential of
+    the machine config (the admin's secret, which the agent's user need not be
+    able to read), as the agent's user for a user's own credential (so a user
+    config cannot point it at a file only root may read). The command runs as
+    the agent's user, outside the sandbox, and the secret is cut out of its
+    output."""
     if not spec.command:
         raise Unavailable("credential has no command configured")
-    try:
-        fd = await asyncio.to_thread(opener.open, spec.secret_file, _READ_FLAGS)
-    except OSError as exc:
-        raise NotFound(f"cannot read the credential's secret file: {exc.strerror}") from None
-    try:
-        secret = (await asyncio.to_thread(_read_all, fd)).decode().strip()
-    finally:
-        os.close(fd)
+    as_root = spec.from_machine and os.geteuid() == 0
+    if spec.secret_command:
+        secret = await _secret_from_command(
+            spec.secret_command, uid=uid, gid=gid, groups=groups, home=home, as_root=as_root
+        )
+    else:
+        try:
+            if as_root:
+                fd = os.open(spec.secret_file, _READ_FLAGS | os.O_CLOEXEC)
+            else:
+                fd = await asyncio.to_thread(opener.open, spec.secret_file, _READ_FLAGS)
+        except OSError as exc:
+            raise NotFound(f"cannot read the credential's secret file: {exc.strerror}") from None
+        try:
+            secret = (await asyncio.to_thread(_read_all, fd)).decode().strip()
+        finally:
+            os.close(fd)
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": home,

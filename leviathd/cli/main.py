@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "leviathd.cli.mcp",
     "leviathd.cli.policy",
     "leviathd.cli.inspect",
+    "leviathd.cli.approvals",
 )
 
 
@@ -36,6 +37,8 @@ COMMAND_MODULES: dict[str, str] = {
     "tool": "leviathd.cli.tool",
     "mcp": "leviathd.cli.mcp",
     "policy": "leviathd.cli.policy",
+    "approvals": "leviathd.cli.approvals",
+    "approve": "leviathd.cli.approvals",
 }
 
 

@@ -1,16 +1,17 @@
 """`lev policy list | add | test`: the tool policy as the gate sees it.
 
-`add` edits the user's config.toml (or, as root with --system, the machine
-config) by appending an `[[allowlist]]` table to the text, so comments and
-layout survive; the result is parsed before it replaces the file, and the
-replacement is atomic (temporary file, fsync, rename). Machine-wide changes
-by non-root users go through the daemon and polkit (org.leviath.config.manage)
-in phase 2; until then --system works only as root.
+`add` edits the user's config.toml by appending an `[[allowlist]]` table to
+the text, so comments and layout survive; the result is parsed before it
+replaces the file, and the replacement is atomic (temporary file, fsync,
+rename). With --system the rule goes to the machine config through the
+daemon (`PolicyAdd`, polkit org.leviath.config.manage), which writes the file
+the same way and reloads it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -20,12 +21,11 @@ from pathlib import Path
 from leviathd.config.load import (
     load_blueprint,
     load_configs,
-    machine_config_path,
     parse_config,
     user_config_path,
 )
 from leviathd.config.merge import resolve
-from leviathd.errors import AccessDenied, InvalidArgument
+from leviathd.errors import InvalidArgument
 from leviathd.policy.gate import decide
 from leviathd.policy.labels import READ_TOOLS, WRITE_TOOLS, Sensitivity
 from leviathd.policy.permissions import KNOWN_TOOLS, permission_for
@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add.add_argument("--max-sensitivity", required=True, metavar="LEVEL",
                      help="public, internal or private")
     add.add_argument("--system", action="store_true",
-                     help="the machine config (root only for now; polkit via the daemon later)")
+                     help="the machine config, through the daemon "
+                          "(polkit org.leviath.config.manage)")
     add.set_defaults(func=run_add)
 
     test = psub.add_parser("test", help="dry-run the gate for one call, printing each step")
@@ -152,17 +153,25 @@ def run_add(args: argparse.Namespace) -> int:
     if args.tool not in KNOWN_TOOLS:
         raise InvalidArgument(f"unknown tool {args.tool!r}; known: {', '.join(KNOWN_TOOLS)}")
     if args.system:
-        if os.geteuid() != 0:
-            raise AccessDenied(
-                "machine-wide policy needs root for now (later: the daemon, with polkit "
-                "org.leviath.config.manage); without --system the rule goes to your own config"
-            )
-        path = machine_config_path()
-    else:
-        path = user_config_path()
+        where = asyncio.run(_system_add(args.tool, args.target, level))
+        print(f"added to {where}: {args.tool} → {args.target!r} up to {level}")
+        return 0
+    path = user_config_path()
     append_rule(path, args.tool, args.target, level)
     print(f"added to {path}: {args.tool} → {args.target!r} up to {level}")
     return 0
+
+
+async def _system_add(tool: str, target: str, level: Sensitivity) -> str:
+    from leviathd.cli.approvals import policy_call
+    from leviathd.cli.client import Client
+
+    client = await Client.connect()
+    try:
+        (where,) = await policy_call(client, "PolicyAdd", "sss", [tool, target, str(level)])
+    finally:
+        client.close()
+    return str(where)
 
 
 def run_test(args: argparse.Namespace) -> int:

@@ -107,6 +107,12 @@ async def _attached(client: Client, req: dict[str, Variant]) -> int:
 
     client.bus.add_message_handler(on_signal)
     await client.add_signal_match("AgentEnded")
+    prompter = None
+    if os.isatty(0):  # held tool calls of this agent are asked about here
+        from leviathd.cli.approvals import InlinePrompter
+
+        prompter = InlinePrompter(client, wanted)
+        await prompter.start()
     agent_id, _unit = await client.call(
         "RunAttached", "a{sv}hhh", [req, 0, 1, 2], unix_fds=[0, 1, 2]
     )
@@ -132,6 +138,8 @@ async def _attached(client: Client, req: dict[str, Variant]) -> int:
             if info["state"].value != "running":
                 ended[agent_id] = info["exit_status"].value if "exit_status" in info else 1
                 break
+    if prompter is not None:
+        prompter.stop()
     status = ended.get(agent_id, 1)
     return status if status >= 0 else 1
 

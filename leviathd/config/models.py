@@ -332,17 +332,20 @@ class AllowRule(_Model):
 
 
 class CredentialConfig(_Model):
-    """`[credentials.NAME]`: where a secret comes from (a command's output or a file) and
-    the environment variable the credential tool puts it in."""
+    """`[credentials.NAME]`: the command the credential tool runs (`command`, the agent
+    adds arguments), where the secret comes from (exactly one of `secret_file`, an
+    absolute path, or `secret_command`, whose standard output is the secret), and the
+    environment variable of `command` the secret goes in (`env`)."""
 
-    command: Argv | None = None
+    command: Argv
     secret_file: AbsolutePath | None = None
-    env: EnvName | None = None
+    secret_command: Argv | None = None
+    env: EnvName
 
     @model_validator(mode="after")
     def _one_source(self) -> CredentialConfig:
-        if (self.command is None) == (self.secret_file is None):
-            raise ValueError("set exactly one of command or secret_file")
+        if (self.secret_file is None) == (self.secret_command is None):
+            raise ValueError("set exactly one of secret_file or secret_command")
         return self
 
 

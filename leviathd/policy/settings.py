@@ -17,9 +17,17 @@ OnExceed = Literal["allow", "deny", "ask"]
 
 @dataclass(frozen=True)
 class CredentialSpec:
+    """`[credentials.NAME]`: run `command` (plus the agent's arguments) with the
+    secret in variable `env`; the secret is the content of `secret_file` or
+    the output of `secret_command`. `from_machine`: defined by the machine
+    config, so the secret is fetched as root (an admin's secret the agent's
+    user cannot read); a user's own credential is fetched as that user."""
+
     command: tuple[str, ...]
     secret_file: str
     env: str
+    secret_command: tuple[str, ...] = ()
+    from_machine: bool = False
 
 
 @dataclass(frozen=True)
@@ -38,19 +46,25 @@ class PolicySettings:
     credentials: Mapping[str, CredentialSpec] = field(default_factory=dict)
 
     @classmethod
-    def from_effective(cls, eff: Any) -> PolicySettings:
+    def from_effective(cls, eff: Any, machine: Any = None) -> PolicySettings:
         """From `leviathd.config.merge.Effective` (read by attribute so this
-        module does not depend on the config package's import graph)."""
+        module does not depend on the config package's import graph).
+        `machine`: the machine `Config`, to tell its credentials (fetched as
+        root) from a user's (fetched as the user)."""
         taint = getattr(eff, "taint", None)
+        machine_creds = dict(getattr(machine, "credentials", None) or {})
         creds: dict[str, CredentialSpec] = {}
         for name, spec in dict(getattr(eff, "credentials", None) or {}).items():
             command = getattr(spec, "command", None)
             secret_file = getattr(spec, "secret_file", None)
+            secret_command = getattr(spec, "secret_command", None)
             env = getattr(spec, "env", None)
-            if not command or not secret_file or not env:
+            if not command or not env or (not secret_file) == (not secret_command):
                 continue  # incomplete: the validator reports it; the tool says "not configured"
             creds[str(name)] = CredentialSpec(
-                tuple(str(a) for a in command), str(secret_file), str(env)
+                tuple(str(a) for a in command), str(secret_file or ""), str(env),
+                secret_command=tuple(str(a) for a in secret_command or ()),
+                from_machine=machine_creds.get(name) == spec,
             )
         on_exceed = str(getattr(taint, "on_exceed", "ask"))
         return cls(

@@ -72,11 +72,11 @@ CONFIG_CASES = [
     ("sandbox = 3\n", f"{SRC}:1: sandbox: must be a table"),
     ('sandbox.kind = "x"\n', f"{SRC}:1: sandbox.kind: must be 'none'"),
     (
-        '[credentials.gh]\nenv = "X"\n',
-        f"{SRC}:1: credentials.gh: set exactly one of command or secret_file",
+        '[credentials.gh]\ncommand = ["gh"]\nenv = "X"\n',
+        f"{SRC}:1: credentials.gh: set exactly one of secret_file or secret_command",
     ),
     (
-        "[credentials.gh]\ncommand = []\n",
+        '[credentials.gh]\ncommand = []\nsecret_file = "/k"\nenv = "X"\n',
         f"{SRC}:2: credentials.gh.command: must be a non-empty list of strings (an argv)",
     ),
     (

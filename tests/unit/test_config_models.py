@@ -74,11 +74,14 @@ target = "*.example.com"
 max_sensitivity = "internal"
 
 [credentials.github]
-command = ["pass", "show", "github"]
+command = ["gh", "api"]
+secret_command = ["pass", "show", "github"]
 env = "GITHUB_TOKEN"
 
 [credentials.api]
+command = ["curl", "-H", "@-"]
 secret_file = "/etc/leviath/api.key"
+env = "API_KEY"
 """
 
 
@@ -104,7 +107,9 @@ def test_every_section_and_key_of_the_schema_parses_into_typed_values() -> None:
     assert c.taint.on_exceed is TaintPolicy.DENY
     assert c.taint.clearance["http_post"] is Sensitivity.PUBLIC
     assert c.allowlist[0].max_sensitivity is Sensitivity.INTERNAL
-    assert c.credentials["github"].command == ["pass", "show", "github"]
+    assert c.credentials["github"].command == ["gh", "api"]
+    assert c.credentials["github"].secret_command == ["pass", "show", "github"]
+    assert c.credentials["github"].env == "GITHUB_TOKEN"
     assert c.credentials["api"].secret_file == "/etc/leviath/api.key"
 
 
@@ -188,14 +193,24 @@ def test_a_blueprint_needs_a_command_or_a_stage() -> None:
     parse_blueprint('[agent]\nname = "x"\n[stages.one]\ncommand = ["true"]\n', "bp.toml")
 
 
-def test_a_credential_needs_exactly_one_source() -> None:
+def test_a_credential_needs_a_command_an_env_name_and_exactly_one_secret_source() -> None:
     for text in (
-        '[credentials.x]\nenv = "X"\n',
-        '[credentials.x]\ncommand = ["a"]\nsecret_file = "/k"\n',
+        '[credentials.x]\ncommand = ["a"]\nenv = "X"\n',
+        '[credentials.x]\ncommand = ["a"]\nenv = "X"\nsecret_file = "/k"\n'
+        'secret_command = ["cat", "/k"]\n',
     ):
         with pytest.raises(ConfigError) as info:
             parse_config(text, "c.toml")
-        assert "exactly one of command or secret_file" in str(info.value)
+        assert "exactly one of secret_file or secret_command" in str(info.value)
+    for text, missing in (
+        ('[credentials.x]\nenv = "X"\nsecret_file = "/k"\n', "command"),
+        ('[credentials.x]\ncommand = ["a"]\nsecret_file = "/k"\n', "env"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config(text, "c.toml")
+        assert f"credentials.x.{missing}" in str(info.value) or missing in str(info.value)
+    ok = parse_config('[credentials.x]\ncommand = ["a"]\nenv = "X"\nsecret_file = "/k"\n', "c")
+    assert ok.credentials["x"].secret_file == "/k"
 
 
 def test_models_are_immutable() -> None:

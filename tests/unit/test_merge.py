@@ -309,9 +309,11 @@ def test_hidden_paths_and_withheld_names_add_up_and_withholding_wins() -> None:
 
 
 def test_a_user_credential_cannot_replace_the_machines() -> None:
-    machine = cfg('[credentials.gh]\nsecret_file = "/etc/leviath/gh"')
+    machine = cfg('[credentials.gh]\ncommand = ["gh"]\nsecret_file = "/etc/leviath/gh"\n'
+                  'env = "GH_TOKEN"')
     user = cfg(
-        '[credentials.gh]\ncommand = ["cat", "/tmp/x"]\n[credentials.mine]\ncommand = ["pass"]'
+        '[credentials.gh]\ncommand = ["gh"]\nsecret_file = "/tmp/x"\nenv = "GH_TOKEN"\n'
+        '[credentials.mine]\ncommand = ["tool"]\nsecret_command = ["pass"]\nenv = "T"'
     )
     r = resolve(machine, user, None, "a")
     assert r.agent.credentials["gh"].secret_file == "/etc/leviath/gh"

@@ -49,12 +49,19 @@ def test_policy_add_refuses_an_edit_that_would_not_parse(configs: Path) -> None:
     assert configs.read_text() == before
 
 
-def test_policy_add_system_needs_root(configs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("os.geteuid", lambda: 1000)
+def test_policy_add_system_goes_through_the_daemon_and_never_writes_the_file_itself(
+    configs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Even as root, the machine file is the daemon's to write (polkit decides
+    # who may); with no bus to reach, nothing is written.
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-bus")
+    machine = tmp_path / "machine.toml"
+    before = machine.read_text()
     args = _parse(["policy", "add", "http_post", "--target", "a", "--max-sensitivity",
                    "public", "--system"])
-    with pytest.raises(Exception, match="root"):
+    with pytest.raises(Exception, match="system bus"):
         args.func(args)
+    assert machine.read_text() == before
 
 
 def test_policy_test_prints_each_step_and_follows_the_allowlist(

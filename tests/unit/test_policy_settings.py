@@ -62,9 +62,20 @@ def test_settings_from_the_merged_effective_reach_the_gate(tmp_path: Path) -> No
     assert decide(pol, Call("read_file", other, (other,)), X).rule == "read-path-not-granted"
 
 
-def test_a_credential_without_a_command_to_run_is_not_offered() -> None:
-    # The config model allows a secret source alone; the credential tool
-    # needs a command to run with it, so such an entry is "not configured".
-    cfg = parse_config('[credentials.api]\nsecret_file = "/etc/k"\nenv = "K"\n', "m")
-    s = PolicySettings.from_effective(resolve(cfg, None, None, "a").agent)
-    assert "api" not in s.credentials
+def test_only_the_machines_credentials_are_fetched_as_root() -> None:
+    machine = parse_config(
+        '[credentials.api]\ncommand = ["curl"]\nsecret_file = "/etc/k"\nenv = "K"\n', "m"
+    )
+    user = parse_config(
+        '[credentials.mine]\ncommand = ["gh"]\nsecret_command = ["pass", "gh"]\nenv = "T"\n',
+        "u",
+    )
+    s = PolicySettings.from_effective(resolve(machine, user, None, "a").agent, machine)
+    assert s.credentials["api"].command == ("curl",)
+    assert s.credentials["api"].secret_file == "/etc/k"
+    assert s.credentials["api"].from_machine is True
+    assert s.credentials["mine"].secret_command == ("pass", "gh")
+    assert s.credentials["mine"].from_machine is False
+    # Without the machine config to compare with, nothing is fetched as root.
+    s = PolicySettings.from_effective(resolve(machine, user, None, "a").agent)
+    assert not any(c.from_machine for c in s.credentials.values())

@@ -1,0 +1,140 @@
+"""org.leviath.Policy1 (on /org/leviath/Manager1): approvals of held tool
+calls and the machine-wide allowlist. Identity comes from the bus, decisions
+from polkit and the gate service."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+from dbus_fast import Variant
+from dbus_fast.aio import MessageBus
+from dbus_fast.annotations import DBusSignature
+from dbus_fast.service import ServiceInterface, dbus_method, dbus_signal
+
+from leviathd.agents import Agents
+from leviathd.bus import caller as bus_caller
+from leviathd.bus import names, polkit
+from leviathd.bus.errors import translated
+from leviathd.config.load import machine_config_path
+from leviathd.errors import InvalidArgument, NotFound
+from leviathd.gate_service import GateService
+from leviathd.policy.approvals import Answer, PendingRequest
+from leviathd.policy.labels import Sensitivity
+from leviathd.policy.permissions import KNOWN_TOOLS
+from leviathd.systemd import journal
+
+VarDictList = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]
+Str = Annotated[str, DBusSignature("s")]
+
+
+def request_to_variants(req: PendingRequest, user: str) -> dict[str, Variant]:
+    return {
+        "id": Variant("s", req.id),
+        "agent": Variant("s", req.agent_id),
+        "uid": Variant("u", req.owner_uid),
+        "user": Variant("s", user),
+        "kind": Variant("s", req.kind),
+        "tool": Variant("s", req.tool),
+        "target": Variant("s", req.target),
+        "taint": Variant("s", str(req.taint)),
+        "clearance": Variant("s", str(req.clearance) if req.clearance is not None else "-"),
+        "rule": Variant("s", req.rule),
+        "created": Variant("d", req.created),
+    }
+
+
+class PolicyInterface(ServiceInterface):
+    def __init__(self, bus: MessageBus, agents: Agents, gate: GateService) -> None:
+        super().__init__(names.POLICY_IFACE)
+        self._bus = bus
+        self._agents = agents
+        self._gate = gate
+        gate.on_approval_requested.append(self._emit)
+        self._lock = asyncio.Lock()
+
+    def _emit(self, req: PendingRequest) -> None:
+        self.ApprovalRequested(
+            req.id, req.agent_id, req.owner_uid, req.tool, req.target, str(req.taint),
+            str(req.clearance) if req.clearance is not None else "-",
+        )
+
+    def _user(self, agent_id: str) -> str:
+        rec = self._agents.records.get(agent_id)
+        return rec.user if rec is not None else ""
+
+    @dbus_method()
+    @translated
+    async def ListApprovals(self) -> VarDictList:
+        """Pending approvals of the caller's agents (everyone's with
+        org.leviath.approval.answer-any)."""
+        who = await bus_caller.current(self._bus)
+        everyone = await polkit.is_authorized(self._bus, who, names.ACTION_ANSWER_ANY)
+        return [request_to_variants(r, self._user(r.agent_id))
+                for r in self._gate.pending(None if everyone else who.uid)]
+
+    @dbus_method()
+    @translated
+    async def Answer(self, request_id: Str, answer: Str) -> None:
+        """Answer a held call: once, session or deny. The agent's owner may;
+        anyone else needs org.leviath.approval.answer-any (without it the
+        request does not exist for them)."""
+        who = await bus_caller.current(self._bus)
+        parsed = Answer.parse(answer)
+        req = self._gate.find(request_id)
+        if req is None:
+            raise NotFound(f"no pending approval {request_id!r}")
+        admin = False
+        if req.owner_uid != who.uid:
+            admin = await polkit.is_authorized(self._bus, who, names.ACTION_ANSWER_ANY)
+            if not admin:
+                raise NotFound(f"no pending approval {request_id!r}")
+        self._gate.answer(request_id, parsed, who.uid, admin=admin)
+
+    @dbus_method()
+    @translated
+    async def PolicyAdd(self, tool: Str, target: Str, max_sensitivity: Str) -> Str:
+        """Append an [[allowlist]] rule to the machine config (needs
+        org.leviath.config.manage). The file is parsed before it atomically
+        replaces the old one; the next run uses it. Returns the file's path."""
+        from leviathd.cli.policy import append_rule
+
+        who = await bus_caller.current(self._bus)
+        await polkit.require(self._bus, who, names.ACTION_CONFIG_MANAGE,
+                             "change the machine-wide tool policy")
+        level = Sensitivity.parse(max_sensitivity)
+        if not target or "\0" in target or "\n" in target:
+            raise InvalidArgument("target must be a non-empty single-line glob")
+        if tool not in KNOWN_TOOLS:
+            raise InvalidArgument(f"unknown tool {tool!r}; known: {', '.join(KNOWN_TOOLS)}")
+        path: Path = machine_config_path()
+        async with self._lock:  # two writers must not lose each other's rule
+            await asyncio.to_thread(append_rule, path, tool, target, level)
+            self._agents.load_machine_config()
+        journal.record(
+            f"allowlist rule added to {path} by uid {who.uid}: {tool} {target!r} up to {level}",
+            LEVIATH_EVENT="policy-add", LEVIATH_BY_UID=who.uid, LEVIATH_TOOL=tool,
+            LEVIATH_TARGET=target,
+        )
+        return str(path)
+
+    @dbus_method()
+    @translated
+    async def PolicyList(self) -> VarDictList:
+        """The machine config's allowlist rules as in force (the file is
+        world-readable anyway)."""
+        return [
+            {"tool": Variant("s", r.tool), "target": Variant("s", r.target),
+             "max_sensitivity": Variant("s", str(getattr(r.max_sensitivity, "value",
+                                                         r.max_sensitivity))),
+             "source": Variant("s", "machine")}
+            for r in self._agents.machine_config.allowlist
+        ]
+
+    @dbus_signal()
+    def ApprovalRequested(
+        self, request_id: str, agent_id: str, uid: int, tool: str, target: str, taint: str,
+        clearance: str,
+    ) -> Annotated[list[Any], DBusSignature("ssussss")]:
+        return [request_id, agent_id, uid, tool, target, taint, clearance]

@@ -1,0 +1,448 @@
+"""The tool gate inside the daemon: one broker per running agent.
+
+`GateService.install(agents)` hooks it into the agent life cycle:
+
+- a spec extension binds the agent's own socket folder
+  `$LEVIATH_RUNTIME_DIR/agents/<id>/` read-only at `/run/leviath` in a
+  namespace sandbox (the socket is `/run/leviath/broker.sock` there) and sets
+  `LEVIATH_BROKER` (for kind none: the host path of the socket);
+- a start hook creates the folder (owned by the agent's user, 0700), the
+  Broker and its BrokerServer from the merged effective settings, and keeps a
+  snapshot of those settings in `$LEVIATH_STATE_DIR/gate/<id>.json`;
+- an end hook closes both and removes the folder and the snapshot.
+
+`recover()` re-creates the brokers of agents adopted after a daemon restart
+from their snapshots: an agent keeps the policy it started with, restart or
+not. Every decision goes to the journal (`journalctl LEVIATH_AGENT=<id>`).
+The `shell` tool runs in the agent's own scope and sandbox (see `run_shell`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import syslog
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dbus_fast import Message, MessageType
+from dbus_fast.aio import MessageBus
+
+from leviathd.agents import Agents
+from leviathd.broker.core import AuditRecord, Broker
+from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, runtime_dir
+from leviathd.broker.tools import MAX_READ, ShellRequest
+from leviathd.config.merge import MergeResult
+from leviathd.errors import AccessDenied, NotFound, Unavailable
+from leviathd.identity import UserInfo, user_info
+from leviathd.policy.approvals import Answer, ApprovalQueue, PendingRequest
+from leviathd.policy.ledger import Ledger
+from leviathd.policy.settings import CredentialSpec, PolicySettings
+from leviathd.readpaths import is_inside
+from leviathd.records import AgentRecord, RecordStore
+from leviathd.sandbox.spec import Mount, SandboxSpec
+from leviathd.systemd import journal
+
+SANDBOX_RUNTIME = "/run/leviath"  # where the agent's folder appears in a namespace sandbox
+SOCKET_NAME = "broker.sock"
+SHELL_TIMEOUT = 300
+SYSTEMD = "org.freedesktop.systemd1"
+
+
+def agents_dir() -> str:
+    return os.path.join(runtime_dir(), "agents")
+
+
+def agent_dir(agent_id: str) -> str:
+    return os.path.join(agents_dir(), agent_id)
+
+
+# --------------------------------------------------------------- snapshots
+
+
+@dataclass(frozen=True)
+class _Rule:
+    tool: str
+    target: str
+    max_sensitivity: str
+
+
+def _plain(value: object) -> str:
+    return str(getattr(value, "value", value))
+
+
+def settings_to_json(s: PolicySettings) -> dict[str, Any]:
+    return {
+        "permissions": {k: _plain(v) for k, v in s.permissions.items()},
+        "read_paths": list(s.read_paths),
+        "hidden_paths": list(s.hidden_paths),
+        "taint_enabled": s.taint_enabled,
+        "on_exceed": s.on_exceed,
+        "budget": s.budget,
+        "approval_timeout": s.approval_timeout,
+        "clearance": {k: _plain(v) for k, v in s.clearance.items()},
+        "allow_private_addresses": s.allow_private_addresses,
+        "allowlist": [
+            {"tool": str(getattr(r, "tool", "")), "target": str(getattr(r, "target", "")),
+             "max_sensitivity": _plain(getattr(r, "max_sensitivity", ""))}
+            for r in s.allowlist
+        ],
+        "network": s.network,
+        "credentials": {
+            name: {"command": list(c.command), "secret_file": c.secret_file, "env": c.env,
+                   "secret_command": list(c.secret_command), "from_machine": c.from_machine}
+            for name, c in s.credentials.items()
+        },
+    }
+
+
+def settings_from_json(d: Mapping[str, Any]) -> PolicySettings:
+    return PolicySettings(
+        permissions=dict(d["permissions"]),
+        read_paths=tuple(d["read_paths"]),
+        hidden_paths=tuple(d["hidden_paths"]),
+        taint_enabled=bool(d["taint_enabled"]),
+        on_exceed=d["on_exceed"],
+        budget=int(d["budget"]),
+        approval_timeout=float(d["approval_timeout"]),
+        clearance=dict(d["clearance"]),
+        allow_private_addresses=bool(d["allow_private_addresses"]),
+        allowlist=tuple(_Rule(**r) for r in d["allowlist"]),
+        network=bool(d["network"]),
+        credentials={
+            name: CredentialSpec(
+                tuple(c["command"]), c["secret_file"], c["env"],
+                secret_command=tuple(c["secret_command"]), from_machine=bool(c["from_machine"]),
+            )
+            for name, c in d["credentials"].items()
+        },
+    )
+
+
+# ------------------------------------------------------------------ service
+
+
+@dataclass
+class _Live:
+    rec: AgentRecord
+    broker: Broker
+    server: BrokerServer
+
+
+class GateService:
+    def __init__(self, bus: MessageBus, agents: Agents, *, state_dir: str) -> None:
+        self._bus = bus
+        self._agents = agents
+        self._store = RecordStore(state_dir)
+        self._snapshots = os.path.join(state_dir, "gate")
+        self.live: dict[str, _Live] = {}
+        # Called with each new approval request (the bus layer emits a signal).
+        self.on_approval_requested: list[Callable[[PendingRequest], None]] = []
+        # uids a bus method has just checked with polkit (answer-any); only
+        # ever set and cleared within one synchronous call, see answer().
+        self._vouched: set[int] = set()
+
+    def install(self) -> None:
+        self._agents.spec_extensions.append(self.extend_spec)
+        self._agents.start_hooks.append(self.on_start)
+        self._agents.end_hooks.append(self.on_end)
+
+    # -- what the agent sees ----------------------------------------------
+
+    def extend_spec(self, spec: SandboxSpec) -> SandboxSpec:
+        host_socket = os.path.join(agent_dir(spec.execution_id), SOCKET_NAME)
+        if spec.kind == "none":
+            return replace(spec, env={**spec.env, "LEVIATH_BROKER": host_socket})
+        if spec.kind != "namespace":
+            return spec  # containers: not wired yet (see docs/security-model.md)
+        own = agent_dir(spec.execution_id)
+        # /run/leviath is hidden from agents, and the launcher refuses to bind
+        # anything inside a hidden path. The agent's own folder is the one
+        # exception: the runtime folder's other entries stay hidden by name
+        # (other agents' folders are 0700 of their users, and their sockets
+        # refuse any peer outside their own scope).
+        hidden = [h for h in spec.hidden if not is_inside(own, h)]
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(runtime_dir())):
+                if name != "agents":
+                    hidden.append(os.path.join(runtime_dir(), name))
+            for name in sorted(os.listdir(agents_dir())):
+                if name != spec.execution_id:
+                    hidden.append(os.path.join(agents_dir(), name))
+        mount = Mount("bind", SANDBOX_RUNTIME, own, readonly=True, why="tool broker socket")
+        return replace(
+            spec,
+            mounts=(*spec.mounts, mount),
+            hidden=tuple(dict.fromkeys(hidden)),
+            env={**spec.env, "LEVIATH_BROKER": f"{SANDBOX_RUNTIME}/{SOCKET_NAME}"},
+        )
+
+    # -- life cycle ---------------------------------------------------------
+
+    async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
+        settings = PolicySettings.from_effective(merged.agent, self._agents.machine_config)
+        self._save_snapshot(rec.id, settings)
+        try:
+            await self._open(rec, user, settings)
+        except BaseException:
+            self._remove(rec.id)
+            raise
+
+    async def on_end(self, rec: AgentRecord) -> None:
+        live = self.live.pop(rec.id, None)
+        if live is not None:
+            await live.server.close()
+            live.broker.close()
+        self._remove(rec.id)
+
+    async def recover(self) -> None:
+        """After `agents.recover()`: brokers for the adopted agents, from the
+        settings each started with; folders of agents that are gone removed."""
+        running = {r.id: r for r in self._agents.records.values() if r.running}
+        for agent_id, rec in running.items():
+            if agent_id in self.live:
+                continue
+            try:
+                settings = self._load_snapshot(agent_id)
+                await self._open(rec, user_info(rec.uid), settings)
+            except (OSError, ValueError, KeyError, TypeError, NotFound) as exc:
+                journal.record(
+                    f"agent {agent_id}: no tool broker after the restart: {exc}",
+                    priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
+                    LEVIATH_EVENT="broker-lost",
+                )
+        with contextlib.suppress(OSError):
+            for name in os.listdir(agents_dir()):
+                if name not in running:
+                    shutil.rmtree(agent_dir(name), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self._snapshots):
+                if name.removesuffix(".json") not in running:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self._snapshots, name))
+
+    async def close(self) -> None:
+        """Daemon shutdown: sockets closed, folders kept (the agents live on
+        and a restarted daemon serves them again)."""
+        for live in list(self.live.values()):
+            await live.server.close()
+            live.broker.close()
+        self.live.clear()
+
+    async def _open(self, rec: AgentRecord, user: UserInfo, settings: PolicySettings) -> None:
+        folder = agent_dir(rec.id)
+        _prepare_folder(folder, user)
+        approvals = ApprovalQueue(
+            agent_id=rec.id, owner_uid=rec.uid, timeout=settings.approval_timeout,
+            is_admin=self._vouched.__contains__,
+            on_request=self._requested, on_resolved=self._resolved,
+        )
+        broker = Broker(
+            agent_id=rec.id, user=user, workdir=rec.workdir, settings=settings,
+            ledger=Ledger(settings.budget), approvals=approvals, audit=write_audit,
+            shell=self.run_shell,
+        )
+        server = BrokerServer(broker, lookup=self.lookup,
+                              path=os.path.join(folder, SOCKET_NAME), mode=0o600)
+        try:
+            await server.start()
+        except BaseException:
+            broker.close()
+            raise
+        self.live[rec.id] = _Live(rec, broker, server)
+
+    def lookup(self, cgroup: str) -> str | None:
+        """The running agent whose scope holds this cgroup path, confirmed
+        against the registry (the unit must be a component of the path)."""
+        agent_id = agent_id_from_cgroup(cgroup)
+        if agent_id is None:
+            return None
+        live = self.live.get(agent_id)
+        if live is None or not live.rec.running or live.rec.unit not in cgroup.split("/"):
+            return None
+        return agent_id
+
+    # -- snapshots ----------------------------------------------------------
+
+    def _snapshot_path(self, agent_id: str) -> str:
+        return os.path.join(self._snapshots, f"{agent_id}.json")
+
+    def _save_snapshot(self, agent_id: str, settings: PolicySettings) -> None:
+        os.makedirs(self._snapshots, mode=0o700, exist_ok=True)
+        path = self._snapshot_path(agent_id)
+        tmp = f"{path}.tmp"
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            json.dump(settings_to_json(settings), f)
+        os.replace(tmp, path)
+
+    def _load_snapshot(self, agent_id: str) -> PolicySettings:
+        try:
+            with open(self._snapshot_path(agent_id), encoding="utf-8") as f:
+                return settings_from_json(json.load(f))
+        except FileNotFoundError:
+            raise NotFound(f"no policy snapshot for agent {agent_id}") from None
+
+    def _remove(self, agent_id: str) -> None:
+        shutil.rmtree(agent_dir(agent_id), ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._snapshot_path(agent_id))
+
+    # -- approvals ----------------------------------------------------------
+
+    def _requested(self, req: PendingRequest) -> None:
+        for listener in self.on_approval_requested:
+            listener(req)
+
+    def _resolved(self, req: PendingRequest, answer: Answer, by: int | None) -> None:
+        who = "nobody (timed out)" if by is None else f"uid {by}"
+        journal.record(
+            f"agent {req.agent_id}: approval {req.id} for {req.tool} {req.target}: "
+            f"{answer.value} by {who}",
+            LEVIATH_AGENT=req.agent_id, LEVIATH_EVENT="approval", LEVIATH_REQUEST=req.id,
+            LEVIATH_TOOL=req.tool, LEVIATH_TARGET=req.target, LEVIATH_ANSWER=answer.value,
+            LEVIATH_BY_UID=by,
+        )
+
+    def pending(self, uid: int | None) -> list[PendingRequest]:
+        """Pending requests of `uid`'s agents (everyone's for None)."""
+        out: list[PendingRequest] = []
+        for live in self.live.values():
+            if uid is None or live.rec.uid == uid:
+                out += live.broker.approvals.pending()
+        return sorted(out, key=lambda r: r.created)
+
+    def find(self, request_id: str) -> PendingRequest | None:
+        for live in self.live.values():
+            for req in live.broker.approvals.pending():
+                if req.id == request_id:
+                    return req
+        return None
+
+    def answer(self, request_id: str, answer: Answer, by_uid: int, *, admin: bool) -> None:
+        """`admin`: the caller holds org.leviath.approval.answer-any (checked
+        by the bus layer with polkit, which is asynchronous; the queue's own
+        check is synchronous, so the uid is vouched for during this call)."""
+        req = self.find(request_id)
+        if req is None:
+            raise NotFound(f"no pending approval {request_id!r}")
+        live = self.live[req.agent_id]
+        if admin:
+            self._vouched.add(by_uid)
+        try:
+            live.broker.approvals.answer(request_id, answer, by_uid)
+        finally:
+            self._vouched.discard(by_uid)
+
+    # -- the shell tool -------------------------------------------------------
+
+    async def run_shell(self, req: ShellRequest) -> Mapping[str, Any]:
+        """Run the command in the agent's own scope and sandbox: a child of
+        the daemon is moved into the scope by systemd (AttachProcessesToUnit),
+        then builds a fresh fence from the agent's recorded spec (same
+        mounts, same user, same network setting) and runs `sh -c COMMAND`."""
+        live = self.live.get(req.agent_id)
+        if live is None or not live.rec.running:
+            raise Unavailable(f"agent {req.agent_id} is not running")
+        steps = self._store.load_spec(req.agent_id)
+        if not steps:
+            raise Unavailable(f"agent {req.agent_id} has no recorded sandbox spec")
+        spec = dict(steps[-1]["spec"])  # type: ignore[call-overload]
+        if spec.get("kind") not in ("namespace", "none"):
+            raise Unavailable(f"shell is not available in a {spec.get('kind')} sandbox yet")
+        spec["argv"] = ["/bin/sh", "-c", req.command]
+        timeout = min(req.timeout or SHELL_TIMEOUT, SHELL_TIMEOUT)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "leviathd.gate_shell",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        try:
+            await self._attach(live.rec.unit, proc.pid)
+            proc.stdin.write(json.dumps({"unit": live.rec.unit, "spec": spec}).encode())
+            await proc.stdin.drain()
+            proc.stdin.close()
+            out, err = await asyncio.wait_for(
+                asyncio.gather(_read_capped(proc.stdout), _read_capped(proc.stderr)), timeout
+            )
+            status = await proc.wait()
+        except TimeoutError:
+            _kill_group(proc.pid)
+            await proc.wait()
+            return {"exit_status": 124, "stdout": "", "stderr": f"timed out after {timeout}s",
+                    "timed_out": True}
+        except BaseException:
+            _kill_group(proc.pid)
+            await proc.wait()
+            raise
+        return {"exit_status": 128 - status if status < 0 else status,
+                "stdout": out.decode("utf-8", "replace"),
+                "stderr": err.decode("utf-8", "replace")}
+
+    async def _attach(self, unit: str, pid: int) -> None:
+        reply = await self._bus.call(
+            Message(
+                destination=SYSTEMD, path="/org/freedesktop/systemd1",
+                interface="org.freedesktop.systemd1.Manager", member="AttachProcessesToUnit",
+                signature="ssau", body=[unit, "", [pid]],
+            )
+        )
+        if reply is None or reply.message_type is MessageType.ERROR:
+            text = str(reply.body[0]) if reply is not None and reply.body else ""
+            raise Unavailable(f"systemd would not move the shell into {unit}: {text}")
+
+
+def _prepare_folder(folder: str, user: UserInfo) -> None:
+    """The agent's socket folder: the runtime folders above it traversable
+    (the launcher opens the folder as the agent's user to bind it), the
+    folder itself the agent's user's, 0700, so only that user (and root)
+    reaches the socket inside."""
+    for parent in (runtime_dir(), agents_dir()):
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        st = os.lstat(parent)
+        if st.st_uid != os.geteuid():
+            raise AccessDenied(f"{parent} is not owned by the daemon's user")
+        os.chmod(parent, 0o755)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if os.geteuid() == 0:
+            os.fchown(fd, user.uid, user.gid)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
+def write_audit(record: AuditRecord) -> None:
+    """One journal entry per decision; `journalctl LEVIATH_AGENT=<id>` finds them."""
+    priority = syslog.LOG_INFO if record.outcome in ("allow", "ask") else syslog.LOG_NOTICE
+    journal.record(
+        f"agent {record.agent}: {record.tool} {record.target or '-'}: {record.outcome} "
+        f"(rule {record.rule}, taint {record.taint}, clearance {record.clearance})"
+        + (f": {record.detail}" if record.detail else ""),
+        priority=priority, LEVIATH_EVENT="tool", LEVIATH_AT=f"{record.at or time.time():.6f}",
+        **record.journal_fields(),
+    )
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int = MAX_READ) -> bytes:
+    """Up to `cap` bytes; the rest is read and dropped so the command never
+    blocks on a full pipe."""
+    data = bytearray()
+    while chunk := await stream.read(65536):
+        if len(data) < cap:
+            data += chunk[: cap - len(data)]
+    return bytes(data)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -1,0 +1,59 @@
+"""The `shell` tool's process: `python -m leviathd.gate_shell`, started by the
+daemon for one command of one agent.
+
+It reads the sandbox spec (JSON) from stdin and waits for end of file: the
+daemon first moves this process into the agent's scope (systemd
+`AttachProcessesToUnit`) and only then sends the spec, so nothing runs outside
+the scope. It then checks that it really sits in the scope named in the spec
+message, puts /dev/null on stdin and runs the command through the same
+launcher as the agent (a fresh fence built from the agent's recorded spec),
+exiting with the command's status. stdout and stderr are the daemon's pipes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+from leviathd.sandbox.spec import SandboxSpec
+
+_RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def _in_unit(unit: str) -> bool:
+    with open("/proc/self/cgroup", encoding="utf-8") as f:
+        return any(unit in line.rstrip("\n").split("/") for line in f)
+
+
+def main() -> int:
+    payload = sys.stdin.buffer.read()
+    if not payload:
+        return 125  # the daemon gave up before sending the spec
+    message = json.loads(payload)
+    unit = str(message["unit"])
+    if not _in_unit(unit):
+        print(f"leviathd shell: not inside {unit}; refusing to run", file=sys.stderr)
+        return 125
+    spec = SandboxSpec.from_dict(message["spec"])
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for sig in _RESET_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    sys.stdout.flush()
+    if spec.kind == "namespace":
+        from leviathd.sandbox import namespace
+
+        return namespace.run(spec)
+    if spec.kind == "none":
+        from leviathd.sandbox import none
+
+        return none.run(spec)
+    print(f"leviathd shell: sandbox kind {spec.kind!r} is not supported", file=sys.stderr)
+    return 125
+
+
+if __name__ == "__main__":
+    sys.exit(main())
