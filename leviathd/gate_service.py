@@ -32,12 +32,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
 from leviathd.agents import Agents
 from leviathd.broker.core import AuditRecord, Broker
-from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, runtime_dir
+from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of, runtime_dir
 from leviathd.broker.tools import MAX_READ, ShellRequest
 from leviathd.config.merge import MergeResult
 from leviathd.errors import AccessDenied, NotFound, Unavailable
@@ -47,13 +46,13 @@ from leviathd.policy.ledger import Ledger
 from leviathd.policy.settings import CredentialSpec, PolicySettings
 from leviathd.readpaths import is_inside
 from leviathd.records import AgentRecord, RecordStore
+from leviathd.sandbox.container import cgroup_procs_files
 from leviathd.sandbox.spec import Mount, SandboxSpec
 from leviathd.systemd import journal
 
 SANDBOX_RUNTIME = "/run/leviath"  # where the agent's folder appears in a namespace sandbox
 SOCKET_NAME = "broker.sock"
 SHELL_TIMEOUT = 300
-SYSTEMD = "org.freedesktop.systemd1"
 
 
 def agents_dir() -> str:
@@ -344,9 +343,9 @@ class GateService:
 
     async def run_shell(self, req: ShellRequest) -> Mapping[str, Any]:
         """Run the command in the agent's own scope and sandbox: a child of
-        the daemon is moved into the scope by systemd (AttachProcessesToUnit),
-        then builds a fresh fence from the agent's recorded spec (same
-        mounts, same user, same network setting) and runs `sh -c COMMAND`."""
+        the daemon is moved into the scope (its cgroups), then builds a fresh
+        fence from the agent's recorded spec (same mounts, same user, same
+        network setting) and runs `sh -c COMMAND` in it."""
         live = self.live.get(req.agent_id)
         if live is None or not live.rec.running:
             raise Unavailable(f"agent {req.agent_id} is not running")
@@ -365,7 +364,7 @@ class GateService:
         )
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         try:
-            await self._attach(live.rec.unit, proc.pid)
+            await self._attach(live.rec, proc.pid)
             proc.stdin.write(json.dumps({"unit": live.rec.unit, "spec": spec}).encode())
             await proc.stdin.drain()
             proc.stdin.close()
@@ -386,17 +385,25 @@ class GateService:
                 "stdout": out.decode("utf-8", "replace"),
                 "stderr": err.decode("utf-8", "replace")}
 
-    async def _attach(self, unit: str, pid: int) -> None:
-        reply = await self._bus.call(
-            Message(
-                destination=SYSTEMD, path="/org/freedesktop/systemd1",
-                interface="org.freedesktop.systemd1.Manager", member="AttachProcessesToUnit",
-                signature="ssau", body=[unit, "", [pid]],
-            )
-        )
-        if reply is None or reply.message_type is MessageType.ERROR:
-            text = str(reply.body[0]) if reply is not None and reply.body else ""
-            raise Unavailable(f"systemd would not move the shell into {unit}: {text}")
+    async def _attach(self, rec: AgentRecord, pid: int) -> None:
+        """Move `pid` into the agent's scope in every cgroup hierarchy, as the
+        container launcher does for its engine. systemd's own
+        AttachProcessesToUnit refuses units without Delegate=yes, which agent
+        scopes deliberately are not; the cgroup is read from the agent's
+        supervisor, which lives in the scope for the agent's whole life."""
+        try:
+            cgroup = cgroup_of(rec.supervisor_pid)
+            if rec.unit not in cgroup.split("/"):
+                raise Unavailable(f"agent {rec.id}'s supervisor is not in {rec.unit}")
+            with open("/proc/self/mountinfo", encoding="utf-8") as f:
+                files = [p for p in cgroup_procs_files(cgroup, f.read()) if os.path.exists(p)]
+            if not files:
+                raise Unavailable(f"the control group {cgroup} is not mounted here")
+            for path in files:
+                with open(path, "w", encoding="ascii") as f:
+                    f.write(str(pid))
+        except OSError as exc:
+            raise Unavailable(f"cannot move the shell into {rec.unit}: {exc}") from None
 
 
 def _prepare_folder(folder: str, user: UserInfo) -> None:

@@ -2,8 +2,8 @@
 daemon for one command of one agent.
 
 It reads the sandbox spec (JSON) from stdin and waits for end of file: the
-daemon first moves this process into the agent's scope (systemd
-`AttachProcessesToUnit`) and only then sends the spec, so nothing runs outside
+daemon first moves this process into the agent's scope (its cgroups) and
+only then sends the spec, so nothing runs outside
 the scope. It then checks that it really sits in the scope named in the spec
 message, puts /dev/null on stdin and runs the command through the same
 launcher as the agent (a fresh fence built from the agent's recorded spec),

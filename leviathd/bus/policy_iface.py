@@ -2,8 +2,6 @@
 calls and the machine-wide allowlist. Identity comes from the bus, decisions
 from polkit and the gate service."""
 
-from __future__ import annotations
-
 import asyncio
 from pathlib import Path
 from typing import Annotated, Any
