@@ -93,6 +93,11 @@ allow_private_addresses = true
 tool = "http_post"
 target = "localhost"
 max_sensitivity = "private"
+
+[credentials.api]
+command = ["sh", "-c", "echo token=$API_TOKEN args=$*", "cred"]
+secret_file = "/etc/leviath/api.key"
+env = "API_TOKEN"
 """
 
 
@@ -188,6 +193,7 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
         """, user=user, input=BLUEPRINT)
         bed.run(["sh", "-c", "cat > loop.sh"], user=user, cwd=f"{h}/gw", input=LOOP)
     bed.write_file("/etc/leviath/config.toml", config())
+    bed.write_file("/etc/leviath/api.key", "s3cret-value\n", mode=0o600)
     bed.write_file("/root/srv.py", SERVER)
     bed.run(["rm", "-f", "/root/posts.log"])
     server = subprocess.Popen(bed.command(["python3", "/root/srv.py"]))
@@ -395,6 +401,40 @@ def test_lev_mcp_inside_the_agent_lists_and_calls_the_gated_tools(alice_agent: A
     assert replies[3]["result"]["isError"] is False
     assert "small" in replies[3]["result"]["content"][0]["text"]
     assert replies[4]["result"]["isError"] is True
+
+
+def test_the_credential_tool_uses_a_root_only_secret_the_agent_never_sees(
+    bed: Testbed, alice_agent: Agent
+) -> None:
+    r = bed.run(["cat", "/etc/leviath/api.key"], user="alice", check=False)
+    assert r.returncode != 0  # alice herself cannot read it
+    rc, out, err = alice_agent.call("lev tool credential api one two")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert "token=[redacted] args=one two" in result["stdout"]
+    assert "s3cret" not in out + err
+
+
+def test_an_unsandboxed_agent_reaches_its_broker_by_the_host_path(bed: Testbed) -> None:
+    home = bed.users["dave"].home
+    bed.run(f"mkdir -p {home}/gw && echo dave-small > {home}/gw/small.txt", user="dave")
+    r = bed.run(["lev", "run", "--no-sandbox", "--", "sh", "-c",
+                 'echo "$LEVIATH_BROKER"; lev tool read_file small.txt'],
+                user="dave", cwd=f"{home}/gw")
+    lines = r.stdout.splitlines()
+    assert re.fullmatch(r"/run/leviath/agents/[0-9a-f]{8}/broker\.sock", lines[0]), lines
+    assert lines[1] == "dave-small"
+
+
+def test_lev_run_on_a_terminal_asks_inline_and_the_answer_lets_the_call_run(
+    bed: Testbed,
+) -> None:
+    home = bed.users["alice"].home
+    inner = "lev run -- sh -c 'lev tool list_dir . >/dev/null && echo LISTED'"
+    r = bed.run(f"(sleep 4; printf 'o\\n'; sleep 6) | script -qec \"{inner}\" /dev/null",
+                user="alice", cwd=f"{home}/gw", timeout=60)
+    assert "Allow [o]nce" in r.stdout and "list_dir" in r.stdout
+    assert "LISTED" in r.stdout, r.stdout
 
 
 def test_only_the_agent_itself_may_use_its_socket(bed: Testbed, alice_agent: Agent) -> None:

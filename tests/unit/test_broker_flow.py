@@ -106,6 +106,26 @@ def test_the_credential_tool_hides_the_secret_and_labels_output_private(
         assert reply["label"] == "private" and reply["taint"] == "private"
 
 
+def test_a_credential_secret_can_come_from_a_command_whose_failure_shows_no_output(
+    tmp_path: Path,
+) -> None:
+    home, work = _dirs(tmp_path)
+    ok = CredentialSpec(("/bin/sh", "-c", 'echo "auth=$API_TOKEN"'), "", "API_TOKEN",
+                        secret_command=("/bin/echo", "from-cmd-s3cret"))
+    bad = CredentialSpec(("/bin/true",), "", "API_TOKEN",
+                         secret_command=("/bin/sh", "-c", "echo leaked-s3cret; exit 3"))
+    # Taint off: the first call's Private output would hold the second.
+    settings = PolicySettings(credentials={"ok": ok, "bad": bad}, taint_enabled=False)
+    with running_broker(home=home, workdir=work, settings=settings,
+                        socket_path=str(tmp_path / "b.sock")) as b:
+        reply = call(b.path, "credential", {"name": "ok"})
+        assert reply["ok"], reply
+        assert reply["result"]["stdout"] == "auth=[redacted]\n"
+        reply = call(b.path, "credential", {"name": "bad"})
+        assert not reply["ok"] and "status 3" in reply["error"]["message"]
+        assert "leaked" not in str(reply)
+
+
 def test_shell_runs_through_the_daemons_runner(tmp_path: Path) -> None:
     home, work = _dirs(tmp_path)
     seen: list[ShellRequest] = []
