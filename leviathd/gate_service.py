@@ -13,7 +13,8 @@
 
 `recover()` re-creates the brokers of agents adopted after a daemon restart
 from their snapshots: an agent keeps the policy it started with, restart or
-not. Every decision goes to the journal (`journalctl LEVIATH_AGENT=<id>`).
+not, and its ledger (saved after every call that changed it), so a restart
+does not reset its taint. Every decision goes to the journal (`journalctl LEVIATH_AGENT=<id>`).
 The `shell` tool runs in the agent's own scope and sandbox (see `run_shell`).
 """
 
@@ -42,7 +43,8 @@ from leviathd.config.merge import MergeResult
 from leviathd.errors import AccessDenied, NotFound, Unavailable
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import Answer, ApprovalQueue, PendingRequest
-from leviathd.policy.ledger import Ledger
+from leviathd.policy.labels import Sensitivity
+from leviathd.policy.ledger import Entry, Ledger
 from leviathd.policy.settings import CredentialSpec, PolicySettings
 from leviathd.readpaths import is_inside
 from leviathd.records import AgentRecord, RecordStore
@@ -210,7 +212,8 @@ class GateService:
                 continue
             try:
                 settings = self._load_snapshot(agent_id)
-                await self._open(rec, user_info(rec.uid), settings)
+                ledger = self._load_ledger(agent_id, settings.budget)
+                await self._open(rec, user_info(rec.uid), settings, ledger)
             except (OSError, ValueError, KeyError, TypeError, NotFound) as exc:
                 journal.record(
                     f"agent {agent_id}: no tool broker after the restart: {exc}",
@@ -223,7 +226,7 @@ class GateService:
                     shutil.rmtree(agent_dir(name), ignore_errors=True)
         with contextlib.suppress(OSError):
             for name in os.listdir(self._snapshots):
-                if name.removesuffix(".json") not in running:
+                if name.split(".")[0] not in running:
                     with contextlib.suppress(OSError):
                         os.unlink(os.path.join(self._snapshots, name))
 
@@ -235,7 +238,10 @@ class GateService:
             live.broker.close()
         self.live.clear()
 
-    async def _open(self, rec: AgentRecord, user: UserInfo, settings: PolicySettings) -> None:
+    async def _open(
+        self, rec: AgentRecord, user: UserInfo, settings: PolicySettings,
+        ledger: Ledger | None = None,
+    ) -> None:
         folder = agent_dir(rec.id)
         _prepare_folder(folder, user)
         approvals = ApprovalQueue(
@@ -245,8 +251,8 @@ class GateService:
         )
         broker = Broker(
             agent_id=rec.id, user=user, workdir=rec.workdir, settings=settings,
-            ledger=Ledger(settings.budget), approvals=approvals, audit=write_audit,
-            shell=self.run_shell,
+            ledger=ledger or Ledger(settings.budget), approvals=approvals,
+            audit=lambda record: self._audit(rec.id, record), shell=self.run_shell,
         )
         server = BrokerServer(broker, lookup=self.lookup,
                               path=os.path.join(folder, SOCKET_NAME), mode=0o600)
@@ -256,6 +262,19 @@ class GateService:
             broker.close()
             raise
         self.live[rec.id] = _Live(rec, broker, server)
+
+    def _audit(self, agent_id: str, record: AuditRecord) -> None:
+        write_audit(record)
+        live = self.live.get(agent_id)
+        if live is not None and record.outcome in ("allow", "error"):
+            # The ledger changed: keep it, so a daemon restart does not reset
+            # the agent's taint. (Evictions the agent reports are saved with
+            # the next call: until then a restart only errs on the tainted side.)
+            try:
+                self._save_ledger(agent_id, live.broker.ledger)
+            except OSError as exc:
+                journal.record(f"agent {agent_id}: ledger not saved: {exc}",
+                               priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id)
 
     def lookup(self, cgroup: str) -> str | None:
         """The running agent whose scope holds this cgroup path, confirmed
@@ -281,6 +300,28 @@ class GateService:
             json.dump(settings_to_json(settings), f)
         os.replace(tmp, path)
 
+    def _save_ledger(self, agent_id: str, ledger: Ledger) -> None:
+        path = os.path.join(self._snapshots, f"{agent_id}.ledger")
+        entries = [{"id": e.id, "tool": e.tool, "target": e.target, "label": int(e.label),
+                    "at": e.at} for e in ledger.entries()]
+        tmp = f"{path}.tmp"
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            json.dump(entries, f)
+        os.replace(tmp, path)
+
+    def _load_ledger(self, agent_id: str, budget: int) -> Ledger:
+        try:
+            with open(os.path.join(self._snapshots, f"{agent_id}.ledger"),
+                      encoding="utf-8") as f:
+                saved = json.load(f)
+        except FileNotFoundError:
+            return Ledger(budget)
+        return Ledger.restore(budget, [
+            Entry(int(e["id"]), str(e["tool"]), str(e["target"]), Sensitivity(int(e["label"])),
+                  float(e["at"]))
+            for e in saved
+        ])
+
     def _load_snapshot(self, agent_id: str) -> PolicySettings:
         try:
             with open(self._snapshot_path(agent_id), encoding="utf-8") as f:
@@ -290,8 +331,10 @@ class GateService:
 
     def _remove(self, agent_id: str) -> None:
         shutil.rmtree(agent_dir(agent_id), ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._snapshot_path(agent_id))
+        for path in (self._snapshot_path(agent_id),
+                     os.path.join(self._snapshots, f"{agent_id}.ledger")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     # -- approvals ----------------------------------------------------------
 

@@ -34,6 +34,18 @@ class Ledger:
         self._counts = [0, 0, 0]  # live entries per Sensitivity value
         self._next_id = 1
 
+    @classmethod
+    def restore(cls, budget: int, entries: Iterable[Entry]) -> Ledger:
+        """A ledger holding `entries` (oldest first) with their ids and labels,
+        as saved by the daemon: taint survives a daemon restart."""
+        ledger = cls(budget)
+        for entry in entries:
+            ledger._entries[entry.id] = entry
+            ledger._counts[entry.label] += 1
+            ledger._next_id = max(ledger._next_id, entry.id + 1)
+        ledger._evict_over_budget()
+        return ledger
+
     @property
     def budget(self) -> int:
         return self._budget

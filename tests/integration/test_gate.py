@@ -513,10 +513,18 @@ def test_lev_policy_add_system_needs_config_manage_and_applies_to_the_next_run(
         time.sleep(1.5)
 
 
-def test_an_agent_adopted_after_a_daemon_restart_keeps_its_broker_and_policy(
+def test_an_agent_adopted_after_a_daemon_restart_keeps_its_broker_policy_and_taint(
     bed: Testbed, alice_agent: Agent
 ) -> None:
+    home = bed.users["alice"].home
+    assert alice_agent.call(f"lev tool read_file {home}/shared/doc.txt")[0] == 0
+    rc, before, err = alice_agent.call("lev tool --ledger")
+    assert rc == 0 and json.loads(before)["taint"] == "private", err
     bed.run(["systemctl", "restart", "leviathd"])
+    rc, after, err = alice_agent.call("lev tool --ledger")
+    assert rc == 0, err
+    assert json.loads(after)["entries"] == json.loads(before)["entries"]
+    assert json.loads(after)["taint"] == "private"
     rc, out, err = alice_agent.call("lev tool read_file small.txt")
     assert rc == 0 and out == "small\n", err
     rc, _out, err = alice_agent.call("lev tool web_fetch http://localhost:1/")

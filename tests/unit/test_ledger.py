@@ -64,3 +64,18 @@ def test_a_smaller_budget_evicts_at_once() -> None:
 def test_a_budget_below_one_is_refused() -> None:
     with pytest.raises(InvalidArgument):
         Ledger(0)
+
+
+def test_a_restored_ledger_keeps_ids_labels_and_taint_and_continues_numbering() -> None:
+    from leviathd.policy.labels import Sensitivity
+    from leviathd.policy.ledger import Ledger
+
+    old = Ledger(3)
+    for label in (Sensitivity.PRIVATE, Sensitivity.INTERNAL, Sensitivity.PUBLIC):
+        old.add("read_file", "x", label)
+    restored = Ledger.restore(3, old.entries())
+    assert restored.entries() == old.entries()
+    assert restored.taint is Sensitivity.PRIVATE
+    assert restored.add("read_file", "y", Sensitivity.PUBLIC).id == 4
+    assert restored.taint is Sensitivity.INTERNAL  # the private entry was the oldest
+    assert Ledger.restore(1, old.entries()).taint is Sensitivity.PUBLIC  # a smaller budget
