@@ -169,7 +169,14 @@ class GateService:
         # exception: the runtime folder's other entries stay hidden by name
         # (other agents' folders are 0700 of their users, and their sockets
         # refuse any peer outside their own scope).
-        hidden = [h for h in spec.hidden if not is_inside(own, h)]
+        runtime = {runtime_dir(), os.path.realpath(runtime_dir())}
+        hidden = [h for h in spec.hidden if h not in runtime]
+        broader = next((h for h in hidden if is_inside(own, h)), None)
+        if broader is not None:
+            # An admin hid something above the runtime folder (say /run):
+            # that wins; the agent runs without its broker and is told why.
+            return replace(spec, notes=(*spec.notes, f"tool broker not bound: {own} is "
+                                        f"inside the hidden path {broader}"))
         with contextlib.suppress(OSError):
             for name in sorted(os.listdir(runtime_dir())):
                 if name != "agents":
