@@ -386,23 +386,46 @@ def _record_path(name: str) -> str:
     return os.path.join(runtime_dir(), "containers", f"{name}.json")
 
 
-def _write_record(name: str, eng: engines.Engine) -> None:
-    """What the worker needs to exec into `name` (it has only the spec)."""
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What the worker needs to exec into a container (it has only the spec):
+    written by `ensure` under the runtime folder, root only."""
+
+    engine: engines.Engine
+    container_id: str = ""
+    oci_config: str = ""  # the container's OCI config.json (podman)
+    runtime_path: str = ""  # the OCI runtime binary that runs it (podman)
+
+
+def _write_record(name: str, rec: Record) -> None:
     folder = os.path.dirname(_record_path(name))
     os.makedirs(folder, mode=0o700, exist_ok=True)
     tmp = _record_path(name) + ".tmp"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(dataclasses.asdict(eng), f)
+        json.dump(dataclasses.asdict(rec), f)
     os.rename(tmp, _record_path(name))
 
 
-def _read_record(name: str) -> engines.Engine:
+def _read_record(name: str) -> Record:
     try:
         with open(_record_path(name)) as f:
             data = json.load(f)
-    except (OSError, ValueError) as exc:
+        eng = engines.Engine(**data.pop("engine"))
+        return Record(engine=eng, **data)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
         raise Unavailable(f"container {name} is not known to this daemon: {exc}") from None
-    return engines.Engine(name=data["name"], path=data["path"], runtime=data["runtime"])
+
+
+async def _record_for(eng: engines.Engine, name: str, found: dict[str, Any] | None) -> Record:
+    info = found if found is not None else await _inspect(eng, name)
+    if eng.name != "podman" or info is None:
+        return Record(engine=eng)
+    runtime = str(info.get("OCIRuntime") or "")
+    path = runtime if runtime.startswith("/") else (engines.find_binary(runtime) or "")
+    return Record(
+        engine=eng, container_id=str(info.get("Id") or ""),
+        oci_config=str(info.get("OCIConfigPath") or ""), runtime_path=path,
+    )
 
 
 async def _inspect(eng: engines.Engine, name: str) -> dict[str, Any] | None:
@@ -444,7 +467,7 @@ async def ensure(agent_id: str, unit: str, spec: SandboxSpec, effective: Any) ->
             if found_labels.get(LABEL_DAEMON) != instance:
                 raise Unavailable(f"a container named {name} exists and is not this daemon's")
             if (found.get("State") or {}).get("Running"):
-                _write_record(name, eng)
+                _write_record(name, await _record_for(eng, name, found))
                 return name
             await _engine_cmd([*eng.base(), "rm", "-f", name])
         cgroup = await _unit_cgroup(unit)
@@ -458,7 +481,7 @@ async def ensure(agent_id: str, unit: str, spec: SandboxSpec, effective: Any) ->
         if rc != 0:
             await _engine_cmd([*eng.base(), "rm", "-f", name])
             raise Unavailable(f"{eng.name} could not start the agent's container: {_tail(err)}")
-        _write_record(name, eng)
+        _write_record(name, await _record_for(eng, name, None))
     _locks.pop(name, None)
     return name
 
@@ -491,7 +514,7 @@ def exec_argv(container: str, spec: SandboxSpec, eng: engines.Engine | None = No
     """`<engine> exec` of spec.argv in `container` (as the user it was
     started as), in the workdir,
     with exactly the spec's environment (see exec_env for how it travels)."""
-    eng = eng or _read_record(container)
+    eng = eng or _read_record(container).engine
     # No --user: the container runs as the user already, and an exec with
     # --user loses the supplementary groups given at `run` (seen with podman).
     argv = [*eng.base(), "exec", "-i", "--workdir", spec.workdir]
@@ -505,11 +528,83 @@ def exec_argv(container: str, spec: SandboxSpec, eng: engines.Engine | None = No
     return [*argv, container, *spec.argv]
 
 
+EXEC_ENV = "LEVIATH_CONTAINER_EXEC"
+_RUNTIMES_WITH_PROCESS_FILE = ("runc", "crun")
+
+
+def runtime_process(config: Mapping[str, Any], spec: SandboxSpec) -> dict[str, Any]:
+    """The OCI process for one command: the container's own process (its
+    user and groups, no capabilities, no_new_privs, rlimits, LSM labels) with
+    the spec's argv, environment and workdir. Pure."""
+    process = dict(config["process"])
+    user = process.get("user") or {}
+    if user.get("uid") != spec.uid or user.get("gid") != spec.gid:
+        raise Unavailable("the container does not run as the agent's user")
+    if process.get("capabilities") or not process.get("noNewPrivileges"):
+        raise Unavailable("the container's process keeps capabilities or may gain privileges")
+    process.update(
+        args=list(spec.argv), env=[f"{k}={v}" for k, v in spec.env.items()],
+        cwd=spec.workdir, terminal=False,
+    )
+    process.pop("consoleSize", None)
+    return process
+
+
+def _repair_cgroups(runtime_root: str, container_id: str) -> None:
+    """Recreate the container's cgroup folders the runtime will join and that
+    systemd removed (it trims v1 controllers a scope does not use, e.g. blkio,
+    from the scope's subtree; seen in the bed). They carry no limits: the ones
+    that matter (memory, pids) are the scope's own controllers, never trimmed."""
+    try:
+        with open(os.path.join(runtime_root, container_id, "state.json")) as f:
+            paths = json.load(f).get("cgroup_paths") or {}
+    except (OSError, ValueError):
+        return
+    for path in paths.values():
+        if isinstance(path, str) and path.startswith("/sys/fs/cgroup/"):
+            with contextlib.suppress(OSError):
+                os.makedirs(path, exist_ok=True)
+
+
+def runtime_exec(rec: Record, spec: SandboxSpec) -> tuple[list[str], int] | None:
+    """The OCI runtime's own `exec` of spec.argv in the container (argv and
+    the descriptor holding the process), or None when only the engine's
+    `exec` can do it. About five times faster than `podman exec` (no engine,
+    no conmon: the command's stdio are the worker's own descriptors); the
+    process is the container's, see runtime_process."""
+    name = os.path.basename(rec.runtime_path)
+    if (os.environ.get(EXEC_ENV) == "engine" or rec.engine.name != "podman"
+            or name not in _RUNTIMES_WITH_PROCESS_FILE or not rec.container_id):  # fmt: skip
+        return None
+    try:
+        with open(rec.oci_config) as f:
+            process = runtime_process(json.load(f), spec)
+    except (OSError, ValueError, KeyError):
+        return None
+    root = f"/run/{name}"
+    if name == "runc":
+        _repair_cgroups(root, rec.container_id)
+    fd = os.memfd_create("leviath-process", 0)
+    os.set_inheritable(fd, True)  # the runtime opens it by /proc/self/fd
+    os.write(fd, json.dumps(process).encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    argv = [rec.runtime_path, "--root", root, "exec", "--process", f"/proc/self/fd/{fd}",
+            rec.container_id]  # fmt: skip
+    return argv, fd
+
+
 def run(spec: SandboxSpec) -> int:
-    """Worker side: replace this process with the engine's exec. The engine's
-    exit status is the command's (126/127 when it cannot be started, 128+n
+    """Worker side: replace this process with the command's exec into the
+    container named by spec.hostname: the OCI runtime's exec where it can
+    (runc/crun under podman), else the engine's. Exit status: the command's
+    (the runtime/engine say 126/127 or 255 when it cannot be started, 128+n
     when it was killed by signal n)."""
-    argv = exec_argv(spec.hostname, spec)
+    rec = _read_record(spec.hostname)
+    fast = runtime_exec(rec, spec)
+    if fast is not None:
+        argv, _fd = fast
+        os.execve(argv[0], argv, dict(engines.ENGINE_ENV))
+    argv = exec_argv(spec.hostname, spec, rec.engine)
     os.execve(argv[0], argv, exec_env(spec))
 
 

@@ -11,7 +11,7 @@ import pytest
 from leviathd.config.merge import Effective
 from leviathd.config.models import Access, Resources, SandboxKind
 from leviathd.config.models import Mount as ConfigMount
-from leviathd.errors import InvalidArgument
+from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.identity import UserInfo
 from leviathd.sandbox import container
 from leviathd.sandbox import engine as engines
@@ -242,3 +242,50 @@ def test_probe_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     reason = container.probe(eff())
     assert reason == "no container engine (podman or docker) on PATH"
     container._engine_cache.clear()
+
+
+def oci_process(**over: object) -> dict[str, object]:
+    process: dict[str, object] = {
+        "user": {"uid": 1000, "gid": 1000, "additionalGids": [1000, 27]},
+        "args": ["/.leviath-init", "-P"], "env": ["HOSTNAME=x"], "cwd": WORKDIR,
+        "capabilities": {}, "noNewPrivileges": True, "consoleSize": {"height": 1, "width": 1},
+        "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+    }  # fmt: skip
+    process.update(over)
+    return {"process": process}
+
+
+def test_a_runtime_exec_keeps_the_containers_user_groups_and_limits_with_the_specs_argv() -> None:
+    spec = spec_for(eff(), env={"LANG": "C.UTF-8"})
+    process = container.runtime_process(oci_process(), spec)
+    assert process["args"] == ["sh", "-c", "echo hi"]
+    assert process["env"] == [f"{k}={v}" for k, v in spec.env.items()]
+    assert "HOSTNAME=x" not in process["env"]
+    assert process["cwd"] == WORKDIR and process["terminal"] is False
+    assert process["user"] == {"uid": 1000, "gid": 1000, "additionalGids": [1000, 27]}
+    assert process["capabilities"] == {} and process["noNewPrivileges"] is True
+    assert process["rlimits"] == [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}]
+    assert "consoleSize" not in process
+
+
+def test_a_runtime_exec_refuses_a_container_that_is_not_the_users_or_keeps_privileges() -> None:
+    spec = spec_for(eff())
+    with pytest.raises(Unavailable, match="agent's user"):
+        container.runtime_process(oci_process(user={"uid": 0, "gid": 0}), spec)
+    with pytest.raises(Unavailable, match="capabilities"):
+        container.runtime_process(oci_process(capabilities={"bounding": ["CAP_KILL"]}), spec)
+    with pytest.raises(Unavailable, match="privileges"):
+        container.runtime_process(oci_process(noNewPrivileges=False), spec)
+
+
+def test_only_podman_with_runc_or_crun_takes_the_runtime_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = spec_for(eff())
+    docker = container.Record(engine=DOCKER, container_id="c" * 64)
+    assert container.runtime_exec(docker, spec) is None
+    odd = container.Record(engine=PODMAN, container_id="c" * 64, runtime_path="/usr/bin/kata")
+    assert container.runtime_exec(odd, spec) is None
+    monkeypatch.setenv(container.EXEC_ENV, "engine")
+    runc = container.Record(engine=PODMAN, container_id="c" * 64, runtime_path="/usr/sbin/runc")
+    assert container.runtime_exec(runc, spec) is None
