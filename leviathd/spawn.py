@@ -243,6 +243,10 @@ def _launch(spec: SandboxSpec) -> int:
         from leviathd.sandbox import namespace
 
         return namespace.run(spec)
+    if spec.kind == "container":
+        from leviathd.sandbox import container
+
+        return container.run(spec)
     from leviathd.sandbox import none
 
     return none.run(spec)
