@@ -348,6 +348,25 @@ def test_stages_with_identical_settings_share_a_container_and_different_ones_get
     cbed.bed.run(["systemctl", "stop", unit], check=False)
 
 
+def test_a_command_still_runs_after_systemd_trimmed_a_v1_controller_below_the_scope(
+    cbed: Bed,
+) -> None:
+    agent_id, unit = cbed.new_agent()
+    _, name, _ = cbed.agent(["true"], agent=(agent_id, unit))
+    cg = cbed.bed.run(["systemctl", "show", "-P", "ControlGroup", unit]).stdout.strip()
+    pid = cbed.bed.run(["podman", "inspect", "-f", "{{.State.Pid}}", name]).stdout.strip()
+    # What systemd does to a controller the scope does not use (seen with
+    # blkio): processes moved to the root, the folders below the scope removed.
+    cbed.bed.run(f"echo {pid} > /sys/fs/cgroup/blkio/cgroup.procs && "
+                 f"rmdir /sys/fs/cgroup/blkio{cg}/libpod-* && rmdir /sys/fs/cgroup/blkio{cg}")
+    # The next step of the same agent (the scope exists: the worker's part only).
+    req = cbed.request(agent_id, unit, config(), ["sh", "-c", "echo still-here"])
+    r = cbed.bed.run([PY, DRIVER, "run", req], check=False)
+    assert cbed.bed.read_file(f"/root/ctest-{agent_id}.name").strip() == name
+    assert r.returncode == 0 and "still-here" in r.stdout, r.stderr
+    cbed.end(agent_id, unit)
+
+
 def test_stopping_the_scope_ends_the_container_and_teardown_removes_it(cbed: Bed) -> None:
     agent_id, unit = cbed.new_agent()
     _, name, _ = cbed.agent(["true"], agent=(agent_id, unit))
