@@ -58,12 +58,12 @@ FALLBACK_MARK = "fallback:container"
 INIT_TARGET = "/.leviath-init"
 _INIT_CANDIDATES = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit")
 
-# Binds from the spec that make sense in a container (the image supplies the
-# system; the spec's scratch home and tmp are replaced by tmpfs).
-_BIND_WHY = frozenset(
-    {"workdir", "worktree git", "config mount", "agent tool state", "toolchain", "cache",
-     "known_hosts"}
-)
+# Binds of the spec a container leaves out: the image supplies the system,
+# and the spec's scratch home and tmp are replaced by tmpfs. Every other bind
+# (workdir, worktree git folders, config mounts, agent state, toolchains,
+# caches, known_hosts, and what spec extensions add, such as the tool broker's
+# socket folder) is mounted as the spec says.
+_BIND_WHY_SKIPPED = frozenset({"system", "home (scratch)", "tmp (scratch)"})
 # --mount is comma separated and -v colon separated; such paths are refused
 # rather than quoted (a mis-parse would mount the wrong thing).
 _BAD_PATH = re.compile(r"[,\n\"=]")
@@ -187,8 +187,8 @@ def mount_options(
     out: list[str] = []
     mounted: list[str] = []
     for m in spec.mounts:
-        if m.kind == "bind" and m.why in _BIND_WHY:
-            if is_within(m.source, spec.scratch):
+        if m.kind == "bind":
+            if m.why in _BIND_WHY_SKIPPED or is_within(m.source, spec.scratch):
                 continue
             out += _bind(m.source, m.target, m.readonly)
             mounted.append(m.target)

@@ -491,6 +491,21 @@ def test_an_agent_of_the_container_kind_runs_in_its_container_and_it_is_gone_aft
     wait_no_containers(cbed, m.group(1))
 
 
+def test_a_container_agent_sees_its_own_tool_broker_socket_and_nothing_else_of_the_daemons(
+    cbed: Bed, daemon: Testbed,
+) -> None:
+    r = lev(daemon, "alice", "run", "--", "sh", "-c",
+            'echo "broker=$LEVIATH_BROKER"; test -S "$LEVIATH_BROKER" && echo socket=yes; '
+            "ls /run/leviath", check=False)  # fmt: skip
+    if "broker=\n" in r.stdout or "broker=" not in r.stdout:
+        pytest.skip("the daemon does not bind the tool broker into container agents yet "
+                    f"(no LEVIATH_BROKER): {r.stdout!r} {r.stderr!r}")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "broker=/run/leviath/" in r.stdout and "socket=yes" in r.stdout, r.stdout
+    # Only its own folder: no other agent's socket, nothing else of /run/leviath.
+    assert r.stdout.splitlines()[2:] == ["broker.sock"], r.stdout
+
+
 def test_lev_stop_ends_the_container_agent_and_removes_its_container(
     cbed: Bed, daemon: Testbed,
 ) -> None:

@@ -4,6 +4,7 @@ joins, and the engine/runtime/ulimit choices. No root, no engine."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -15,7 +16,7 @@ from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.identity import UserInfo
 from leviathd.sandbox import container
 from leviathd.sandbox import engine as engines
-from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec
+from leviathd.sandbox.spec import Mount, RunRequest, SandboxSpec, build_spec
 
 HOME = "/home/alice"
 ALICE = UserInfo("alice", 1000, 1000, (1000, 27, 990), HOME, "/bin/bash")
@@ -102,6 +103,16 @@ def test_the_workdir_is_bound_read_write_at_its_own_path_and_read_mounts_stay_re
     assert "type=bind,source=/srv/out,destination=/srv/out" in mounts
     ro = pairs(options(eff(), mode="ro"), "--mount")
     assert f"type=bind,source={WORKDIR},destination={WORKDIR},ro=true" in ro
+
+
+def test_binds_added_by_spec_extensions_reach_the_container_read_only_as_given() -> None:
+    spec = spec_for(eff())
+    broker = Mount("bind", "/run/leviath", "/run/leviath/agents/0123abcd", readonly=True,
+                   why="tool broker socket")  # fmt: skip
+    spec = dataclasses.replace(spec, mounts=(*spec.mounts, broker))
+    o = container.mount_options(spec, "podman", exists=lambda _p: False)
+    want = "type=bind,source=/run/leviath/agents/0123abcd,destination=/run/leviath,ro=true"
+    assert o[-2:] == ["--mount", want]
 
 
 def test_a_throwaway_workdir_is_an_overlay_and_docker_refuses_it() -> None:
