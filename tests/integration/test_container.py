@@ -554,6 +554,32 @@ def test_a_blueprint_naming_an_engine_or_a_looser_kind_is_overruled(
     assert row["sandbox"] == "container"
 
 
+def test_blueprint_stages_with_identical_settings_share_a_container_through_the_daemon(
+    cbed: Bed, daemon: Testbed,
+) -> None:
+    home = daemon.users["alice"].home
+    daemon.run(["mkdir", "-p", f"{home}/cstages"], user="alice")
+    daemon.write_file(f"{home}/cstages/blueprint.toml", (
+        '[agent]\nname = "staged"\n'
+        '[stages.one]\ncommand = ["hostname"]\n'
+        '[stages.two]\ncommand = ["hostname"]\n'
+        '[stages.three]\ncommand = ["hostname"]\n[stages.three.sandbox]\nnetwork = false\n'))
+    daemon.run(["chown", "-R", "alice", f"{home}/cstages"])
+    daemon.write_file("/etc/leviath/config.toml", config(network=True))
+    try:
+        daemon.run(["systemctl", "reload", "leviathd"])
+        time.sleep(0.5)
+        r = lev(daemon, "alice", "run", f"{home}/cstages")
+        names = r.stdout.split()
+        assert len(names) == 3, r.stdout
+        assert all(re.fullmatch(r"leviath-[0-9a-f]{8}-[0-9a-f]{12}", n) for n in names)
+        assert names[0] == names[1] != names[2]
+        wait_no_containers(cbed, names[0].split("-")[1])
+    finally:
+        daemon.write_file("/etc/leviath/config.toml", DAEMON_CONFIG)
+        daemon.run(["systemctl", "reload", "leviathd"])
+
+
 # Stand-in for a host where the namespace fence cannot be built (leviathd in an
 # unprivileged container, user namespaces or mounts refused): the namespace
 # probe honours this variable, set on the service by a drop-in.
