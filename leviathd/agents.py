@@ -249,14 +249,6 @@ class Agents:
                 limits=_limits(eff),
             )
             scope_usec = int((time.perf_counter() - t_scope) * 1e6)
-            # Containers are started once the scope exists: their cgroups sit
-            # below it. Steps with identical settings share one.
-            for n, ((_label, step_eff, _argv), (label, spec)) in enumerate(
-                zip(plan, steps, strict=True)
-            ):
-                if spec.kind == "container":
-                    name = await container.ensure(agent_id, unit, spec, step_eff)
-                    steps[n] = (label, container.with_container(spec, name))
             rec = AgentRecord(
                 id=agent_id, uid=user.uid, user=user.name, agent=agent_name,
                 command=command or plan[-1][2], workdir=real_workdir, unit=unit,
@@ -265,9 +257,18 @@ class Agents:
                 reads_declared=len(eff.read_paths_declared),
                 supervisor_pid=held.pid, scratch=scratch_path, started_at=time.time(),
             )
-            self._store.save_spec(agent_id, [(label, spec.to_dict()) for label, spec in steps])
             for hook in self.start_hooks:
                 await hook(rec, merged, user)
+            # Containers are started once the scope exists (their cgroups sit
+            # below it) and after the hooks (whose folders they bind, such as
+            # the broker's). Steps with identical settings share one.
+            for n, ((_label, step_eff, _argv), (label, spec)) in enumerate(
+                zip(plan, steps, strict=True)
+            ):
+                if spec.kind == "container":
+                    name = await container.ensure(agent_id, unit, spec, step_eff)
+                    steps[n] = (label, container.with_container(spec, name))
+            self._store.save_spec(agent_id, [(label, spec.to_dict()) for label, spec in steps])
         except BaseException:
             held.abort()
             with contextlib.suppress(ChildProcessError):

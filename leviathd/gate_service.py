@@ -161,8 +161,8 @@ class GateService:
         host_socket = os.path.join(agent_dir(spec.execution_id), SOCKET_NAME)
         if spec.kind == "none":
             return replace(spec, env={**spec.env, "LEVIATH_BROKER": host_socket})
-        if spec.kind != "namespace":
-            return spec  # containers: not wired yet (see docs/security-model.md)
+        if spec.kind not in ("namespace", "container"):
+            return spec
         own = agent_dir(spec.execution_id)
         # /run/leviath is hidden from agents, and the launcher refuses to bind
         # anything inside a hidden path. The agent's own folder is the one
