@@ -315,13 +315,15 @@ class Agents:
             if reason is None:
                 return "namespace", []
             # A container is at least as strict as the fence: use it when it works.
-            if container.probe(eff) is None:
+            fallback_problem = container.probe(eff)
+            if fallback_problem is None:
                 journal.record(
                     f"the namespace fence cannot be built here ({reason}); falling back to the "
                     "container kind",
                     priority=syslog.LOG_WARNING, LEVIATH_EVENT="sandbox-fallback",
                 )
                 return "container", ["fallback:container"]
+            reason = f"{reason}; nor can the container fallback: {fallback_problem}"
         else:
             reason = container.probe(eff)
             if reason is None:
