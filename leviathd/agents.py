@@ -130,6 +130,8 @@ class Agents:
         self._finalizing: set[str] = set()
         self._user_configs: dict[int, Config] = {}
         self._namespace_probe: object = _UNPROBED
+        # Set by the daemon where systemd is not PID 1: podman alone fences.
+        self.podman_only = False
         # Extension points for other parts (the broker, containers).
         # spec_extensions: each step's spec passes through these before it is
         # recorded and released (e.g. to bind the agent's broker socket in).
@@ -305,6 +307,13 @@ class Agents:
         return rec
 
     def _choose_kind(self, eff: Effective, req: RunInput) -> tuple[str, list[str]]:
+        if self.podman_only:
+            # No systemd to hold a scope: the container is the fence and the
+            # limits (see daemon.py and docs/containers.md).
+            reason = container.probe(eff)
+            if reason is not None:
+                raise Unavailable(f"without systemd, agents run only in containers: {reason}")
+            return "container", ["no-systemd"]
         if req.sandbox == "none":
             return "none", ["unsandboxed"]
         kind = str(getattr(eff.kind, "value", eff.kind))
