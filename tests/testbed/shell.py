@@ -62,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         bed.wait_running()
         _say(f"booted in {bed.boot_seconds:.2f}s (systemd is pid {bed.pid} on the host)")
         bed.install_project(REPO)
-        bed.add_standard_users()
+        users = bed.add_standard_users()
+        # A project folder each: an agent's workdir is a project, not a whole home.
+        for name in users:
+            bed.run(["mkdir", "-p", "project"], user=name)
         unit = bed.run(["systemctl", "cat", "leviathd.service"], check=False)
         if args.no_daemon:
             pass
@@ -83,9 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         if not command:
             _say(
                 "shell inside the bed; `exit` powers it off. "
-                "Try: systemctl status leviathd; runuser -u alice -- lev ps"
+                "Try: systemctl status leviathd; "
+                "cd /home/alice/project && runuser -u alice -- lev run -- id"
             )
-        proc = subprocess.Popen(bed.command(argv_inside, user=args.user, env=env))
+        cwd = f"{users[args.user].home}/project" if args.user in users else None
+        proc = subprocess.Popen(bed.command(argv_inside, user=args.user, env=env, cwd=cwd))
         # Ctrl-C belongs to the shell inside: wait it out here (a Python-level
         # handler, unlike SIG_IGN, is not inherited by the child).
         signal.signal(signal.SIGINT, lambda s, f: None)
