@@ -532,6 +532,14 @@ class Agents:
         argv = ["journalctl", "--no-pager", "-o", "cat", "--all", f"_SYSTEMD_UNIT={rec.unit}"]
         if follow and rec.running:
             argv.append("--follow")
+        if not journal.available():
+            # No journald (systemd is not PID 1): the supervisor wrote the
+            # agent's output to its log file in the state folder.
+            path = journal.log_path(rec.id)
+            if not os.path.exists(path):
+                os.close(write_fd)
+                return read_fd
+            argv = ["tail", "-c", "+1", *(["-f"] if follow and rec.running else []), "--", path]
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=write_fd,

@@ -24,7 +24,7 @@ from leviathd.config_watch import ConfigWatcher
 from leviathd.errors import LeviathError
 from leviathd.gate_service import GateService
 from leviathd.records import RecordStore
-from leviathd.systemd import journal, notify
+from leviathd.systemd import absent, journal, notify
 from leviathd.systemd.manager import SystemdManager
 
 log = logging.getLogger("leviathd")
@@ -41,8 +41,19 @@ def machine_config_path() -> str:
 async def serve() -> int:
     bus = await MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True).connect()
     caller.install(bus)
-    systemd = SystemdManager(bus)
-    await systemd.attach()
+    systemd_booted = absent.booted()
+    systemd: SystemdManager
+    if systemd_booted:
+        systemd = SystemdManager(bus)
+        await systemd.attach()
+    else:
+        # No systemd as PID 1: no scopes, units or journald. Agents still run,
+        # each in a podman container (see systemd/absent.py).
+        systemd = absent.NoSystemd(bus)
+        journal.record(
+            absent.NOTICE.format(logs=journal.logs_dir()),
+            priority=syslog.LOG_WARNING, LEVIATH_EVENT="no-systemd",
+        )
     store = RecordStore(state_dir())
     store.ensure()
 
@@ -62,6 +73,7 @@ async def serve() -> int:
         scratch_dir_default=os.path.join(state_dir(), "scratch"),
         on_started=started, on_ended=ended,
     )
+    agents.podman_only = not systemd_booted
     agents.load_machine_config()
     gate = GateService(bus, agents, state_dir=state_dir())
     gate.install()

@@ -163,9 +163,15 @@ def _supervise(
     """Run each step (seed commands, then stages or the command) in turn, in
     its own fence, stopping at the first that fails; the agent's exit status
     is the last step's."""
+    agent_id = os.path.basename(exit_path).split(".")[0]
     # We are in the scope now: journald files these streams under its unit.
-    j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO, unit=unit)
-    j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING, unit=unit)
+    # Without journald (systemd is not PID 1) both go to the agent's log file.
+    j_out = journal.open_stream(
+        identifier, priority=syslog.LOG_INFO, unit=unit, agent_id=agent_id
+    )
+    j_err = journal.open_stream(
+        identifier, priority=syslog.LOG_WARNING, unit=unit, agent_id=agent_id
+    )
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -173,7 +179,6 @@ def _supervise(
     # process that records how it ended.
     _write_proc("/proc/self/oom_score_adj", "-1000")
     code = 0
-    agent_id = os.path.basename(exit_path).split(".")[0]
     for label, spec in steps:
         if len(steps) > 1:
             journal.record_after_fork(

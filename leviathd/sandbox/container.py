@@ -44,6 +44,7 @@ from typing import Any
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.sandbox import engine as engines
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
+from leviathd.systemd import absent
 
 LABEL_AGENT = "org.leviath.agent"
 LABEL_USER = "org.leviath.user"
@@ -341,6 +342,9 @@ _JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift
 
 
 async def _unit_cgroup(unit: str) -> str:
+    if not absent.booted():
+        # No systemd: the daemon made the agent's cgroup itself, named so.
+        return absent.control_group(unit)
     proc = await asyncio.create_subprocess_exec(
         "systemctl", "show", "--property=ControlGroup", "--value", unit,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,

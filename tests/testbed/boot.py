@@ -67,6 +67,48 @@ MASKED_UNITS = (
 )
 
 
+# PID 1 of a bed booted without systemd (Testbed(systemd=False)): starts the
+# system bus, reaps orphans, and on SIGTERM ends everything in the namespace.
+NO_SYSTEMD_INIT = "/.testbed-init"
+NO_SYSTEMD_INIT_COMM = ".testbed-init"
+NO_SYSTEMD_INIT_SOURCE = """#!/usr/bin/python3
+import os, signal, subprocess, time
+
+class Stop(Exception):
+    pass
+
+def stop(signum, frame):
+    raise Stop()
+
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+os.makedirs("/run/dbus", exist_ok=True)
+log = open("/run/testbed-init.log", "ab")
+subprocess.Popen(["dbus-daemon", "--system", "--nofork", "--nopidfile"],
+                 stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+try:
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            time.sleep(0.2)
+except Stop:
+    pass
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    try:
+        os.kill(-1, sig)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        time.sleep(0.05)
+"""
+
+
 class TestbedUnavailable(Exception):
     """This host cannot boot the test bed (not root, no namespaces, ...)."""
 
@@ -134,7 +176,9 @@ def systemd_version() -> int:
         return 0
 
 
-def _stage2_script(hs: list[cgroups.Hierarchy], console: Path, name: str) -> str:
+def _stage2_script(
+    hs: list[cgroups.Hierarchy], console: Path, name: str, *, systemd: bool = True
+) -> str:
     """The shell script run as the first process of the new namespaces."""
     q = shlex.quote
     lines = [
@@ -195,6 +239,13 @@ def _stage2_script(hs: list[cgroups.Hierarchy], console: Path, name: str) -> str
     ]
     for unit in MASKED_UNITS:
         lines.append(f"ln -sf /dev/null $R/etc/systemd/system/{q(unit)}")
+    if not systemd:
+        lines += [
+            f"cat > $R{NO_SYSTEMD_INIT} <<'TESTBED_INIT_EOF'",
+            NO_SYSTEMD_INIT_SOURCE.rstrip("\n"),
+            "TESTBED_INIT_EOF",
+            f"chmod 755 $R{NO_SYSTEMD_INIT}",
+        ]
     lines += [
         f"echo {q(name)} > $R/etc/hostname",
         f"hostname {q(name[:63])}",
@@ -204,7 +255,7 @@ def _stage2_script(hs: list[cgroups.Hierarchy], console: Path, name: str) -> str
         "umount -l /.testbed-oldroot",
         "rmdir /.testbed-oldroot",
         f"export container={q('leviath-testbed')}",
-        "exec " + " ".join(q(a) for a in _systemd_argv()),
+        "exec " + " ".join(q(a) for a in (_systemd_argv() if systemd else [NO_SYSTEMD_INIT])),
     ]
     return "\n".join(lines) + "\n"
 
@@ -230,8 +281,13 @@ class Testbed:
 
     __test__ = False  # not a test class, whatever pytest thinks of the name
 
-    def __init__(self, *, share_network: bool = False, keep_logs: bool = False) -> None:
+    def __init__(
+        self, *, share_network: bool = False, keep_logs: bool = False, systemd: bool = True
+    ) -> None:
         self.name = f"{cgroups.PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
+        # systemd=False: PID 1 is a small init (NO_SYSTEMD_INIT_SOURCE) that
+        # starts only the system bus; nothing else of systemd runs.
+        self.systemd = systemd
         self.share_network = share_network
         self.keep_logs = keep_logs or os.environ.get("LEVIATH_TESTBED_KEEP") == "1"
         self.workdir = Path(tempfile.mkdtemp(prefix=self.name + ".", dir="/var/tmp"))
@@ -269,7 +325,8 @@ class Testbed:
             "sh", "-c", stage1, "stage1",
             *[str(c / "cgroup.procs") for c in self._cgroups], "--",
             "unshare", *namespaces,
-            "sh", "-c", _stage2_script(hs, self.console_log, self.name), "stage2",
+            "sh", "-c", _stage2_script(hs, self.console_log, self.name, systemd=self.systemd),
+            "stage2",
         ]  # fmt: skip
         log = (self.workdir / "stage.log").open("wb")
         self._started = time.monotonic()
@@ -293,7 +350,8 @@ class Testbed:
                 raise TestbedError(f"the test bed did not boot:\n{self.logs()}")
             with contextlib.suppress(OSError, ValueError):
                 for pid in self._children_of(self._proc.pid, children):
-                    if Path(f"/proc/{pid}/comm").read_text().strip() == "systemd":
+                    comm = "systemd" if self.systemd else NO_SYSTEMD_INIT_COMM
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == comm:
                         return int(pid)
             time.sleep(0.02)
         raise TestbedError(f"systemd did not start within {timeout}s:\n{self.logs()}")
@@ -317,6 +375,8 @@ class Testbed:
         """
         deadline = time.monotonic() + timeout
         state = "unknown"
+        if not self.systemd:
+            return self._wait_bus(deadline)
         while time.monotonic() < deadline:
             left = max(1.0, deadline - time.monotonic())
             try:
@@ -337,6 +397,19 @@ class Testbed:
             time.sleep(0.1)
         raise TestbedError(f"systemd not running after {timeout}s (state {state!r})")
 
+    def _wait_bus(self, deadline: float) -> str:
+        """Without systemd, "running" means the system bus answers."""
+        while time.monotonic() < deadline:
+            r = self.run(["busctl", "--system", "list", "--no-pager"], check=False, timeout=10)
+            if r.returncode == 0:
+                if self.boot_seconds is None:
+                    self.boot_seconds = time.monotonic() - self._started
+                return "running"
+            if self._proc is not None and self._proc.poll() is not None:
+                raise TestbedError(f"the init exited during boot:\n{self.logs()}")
+            time.sleep(0.1)
+        raise TestbedError(f"the system bus did not come up:\n{self.logs()}")
+
     def logs(self) -> str:
         parts = []
         for f in ("stage.log", "console.log"):
@@ -352,7 +425,10 @@ class Testbed:
         """
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            if self._pid is not None:
+            if self._pid is not None and not self.systemd:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._pid, signal.SIGTERM)  # the init ends everything
+            elif self._pid is not None:
                 with contextlib.suppress(Exception):
                     self.run(["systemctl", "poweroff", "--no-block"], check=False, timeout=10)
             try:
@@ -558,7 +634,7 @@ class Testbed:
     def install_project(self, checkout: str | os.PathLike[str]) -> None:
         from .project import install_project
 
-        install_project(self, Path(checkout))
+        install_project(self, Path(checkout), systemd=self.systemd)
 
 
 STANDARD_USERS: dict[str, tuple[str, ...]] = {

@@ -70,7 +70,9 @@ def destinations(checkout: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def install_project(bed: Testbed, checkout: Path) -> None:
+def install_project(bed: Testbed, checkout: Path, *, systemd: bool = True) -> None:
+    """systemd=False: a bed without systemd (no daemon-reload, no units to
+    enable; polkitd, if wanted, is started by the caller)."""
     package = checkout / "leviathd"
     if not package.is_dir():
         raise FileNotFoundError(f"{package} is not a folder: is {checkout} the checkout?")
@@ -101,6 +103,8 @@ def install_project(bed: Testbed, checkout: Path) -> None:
     if any(d.startswith("/usr/share/dbus-1/") for d in dests):
         bed.run(["busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
                  "org.freedesktop.DBus", "ReloadConfig"])  # fmt: skip
+    if not systemd:
+        return
     bed.run(["systemctl", "daemon-reload"])
     if any(d.startswith("/usr/share/polkit-1/") for d in dests):
         # polkitd watches its folders, but a restart makes the new actions and
