@@ -178,3 +178,17 @@ def test_an_agent_outlives_a_killed_daemon_and_the_next_one_adopts_it_and_cleans
     wait_for(lambda: row(bed, agent_id)["state"] != "running", "the agent did not end")
     assert row(bed, agent_id)["exit_status"] == 5
     wait_for(lambda: not containers(bed, agent_id), "its container was not removed")
+
+
+def test_lev_logs_follow_prints_lines_as_they_come_and_returns_when_the_agent_ends(
+    bed: Testbed,
+) -> None:
+    out = lev(bed, "alice", "run", "--detach", "--", "sh", "-c",
+              "echo one; sleep 2; echo two; sleep 1; echo three")  # fmt: skip
+    agent_id = out.stdout.strip()
+    t0 = time.monotonic()
+    r = lev(bed, "alice", "logs", "--follow", agent_id, timeout=60)
+    # It waited for the lines written after it started, then ended with the agent.
+    assert r.stdout.splitlines() == ["one", "two", "three"], r.stdout
+    assert time.monotonic() - t0 >= 2
+    assert row(bed, agent_id)["state"] == "exited"
