@@ -409,9 +409,6 @@ class Agents:
         try:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(rec.supervisor_pid, os.WNOHANG)
-            # Whatever the agent left behind in its scope ends with it.
-            with contextlib.suppress(Exception):
-                await self._systemd.stop_unit(rec.unit)
             ended = self._store.read_exit(agent_id)
             if ended is not None:
                 rec.exit_status, rec.ended_at = ended
@@ -423,13 +420,12 @@ class Agents:
                 rec.state = AgentState.FAILED
             else:
                 rec.state = AgentState.EXITED
-            for hook in self.end_hooks:
-                with contextlib.suppress(Exception):
-                    await hook(rec)
             if rec.scratch:
                 scratch.remove(rec.scratch)
             self._store.save(rec)
-            self._store.drop_exit(agent_id)
+            # The record is final and the scratch gone: whoever waits for the
+            # end (an attached `lev run`) may go on while the slower clean-up
+            # below (containers, the broker, stragglers) finishes.
             journal.record(
                 f"agent {agent_id} ({rec.agent}) of {rec.user} ended: {rec.state.value}"
                 + (f", exit status {rec.exit_status}" if rec.exit_status is not None else ""),
@@ -438,6 +434,13 @@ class Agents:
             )
             self._on_ended(agent_id, -1 if rec.exit_status is None else rec.exit_status,
                            rec.state.value)
+            # Whatever the agent left behind in its scope ends with it.
+            with contextlib.suppress(Exception):
+                await self._systemd.stop_unit(rec.unit)
+            for hook in self.end_hooks:
+                with contextlib.suppress(Exception):
+                    await hook(rec)
+            self._store.drop_exit(agent_id)
             asyncio.get_running_loop().call_later(1.0, self._end_followers, agent_id)
         finally:
             self._finalizing.discard(agent_id)

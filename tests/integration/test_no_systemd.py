@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from collections.abc import Iterator
 from subprocess import CompletedProcess
@@ -166,7 +167,10 @@ def _daemon_pid(bed: Testbed) -> int:
 def test_an_agent_outlives_a_killed_daemon_and_the_next_one_adopts_it_and_cleans_up(
     bed: Testbed,
 ) -> None:
-    out = lev(bed, "alice", "run", "--detach", "--", "sh", "-c", "sleep 5; exit 5")
+    # It ends when told (a file in its workdir), not on a timer a slow restart could miss.
+    go = f"{bed.users['alice'].home}/cwork/go-{secrets.token_hex(4)}"
+    out = lev(bed, "alice", "run", "--detach", "--", "sh", "-c",
+              f"while [ ! -e {go} ]; do sleep 0.2; done; exit 5")  # fmt: skip
     agent_id = out.stdout.strip()
     assert containers(bed, agent_id)
     bed.run(["kill", "-9", str(_daemon_pid(bed))])
@@ -175,6 +179,7 @@ def test_an_agent_outlives_a_killed_daemon_and_the_next_one_adopts_it_and_cleans
     # Found again by its cgroup, named like its scope: still running, not failed.
     assert row(bed, agent_id)["state"] == "running"
     assert "1 agents adopted" in bed.read_file(LEVIATHD_LOG)
+    bed.run(["touch", go], user="alice")
     wait_for(lambda: row(bed, agent_id)["state"] != "running", "the agent did not end")
     assert row(bed, agent_id)["exit_status"] == 5
     wait_for(lambda: not containers(bed, agent_id), "its container was not removed")
