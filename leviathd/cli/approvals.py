@@ -33,16 +33,6 @@ async def policy_call(
     return list(reply.body)
 
 
-async def add_policy_match(client: Client, member: str) -> None:
-    await client.bus.call(
-        Message(
-            destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-            interface="org.freedesktop.DBus", member="AddMatch", signature="s",
-            body=[f"type='signal',sender='{BUS_NAME}',interface='{POLICY_IFACE}',"
-                  f"member='{member}'"],
-        )
-    )
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls = sub.add_parser("approvals", help="tool calls of your agents waiting for an answer")
@@ -125,7 +115,7 @@ class InlinePrompter:
             return False
 
         self.client.bus.add_message_handler(on_signal)
-        await add_policy_match(self.client, "ApprovalRequested")
+        await self.client.add_signal_match("ApprovalRequested", POLICY_IFACE)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def stop(self) -> None:

@@ -64,12 +64,12 @@ class Client:
             raise DaemonError(name, _FRIENDLY.get(name, text or name))
         return list(reply.body), list(reply.unix_fds)
 
-    async def add_signal_match(self, member: str) -> None:
+    async def add_signal_match(self, member: str, interface: str = MANAGER_IFACE) -> None:
         await self.bus.call(
             Message(
                 destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
                 interface="org.freedesktop.DBus", member="AddMatch", signature="s",
-                body=[f"type='signal',sender='{BUS_NAME}',interface='{MANAGER_IFACE}',"
+                body=[f"type='signal',sender='{BUS_NAME}',interface='{interface}',"
                       f"member='{member}'"],
             )
         )

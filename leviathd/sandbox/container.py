@@ -45,6 +45,7 @@ from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.sandbox import engine as engines
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
 from leviathd.systemd import absent
+from leviathd.systemd.cgroupfs import folders
 
 LABEL_AGENT = "org.leviath.agent"
 LABEL_USER = "org.leviath.user"
@@ -316,24 +317,9 @@ def labels(spec: SandboxSpec, key: str, instance: str) -> list[str]:
 
 def cgroup_procs_files(cgroup: str, mountinfo: str) -> list[str]:
     """The cgroup.procs file of `cgroup` (a path as systemd's ControlGroup
-    gives it) in every mounted hierarchy where that cgroup exists. Pure over
+    gives it) in every mounted hierarchy where that cgroup may exist. Pure over
     the mount table; existence is checked by the caller."""
-    out: list[str] = []
-    seen: set[str] = set()
-    for line in mountinfo.splitlines():
-        fields, sep, after = line.partition(" - ")
-        if not sep or after.split(" ", 1)[0] not in ("cgroup", "cgroup2"):
-            continue
-        parts = fields.split(" ")
-        root, mountpoint = parts[3], parts[4]
-        if not is_within(cgroup, root):
-            continue
-        rel = cgroup[len(root):].lstrip("/") if root != "/" else cgroup.lstrip("/")
-        path = posixpath.join(mountpoint, rel, "cgroup.procs")
-        if path not in seen:
-            seen.add(path)
-            out.append(path)
-    return out
+    return [posixpath.join(folder, "cgroup.procs") for folder in folders(cgroup, mountinfo)]
 
 
 # A shell that writes its pid into each file before `--`, then execs the rest:
