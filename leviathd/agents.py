@@ -14,9 +14,7 @@ import secrets
 import signal
 import syslog
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from dbus_fast.aio import MessageBus
 
@@ -29,6 +27,7 @@ from leviathd.config.models import Blueprint, Config, SandboxKind
 from leviathd.errors import ConfigError, InvalidArgument, NotFound, Unavailable
 from leviathd.identity import UserInfo, user_info
 from leviathd.records import AgentRecord, AgentState, RecordStore
+from leviathd.request import RunInput
 from leviathd.sandbox import container, scratch
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
 from leviathd.systemd import journal
@@ -36,67 +35,11 @@ from leviathd.systemd.manager import ScopeLimits, SystemdError, SystemdManager
 from leviathd.userfiles import read_user_file
 
 SLICE = "leviath.slice"
-WORKDIR_MODES = ("rw", "ro", "throwaway")
 _UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.]")
 
 
 def unit_name(user: str, agent: str, agent_id: str) -> str:
     return f"leviath-{_UNIT_SAFE.sub('_', user)}-{_UNIT_SAFE.sub('_', agent)}-{agent_id}.scope"
-
-
-@dataclass
-class RunInput:
-    command: list[str] = field(default_factory=list)
-    blueprint_text: str | None = None
-    blueprint_source: str = "<request>"
-    workdir: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    sandbox: str = ""
-    workdir_mode: str = "rw"
-
-    @classmethod
-    def from_variants(cls, request: Mapping[str, Any]) -> RunInput:
-        """Check every key and type of a Run request: the bus only promised
-        a{sv}."""
-        expect = {
-            "command": "as",
-            "blueprint": "s",
-            "blueprint_source": "s",
-            "workdir": "s",
-            "env": "a{ss}",
-            "sandbox": "s",
-            "workdir_mode": "s",
-        }
-        values: dict[str, Any] = {}
-        for key, var in request.items():
-            if key not in expect:
-                raise InvalidArgument(f"unknown request key {key!r}; known: {', '.join(expect)}")
-            sig = getattr(var, "signature", None)
-            if sig != expect[key]:
-                raise InvalidArgument(
-                    f"request key {key!r} must have type {expect[key]}, not {sig}"
-                )
-            values[key] = var.value
-        req = cls(
-            command=list(values.get("command", [])),
-            blueprint_text=values.get("blueprint"),
-            blueprint_source=values.get("blueprint_source", "<request>"),
-            workdir=values.get("workdir", ""),
-            env=dict(values.get("env", {})),
-            sandbox=values.get("sandbox", ""),
-            workdir_mode=values.get("workdir_mode", "rw"),
-        )
-        if not req.workdir or not os.path.isabs(req.workdir):
-            raise InvalidArgument("workdir must be an absolute path")
-        if req.blueprint_text is None and not req.command:
-            raise InvalidArgument("give a blueprint or a command to run")
-        if any("\0" in a for a in req.command) or (req.command and not req.command[0]):
-            raise InvalidArgument("command has an empty program or a NUL byte")
-        if req.sandbox not in ("", "none"):
-            raise InvalidArgument("sandbox may only be \"none\" (or left out)")
-        if req.workdir_mode not in WORKDIR_MODES:
-            raise InvalidArgument(f"workdir_mode must be one of {', '.join(WORKDIR_MODES)}")
-        return req
 
 
 Emit = Callable[..., None]

@@ -14,11 +14,12 @@ from dbus_fast.constants import PropertyAccess
 from dbus_fast.service import ServiceInterface, dbus_method, dbus_property, dbus_signal
 
 from leviathd import __version__
-from leviathd.agents import Agents, RunInput
+from leviathd.agents import Agents
 from leviathd.bus import caller as bus_caller
 from leviathd.bus.errors import translated
 from leviathd.bus.names import MANAGER_IFACE
 from leviathd.records import AgentRecord
+from leviathd.request import RunInput
 from leviathd.spawn import Stdio
 
 VarDict = Annotated[dict[str, Variant], DBusSignature("a{sv}")]

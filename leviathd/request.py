@@ -1,0 +1,68 @@
+"""A `Run` request as it comes off the bus: every key and type checked, since
+the bus only promised a{sv}. What the caller says here is what to run and
+where; never who they are."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from leviathd.errors import InvalidArgument
+from leviathd.sandbox.spec import WORKDIR_MODES
+
+
+@dataclass
+class RunInput:
+    command: list[str] = field(default_factory=list)
+    blueprint_text: str | None = None
+    blueprint_source: str = "<request>"
+    workdir: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    sandbox: str = ""
+    workdir_mode: str = "rw"
+
+    @classmethod
+    def from_variants(cls, request: Mapping[str, Any]) -> RunInput:
+        """Check every key and type of a Run request: the bus only promised
+        a{sv}."""
+        expect = {
+            "command": "as",
+            "blueprint": "s",
+            "blueprint_source": "s",
+            "workdir": "s",
+            "env": "a{ss}",
+            "sandbox": "s",
+            "workdir_mode": "s",
+        }
+        values: dict[str, Any] = {}
+        for key, var in request.items():
+            if key not in expect:
+                raise InvalidArgument(f"unknown request key {key!r}; known: {', '.join(expect)}")
+            sig = getattr(var, "signature", None)
+            if sig != expect[key]:
+                raise InvalidArgument(
+                    f"request key {key!r} must have type {expect[key]}, not {sig}"
+                )
+            values[key] = var.value
+        req = cls(
+            command=list(values.get("command", [])),
+            blueprint_text=values.get("blueprint"),
+            blueprint_source=values.get("blueprint_source", "<request>"),
+            workdir=values.get("workdir", ""),
+            env=dict(values.get("env", {})),
+            sandbox=values.get("sandbox", ""),
+            workdir_mode=values.get("workdir_mode", "rw"),
+        )
+        if not req.workdir or not os.path.isabs(req.workdir):
+            raise InvalidArgument("workdir must be an absolute path")
+        if req.blueprint_text is None and not req.command:
+            raise InvalidArgument("give a blueprint or a command to run")
+        if any("\0" in a for a in req.command) or (req.command and not req.command[0]):
+            raise InvalidArgument("command has an empty program or a NUL byte")
+        if req.sandbox not in ("", "none"):
+            raise InvalidArgument("sandbox may only be \"none\" (or left out)")
+        if req.workdir_mode not in WORKDIR_MODES:
+            raise InvalidArgument(f"workdir_mode must be one of {', '.join(WORKDIR_MODES)}")
+        return req
