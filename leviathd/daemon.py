@@ -38,6 +38,20 @@ def machine_config_path() -> str:
     return os.environ.get("LEVIATH_CONFIG", "/etc/leviath/config.toml")
 
 
+async def own_name(bus: MessageBus, *, patience: float = 5.0) -> bool:
+    """Take the bus name. A daemon killed a moment ago may still hold it until
+    the bus daemon has noticed its socket close, so wait a little for that
+    rather than fail the restart."""
+    deadline = asyncio.get_running_loop().time() + patience
+    while True:
+        reply = await bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
+        if reply is RequestNameReply.PRIMARY_OWNER:
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.1)
+
+
 async def serve() -> int:
     bus = await MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True).connect()
     caller.install(bus)
@@ -83,9 +97,8 @@ async def serve() -> int:
     await agents.recover()
     await gate.recover()
 
-    reply = await bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
-    if reply is not RequestNameReply.PRIMARY_OWNER:
-        log.error("could not own %s (%s): is another leviathd running?", BUS_NAME, reply)
+    if not await own_name(bus):
+        log.error("could not own %s: is another leviathd running?", BUS_NAME)
         return 1
     running = sum(1 for r in agents.records.values() if r.running)
     notify.ready(f"serving; {running} agents running")

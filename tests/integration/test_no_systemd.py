@@ -173,9 +173,13 @@ def test_an_agent_outlives_a_killed_daemon_and_the_next_one_adopts_it_and_cleans
               f"while [ ! -e {go} ]; do sleep 0.2; done; exit 5")  # fmt: skip
     agent_id = out.stdout.strip()
     assert containers(bed, agent_id)
-    bed.run(["kill", "-9", str(_daemon_pid(bed))])
+    old = _daemon_pid(bed)
+    bed.run(["kill", "-9", str(old)])
     bed.run(f"setsid -f leviathd >>{LEVIATHD_LOG} 2>&1")
-    _wait(bed, "busctl --system status org.leviath.Manager1 >/dev/null", "leviathd")
+    # The new daemon, not the dying one whose name the bus may still list.
+    _wait(bed, f"pid=$(busctl --system status org.leviath.Manager1 2>/dev/null | "
+               f"sed -n 's/^PID=//p'); [ -n \"$pid\" ] && [ \"$pid\" != {old} ]",
+          "the new leviathd")  # fmt: skip
     # Found again by its cgroup, named like its scope: still running, not failed.
     assert row(bed, agent_id)["state"] == "running"
     assert "1 agents adopted" in bed.read_file(LEVIATHD_LOG)
