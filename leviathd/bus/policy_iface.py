@@ -53,10 +53,10 @@ class PolicyInterface(ServiceInterface):
         self._lock = asyncio.Lock()
 
     def _emit(self, req: PendingRequest) -> None:
-        self.ApprovalRequested(
-            req.id, req.agent_id, req.owner_uid, req.tool, req.target, str(req.taint),
-            str(req.clearance) if req.clearance is not None else "-",
-        )
+        # Signals on the system bus reach every subscriber: say only that a
+        # call waits. What it is (tool, target) is for ListApprovals, which
+        # shows a request to its owner and admins only.
+        self.ApprovalRequested(req.id, req.agent_id, req.owner_uid)
 
     def _user(self, agent_id: str) -> str:
         rec = self._agents.records.get(agent_id)
@@ -132,7 +132,6 @@ class PolicyInterface(ServiceInterface):
 
     @dbus_signal()
     def ApprovalRequested(
-        self, request_id: str, agent_id: str, uid: int, tool: str, target: str, taint: str,
-        clearance: str,
-    ) -> Annotated[list[Any], DBusSignature("ssussss")]:
-        return [request_id, agent_id, uid, tool, target, taint, clearance]
+        self, request_id: str, agent_id: str, uid: int
+    ) -> Annotated[list[Any], DBusSignature("ssu")]:
+        return [request_id, agent_id, uid]

@@ -103,15 +103,15 @@ class InlinePrompter:
     def __init__(self, client: Client, wanted: list[str]) -> None:
         self.client = client
         self.wanted = wanted
-        self.queue: asyncio.Queue[tuple[str, str, str, str, str]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         def on_signal(msg: Message) -> bool:
             if (msg.message_type is MessageType.SIGNAL and msg.interface == POLICY_IFACE
                     and msg.member == "ApprovalRequested"):
-                rid, agent_id, _uid, tool, target, taint, _clearance = msg.body
-                self.queue.put_nowait((rid, agent_id, tool, target, taint))
+                rid, agent_id, _uid = msg.body
+                self.queue.put_nowait((rid, agent_id))
             return False
 
         self.client.bus.add_message_handler(on_signal)
@@ -124,9 +124,16 @@ class InlinePrompter:
 
     async def _run(self) -> None:
         while True:
-            rid, agent_id, tool, target, taint = await self.queue.get()
+            rid, agent_id = await self.queue.get()
             if agent_id not in self.wanted:
                 continue
+            # The signal only says that a call waits; what it is, the daemon
+            # tells its owner.
+            (pending,) = await policy_call(self.client, "ListApprovals")
+            req = next((r for r in pending if r["id"].value == rid), None)
+            if req is None:
+                continue  # answered elsewhere, or timed out
+            tool, target, taint = (req[k].value for k in ("tool", "target", "taint"))
             print(f"\nlev: agent {agent_id} wants {tool} {target} (taint {taint}). "
                   "Allow [o]nce, for the [s]ession, or [d]eny? ", end="", file=sys.stderr,
                   flush=True)
