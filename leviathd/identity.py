@@ -3,7 +3,6 @@ database's point of view. Never from anything a client says."""
 
 from __future__ import annotations
 
-import grp
 import os
 import pwd
 from dataclasses import dataclass
@@ -20,14 +19,6 @@ class UserInfo:
     home: str
     shell: str = "/bin/sh"
 
-    def group_names(self) -> tuple[str, ...]:
-        names = []
-        for gid in self.groups:
-            try:
-                names.append(grp.getgrgid(gid).gr_name)
-            except KeyError:
-                names.append(str(gid))
-        return tuple(names)
 
 
 def user_info(uid: int) -> UserInfo:
@@ -46,10 +37,3 @@ def user_info(uid: int) -> UserInfo:
         home=pw.pw_dir,
         shell=pw.pw_shell or "/bin/sh",
     )
-
-
-def user_by_name(name: str) -> UserInfo:
-    try:
-        return user_info(pwd.getpwnam(name).pw_uid)
-    except KeyError:
-        raise NotFound(f"no user named {name!r}") from None

@@ -13,24 +13,15 @@ from typing import Any
 
 from dbus_fast import Message, MessageType
 
-from leviathd.bus.names import BUS_NAME, OBJECT_PATH, POLICY_IFACE
+from leviathd.bus.names import POLICY_IFACE
 from leviathd.cli.client import Client, DaemonError
 
 
 async def policy_call(
     client: Client, member: str, signature: str = "", body: list[Any] | None = None
 ) -> list[Any]:
-    """A call on org.leviath.Policy1, errors turned into one readable line."""
-    reply = await client.bus.call(
-        Message(destination=BUS_NAME, path=OBJECT_PATH, interface=POLICY_IFACE,
-                member=member, signature=signature, body=body or [])
-    )
-    assert reply is not None
-    if reply.message_type is MessageType.ERROR:
-        text = str(reply.body[0]) if reply.body else ""
-        name = reply.error_name or "org.leviath.Error.Failed"
-        raise DaemonError(name, text or name)
-    return list(reply.body)
+    """A call on org.leviath.Policy1."""
+    return await client.call(member, signature, body, interface=POLICY_IFACE)
 
 
 

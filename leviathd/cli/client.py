@@ -40,20 +40,22 @@ class Client:
 
     async def call(
         self, member: str, signature: str = "", body: list[Any] | None = None,
-        unix_fds: list[int] | None = None,
+        unix_fds: list[int] | None = None, *, interface: str = MANAGER_IFACE,
     ) -> list[Any]:
-        body, _fds = await self.call_with_fds(member, signature, body, unix_fds)
+        body, _fds = await self.call_with_fds(
+            member, signature, body, unix_fds, interface=interface
+        )
         return body
 
     async def call_with_fds(
         self, member: str, signature: str = "", body: list[Any] | None = None,
-        unix_fds: list[int] | None = None,
+        unix_fds: list[int] | None = None, *, interface: str = MANAGER_IFACE,
     ) -> tuple[list[Any], list[int]]:
         """The reply's body and the descriptors it carries (a 'h' in the body
         is an index into them)."""
         reply = await self.bus.call(
             Message(
-                destination=BUS_NAME, path=OBJECT_PATH, interface=MANAGER_IFACE,
+                destination=BUS_NAME, path=OBJECT_PATH, interface=interface,
                 member=member, signature=signature, body=body or [], unix_fds=unix_fds or [],
             )
         )

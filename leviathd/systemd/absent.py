@@ -1,5 +1,5 @@
 """Where systemd is not PID 1: a stand-in for SystemdManager with the calls
-the daemon makes (start_scope, stop_unit, unit_state, scope_property).
+the daemon makes (start_scope, stop_unit, unit_state).
 
 There are no units. Each agent still gets a control group named like its
 scope, `/leviath.slice/<unit>`, made by the daemon in every mounted cgroup
@@ -19,7 +19,6 @@ import contextlib
 import os
 import signal
 import time
-from typing import Any
 
 from dbus_fast.aio import MessageBus
 
@@ -176,10 +175,6 @@ class NoSystemd(SystemdManager):
             control_group=cgroup,
         )
 
-    async def scope_property(self, name: str, prop: str) -> Any:
-        if prop == "ControlGroup":
-            return control_group(name)
-        raise SystemdError(f"{prop} of {name}: systemd is not PID 1 here")
 
 
 def _signal_all(pids: set[int], sig: int) -> None:

@@ -195,12 +195,6 @@ class SystemdManager:
             else "",
         )
 
-    async def scope_property(self, name: str, prop: str) -> Any:
-        (path,) = await self._call(MANAGER_PATH, MANAGER_IFACE, "GetUnit", "s", [name])
-        (value,) = await self._call(
-            path, "org.freedesktop.DBus.Properties", "Get", "ss", [SCOPE_IFACE, prop]
-        )
-        return value.value
 
 
 def _counter(v: Variant | None) -> int | None:

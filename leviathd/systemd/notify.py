@@ -13,9 +13,5 @@ def reloading() -> None:
     pystemd.daemon.notify(False, "RELOADING=1")
 
 
-def status(text: str) -> None:
-    pystemd.daemon.notify(False, f"STATUS={text}")
-
-
 def stopping() -> None:
     pystemd.daemon.notify(False, "STOPPING=1")
