@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from leviathd.hidden import builtin_hidden
 from leviathd.policy.allowlist import Allowlist, compile_allowlist
 from leviathd.policy.labels import Sensitivity, clearance_for
 from leviathd.policy.permissions import KNOWN_TOOLS, Permission, compile_permissions
@@ -90,8 +91,10 @@ class CompiledPolicy:
         self.settings = settings
         self.permissions: dict[str, Permission] = compile_permissions(settings.permissions)
         # home and workdir are resolved to real paths by the read-path engine.
+        # The built-in hidden paths win over every grant, here as in the fence.
+        hidden = (*builtin_hidden(), *settings.hidden_paths)
         self.grant: GrantIndex = build_index(
-            settings.read_paths, home=home, workdir=workdir, hidden=settings.hidden_paths
+            settings.read_paths, home=home, workdir=workdir, hidden=hidden
         )
         self.workdir = self.grant.workdir
         self.rejected_read_paths = self.grant.grants.rejected

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 from leviathd.errors import InvalidArgument
+from leviathd.hidden import HIDDEN_ABSOLUTE, HIDDEN_IN_HOME
 from leviathd.identity import UserInfo
 from leviathd.sandbox.environment import build_environment, parse_git_identity
 
@@ -85,49 +86,7 @@ CACHES: tuple[str, ...] = (
 )
 KNOWN_HOSTS = ".ssh/known_hosts"
 
-# Never visible, relative to the home folder...
-HIDDEN_IN_HOME: tuple[str, ...] = (
-    ".ssh",
-    ".gnupg",
-    ".1password",
-    ".config/op",
-    ".config/gh",
-    ".gitconfig",
-    ".git-credentials",
-    ".config/git/credentials",
-    ".netrc",
-    ".aws",
-    ".azure",
-    ".kube",
-    ".docker",
-    ".config/containers/auth.json",
-    ".npmrc",
-    ".pypirc",
-    ".yarnrc",
-    ".yarnrc.yml",
-    ".gradle/gradle.properties",
-    ".m2/settings.xml",
-    ".config/composer/auth.json",
-    ".composer/auth.json",
-    ".cargo/credentials",
-    ".cargo/credentials.toml",
-    ".local/share/keyrings",
-    ".password-store",
-    ".config/leviath",
-)
-# ...and absolute. "{uid}" is the user's uid.
-HIDDEN_ABSOLUTE: tuple[str, ...] = (
-    "/run/user/{uid}",
-    "/run/docker.sock",
-    "/var/run/docker.sock",
-    "/run/podman",
-    "/var/run/podman",
-    "/run/containerd",
-    "/run/dbus",
-    "/etc/leviath",
-    "/var/lib/leviath",
-    "/run/leviath",
-)
+# Never visible: the one list, shared with the broker (leviathd/hidden.py).
 
 
 class MountRequest(Protocol):

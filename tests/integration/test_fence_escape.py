@@ -173,3 +173,43 @@ def test_the_agent_runs_as_alice_in_its_workdir(
 ) -> None:
     assert inside["uid"] == [world["uid"]] * 3
     assert inside["cwd"].endswith("/app")
+
+
+# Issue 19: each promise below is checked against names written here from the
+# spec, never against the code's own tables, so that dropping an entry from the
+# code fails a test.
+
+
+@pytest.mark.parametrize("call", ["keyctl_join", "add_key", "request_key"])
+def test_the_kernel_keyring_is_out_of_reach(inside: dict[str, Any], call: str) -> None:
+    # Without the filter: keyctl succeeds, add_key succeeds, request_key says ENOKEY.
+    assert inside[call] == "err:EPERM", (call, inside[call])
+
+
+def test_typing_into_the_controlling_terminal_is_refused(inside: dict[str, Any]) -> None:
+    # dev.tty.legacy_tiocsti=1 here, so the kernel itself would allow it on
+    # the child's own controlling pty: only the filter refuses it.
+    assert inside["tiocsti_ctty"] == "err:EPERM"
+
+
+@pytest.mark.parametrize(
+    "flag", ["NEWNS", "NEWCGROUP", "NEWUTS", "NEWIPC", "NEWUSER", "NEWPID", "NEWNET"]
+)
+def test_clone_with_a_new_namespace_is_refused(inside: dict[str, Any], flag: str) -> None:
+    assert inside["clone " + flag] == "err:EPERM", inside["clone " + flag]
+
+
+def test_the_root_is_one_read_only_tmpfs_and_the_old_root_is_gone(
+    inside: dict[str, Any],
+) -> None:
+    roots = [m for m in inside["mounts"] if m["target"] == "/"]
+    assert len(roots) == 1, roots
+    assert roots[0]["fstype"] == "tmpfs"
+    assert "ro" in roots[0]["options"].split(",")
+    targets = {m["target"] for m in inside["mounts"]}
+    # Nothing of the host's own world is attached: a root that was not
+    # detached after pivot_root shows up as a second "/" with the bed's
+    # /sys, /run, /var and other homes below it.
+    for host_only in ("/sys", "/sys/fs/cgroup", "/run", "/run/systemd", "/run/dbus", "/var",
+                      "/var/lib/leviath", "/boot", "/root", "/home/bob"):  # fmt: skip
+        assert host_only not in targets, sorted(targets)
