@@ -110,8 +110,10 @@ def tiocsti_on_controlling_tty():
             os._exit(0)
         except OSError as e:
             os._exit(e.errno)
-    os.close(master)
+    # The master stays open until the child is done: closing it first hangs
+    # the terminal up, and the ioctl then fails whatever the filter says.
     status = os.waitpid(pid, 0)[1]
+    os.close(master)
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         raise OSError(code, "")
