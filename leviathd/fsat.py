@@ -298,6 +298,8 @@ def bind_unix_at(
     try:
         os.fchmod(sock.fileno(), mode)
         sock.bind(f"/proc/self/fd/{dir_fd}/{_entry(name)}")
+        # The umask may have taken bits away (never added any): set it exactly.
+        chmod_at(dir_fd, name, mode)
         if uid is not None or gid is not None:
             chown_at(dir_fd, name, -1 if uid is None else uid, -1 if gid is None else gid)
     except BaseException:
