@@ -6,7 +6,8 @@
   `$LEVIATH_RUNTIME_DIR/agents/<id>/` read-only at `/run/leviath` in a
   namespace sandbox (the socket is `/run/leviath/broker.sock` there) and sets
   `LEVIATH_BROKER` (for kind none: the host path of the socket);
-- a start hook creates the folder (owned by the agent's user, 0700), the
+- a start hook creates the folder (root's, group the agent's user's primary
+  group, 0750: see `_prepare_folder`), the
   Broker and its BrokerServer from the merged effective settings, and keeps a
   snapshot of those settings in `$LEVIATH_STATE_DIR/gate/<id>.json`;
 - an end hook closes both and removes the folder and the snapshot.
@@ -24,17 +25,18 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
+import stat
 import sys
 import syslog
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from dbus_fast.aio import MessageBus
 
+from leviathd import fsat
 from leviathd.agents import Agents
 from leviathd.broker.core import AuditRecord, Broker
 from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of, runtime_dir
@@ -167,8 +169,8 @@ class GateService:
         # /run/leviath is hidden from agents, and the launcher refuses to bind
         # anything inside a hidden path. The agent's own folder is the one
         # exception: the runtime folder's other entries stay hidden by name
-        # (other agents' folders are 0700 of their users, and their sockets
-        # refuse any peer outside their own scope).
+        # (other agents' folders are 0750 root:<their user's group>, and their
+        # sockets refuse any peer outside their own scope).
         runtime = {runtime_dir(), os.path.realpath(runtime_dir())}
         hidden = [h for h in spec.hidden if h not in runtime]
         broader = next((h for h in hidden if is_inside(own, h)), None)
@@ -227,15 +229,16 @@ class GateService:
                     priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
                     LEVIATH_EVENT="broker-lost",
                 )
-        with contextlib.suppress(OSError):
-            for name in os.listdir(agents_dir()):
+        with contextlib.suppress(OSError), _dir(agents_dir()) as afd:
+            for name in os.listdir(afd):
                 if name not in running:
-                    shutil.rmtree(agent_dir(name), ignore_errors=True)
-        with contextlib.suppress(OSError):
-            for name in os.listdir(self._snapshots):
+                    with contextlib.suppress(OSError):
+                        fsat.remove_tree_at(afd, name)
+        with contextlib.suppress(OSError), _dir(self._snapshots) as sfd:
+            for name in os.listdir(sfd):
                 if name.split(".")[0] not in running:
                     with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(self._snapshots, name))
+                        fsat.unlink_at(sfd, name)
 
     async def close(self) -> None:
         """Daemon shutdown: sockets closed, folders kept (the agents live on
@@ -250,7 +253,7 @@ class GateService:
         ledger: Ledger | None = None,
     ) -> None:
         folder = agent_dir(rec.id)
-        _prepare_folder(folder, user)
+        _prepare_folder(rec.id, user)
         approvals = ApprovalQueue(
             agent_id=rec.id, owner_uid=rec.uid, timeout=settings.approval_timeout,
             is_admin=self._vouched.__contains__,
@@ -300,21 +303,15 @@ class GateService:
         return os.path.join(self._snapshots, f"{agent_id}.json")
 
     def _save_snapshot(self, agent_id: str, settings: PolicySettings) -> None:
-        os.makedirs(self._snapshots, mode=0o700, exist_ok=True)
-        path = self._snapshot_path(agent_id)
-        tmp = f"{path}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            json.dump(settings_to_json(settings), f)
-        os.replace(tmp, path)
+        with _dir(self._snapshots, create_mode=0o700) as sfd:
+            fsat.atomic_write_at(sfd, f"{agent_id}.json",
+                                 json.dumps(settings_to_json(settings)).encode())
 
     def _save_ledger(self, agent_id: str, ledger: Ledger) -> None:
-        path = os.path.join(self._snapshots, f"{agent_id}.ledger")
         entries = [{"id": e.id, "tool": e.tool, "target": e.target, "label": int(e.label),
                     "at": e.at} for e in ledger.entries()]
-        tmp = f"{path}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            json.dump(entries, f)
-        os.replace(tmp, path)
+        with _dir(self._snapshots, create_mode=0o700) as sfd:
+            fsat.atomic_write_at(sfd, f"{agent_id}.ledger", json.dumps(entries).encode())
 
     def _load_ledger(self, agent_id: str, budget: int) -> Ledger:
         try:
@@ -337,11 +334,11 @@ class GateService:
             raise NotFound(f"no policy snapshot for agent {agent_id}") from None
 
     def _remove(self, agent_id: str) -> None:
-        shutil.rmtree(agent_dir(agent_id), ignore_errors=True)
-        for path in (self._snapshot_path(agent_id),
-                     os.path.join(self._snapshots, f"{agent_id}.ledger")):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        with contextlib.suppress(OSError), _dir(agents_dir()) as afd:
+            fsat.remove_tree_at(afd, agent_id)
+        with contextlib.suppress(OSError), _dir(self._snapshots) as sfd:
+            fsat.unlink_at(sfd, f"{agent_id}.json")
+            fsat.unlink_at(sfd, f"{agent_id}.ledger")
 
     # -- approvals ----------------------------------------------------------
 
@@ -456,26 +453,57 @@ class GateService:
             raise Unavailable(f"cannot move the shell into {rec.unit}: {exc}") from None
 
 
-def _prepare_folder(folder: str, user: UserInfo) -> None:
-    """The agent's socket folder: the runtime folders above it traversable
-    (the launcher opens the folder as the agent's user to bind it), the
-    folder itself the agent's user's, 0700, so only that user (and root)
-    reaches the socket inside."""
-    for parent in (runtime_dir(), agents_dir()):
-        os.makedirs(parent, mode=0o755, exist_ok=True)
-        st = os.lstat(parent)
-        if st.st_uid != os.geteuid():
-            raise AccessDenied(f"{parent} is not owned by the daemon's user")
-        os.chmod(parent, 0o755)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(folder, 0o700)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+@contextlib.contextmanager
+def _dir(path: str, *, create_mode: int | None = None) -> Iterator[int]:
+    fd = fsat.open_dir(path, create_mode=create_mode)
     try:
-        if os.geteuid() == 0:
-            os.fchown(fd, user.uid, user.gid)
-        os.fchmod(fd, 0o700)
+        yield fd
     finally:
         os.close(fd)
+
+
+def _prepare_folder(agent_id: str, user: UserInfo) -> None:
+    """The agent's socket folder, root:<user's primary group> 0750.
+
+    Root binds, chowns and removes the socket in it, so no one but root may
+    write there: a folder the user could write lets the user swap the fresh
+    socket for a symlink to a root file between bind and chown (issue 9). The
+    user's group only needs to search it: the launcher opens it as the user to
+    bind it into the sandbox, and a `kind = "none"` agent connects by the host
+    path. The socket inside is the user's own, 0600, which is what keeps every
+    other user (and group member) out. The runtime folders above are root's
+    0755, re-checked each time, because everything below relies on them.
+
+    A folder left from an older daemon (or one the user somehow made) is taken
+    over in place through its descriptor, not replaced: an agent that survived
+    the restart has it bound into its sandbox. Once it is root's, whatever was
+    planted inside is removed by descriptor."""
+    with _dir(runtime_dir(), create_mode=0o755) as rfd:
+        _own_root(rfd, runtime_dir(), 0o755)
+        fsat.mkdir_at(rfd, "agents", 0o755, exist_ok=True)
+        afd = fsat.open_dir_at(rfd, "agents")
+    try:
+        _own_root(afd, agents_dir(), 0o755)
+        st = fsat.lstat_at(afd, agent_id)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            fsat.unlink_at(afd, agent_id)
+        fsat.mkdir_at(afd, agent_id, 0o700, exist_ok=True)
+        fd = fsat.open_dir_at(afd, agent_id)
+    finally:
+        os.close(afd)
+    try:
+        fsat.set_owner_mode(fd, os.geteuid(), user.gid, 0o750)
+        for name in os.listdir(fd):
+            fsat.remove_tree_at(fd, name)
+    finally:
+        os.close(fd)
+
+
+def _own_root(fd: int, path: str, mode: int) -> None:
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        raise AccessDenied(f"{path} is not owned by the daemon's user")
+    os.fchmod(fd, mode)
 
 
 def write_audit(record: AuditRecord) -> None:

@@ -7,10 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from leviathd import fsat
 
 
 class AgentState(StrEnum):
@@ -56,24 +59,39 @@ class RecordStore:
         self.dir = Path(state_dir) / "agents"
 
     def ensure(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.dir, 0o700)
+        # Root's and 0700 (it says who ran what); the folders above keep their
+        # mode, or 0755 when made here (users reach scratch under the state folder).
+        parent, name = fsat.open_parent(str(self.dir), create_mode=0o755)
+        try:
+            fsat.mkdir_at(parent, name, 0o700, exist_ok=True)
+            fd = fsat.open_dir_at(parent, name)
+        finally:
+            os.close(parent)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _fd(self) -> Iterator[int]:
+        fd = fsat.open_dir(str(self.dir))
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     def exit_path(self, agent_id: str) -> str:
         return str(self.dir / f"{agent_id}.exit")
 
     def save(self, record: AgentRecord) -> None:
-        path = self.dir / f"{record.id}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(record.model_dump_json())
-        os.replace(tmp, path)
+        with self._fd() as fd:
+            fsat.atomic_write_at(fd, f"{record.id}.json", record.model_dump_json().encode())
 
     def save_spec(self, agent_id: str, steps: list[tuple[str, dict[str, object]]]) -> None:
         """What the agent sees, step by step, for `lev inspect ID`."""
-        path = self.dir / f"{agent_id}.spec.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([{"label": lb, "spec": sp} for lb, sp in steps]))
-        os.replace(tmp, path)
+        data = json.dumps([{"label": lb, "spec": sp} for lb, sp in steps]).encode()
+        with self._fd() as fd:
+            fsat.atomic_write_at(fd, f"{agent_id}.spec.json", data)
 
     def load_spec(self, agent_id: str) -> list[dict[str, object]] | None:
         try:
@@ -84,9 +102,9 @@ class RecordStore:
 
     def forget(self, agent_id: str) -> None:
         """Remove every file of an agent that never started."""
-        for suffix in (".json", ".spec.json", ".exit"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.dir / f"{agent_id}{suffix}")
+        with self._fd() as fd:
+            for suffix in (".json", ".spec.json", ".exit"):
+                fsat.unlink_at(fd, f"{agent_id}{suffix}")
 
     def load_all(self) -> list[AgentRecord]:
         records = []
@@ -107,7 +125,5 @@ class RecordStore:
             return None
 
     def drop_exit(self, agent_id: str) -> None:
-        try:
-            os.unlink(self.exit_path(agent_id))
-        except FileNotFoundError:
-            pass
+        with self._fd() as fd:
+            fsat.unlink_at(fd, f"{agent_id}.exit")

@@ -9,12 +9,14 @@ as it found it. An installed agent is never replaced silently: that takes `force
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from leviathd import fsat
 from leviathd.config.load import BLUEPRINT_FILE, agent_store_path, load_blueprint
 from leviathd.config.models import Blueprint
 from leviathd.errors import ConfigError, InvalidArgument, LeviathError, NotFound
@@ -100,49 +102,69 @@ def install(
 
     created = _make_dirs(store)
     tmp: Path | None = None
+    sfd = -1
     try:
+        # The moves and the cleanup go through a descriptor on the store (which
+        # may be a folder others can write, say under LEVIATH_AGENT_STORE): a
+        # link swapped in for the store or the staging folder is not followed.
+        sfd = fsat.open_dir(os.path.abspath(store))
         tmp = Path(tempfile.mkdtemp(prefix=f".{blueprint.agent.name}.new-", dir=store))
-        staged = tmp / "agent"
-        # Links are copied as links, never followed: a link in a blueprint folder must
-        # not pull the target's contents (say, a key) into the store.
-        shutil.copytree(folder, staged, symlinks=True)
-        copied = load_blueprint(staged)
-        if copied.agent.name != blueprint.agent.name:
-            raise ConfigError(f"{folder}: the blueprint changed while it was being installed")
-        os.chmod(staged, 0o755)
-        if dest.exists() or dest.is_symlink():
-            _replace(staged, dest, tmp)
-        else:
-            os.rename(staged, dest)
+        tfd = fsat.open_dir_at(sfd, tmp.name)
+        try:
+            staged = tmp / "agent"
+            # Links are copied as links, never followed: a link in a blueprint folder
+            # must not pull the target's contents (say, a key) into the store.
+            shutil.copytree(folder, staged, symlinks=True)
+            copied = load_blueprint(staged)
+            if copied.agent.name != blueprint.agent.name:
+                raise ConfigError(f"{folder}: the blueprint changed while it was being installed")
+            afd = fsat.open_dir_at(tfd, "agent")
+            try:
+                os.fchmod(afd, 0o755)
+            finally:
+                os.close(afd)
+            if fsat.lstat_at(sfd, dest.name) is not None:
+                _replace(sfd, tfd, dest.name)
+            else:
+                fsat.rename_at(tfd, "agent", sfd, dest.name)
+        finally:
+            os.close(tfd)
         return dest, copied
     except LeviathError:
-        _undo(tmp, created)
+        _undo(sfd, tmp, created)
         raise
     except OSError as exc:
-        _undo(tmp, created)
+        _undo(sfd, tmp, created)
         raise InvalidArgument(f"cannot install into {store}: {exc.strerror or exc}") from None
     finally:
-        if tmp is not None and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        if sfd >= 0:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    fsat.remove_tree_at(sfd, tmp.name)
+            os.close(sfd)
 
 
-def _replace(staged: Path, dest: Path, tmp: Path) -> None:
-    """Swap `staged` in for `dest`; on failure put the old one back."""
-    old = tmp / "old"
-    os.rename(dest, old)
+def _replace(sfd: int, tfd: int, name: str) -> None:
+    """Swap the staged `agent` in for `name`; on failure put the old one back."""
+    fsat.rename_at(sfd, name, tfd, "old")
     try:
-        os.rename(staged, dest)
+        fsat.rename_at(tfd, "agent", sfd, name)
     except OSError:
-        os.rename(old, dest)
+        fsat.rename_at(tfd, "old", sfd, name)
         raise
 
 
-def _undo(tmp: Path | None, created: list[Path]) -> None:
-    if tmp is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
+def _undo(sfd: int, tmp: Path | None, created: list[Path]) -> None:
+    if tmp is not None and sfd >= 0:
+        with contextlib.suppress(OSError):
+            fsat.remove_tree_at(sfd, tmp.name)
     for d in reversed(created):
         try:
-            d.rmdir()
+            parent, name = fsat.open_parent(os.path.abspath(d))
+            try:
+                fsat.rmdir_at(parent, name)
+            finally:
+                os.close(parent)
         except OSError:
             break
 

@@ -20,10 +20,12 @@ import re
 import signal
 import socket
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from leviathd import fsat
 from leviathd.broker.core import AuditRecord, Broker
 from leviathd.errors import AccessDenied
 
@@ -125,22 +127,42 @@ class BrokerServer:
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
-        os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        self._server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_LINE)
-        os.chmod(self.path, self.mode)
-        if os.geteuid() == 0:
+        """Bind the socket through a descriptor on its folder (fsat.bind_unix_at:
+        the mode is set before bind, the owner by fchownat without following a
+        link), so no moment exists where a user could redirect root's chmod or
+        chown; the folder must be root's, not writable by anyone else."""
+        folder, name = os.path.split(self.path)
+        dfd = fsat.open_dir(folder, create_mode=0o755)
+        try:
+            owner = (self.broker.user.uid, self.broker.user.gid) if os.geteuid() == 0 else None
             # Owned by the agent's user so that only it (and root) may connect.
-            os.chown(self.path, self.broker.user.uid, self.broker.user.gid)
+            sock = fsat.bind_unix_at(dfd, name, mode=self.mode,
+                                     uid=owner[0] if owner else None,
+                                     gid=owner[1] if owner else None)
+        finally:
+            os.close(dfd)
+        # The socket's own name is a /proc/self/fd path that means nothing once
+        # that descriptor is closed: asyncio must not unlink by it (close() does).
+        extra: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=MAX_LINE,
+                                                           **extra)
+        except BaseException:
+            sock.close()
+            raise
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        folder, name = os.path.split(self.path)
+        with contextlib.suppress(OSError):
+            dfd = fsat.open_dir(folder)
+            try:
+                fsat.unlink_at(dfd, name)
+            finally:
+                os.close(dfd)
 
     def _check(self, peer: Peer) -> None:
         agent = self.lookup(peer.cgroup)

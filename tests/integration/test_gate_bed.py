@@ -218,8 +218,9 @@ def test_the_agent_sees_only_its_own_socket_and_reaches_its_broker(
     assert rc == 0, err
     assert out.split() == [".", "..", "broker.sock", "/run/leviath/broker.sock", "small"]
     folder = f"/run/leviath/agents/{alice_agent.id}"
-    st = bed.run(["stat", "-c", "%U %a", folder, f"{folder}/broker.sock"]).stdout.split()
-    assert st == ["alice", "700", "alice", "600"]
+    st = bed.run(["stat", "-c", "%U %G %a", folder, f"{folder}/broker.sock"]).stdout.split()
+    # Root's folder (issue 9: nothing a user can write), searchable by her group.
+    assert st == ["root", "alice", "750", "alice", "alice", "600"]
 
 
 def test_a_denied_tool_is_refused(alice_agent: Agent) -> None:
