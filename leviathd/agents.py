@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import secrets
 import signal
 import syslog
@@ -18,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from dbus_fast.aio import MessageBus
 
-from leviathd import spawn
+from leviathd import safetext, spawn
 from leviathd.bus import names, polkit
 from leviathd.bus.caller import Caller
 from leviathd.config import load as config_load
@@ -35,11 +34,7 @@ from leviathd.systemd.manager import ScopeLimits, SystemdError, SystemdManager
 from leviathd.userfiles import read_user_file
 
 SLICE = "leviath.slice"
-_UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.]")
-
-
-def unit_name(user: str, agent: str, agent_id: str) -> str:
-    return f"leviath-{_UNIT_SAFE.sub('_', user)}-{_UNIT_SAFE.sub('_', agent)}-{agent_id}.scope"
+unit_name = safetext.unit_name
 
 
 Emit = Callable[..., None]
@@ -149,8 +144,11 @@ class Agents:
         if req.blueprint_text is not None:
             blueprint = config_load.parse_blueprint(req.blueprint_text, req.blueprint_source)
         command = list(req.command) or list(blueprint.agent.command or [] if blueprint else [])
+        # argv[0] is the user's to choose, newlines and all: it becomes a name
+        # by the blueprint rules before systemd or journald sees any of it.
         agent_name = (
-            blueprint.agent.name if blueprint else os.path.basename(command[0] if command else "")
+            safetext.check_name(blueprint.agent.name) if blueprint
+            else safetext.agent_name(command[0] if command else "")
         )
         merged = resolve(self.machine_config, self.user_config(user), blueprint, agent_name)
         errors = [f for f in merged.findings if f.level == "error"]
@@ -172,7 +170,7 @@ class Agents:
         unit = unit_name(user.name, agent_name, agent_id)
         held = spawn.fork_held(
             user, req.workdir, exit_path=self._store.exit_path(agent_id),
-            identifier=agent_name, unit=unit, stdio=stdio,
+            identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=stdio,
         )
         scratch_path = ""
         try:
@@ -190,7 +188,9 @@ class Agents:
             t_scope = time.perf_counter()
             await self._systemd.start_scope(
                 unit, pids=[held.pid], slice_name=SLICE,
-                description=f"leviath agent {agent_name} of {user.name} ({agent_id})",
+                description=safetext.description(
+                    f"leviath agent {agent_name} of {safetext.escape(user.name, 64)} ({agent_id})"
+                ),
                 limits=_limits(eff),
             )
             scope_usec = int((time.perf_counter() - t_scope) * 1e6)

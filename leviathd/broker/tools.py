@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import subprocess
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from leviathd.broker.opener import Opener
 from leviathd.errors import AccessDenied, InvalidArgument, NotFound, Unavailable
 from leviathd.policy.readgrant import GrantIndex
 from leviathd.policy.settings import CredentialSpec
+from leviathd.sandbox import privileges
 
 MAX_READ = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK  # NONBLOCK: a FIFO cannot hang us
@@ -221,11 +223,12 @@ async def _secret_from_command(
     """The standard output of `secret_command`, stripped. Its output and
     errors are never shown to the agent: a failure is reported by status."""
     switch: dict[str, Any] = {}
-    if not as_root:
-        if os.geteuid() == 0:
-            switch = {"user": uid, "group": gid, "extra_groups": list(groups)}
-        elif uid != os.geteuid():
-            raise Unavailable("the broker must run as root to act for another user")
+    if as_root:
+        switch = {"preexec_fn": privileges.root_command}
+    elif os.geteuid() == 0:
+        switch = {"preexec_fn": privileges.user_command(uid, gid, groups)}
+    elif uid != os.geteuid():
+        raise Unavailable("the broker must run as root to act for another user")
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -236,6 +239,8 @@ async def _secret_from_command(
         )
     except OSError as exc:
         raise NotFound(f"cannot run the credential's secret_command: {exc.strerror}") from None
+    except subprocess.SubprocessError:
+        raise Unavailable("cannot drop privileges for the credential's secret_command") from None
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
@@ -297,20 +302,23 @@ async def run_credential(
     }
     switch: dict[str, Any] = {}
     if os.geteuid() == 0:
-        switch = {"user": uid, "group": gid, "extra_groups": list(groups)}
+        switch = {"preexec_fn": privileges.user_command(uid, gid, groups)}
     elif uid != os.geteuid():
         raise Unavailable("the broker must run as root to act for another user")
-    proc = await asyncio.create_subprocess_exec(
-        *spec.command,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        cwd=workdir,
-        start_new_session=True,
-        **switch,
-    )
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *spec.command,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=workdir,
+            start_new_session=True,
+            **switch,
+        )
+    except subprocess.SubprocessError:
+        raise Unavailable("cannot drop privileges for the credential command") from None
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:

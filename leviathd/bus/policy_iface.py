@@ -96,7 +96,7 @@ class PolicyInterface(ServiceInterface):
         """Append an [[allowlist]] rule to the machine config (needs
         org.leviath.config.manage). The file is parsed before it atomically
         replaces the old one; the next run uses it. Returns the file's path."""
-        from leviathd.cli.policy import append_rule
+        from leviathd.cli.policy import append_rule, machine_write_target
 
         who = await bus_caller.current(self._bus)
         await polkit.require(self._bus, who, names.ACTION_CONFIG_MANAGE,
@@ -108,20 +108,30 @@ class PolicyInterface(ServiceInterface):
             raise InvalidArgument(f"unknown tool {tool!r}; known: {', '.join(KNOWN_TOOLS)}")
         path: Path = machine_config_path()
         async with self._lock:  # two writers must not lose each other's rule
-            await asyncio.to_thread(append_rule, path, tool, target, level)
+            real = await asyncio.to_thread(machine_write_target, path)
+            try:
+                await asyncio.to_thread(append_rule, real, tool, target, level)
+            except OSError as exc:
+                raise InvalidArgument(f"cannot write {real}: {exc.strerror}") from None
             self._agents.load_machine_config()
         journal.record(
-            f"allowlist rule added to {path} by uid {who.uid}: {tool} {target!r} up to {level}",
+            f"allowlist rule added to {real} by uid {who.uid}: {tool} {target!r} up to {level}",
             LEVIATH_EVENT="policy-add", LEVIATH_BY_UID=who.uid, LEVIATH_TOOL=tool,
             LEVIATH_TARGET=target,
         )
-        return str(path)
+        return str(real)
 
     @dbus_method()
     @translated
     async def PolicyList(self) -> VarDictList:
-        """The machine config's allowlist rules as in force (the file is
-        world-readable anyway)."""
+        """The machine config's allowlist rules as in force. The file may be
+        0600: the rules are for whoever they apply to, that is admins and
+        people who may run agents (every rule applies to every agent), and
+        nobody else."""
+        who = await bus_caller.current(self._bus)
+        if not await polkit.is_authorized(self._bus, who, names.ACTION_CONFIG_MANAGE):
+            await polkit.require(self._bus, who, names.ACTION_RUN,
+                                 "read the tool policy")
         return [
             {"tool": Variant("s", r.tool), "target": Variant("s", r.target),
              "max_sensitivity": Variant("s", str(getattr(r.max_sensitivity, "value",

@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def is_agent_id(arg: str) -> bool:
-    return bool(re.fullmatch(r"[0-9a-f]{8}", arg)) and not os.path.exists(arg)
+    """By syntax only: ids are public, and a folder named like one, planted
+    where an admin looks, must not stand in for the agent (`./ID` for it)."""
+    return bool(re.fullmatch(r"[0-9a-f]{8}", arg))
 
 
 def from_daemon(agent_id: str) -> list[tuple[str, SandboxSpec]]:

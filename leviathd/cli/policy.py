@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -119,6 +120,43 @@ def append_rule(path: Path, tool: str, target: str, level: Sensitivity) -> None:
     new = text + allowlist_block(tool, target, level)
     parse_config(new, str(path))  # raises ConfigError naming file and line
     atomic_write(path, new)
+
+
+def machine_write_target(path: Path) -> Path:
+    """The file a root write to the machine config must replace. A link is
+    written through to its target (an admin's linked config stays the one in
+    force), but only when every folder down to the target and the target
+    itself belong to root and nobody else may write them: root does not
+    write where a user could swap something in. Anything else is refused
+    with the reason."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    if not stat.S_ISLNK(st.st_mode):
+        return path
+    real = Path(os.path.realpath(path))
+    why = ""
+    for folder in [*reversed(real.parents)]:
+        fst = os.stat(folder)
+        if fst.st_uid != 0 or fst.st_mode & 0o022:
+            why = (f"{folder} is not root's alone (owner uid {fst.st_uid}, "
+                   f"mode {fst.st_mode & 0o7777:o})")
+            break
+    if not why:
+        try:
+            tst = os.lstat(real)
+        except FileNotFoundError:
+            tst = None
+        if tst is not None and (not stat.S_ISREG(tst.st_mode) or tst.st_uid != 0
+                                or tst.st_mode & 0o022 or tst.st_nlink != 1):
+            why = f"{real} is not a regular file root alone may write"
+    if why:
+        raise InvalidArgument(
+            f"{path} is a link to {real}, and {why}: not writing through it. Add the rule "
+            f"to {real} by hand, or make {path} a regular file"
+        )
+    return real
 
 
 def atomic_write(path: Path, text: str) -> None:

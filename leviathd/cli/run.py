@@ -15,6 +15,7 @@ from dbus_fast import Message, MessageType, Variant
 
 from leviathd.cli.client import Client
 from leviathd.errors import InvalidArgument, NotFound
+from leviathd.safetext import NAME_RE, escape
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,14 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def blueprint_file(arg: str) -> Path:
-    """A folder holding blueprint.toml, the file itself, or an installed
-    agent's name."""
-    path = Path(arg)
-    if path.is_dir():
-        path = path / "blueprint.toml"
-    if path.is_file():
-        return path.resolve()
-    if "/" not in arg:
+    """An installed agent's name, or a path (a folder holding blueprint.toml,
+    or the file itself). Told apart by syntax alone: a bare name (the
+    blueprint name rules) is only ever the installed agent, so a folder of
+    that name planted in the current directory is never picked up; a folder
+    here is given as a path, `./NAME`."""
+    if NAME_RE.match(arg):
         store = Path(
             os.environ.get("LEVIATH_AGENT_STORE")
             or Path.home() / ".local" / "share" / "leviath" / "agents"
@@ -51,15 +50,46 @@ def blueprint_file(arg: str) -> Path:
         candidate = store / arg / "blueprint.toml"
         if candidate.is_file():
             return candidate
-    raise NotFound(f"no blueprint at {arg!r} and no installed agent named so (see `lev list`)")
+        hint = f"; for the folder here, say ./{arg}" if Path(arg).exists() else ""
+        raise NotFound(f"no installed agent named {arg!r} (see `lev list`){hint}")
+    path = Path(arg)
+    if path.is_dir():
+        path = path / "blueprint.toml"
+    if path.is_file():
+        return path.resolve()
+    raise NotFound(f"no blueprint at {escape(arg, 200)!r}")
+
+
+def _utf8(value: str, what: str) -> str:
+    """D-Bus strings are UTF-8: a name that is not (a file named with stray
+    bytes) is refused here, with its bytes shown escaped."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} is not valid UTF-8: {escape(value, 200)}") from None
+    return value
+
+
+def _utf8_env() -> dict[str, str]:
+    # The agent's environment is filtered by name anyway: what cannot cross
+    # the bus is left out rather than refused.
+    env = {}
+    for k, v in os.environ.items():
+        try:
+            k.encode("utf-8")
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            continue
+        env[k] = v
+    return env
 
 
 def build_request(args: argparse.Namespace) -> dict[str, Variant]:
     target: list[str] = list(args.target)
-    workdir = os.path.abspath(args.workdir or os.getcwd())
+    workdir = _utf8(os.path.abspath(args.workdir or os.getcwd()), "the workdir")
     req: dict[str, Variant] = {
         "workdir": Variant("s", workdir),
-        "env": Variant("a{ss}", dict(os.environ)),
+        "env": Variant("a{ss}", _utf8_env()),
         "workdir_mode": Variant("s", args.workdir_mode),
     }
     if args.no_sandbox:
@@ -67,7 +97,7 @@ def build_request(args: argparse.Namespace) -> dict[str, Variant]:
     if target and target[0] == "--":
         if len(target) < 2:
             raise InvalidArgument("nothing to run after --")
-        req["command"] = Variant("as", target[1:])
+        req["command"] = Variant("as", [_utf8(a, "the command") for a in target[1:]])
     elif len(target) == 1:
         path = blueprint_file(target[0])
         # Read here, as the user: the daemon never opens a path a client names.

@@ -10,7 +10,10 @@ Order matters and follows the kernel's rules:
 4. `no_new_privs` (setuid bits and file capabilities are ignored on exec);
 5. setresuid: the kernel empties permitted and effective when every uid leaves 0;
 6. an explicit capset of all zeros (covers a uid 0 target) and a read-back that
-   proves every set is empty.
+   proves every set is empty;
+7. a fresh session keyring of the user's own: the daemon's session keyring
+   would otherwise be shared by every process it starts, so one user's agent
+   could read, or plant, keys another user's agent or credential command uses.
 
 python-prctl covers the prctl options; capget/capset go through libc, since
 python-prctl's set list is fixed at its build time and may miss newer caps.
@@ -20,8 +23,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
-from collections.abc import Sequence
+import platform
+import secrets
+from collections.abc import Callable, Sequence
 
 import prctl
 
@@ -32,6 +38,8 @@ _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SYS_CAPGET = 125
 _SYS_CAPSET = 126
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219}
+_KEYCTL_JOIN_SESSION_KEYRING = 1
 
 
 class _CapHeader(ctypes.Structure):
@@ -125,6 +133,43 @@ def capability_sets() -> dict[str, int]:
     }
 
 
+def join_new_session_keyring() -> int:
+    """`keyctl new_session`: join a keyring made now, under a name nobody has
+    used, so nothing of the parent's keyring stays reachable through @s.
+    Returns its serial (0 where the kernel has no keys at all, which leaves
+    nothing to share either)."""
+    nr = _SYS_KEYCTL.get(platform.machine())
+    if nr is None:
+        raise OSError(errno.ENOSYS, f"keyctl: no syscall number known for {platform.machine()}")
+    name = f"leviath-{secrets.token_hex(8)}".encode()
+    serial = _libc.syscall(nr, _KEYCTL_JOIN_SESSION_KEYRING, ctypes.c_char_p(name), 0, 0, 0)
+    if serial < 0:
+        err = ctypes.get_errno()
+        if err == errno.ENOSYS:
+            return 0
+        raise OSError(err, f"KEYCTL_JOIN_SESSION_KEYRING: {os.strerror(err)}")
+    return int(serial)
+
+
+def user_command(uid: int, gid: int, groups: Sequence[int]) -> Callable[[], None]:
+    """A `preexec_fn` for a command run for a user outside any fence (the
+    credential tool's commands): the same drop as every other process started
+    for a user, no_new_privs included, with a keyring of its own. It does the
+    switch itself, so pass no user/group/extra_groups to subprocess (which
+    would switch first and leave no CAP_SETPCAP to empty the bounding set)."""
+
+    def preexec() -> None:
+        drop_to_user(uid, gid, groups, no_new_privs=True)
+
+    return preexec
+
+
+def root_command() -> None:
+    """A `preexec_fn` for a command the machine config runs as root (a
+    credential's secret_command): still not in the daemon's keyring."""
+    join_new_session_keyring()
+
+
 def drop_to_user(uid: int, gid: int, groups: Sequence[int], *, no_new_privs: bool) -> None:
     """Become uid/gid/groups with every capability set empty.
 
@@ -144,6 +189,9 @@ def drop_to_user(uid: int, gid: int, groups: Sequence[int], *, no_new_privs: boo
             prctl.set_no_new_privs(1)
         os.setresuid(uid, uid, uid)
         _capset(0, 0, 0)
+        # After the uid change, so the keyring is the user's (and counts
+        # against the user's key quota, not root's).
+        join_new_session_keyring()
     except OSError as exc:
         raise Unavailable(f"cannot drop privileges to uid {uid}: {exc}") from exc
     left = {name: mask for name, mask in capability_sets().items() if mask}

@@ -12,6 +12,8 @@ import syslog
 
 import pystemd.journal
 
+from leviathd import safetext
+
 STDOUT_SOCKET = "/run/systemd/journal/stdout"
 NATIVE_SOCKET = "/run/systemd/journal/socket"
 _log = logging.getLogger("leviathd")
@@ -42,14 +44,15 @@ def _plain(message: str, fields: dict[str, str]) -> str:
 def record(message: str, *, priority: int = syslog.LOG_INFO, **fields: object) -> None:
     """Send one structured entry. Field names are upper-cased journal fields;
     None values are left out. Without journald, a line on stderr (logging)."""
-    extra = {k.upper(): str(v) for k, v in fields.items() if v is not None}
+    extra = safetext.journal_fields(message, fields)
+    message = extra.pop("MESSAGE")
     if not available():
         level = logging.ERROR if priority <= syslog.LOG_ERR else (
             logging.WARNING if priority <= syslog.LOG_WARNING else logging.INFO)
         _log.log(level, "%s", _plain(message, extra))
         return
     pystemd.journal.sendv(
-        f"PRIORITY={priority}",
+        f"PRIORITY={int(priority)}",
         MESSAGE=message,
         SYSLOG_IDENTIFIER="leviathd",
         **extra,
@@ -60,8 +63,9 @@ def record_after_fork(message: str, *, priority: int = syslog.LOG_INFO, **fields
     """`record` for a forked child that closed its parent's descriptors:
     libsystemd caches its journal socket per process, and a child that closed
     it would lose every record. Sends journald's native datagram itself."""
-    entries = {"PRIORITY": str(priority), "MESSAGE": message, "SYSLOG_IDENTIFIER": "leviathd"}
-    entries.update({k.upper(): str(v) for k, v in fields.items() if v is not None})
+    entries = {"PRIORITY": str(int(priority)), "SYSLOG_IDENTIFIER": "leviathd"}
+    entries.update(safetext.journal_fields(message, fields))
+    message = entries["MESSAGE"]
     payload = bytearray()
     for key, value in entries.items():
         data = value.encode()
@@ -106,14 +110,12 @@ def open_stream(identifier: str, *, priority: int, unit: str = "", agent_id: str
     file (open_log_file) instead."""
     if agent_id and not os.path.exists(STDOUT_SOCKET):
         return open_log_file(agent_id)
+    header = safetext.stream_header(identifier=identifier, unit=unit, priority=priority)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(STDOUT_SOCKET)
         sock.shutdown(socket.SHUT_RD)
-        # identifier, unit id, priority, level prefix, forward to syslog /
-        # kmsg / console.
-        header = f"{identifier}\n{unit}\n{priority}\n0\n0\n0\n0\n"
-        sock.sendall(header.encode())
+        sock.sendall(header)
     except OSError:
         sock.close()
         raise

@@ -10,6 +10,7 @@ from typing import Any
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
+from leviathd import safetext
 from leviathd.errors import LeviathError
 
 SYSTEMD = "org.freedesktop.systemd1"
@@ -44,10 +45,12 @@ class UnitState:
 def scope_properties(
     *, pids: list[int], slice_name: str, description: str, limits: ScopeLimits
 ) -> list[tuple[str, Variant]]:
+    # systemd writes these into /run/systemd/transient/ unescaped and reads
+    # them back at daemon-reload: the strings go through the boundary again.
     props: list[tuple[str, Variant]] = [
         ("PIDs", Variant("au", pids)),
-        ("Slice", Variant("s", slice_name)),
-        ("Description", Variant("s", description)),
+        ("Slice", Variant("s", safetext.check_unit_name(slice_name))),
+        ("Description", Variant("s", safetext.description(description))),
         # An OOM-killed or failed agent must not linger as a failed unit.
         ("CollectMode", Variant("s", "inactive-or-failed")),
         # `lev stop` is SIGTERM then, after this, SIGKILL.
@@ -151,7 +154,7 @@ class SystemdManager:
         )
         (job,) = await self._call(
             MANAGER_PATH, MANAGER_IFACE, "StartTransientUnit", "ssa(sv)a(sa(sv))",
-            [name, "fail", props, []],
+            [safetext.check_unit_name(name), "fail", props, []],
         )
         result = self._job_results.pop(job, None)
         if result is None:
