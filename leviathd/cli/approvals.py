@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from dbus_fast import Message, MessageType
+from dbus_fast import Message
 
 from leviathd.bus.names import POLICY_IFACE
 from leviathd.cli.client import Client, DaemonError
@@ -99,8 +99,7 @@ class InlinePrompter:
 
     async def start(self) -> None:
         def on_signal(msg: Message) -> bool:
-            if (msg.message_type is MessageType.SIGNAL and msg.interface == POLICY_IFACE
-                    and msg.member == "ApprovalRequested"):
+            if self.client.from_daemon(msg, "ApprovalRequested", POLICY_IFACE):
                 rid, agent_id, _uid = msg.body
                 self.queue.put_nowait((rid, agent_id))
             return False
