@@ -11,10 +11,11 @@ import os
 import sys
 from typing import Any
 
-from dbus_fast import Message, MessageType
+from dbus_fast import Message
 
 from leviathd.bus.names import POLICY_IFACE
 from leviathd.cli.client import Client, DaemonError
+from leviathd.cli.text import field
 
 
 async def policy_call(
@@ -61,8 +62,10 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'ID':<16} {'AGENT':<8} {'USER':<10} {'KIND':<10} {'TOOL':<11} {'TAINT':<8} "
           f"{'SINCE':<8} TARGET")
-    for r in rows:
-        since = datetime.datetime.fromtimestamp(r["created"]).strftime("%H:%M:%S")
+    for row in rows:
+        since = datetime.datetime.fromtimestamp(row["created"]).strftime("%H:%M:%S")
+        # Tool, target and the rest come from the agent's call: escaped.
+        r = {k: field(v) for k, v in row.items()}
         print(f"{r['id']:<16} {r['agent']:<8} {r['user']:<10} {r['kind']:<10} {r['tool']:<11} "
               f"{r['taint']:<8} {since:<8} {r['target']}")
     return 0
@@ -78,7 +81,7 @@ async def answer(request_id: str, reply: str) -> None:
 
 def run_approve(args: argparse.Namespace) -> int:
     asyncio.run(answer(args.request_id, args.answer))
-    print(f"{args.request_id}: {args.answer}")
+    print(f"{field(args.request_id)}: {args.answer}")
     return 0
 
 
@@ -99,8 +102,7 @@ class InlinePrompter:
 
     async def start(self) -> None:
         def on_signal(msg: Message) -> bool:
-            if (msg.message_type is MessageType.SIGNAL and msg.interface == POLICY_IFACE
-                    and msg.member == "ApprovalRequested"):
+            if self.client.from_daemon(msg, "ApprovalRequested", POLICY_IFACE):
                 rid, agent_id, _uid = msg.body
                 self.queue.put_nowait((rid, agent_id))
             return False
@@ -124,17 +126,19 @@ class InlinePrompter:
             req = next((r for r in pending if r["id"].value == rid), None)
             if req is None:
                 continue  # answered elsewhere, or timed out
-            tool, target, taint = (req[k].value for k in ("tool", "target", "taint"))
-            print(f"\nlev: agent {agent_id} wants {tool} {target} (taint {taint}). "
+            # The agent chose tool and target: escaped, so the prompt shows
+            # what it really asks for and nothing else.
+            tool, target, taint = (field(req[k].value) for k in ("tool", "target", "taint"))
+            print(f"\nlev: agent {field(agent_id)} wants {tool} {target} (taint {taint}). "
                   "Allow [o]nce, for the [s]ession, or [d]eny? ", end="", file=sys.stderr,
                   flush=True)
             line = (await _read_line()).strip().lower()
             reply = _CHOICES.get(line, "deny")
             try:
                 await policy_call(self.client, "Answer", "ss", [rid, reply])
-                print(f"lev: {rid}: {reply}", file=sys.stderr)
+                print(f"lev: {field(rid)}: {reply}", file=sys.stderr)
             except DaemonError as exc:
-                print(f"lev: {rid}: {exc}", file=sys.stderr)
+                print(f"lev: {field(rid)}: {field(exc)}", file=sys.stderr)
 
 
 async def _read_line() -> str:

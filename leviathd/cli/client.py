@@ -29,6 +29,7 @@ class DaemonError(LeviathError):
 class Client:
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus
+        self._daemon: str | None = None
 
     @classmethod
     async def connect(cls) -> Client:
@@ -66,13 +67,50 @@ class Client:
             raise DaemonError(name, _FRIENDLY.get(name, text or name))
         return list(reply.body), list(reply.unix_fds)
 
+    async def daemon_name(self) -> str:
+        """The daemon's unique bus name (":1.42"). Signals are trusted only
+        from it: any local user can send a signal straight to this connection
+        with a made-up sender-independent body, and the bus stamps the real
+        sender on it, never the well-known name."""
+        if self._daemon is None:
+            reply = await self.bus.call(
+                Message(
+                    destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
+                    interface="org.freedesktop.DBus", member="GetNameOwner", signature="s",
+                    body=[BUS_NAME],
+                )
+            )
+            if reply is None or reply.message_type is MessageType.ERROR:
+                raise DaemonError(
+                    "org.freedesktop.DBus.Error.NameHasNoOwner",
+                    _FRIENDLY["org.freedesktop.DBus.Error.ServiceUnknown"],
+                )
+            self._daemon = str(reply.body[0])
+        return self._daemon
+
+    def from_daemon(self, msg: Message, member: str, interface: str = MANAGER_IFACE) -> bool:
+        """`msg` is the signal `member` that the daemon itself emitted: its
+        unique name, its object path and interface (see daemon_name)."""
+        return (
+            msg.message_type is MessageType.SIGNAL
+            and self._daemon is not None
+            and msg.sender == self._daemon
+            and msg.path == OBJECT_PATH
+            and msg.interface == interface
+            and msg.member == member
+        )
+
     async def add_signal_match(self, member: str, interface: str = MANAGER_IFACE) -> None:
+        """Ask the bus for the daemon's `member` signals. This only filters
+        broadcasts; unicast signals reach us whatever the rules, so handlers
+        must still check each message with from_daemon."""
+        sender = await self.daemon_name()
         await self.bus.call(
             Message(
                 destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
                 interface="org.freedesktop.DBus", member="AddMatch", signature="s",
-                body=[f"type='signal',sender='{BUS_NAME}',interface='{interface}',"
-                      f"member='{member}'"],
+                body=[f"type='signal',sender='{sender}',path='{OBJECT_PATH}',"
+                      f"interface='{interface}',member='{member}'"],
             )
         )
 

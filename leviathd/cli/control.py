@@ -13,6 +13,7 @@ from typing import Any
 from dbus_fast import Variant
 
 from leviathd.cli.client import Client
+from leviathd.cli.text import OutputFilter, field
 
 COLUMNS = ("ID", "USER", "AGENT", "STATE", "SANDBOX", "READS", "MEM", "TASKS", "AGE", "UNIT")
 
@@ -28,6 +29,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     logs = sub.add_parser("logs", help="show an agent's output (from the journal)")
     logs.add_argument("id")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
+    logs.add_argument(
+        "--raw", action="store_true",
+        help="pass the output through as the agent wrote it, control characters and all",
+    )
     logs.set_defaults(func=logs_main)
 
 
@@ -74,6 +79,7 @@ def table_row(a: dict[str, Any], now: float) -> list[str]:
 
 
 def format_table(rows: list[list[str]]) -> str:
+    rows = [[field(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
@@ -112,10 +118,17 @@ async def _logs(args: argparse.Namespace) -> int:
     finally:
         client.close()
     out = sys.stdout.buffer
+    # The agent wrote these bytes: on a terminal, escape sequences in them
+    # would act on the reader's screen, so they are shown escaped unless
+    # asked for (like journalctl --all).
+    screen = None if args.raw else OutputFilter()
     with os.fdopen(fd, "rb", buffering=0) as pipe:
         while chunk := pipe.read(65536):
-            out.write(chunk)
+            out.write(chunk if screen is None else screen.feed(chunk))
             out.flush()
+    if screen is not None:
+        out.write(screen.feed(b"", final=True))
+        out.flush()
     return 0
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import sys
 from collections.abc import Sequence
 
+from leviathd.cli import text
+from leviathd.cli.text import EscapingStream
 from leviathd.errors import LeviathError
 
 # Each module exposes `register(subparsers) -> None`; the parser it adds sets
@@ -22,6 +25,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "leviathd.cli.policy",
     "leviathd.cli.inspect",
     "leviathd.cli.approvals",
+    "leviathd.cli.audit",
 )
 
 
@@ -39,6 +43,7 @@ COMMAND_MODULES: dict[str, str] = {
     "policy": "leviathd.cli.policy",
     "approvals": "leviathd.cli.approvals",
     "approve": "leviathd.cli.approvals",
+    "audit": "leviathd.cli.audit",
 }
 
 
@@ -60,14 +65,25 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# Commands whose output is not for a person's terminal as text: `tool` and
+# `mcp` speak to the agent that runs them (JSON or the tool's own result),
+# `logs` filters the agent's output itself (and passes it raw with --raw).
+_UNFILTERED = frozenset({"tool", "mcp", "logs"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(first).parse_args(argv)
+    if args.command not in _UNFILTERED and isinstance(sys.stdout, io.TextIOWrapper):
+        # Whatever a command prints may hold strings an agent chose.
+        sys.stdout = EscapingStream(sys.stdout)
+    if isinstance(sys.stderr, io.TextIOWrapper):
+        sys.stderr = EscapingStream(sys.stderr)
     try:
         rc: int = args.func(args)
     except LeviathError as exc:
-        print(f"lev: {exc}", file=sys.stderr)
+        print(f"lev: {text.lines(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from dbus_fast import Message, MessageType, Variant
+from dbus_fast import Message, Variant
 
 from leviathd.cli.client import Client
 from leviathd.errors import InvalidArgument, NotFound
@@ -128,7 +128,7 @@ async def _attached(client: Client, req: dict[str, Variant]) -> int:
     wanted: list[str] = []
 
     def on_signal(msg: Message) -> bool:
-        if msg.message_type is MessageType.SIGNAL and msg.member == "AgentEnded":
+        if client.from_daemon(msg, "AgentEnded"):
             agent_id, status, _state = msg.body
             ended[agent_id] = status
             if agent_id in wanted:
