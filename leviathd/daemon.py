@@ -5,6 +5,7 @@ daemon's: their scopes are systemd's, so they outlive a restart."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
 from leviathd.agents import Agents
-from leviathd.bus import caller
+from leviathd.bus import caller, writer
 from leviathd.bus.manager_iface import ManagerInterface
 from leviathd.bus.names import BUS_NAME, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
@@ -52,8 +53,28 @@ async def own_name(bus: MessageBus, *, patience: float = 5.0) -> bool:
         await asyncio.sleep(0.1)
 
 
+# Exit status when the bus connection is lost: a failure, so that systemd
+# restarts the daemon (Restart=) and the agents are adopted by the next one.
+EXIT_BUS_LOST = 75
+
+
+async def connect(*, patience: float = 10.0) -> MessageBus:
+    """Connect to the system bus; right after `systemctl restart dbus` the
+    socket may refuse for a moment."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while True:
+        try:
+            return await MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True).connect()
+        except OSError as exc:
+            if loop.time() >= deadline:
+                raise LeviathError(f"cannot connect to the system bus: {exc}") from None
+            await asyncio.sleep(0.2)
+
+
 async def serve() -> int:
-    bus = await MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True).connect()
+    writer.install()
+    bus = await connect()
     caller.install(bus)
     systemd_booted = absent.booted()
     systemd: SystemdManager
@@ -135,15 +156,50 @@ async def serve() -> int:
     disconnected = loop.create_task(bus.wait_for_disconnect())  # type: ignore[no-untyped-call]
     stopping = loop.create_task(stop.wait())
     await asyncio.wait({disconnected, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    lost = not stopping.done()
+    if lost:
+        # The name is gone with the connection and every caller's replies with
+        # it; agents live on in their scopes. Not a clean exit: the next daemon
+        # (Restart=) connects to the bus as it is now and adopts them.
+        reason = disconnected.exception() if not disconnected.cancelled() else None
+        log.error("lost the system bus connection (%s); exiting for a restart", reason)
+        journal.record(
+            f"leviathd lost its system bus connection ({reason}); exiting so that systemd "
+            "restarts it", priority=syslog.LOG_ERR, LEVIATH_EVENT="bus-lost",
+        )
     notify.stopping()
     watcher.close()
-    await gate.close()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(gate.close(), timeout=5)
     bus.disconnect()
-    return 0
+    return EXIT_BUS_LOST if lost else 0
+
+
+class _JournalPriority(logging.Formatter):
+    """Prefix each line with its syslog level (sd-daemon(3)), so that journald
+    files errors at error priority: `journalctl -u leviathd -p err` shows them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno >= logging.ERROR:
+            level = syslog.LOG_ERR
+        elif record.levelno >= logging.WARNING:
+            level = syslog.LOG_WARNING
+        elif record.levelno >= logging.INFO:
+            level = syslog.LOG_INFO
+        else:
+            level = syslog.LOG_DEBUG
+        text = super().format(record)
+        return "\n".join(f"<{level}>{line}" for line in text.splitlines() or [""])
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    fmt = "%(levelname)s %(name)s: %(message)s"
+    if os.environ.get("JOURNAL_STREAM"):
+        handler = logging.StreamHandler()
+        handler.setFormatter(_JournalPriority(fmt))
+        logging.basicConfig(level=logging.INFO, handlers=[handler])
+    else:
+        logging.basicConfig(level=logging.INFO, format=fmt)
     if os.geteuid() != 0:
         print("leviathd: must run as root (it starts agents as their users)", file=sys.stderr)
         return 1
@@ -151,6 +207,9 @@ def main() -> int:
         return asyncio.run(serve())
     except LeviathError as exc:
         log.error("%s", exc)
+        return 1
+    except Exception:
+        log.exception("leviathd failed")
         return 1
 
 

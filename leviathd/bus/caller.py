@@ -41,6 +41,11 @@ def install(bus: MessageBus) -> None:
     bus.add_message_handler(capture)
 
 
+def sender() -> str:
+    """The unique bus name of the message being served ("" outside a call)."""
+    return _sender.get() or ""
+
+
 async def current(bus: MessageBus) -> Caller:
     sender = _sender.get()
     if not sender:

@@ -15,6 +15,7 @@ from dbus_fast.service import ServiceInterface, dbus_method, dbus_property, dbus
 
 from leviathd import __version__
 from leviathd.agents import Agents
+from leviathd.bus import bounds
 from leviathd.bus import caller as bus_caller
 from leviathd.bus.errors import translated
 from leviathd.bus.names import MANAGER_IFACE
@@ -99,6 +100,7 @@ class ManagerInterface(ServiceInterface):
     @dbus_method()
     @translated
     async def Stop(self, agent_id: Str) -> None:
+        agent_id = bounds.agent_id(agent_id)
         who = await bus_caller.current(self._bus)
         await self._agents.stop(who, agent_id)
 
@@ -114,6 +116,7 @@ class ManagerInterface(ServiceInterface):
     @dbus_method()
     @translated
     async def Get(self, agent_id: Str) -> VarDict:
+        agent_id = bounds.agent_id(agent_id)
         who = await bus_caller.current(self._bus)
         rec, live = await self._agents.get(who, agent_id)
         return record_to_variants(rec, live)
@@ -123,6 +126,7 @@ class ManagerInterface(ServiceInterface):
     async def Inspect(self, agent_id: Str) -> Str:
         """What the agent sees: its sandbox spec for each step (seed commands,
         stages), as JSON: [{"label": ..., "spec": {...}}]."""
+        agent_id = bounds.agent_id(agent_id)
         who = await bus_caller.current(self._bus)
         return await self._agents.inspect(who, agent_id)
 
@@ -131,6 +135,7 @@ class ManagerInterface(ServiceInterface):
     async def Logs(self, agent_id: Str, follow: Bool) -> Fd:
         """A pipe carrying the agent's journal output; with follow, it stays
         open until the agent ends."""
+        agent_id = bounds.agent_id(agent_id)
         who = await bus_caller.current(self._bus)
         fd = await self._agents.logs(who, agent_id, follow)
         # dbus-fast sends a duplicate through the socket but never closes ours;

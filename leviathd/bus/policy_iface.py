@@ -12,8 +12,8 @@ from dbus_fast.annotations import DBusSignature
 from dbus_fast.service import ServiceInterface, dbus_method, dbus_signal
 
 from leviathd.agents import Agents
+from leviathd.bus import bounds, names, polkit
 from leviathd.bus import caller as bus_caller
-from leviathd.bus import names, polkit
 from leviathd.bus.errors import translated
 from leviathd.config.load import machine_config_path
 from leviathd.errors import InvalidArgument, NotFound
@@ -25,6 +25,8 @@ from leviathd.systemd import journal
 
 VarDictList = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]
 Str = Annotated[str, DBusSignature("s")]
+# An allowlist target is a glob over a URL or path: PATH_MAX is room enough.
+MAX_TARGET = 4096
 
 
 def request_to_variants(req: PendingRequest, user: str) -> dict[str, Variant]:
@@ -78,6 +80,8 @@ class PolicyInterface(ServiceInterface):
         """Answer a held call: once, session or deny. The agent's owner may;
         anyone else needs org.leviath.approval.answer-any (without it the
         request does not exist for them)."""
+        request_id = bounds.request_id(request_id)
+        answer = bounds.text(answer, 16, "answer")
         who = await bus_caller.current(self._bus)
         parsed = Answer.parse(answer)
         req = self._gate.find(request_id)
@@ -98,6 +102,9 @@ class PolicyInterface(ServiceInterface):
         replaces the old one; the next run uses it. Returns the file's path."""
         from leviathd.cli.policy import append_rule, machine_write_target
 
+        tool = bounds.text(tool, 64, "tool")
+        target = bounds.text(target, MAX_TARGET, "target")
+        max_sensitivity = bounds.text(max_sensitivity, 32, "sensitivity")
         who = await bus_caller.current(self._bus)
         await polkit.require(self._bus, who, names.ACTION_CONFIG_MANAGE,
                              "change the machine-wide tool policy")
