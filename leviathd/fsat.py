@@ -58,22 +58,59 @@ def open_dir_at(dir_fd: int, name: str) -> int:
 
 def open_dir(path: str, *, create_mode: int | None = None) -> int:
     """A descriptor on the folder at absolute `path`, opened one component at
-    a time with O_NOFOLLOW, so no symlink anywhere in it is followed. With
-    `create_mode`, missing components are made (mkdirat) with that mode and
-    root's ownership; existing ones are left as they are."""
+    a time with O_NOFOLLOW. A symlink on the way is followed only when nobody
+    but the caller (or root) could have put it there: the link and the folder
+    holding it belong to root or to the caller, and that folder is writable by
+    no group or other (so /var/run -> /run or a root-made /home -> /var/home
+    work, and a link in a folder a user can write is refused with ELOOP). With
+    `create_mode`, missing components are made (mkdirat) with that mode and the
+    caller's ownership; existing ones are left as they are."""
+    parts = _components(path)
+    hops = 0
     fd = os.open("/", DIR_FLAGS)
     try:
-        for part in _components(path):
+        i = 0
+        while i < len(parts):
+            part = parts[i]
             if create_mode is not None:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, create_mode, dir_fd=fd)
-            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+            try:
+                nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                target = _trusted_link(fd, part)
+                hops += 1
+                if target is None or hops > 40:
+                    raise
+                # Lexical resolution is right here: every component before
+                # this one is a real folder, not a link. Then walk again from /.
+                base = "/" + "/".join(parts[:i])
+                parts = _components(os.path.normpath(os.path.join(base, target))) + parts[i + 1:]
+                os.close(fd)
+                fd = os.open("/", DIR_FLAGS)
+                i = 0
+                continue
             os.close(fd)
             fd = nxt
+            i += 1
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _trusted_link(dir_fd: int, name: str) -> str | None:
+    """The target of symlink `name` if only root or the caller could have made
+    it (see open_dir), else None."""
+    me = os.geteuid()
+    folder = os.fstat(dir_fd)
+    st = lstat_at(dir_fd, name)
+    if (st is None or not stat.S_ISLNK(st.st_mode) or st.st_uid not in (0, me)
+            or folder.st_uid not in (0, me) or folder.st_mode & 0o022):
+        return None
+    return os.readlink(name, dir_fd=dir_fd)
 
 
 def open_parent(path: str, *, create_mode: int | None = None) -> tuple[int, str]:

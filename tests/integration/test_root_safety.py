@@ -66,6 +66,22 @@ def bed(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     testbed.run(["systemctl", "restart", "leviathd"], check=False)
 
 
+def plant(bed: Testbed, folder: str) -> None:
+    bed.run(["chown", "alice:alice", folder])
+    bed.run(["chmod", "0700", folder])
+    bed.run(f"ln -s {VICTIM} {folder}/planted && mkdir -p {folder}/d/e && "
+            f"ln -s /etc/leviath {folder}/d/e/up && ln -s {CONFIG_PATH} {folder}/d/f",
+            user="alice")
+
+
+def assert_root_folder(bed: Testbed, folder: str) -> None:
+    """Root's, searchable by alice's group only, nothing in it but her socket."""
+    assert bed.run(["stat", "-c", "%U %G %a", folder]).stdout.split() == ["root", "alice", "750"]
+    assert bed.run(["ls", "-A", folder]).stdout.split() == ["broker.sock"]
+    st = bed.run(["stat", "-c", "%F %U %a", f"{folder}/broker.sock"]).stdout.strip()
+    assert st == "socket alice 600", st
+
+
 def ended(bed: Testbed, ids: set[str]) -> bool:
     rows = json.loads(lev(bed, "ps", "--all", "--json").stdout)
     return all(r["state"] != "running" for r in rows if r["id"] in ids)
@@ -90,10 +106,16 @@ def test_a_racing_user_never_gets_root_to_touch_a_root_file(bed: Testbed) -> Non
                      for _ in range(12)]
             started.update(long, short)
             if rnd < 2:
-                # Their folders exist (and, before the fix, were alice's) when
-                # the daemon comes back and binds its sockets again.
+                # Their folders exist when the daemon comes back and binds its
+                # sockets again; in the first round they are alice's, as an
+                # older daemon left them, with her links and folders planted.
+                if rnd == 0:
+                    for agent_id in long:
+                        plant(bed, f"{AGENTS}/{agent_id}")
                 bed.run(["systemctl", "restart", "leviathd"], timeout=90)
                 time.sleep(1.5)
+                for agent_id in long:
+                    assert_root_folder(bed, f"{AGENTS}/{agent_id}")
             for agent_id in long:
                 lev(bed, "stop", agent_id, check=False)
         deadline = time.monotonic() + 60

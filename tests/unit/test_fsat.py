@@ -19,16 +19,35 @@ def victim(tmp_path: Path) -> Path:
     return v
 
 
-def test_open_dir_refuses_a_symlink_anywhere(tmp_path: Path) -> None:
+def test_open_dir_refuses_a_symlink_others_could_have_made(tmp_path: Path) -> None:
     (tmp_path / "real" / "sub").mkdir(parents=True)
-    (tmp_path / "link").symlink_to(tmp_path / "real")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: anyone may put a link here
+    (shared / "link").symlink_to(tmp_path / "real")
     fd = fsat.open_dir(str(tmp_path / "real" / "sub"))
     os.close(fd)
     with pytest.raises(OSError):
-        fsat.open_dir(str(tmp_path / "link" / "sub"))
+        fsat.open_dir(str(shared / "link" / "sub"))
     fd = fsat.open_dir(str(tmp_path / "new" / "a"), create_mode=0o700)
     os.close(fd)
     assert stat.S_IMODE((tmp_path / "new" / "a").stat().st_mode) == 0o700
+
+
+def test_open_dir_follows_a_link_only_root_or_the_caller_could_make(tmp_path: Path) -> None:
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "own").symlink_to("real")  # like /var/run -> ../run
+    (tmp_path / "up").symlink_to("real/../real/sub")
+    for path in (tmp_path / "own" / "sub", tmp_path / "up"):
+        fd = fsat.open_dir(str(path))
+        try:
+            assert os.fstat(fd).st_ino == (tmp_path / "real" / "sub").stat().st_ino
+        finally:
+            os.close(fd)
+    if os.geteuid() == 0:
+        os.chown(tmp_path / "own", 65534, 65534, follow_symlinks=False)
+        with pytest.raises(OSError):
+            fsat.open_dir(str(tmp_path / "own" / "sub"))
 
 
 def test_chmod_chown_open_unlink_never_follow(tmp_path: Path, victim: Path) -> None:

@@ -60,7 +60,8 @@ static void swap(const char *dir, const char *name) {
     struct stat st;
     if (name[0] == '.' && name[1] == 'r' && name[2] == 'a') return;
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    if (lstat(p, &st) == 0 && S_ISLNK(st.st_mode)) return; /* ours */
+    if (lstat(p, &st) == 0 && (S_ISLNK(st.st_mode) || S_ISDIR(st.st_mode)))
+        return; /* ours, or a folder (hers) */
     tries++;
     snprintf(aside, sizeof aside, "%s/.ra%ld", dir, counter++);
     if (rename(p, aside) != 0) return;
