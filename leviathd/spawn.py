@@ -26,6 +26,7 @@ import signal
 import syslog
 from dataclasses import dataclass
 
+from leviathd import fsat
 from leviathd.errors import Unavailable
 from leviathd.identity import UserInfo
 from leviathd.sandbox import scratch
@@ -330,10 +331,12 @@ def _write_all(fd: int, data: bytes) -> bool:
 def _write_exit(path: str, code: int) -> None:
     import time
 
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"exit_status": code, "ended_at": time.time()}, f)
-    os.rename(tmp, path)
+    data = json.dumps({"exit_status": code, "ended_at": time.time()}).encode()
+    dir_fd, name = fsat.open_parent(path)
+    try:
+        fsat.atomic_write_at(dir_fd, name, data, mode=0o644)
+    finally:
+        os.close(dir_fd)
 
 
 def _close_fds_except(keep: set[int]) -> None:

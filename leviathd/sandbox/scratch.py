@@ -28,6 +28,7 @@ import re
 import stat
 from collections.abc import Collection
 
+from leviathd import fsat
 from leviathd.errors import Unavailable
 from leviathd.sandbox.spec import DEFAULT_SCRATCH_SIZE, SandboxSpec
 
@@ -237,32 +238,13 @@ def leave(spec: SandboxSpec) -> None:
 # --- removal -------------------------------------------------------------------
 
 
-def _remove_at(dirfd: int, name: str, dev: int) -> None:
-    st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=dirfd)
-        return
-    if st.st_dev != dev:
-        raise Unavailable(f"{name} is a mount point; not removing across it")
-    fd = os.open(name, _DIR, dir_fd=dirfd)
-    try:
-        if os.fstat(fd).st_dev != dev:
-            raise Unavailable(f"{name} is a mount point; not removing across it")
-        for entry in os.listdir(fd):
-            _remove_at(fd, entry, dev)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dirfd)
-
-
 def _remove_name(pfd: int, name: str) -> bool:
-    try:
-        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-    except FileNotFoundError:
+    st = fsat.lstat_at(pfd, name)
+    if st is None:
         return False
     if stat.S_ISDIR(st.st_mode) and st.st_dev != os.fstat(pfd).st_dev:
         raise Unavailable(f"scratch folder {name} is still mounted here")
-    _remove_at(pfd, name, st.st_dev)
+    fsat.remove_tree_at(pfd, name)
     return True
 
 
