@@ -356,7 +356,8 @@ def _worktree_git_dirs(
         return [], []  # inside the workdir: mounted with it
 
     def not_bound(why: str) -> tuple[list[str], list[str]]:
-        return [], [f"{workdir}/.git names {named!r}: not bound ({why})"]
+        # The .git file is the agent's text: bounded before it is echoed.
+        return [], [f"{workdir}/.git names {named[:200]!r}: not bound ({why[:400]})"]
 
     def git_folder_problem(path: str, needs: tuple[str, ...]) -> str | None:
         why = refusal(path)
