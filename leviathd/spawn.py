@@ -1,14 +1,20 @@
 """Starting an agent's first process so that it is inside its scope before it
 does anything.
 
-The daemon forks a child that (1) enters the workdir as the calling user, which
-proves the user can, and reports the real path, then (2) waits on a pipe while
+The daemon forks a child that (1) opens and enters the workdir as the calling
+user, which proves the user can, keeps that descriptor (WORKDIR_FD) and reports
+its real path, then (2) waits on a pipe while
 the daemon creates the scope around it, and (3) on release, reads the sandbox
 spec from that pipe and becomes the agent's supervisor: it connects the output
 to the journal from inside the scope, runs the launcher in a worker, records
 the exit status in the state folder, and exits. The supervisor stays root but
 holds nothing an agent could use, and it ignores SIGTERM so that `lev stop`
-still leaves an exit record."""
+still leaves an exit record.
+
+The workdir descriptor is what every fence mounts: nothing opens the workdir
+by path as root again, so a link swapped in after the user's open changes
+nothing. Before its first namespace step the supervisor mounts the agent's
+scratch tmpfs in a mount namespace of its own (sandbox/scratch.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +26,16 @@ import signal
 import syslog
 from dataclasses import dataclass
 
+from leviathd import fsat
+from leviathd.errors import Unavailable
 from leviathd.identity import UserInfo
+from leviathd.sandbox import scratch
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+# Where the held child keeps the workdir it opened as the user.
+WORKDIR_FD = 1000
 
 
 @dataclass
@@ -44,6 +55,12 @@ class Held:
     pid: int
     status_r: int
     go_w: int
+
+    def workdir_path(self) -> str:
+        """The workdir exactly as the user opened it, for a root process of
+        the daemon's to open (O_PATH) or bind from while the child is held or
+        supervising: never the workdir's path, which the user can change."""
+        return f"/proc/{self.pid}/fd/{WORKDIR_FD}"
 
     def abort(self) -> None:
         """Let the child go without running anything: closing the go pipe
@@ -111,18 +128,24 @@ def release(held: Held, steps: list[tuple[str, dict[str, object]]]) -> None:
 
 
 def _enter_as_user(user: UserInfo, workdir: str) -> str:
-    """chdir into `workdir` with the user's identity (effective ids only, so
-    root can be regained), and return the real path."""
+    """Open `workdir` and enter it with the user's identity (effective ids
+    only, so root can be regained); keep the descriptor at WORKDIR_FD and
+    return its real path."""
     os.setgroups(list(user.groups))
     os.setegid(user.gid)
     os.seteuid(user.uid)
     try:
-        os.chdir(workdir)
-        return os.getcwd()
+        fd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fchdir(fd)  # search permission, as the user
+            os.dup2(fd, WORKDIR_FD, inheritable=False)
+        finally:
+            os.close(fd)
     finally:
         os.seteuid(0)
         os.setegid(0)
         os.setgroups([])
+    return os.readlink(f"/proc/self/fd/{WORKDIR_FD}")
 
 
 def _child(
@@ -179,6 +202,13 @@ def _supervise(
     # process that records how it ended.
     _write_proc("/proc/self/oom_score_adj", "-1000")
     code = 0
+    fenced = [spec for _label, spec in steps if spec.kind == "namespace"]
+    if fenced:
+        try:
+            scratch.enter(fenced[0])
+        except (OSError, Unavailable) as exc:
+            _complain(f"leviath: could not make the agent's scratch: {exc}")
+            steps, code = [], 127
     for label, spec in steps:
         if len(steps) > 1:
             journal.record_after_fork(
@@ -214,7 +244,8 @@ def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
             for sig in _RESET_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             _write_proc("/proc/self/oom_score_adj", "0")
-            os.closerange(3, _max_fd())
+            os.closerange(3, WORKDIR_FD)
+            os.closerange(WORKDIR_FD + 1, _max_fd())
             code = _launch(spec)
         except BaseException as exc:
             _complain(f"leviath: could not start the agent: {exc}")
@@ -225,6 +256,16 @@ def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
     _, wstatus = os.waitpid(worker, 0)
     code = os.waitstatus_to_exitcode(wstatus)
     return 128 - code if code < 0 else code
+
+
+def _pinned_workdir() -> int | None:
+    """WORKDIR_FD when it is open (the launcher refuses it unless it still
+    is the spec's workdir)."""
+    try:
+        os.fstat(WORKDIR_FD)
+    except OSError:
+        return None
+    return WORKDIR_FD
 
 
 def _complain(message: str) -> None:
@@ -247,7 +288,8 @@ def _launch(spec: SandboxSpec) -> int:
     if spec.kind == "namespace":
         from leviathd.sandbox import namespace
 
-        return namespace.run(spec)
+        pinned = _pinned_workdir()
+        return namespace.run(spec, workdir_fd=pinned)
     if spec.kind == "container":
         from leviathd.sandbox import container
 
@@ -289,10 +331,12 @@ def _write_all(fd: int, data: bytes) -> bool:
 def _write_exit(path: str, code: int) -> None:
     import time
 
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"exit_status": code, "ended_at": time.time()}, f)
-    os.rename(tmp, path)
+    data = json.dumps({"exit_status": code, "ended_at": time.time()}).encode()
+    dir_fd, name = fsat.open_parent(path)
+    try:
+        fsat.atomic_write_at(dir_fd, name, data, mode=0o644)
+    finally:
+        os.close(dir_fd)
 
 
 def _close_fds_except(keep: set[int]) -> None:

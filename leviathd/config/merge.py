@@ -92,6 +92,7 @@ class Effective:
     default_mounts: bool = True
     on_unavailable: OnUnavailable = DEFAULT_ON_UNAVAILABLE
     scratch_dir: str | None = None
+    scratch_size: int | None = None
     resources: Resources = field(default_factory=Resources)
     permissions: dict[str, Permission] = field(default_factory=dict)
     read_paths_declared: list[str] = field(default_factory=list)
@@ -354,11 +355,12 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
                 )
             else:
                 on_unavailable = us.on_unavailable
-        if us.scratch_dir is not None:
+        if us.scratch_dir is not None or us.scratch_size is not None:
             out.add(
                 "warn",
                 "scratch-dir-ignored",
-                f"{w} [sandbox] scratch_dir is ignored: only the machine config sets it",
+                f"{w} [sandbox] scratch_dir and scratch_size are ignored: only the machine "
+                "config sets them",
             )
         resources = _tighten_resources(resources, user.resources, w, out)
 
@@ -487,6 +489,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         default_mounts=default_mounts,
         on_unavailable=on_unavailable,
         scratch_dir=ms.scratch_dir,
+        scratch_size=ms.scratch_size,
         resources=resources,
         permissions=perms,
         env_pass=env_pass,
@@ -611,11 +614,12 @@ def _apply_sandbox(
             )
         else:
             got["on_unavailable"] = sb.on_unavailable
-    if sb.scratch_dir is not None:
+    if sb.scratch_dir is not None or sb.scratch_size is not None:
         out.add(
             "warn",
             "scratch-dir-ignored",
-            f"{where('scratch_dir')} scratch_dir is ignored: only the machine config sets it",
+            f"{where('scratch_dir')} scratch_dir and scratch_size are ignored: only the "
+            "machine config sets them",
         )
     if opt_in and ("image" in got or "mounts" in got):
         got["blueprint_sandbox"] = True

@@ -289,6 +289,7 @@ class SandboxConfig(_Model):
     default_mounts: StrictBool | None = None
     on_unavailable: OnUnavailable | None = None
     scratch_dir: AbsolutePath | None = None
+    scratch_size: Annotated[int | None, BeforeValidator(parse_size)] = None
 
 
 class Resources(_Model):

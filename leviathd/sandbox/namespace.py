@@ -162,24 +162,39 @@ def _loopback_up() -> None:
         sock.close()
 
 
-def run(spec: SandboxSpec) -> int:
+def run(spec: SandboxSpec, *, workdir_fd: int | None = None) -> int:
     """Build the fence described by `spec`, run its command inside, return its
-    exit status. Must run as root, in a process of its own."""
+    exit status. Must run as root, in a process of its own.
+
+    `workdir_fd`: the workdir as opened by the user when the agent was asked
+    for (spawn.py); it is what gets mounted, whatever the path names by now.
+    The scratch tmpfs is normally mounted by the supervisor (scratch.enter);
+    when it is not, this process mounts its own and drops it at the end."""
     if spec.kind != "namespace":
         raise InvalidArgument(f"the namespace launcher cannot run a {spec.kind!r} spec")
     if os.geteuid() != 0:
         raise Unavailable("the namespace fence needs root (run by leviathd)")
-    made_scratch = not os.path.lexists(spec.scratch)
-    if made_scratch:
-        scratch.create(spec)
+    existed = os.path.lexists(spec.scratch)
+    mounted = scratch.open_mounted(spec) if existed else None
+    if mounted is not None:
+        os.close(mounted)
+        return _run(spec, workdir_fd)
+    scratch.enter(spec)
+    try:
+        return _run(spec, workdir_fd)
+    finally:
+        scratch.leave(spec)
+        if not existed:
+            scratch.remove(spec.scratch)
+
+
+def _run(spec: SandboxSpec, workdir_fd: int | None) -> int:
     try:
         unshare(_namespace_flags(spec))
         if not spec.network:
             _loopback_up()
         _check(_libc.sethostname(_b(spec.hostname), len(spec.hostname.encode())), "sethostname")
     except (FenceError, OSError) as exc:
-        if made_scratch:
-            scratch.remove(spec.scratch)
         raise Unavailable(f"cannot build the namespace fence: {exc}") from exc
 
     rfd, wfd = os.pipe2(os.O_CLOEXEC)
@@ -188,7 +203,7 @@ def run(spec: SandboxSpec) -> int:
     pid = os.fork()
     if pid == 0:  # PID 1 of the new PID namespace
         os.close(rfd)
-        _pid1(spec, wfd)  # never returns
+        _pid1(spec, wfd, workdir_fd)  # never returns
     os.close(wfd)
 
     def forward(signum: int, _frame: object) -> None:
@@ -207,8 +222,6 @@ def run(spec: SandboxSpec) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if report:
-        if made_scratch:
-            scratch.remove(spec.scratch)
         raise Unavailable(f"cannot build the namespace fence: {report.decode(errors='replace')}")
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
@@ -233,13 +246,15 @@ def _fail(wfd: int, message: str) -> NoReturn:
     os._exit(127)
 
 
-def _pid1(spec: SandboxSpec, wfd: int) -> NoReturn:
+def _pid1(spec: SandboxSpec, wfd: int, workdir_fd: int | None) -> NoReturn:
     try:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         unshare(CLONE_NEWNS)
         # Nothing mounted from here on may propagate back to the host.
         mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-        _build_root(spec)
+        _build_root(spec, workdir_fd)
+        if workdir_fd is not None:
+            os.close(workdir_fd)
     except (FenceError, OSError, Unavailable) as exc:
         _fail(wfd, str(exc))
     except BaseException as exc:  # anything at all: report it, never fall through
@@ -308,35 +323,103 @@ def _proc_fd(fd: int) -> str:
     return f"/proc/self/fd/{fd}"
 
 
-def _pin(path: str, spec: SandboxSpec, *, exact: bool = False) -> int:
-    """An O_PATH descriptor for `path`, checked: what it really is must not lie
-    inside a hidden path. Mounting from the descriptor means a link swapped in
-    after this check cannot change what gets mounted.
+class _Pinner:
+    """O_PATH descriptors for every source, checked: mounting from the
+    descriptor means a link swapped in after the check cannot change what
+    gets mounted.
 
-    Everything but the system folders and the agent's own scratch is opened
-    with the user's file-system ids: a bind made by root would otherwise
-    carry the user past folders they cannot enter (a link from ~/.cache/pip
-    into a 0700 folder of someone else's)."""
-    flags = os.O_PATH | os.O_CLOEXEC | (os.O_NOFOLLOW if exact else 0)
-    as_user = not is_within(path, spec.scratch) and not any(
-        is_within(path, system) for system in SYSTEM_DIRS + SYSTEM_LINK_DIRS
-    )
-    try:
-        with _as_user(spec, as_user):
-            fd = os.open(path, flags)
-    except OSError as exc:
-        who = f"uid {spec.uid}" if as_user else "root"
-        raise FenceError(f"cannot open {path} (as {who}): {exc.strerror}") from exc
-    real = os.readlink(_proc_fd(fd))
-    if exact and real != path:
-        os.close(fd)
-        raise FenceError(f"{path} is not what the spec names (it is {real})")
-    if not exact and not is_within(real, spec.scratch):
-        for hidden in spec.hidden:
-            if is_within(real, hidden):
-                os.close(fd)
-                raise FenceError(f"{path} leads to {real}, inside the hidden path {hidden}")
-    return fd
+    - Scratch folders are opened beneath the root of the scratch tmpfs, one
+      component at a time, never through a link (no user can reach them).
+    - The workdir must be the very folder the user's own open gave (spawn.py).
+    - The system folders are opened as root; everything else with the
+      user's file-system ids: a bind made by root would otherwise carry the
+      user past folders they cannot enter (a link from ~/.cache/pip into a
+      0700 folder of someone else's).
+    Every source outside scratch must really be the path the spec was computed
+    for (its masks were), must not lie inside a hidden path, and a workdir or
+    git folder must not hold a home."""
+
+    def __init__(self, spec: SandboxSpec, scratch_root: int, workdir_fd: int | None) -> None:
+        self.spec = spec
+        self.scratch_root = scratch_root
+        self.workdir_fd = workdir_fd
+
+    def layer(self, path: str) -> int:
+        return self._beneath_scratch(path, os.O_PATH | os.O_DIRECTORY)
+
+    def _beneath_scratch(self, path: str, flags: int) -> int:
+        rel = posixpath.relpath(path, self.spec.scratch)
+        try:
+            return scratch.open_beneath(self.scratch_root, rel, flags)
+        except (OSError, Unavailable) as exc:
+            raise FenceError(f"cannot open {path} in scratch: {exc}") from exc
+
+    def source(self, m: Mount) -> int:
+        spec = self.spec
+        if is_within(m.source, spec.scratch):
+            return self._beneath_scratch(m.source, os.O_PATH)
+        fd = self._open(m.source, exact=m.exact)
+        try:
+            if self.workdir_fd is not None and m.target == spec.workdir and m.why.startswith(
+                "workdir"
+            ):
+                self._same_as_pinned(fd, m.source)
+            self._check(fd, m)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _same_as_pinned(self, fd: int, path: str) -> None:
+        """The pinned workdir lives in the daemon's mount namespace, which the
+        kernel will not bind from here; so the workdir is opened again and
+        must be that very folder (a folder has one inode, and no user can
+        make a mount)."""
+        assert self.workdir_fd is not None
+        now, pinned = os.fstat(fd), os.fstat(self.workdir_fd)
+        if (now.st_dev, now.st_ino) != (pinned.st_dev, pinned.st_ino):
+            raise FenceError(f"the workdir {path} was replaced while the agent was starting")
+
+    def _open(self, path: str, *, exact: bool) -> int:
+        spec = self.spec
+        flags = os.O_PATH | os.O_CLOEXEC | (os.O_NOFOLLOW if exact else 0)
+        as_user = not any(is_within(path, system) for system in SYSTEM_DIRS + SYSTEM_LINK_DIRS)
+        try:
+            with _as_user(spec, as_user):
+                return os.open(path, flags)
+        except OSError as exc:
+            who = f"uid {spec.uid}" if as_user else "root"
+            raise FenceError(f"cannot open {path} (as {who}): {exc.strerror}") from exc
+
+    def _check(self, fd: int, m: Mount) -> None:
+        spec = self.spec
+        real = os.readlink(_proc_fd(fd))
+        if real != m.source:
+            raise FenceError(f"{m.source} changed while the agent was starting (it is now {real})")
+        if not m.exact:
+            for hidden in spec.hidden:
+                if is_within(real, hidden):
+                    raise FenceError(f"{m.source} leads to {real}, inside the hidden path {hidden}")
+        if m.why.startswith(("workdir", "worktree git")) and (
+            real == "/" or is_within(spec.home, real)
+        ):
+            raise FenceError(f"{real} would show the whole home folder")
+        if m.why.startswith("worktree git"):
+            self._check_git_folder(fd, real)
+
+    def _check_git_folder(self, fd: int, real: str) -> None:
+        """What the spec believed of a main git folder, checked again on the
+        folder that will be mounted, as the user."""
+        with _as_user(self.spec, True):
+            for name, want in (("HEAD", stat.S_ISREG), ("objects", stat.S_ISDIR),
+                               ("refs", stat.S_ISDIR)):  # fmt: skip
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError as exc:
+                    why = f"{name}: {exc.strerror}"
+                    raise FenceError(f"{real} is not a git folder ({why})") from exc
+                if not want(st.st_mode):
+                    raise FenceError(f"{real} is not a git folder ({name})")
 
 
 @contextlib.contextmanager
@@ -409,8 +492,10 @@ class _Root:
             key=lambda p: len(p[0]),
             default=("/", ""),
         )
+        # Beneath a source of "/" every mount point is; the slice keeps its "/".
+        cut = 0 if real_source == "/" else len(real_source)
         points = [(host, owner[1])] + [
-            (host + point[len(real_source) :], options)
+            (host.rstrip("/") + point[cut:], options)
             for point, options in self.host_mounts
             if point != real_source and is_within(point, real_source)
         ]
@@ -431,6 +516,15 @@ class _Root:
         self.mounted.append(m.target)
 
     def overlay(self, m: Mount, fds: list[int]) -> None:
+        # The merged folder's top takes the upper folder's owner and mode:
+        # give it the lower folder's (upper is root's, beneath root's tmpfs).
+        below = os.fstat(fds[0])
+        top = os.open(_proc_fd(fds[1]), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fchown(top, below.st_uid, below.st_gid)
+            os.fchmod(top, stat.S_IMODE(below.st_mode))
+        finally:
+            os.close(top)
         self.make(m.target, is_dir=True)
         dst = self.target_fd(m.target)
         lower, upper, work = (_proc_fd(fd) for fd in fds)
@@ -513,16 +607,23 @@ def _mount_table() -> list[tuple[str, str]]:
     return found
 
 
-def _build_root(spec: SandboxSpec) -> None:
+def _build_root(spec: SandboxSpec, workdir_fd: int | None = None) -> None:
     # Pin every source (and the device nodes) while the host's view is still
     # in place: the base tmpfs below covers the host's /tmp in this namespace.
     nodes = {name: os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC) for name in _DEV_NODES}
+    scratch_root = scratch.open_mounted(spec)
+    if scratch_root is None:
+        raise FenceError(f"the scratch tmpfs is not mounted on {spec.scratch}")
+    pin = _Pinner(spec, scratch_root, workdir_fd)
     pins: dict[int, list[int]] = {}
-    for i, m in enumerate(spec.mounts):
-        if m.kind == "bind":
-            pins[i] = [_pin(m.source, spec, exact=m.exact)]
-        elif m.kind == "overlay":
-            pins[i] = [_pin(m.source, spec), _pin(m.upper, spec), _pin(m.work, spec)]
+    try:
+        for i, m in enumerate(spec.mounts):
+            if m.kind == "bind":
+                pins[i] = [pin.source(m)]
+            elif m.kind == "overlay":
+                pins[i] = [pin.source(m), pin.layer(m.upper), pin.layer(m.work)]
+    finally:
+        os.close(scratch_root)
     root = _Root(spec, _mount_table())
     mount("tmpfs", _BASE, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
     for i, m in enumerate(spec.mounts):

@@ -34,6 +34,8 @@ MountKind = Literal["bind", "tmpfs", "overlay", "proc", "dev", "symlink", "mask"
 WORKDIR_MODES: tuple[str, ...] = ("rw", "ro", "throwaway")
 
 DEFAULT_SCRATCH_DIR = "/var/lib/leviath/scratch"
+# An agent's home, /tmp and throwaway layers together (a tmpfs of this size).
+DEFAULT_SCRATCH_SIZE = 1 << 30
 
 # The system, read-only. The /bin-style names are links on merged-/usr systems
 # and directories elsewhere; the caller says which (see `links`).
@@ -202,6 +204,7 @@ class SandboxSpec:
     execution_id: str
     limits: Mapping[str, int | None] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    scratch_size: int = DEFAULT_SCRATCH_SIZE
 
     @property
     def scratch_home(self) -> str:
@@ -324,22 +327,65 @@ class _Builder:
         self.add(Mount("bind", path, self.resolve(path), readonly=readonly, why=why))
 
 
+def _first_line(text: str | None) -> str:
+    return "" if text is None else (text.strip().splitlines() or [""])[0].strip()
+
+
 def _worktree_git_dirs(
-    workdir: str, read_text: Callable[[str], str | None]
-) -> list[str]:
-    """The git folders outside a worktree that git writes to: the `gitdir:` of
-    a `.git` file and, through its `commondir`, the main repository's `.git`."""
+    workdir: str,
+    read_text: Callable[[str], str | None],
+    exists: Callable[[str], bool],
+    resolve: Callable[[str], str],
+    refusal: Callable[[str], str | None],
+) -> tuple[list[str], list[str]]:
+    """The main git folder of a worktree, which git writes to, and notes on
+    what was not bound. A `.git` file is a claim that anyone who could write
+    the workdir (an agent, last run) may have made, so its `gitdir:` counts
+    only when it is a worktree's git folder (HEAD, objects/, refs/, a `gitdir`
+    file naming this workdir's `.git`) inside `<main>/worktrees/`, `<main>`
+    being what its `commondir` names and a git folder too, and neither is
+    refused by `refusal` (the checks a workdir gets)."""
     text = read_text(posixpath.join(workdir, ".git"))
     if text is None or not text.startswith("gitdir:"):
-        return []
-    gitdir = text[len("gitdir:") :].strip().splitlines()[0].strip()
-    gitdir = posixpath.normpath(posixpath.join(workdir, gitdir))
-    dirs = [gitdir]
-    common = read_text(posixpath.join(gitdir, "commondir"))
-    if common is not None and common.strip():
-        main = posixpath.normpath(posixpath.join(gitdir, common.strip().splitlines()[0]))
-        dirs = [main] + [d for d in dirs if not is_within(d, main)]
-    return [d for d in dirs if not is_within(d, workdir)]
+        return [], []
+    named = _first_line(text[len("gitdir:") :])
+    if not named:
+        return [], []
+    gitdir = resolve(posixpath.normpath(posixpath.join(workdir, named)))
+    if gitdir != workdir and is_within(gitdir, workdir):
+        return [], []  # inside the workdir: mounted with it
+
+    def not_bound(why: str) -> tuple[list[str], list[str]]:
+        # The .git file is the agent's text: bounded before it is echoed.
+        return [], [f"{workdir}/.git names {named[:200]!r}: not bound ({why[:400]})"]
+
+    def git_folder_problem(path: str, needs: tuple[str, ...]) -> str | None:
+        why = refusal(path)
+        if why is not None:
+            return why
+        missing = [n for n in needs if not exists(posixpath.join(path, n))]
+        if missing:
+            return f"{path} is not a git folder (no {', '.join(missing)})"
+        return None
+
+    # A worktree's own folder has HEAD; objects/ and refs/ are the main one's.
+    why = git_folder_problem(gitdir, ("HEAD", "gitdir", "commondir"))
+    if why is not None:
+        return not_bound(why)
+    back = _first_line(read_text(posixpath.join(gitdir, "gitdir")))
+    own = posixpath.join(workdir, ".git")
+    if not back or resolve(posixpath.normpath(posixpath.join(gitdir, back))) != own:
+        return not_bound(f"its gitdir file does not name {own}")
+    common = _first_line(read_text(posixpath.join(gitdir, "commondir")))
+    if not common:
+        return not_bound("it has no commondir file: not a worktree's")
+    main = resolve(posixpath.normpath(posixpath.join(gitdir, common)))
+    if not is_within(gitdir, posixpath.join(main, "worktrees")):
+        return not_bound(f"it is not inside {main}/worktrees")
+    why = git_folder_problem(main, ("HEAD", "objects", "refs"))
+    if why is not None:
+        return not_bound(why)
+    return [main], []
 
 
 def _depth(path: str) -> int:
@@ -418,28 +464,31 @@ def build_spec(
     b.add(Mount("bind", "/tmp", posixpath.join(scratch, "tmp"), why="tmp (scratch)"))
 
     # The workdir (and a worktree's git folders), in the mode asked for.
-    if workdir == "/" or is_within(home, workdir):
-        raise InvalidArgument(
-            f"workdir {workdir} would show the whole home folder; choose a project folder"
-        )
+    other = [posixpath.normpath(h) for h in other_homes]
+
+    def refusal(path: str) -> str | None:
+        """Why `path` may not be bound as a workdir or git folder, or None."""
+        for p in dict.fromkeys((path, resolve_fn(path))):
+            if p == "/" or is_within(home, p) or any(is_within(h, p) for h in other):
+                return f"{p} would show the whole home folder"
+            if is_within(workdir, p) and p != workdir:
+                return f"{p} holds the workdir"
+        hit = b.hidden_hit(path)
+        if hit is not None:
+            return f"{path} is inside the hidden path {hit}"
+        return None
+
+    why = refusal(workdir)
+    if why is not None and "whole home" in why:
+        raise InvalidArgument(f"workdir {why}; choose a project folder")
     if not exists(workdir):
         raise InvalidArgument(f"workdir {workdir} does not exist")
-    hit = b.hidden_hit(workdir)
-    if hit is not None:
-        raise InvalidArgument(f"workdir {workdir} is refused: it is inside the hidden path {hit}")
+    if why is not None:
+        raise InvalidArgument(f"workdir {workdir} is refused: {why}")
+    git_dirs, git_notes = _worktree_git_dirs(workdir, read_fn, exists, resolve_fn, refusal)
+    b.notes += git_notes
     overlay_index = 0
-    for path, why in [(workdir, "workdir")] + [
-        (d, "worktree git") for d in _worktree_git_dirs(workdir, read_fn)
-    ]:
-        if why != "workdir":
-            hit = b.hidden_hit(path)
-            if hit is not None:
-                raise InvalidArgument(
-                    f"the worktree's git folder {path} is refused: it is inside {hit}"
-                )
-            if not exists(path):
-                b.notes.append(f"{path}: git folder named by {workdir}/.git is missing")
-                continue
+    for path, why in [(workdir, "workdir")] + [(d, "worktree git") for d in git_dirs]:
         if request.workdir_mode == "throwaway":
             layer = posixpath.join(scratch, "overlay", str(overlay_index))
             overlay_index += 1
@@ -549,6 +598,7 @@ def build_spec(
             "cpu_weight": res.cpu_weight,
         },
         notes=tuple(b.notes),
+        scratch_size=int(getattr(effective, "scratch_size", None) or DEFAULT_SCRATCH_SIZE),
     )
 
 

@@ -1,15 +1,19 @@
-"""Scratch folders: private to their agent, removed without following an
-agent's links, swept only when their execution is not running. Needs root
-(the folders are handed to another uid)."""
+"""Scratch: a root-owned empty mount point on disk, a bounded tmpfs in the
+agent's own mount namespace, removed without following an agent's links,
+swept only when its execution is not running. Needs root."""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import json
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,31 +49,72 @@ def _spec(base: Path, execution: str, mode: str = "rw") -> SandboxSpec:
     )
 
 
-def test_a_scratch_folder_is_the_users_alone_under_a_root_owned_parent(base: Path) -> None:
+def test_a_scratch_folder_is_an_empty_root_owned_mount_point(base: Path) -> None:
     spec = _spec(base, "aaaa0001")
     scratch.create(spec)
     parent = os.stat(base / "scratch")
     assert parent.st_uid == 0 and stat.S_IMODE(parent.st_mode) == 0o711
-    for path in (spec.scratch, spec.scratch_home, spec.scratch_tmp):
-        st = os.stat(path)
-        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (NOBODY, NOBODY, 0o700), path
+    st = os.stat(spec.scratch)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700)
+    assert os.listdir(spec.scratch) == []
 
 
-def test_a_throwaway_layer_is_made_in_scratch_with_the_workdirs_owner(base: Path) -> None:
-    os.chown(base / "work", NOBODY, NOBODY)
-    spec = _spec(base, "aaaa0002", mode="throwaway")
-    scratch.create(spec)
-    (overlay,) = [m for m in spec.mounts if m.kind == "overlay"]
-    assert os.stat(overlay.upper).st_uid == NOBODY
-    assert os.path.isdir(overlay.work)
+def _in_child(fn: Callable[[], object]) -> Any:
+    """Run `fn` in a forked child (it may change its namespaces); its answer
+    comes back as JSON."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            out: object = {"ok": fn()}
+        except BaseException as exc:
+            out = {"err": f"{type(exc).__name__}: {exc}"}
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = json.loads(f.read())
+    os.waitpid(pid, 0)
+    return data
+
+
+def test_the_tmpfs_is_seen_only_in_the_agents_namespace_and_is_bounded(base: Path) -> None:
+    spec = dataclasses.replace(_spec(base, "aaaa0002", mode="throwaway"), scratch_size=1 << 20)
+
+    def inside() -> object:
+        scratch.enter(spec)
+        owners = {}
+        for rel in ("home", "tmp", "overlay/0/upper", "overlay/0/work"):
+            st = os.stat(os.path.join(spec.scratch, rel))
+            owners[rel] = [st.st_uid, stat.S_IMODE(st.st_mode)]
+        try:
+            with open(os.path.join(spec.scratch_home, "big"), "wb") as f:
+                f.write(b"x" * (2 << 20))
+            full = "no error"
+        except OSError as exc:
+            full = errno.errorcode[exc.errno or 0]
+        return {"owners": owners, "full": full}
+
+    got = _in_child(inside)["ok"]
+    assert got["owners"] == {
+        "home": [NOBODY, 0o700], "tmp": [NOBODY, 0o700],
+        "overlay/0/upper": [0, 0o700], "overlay/0/work": [0, 0o700],
+    }  # fmt: skip
+    assert got["full"] == "ENOSPC"
+    # The host's view: the empty mount point, nothing of the agent's.
+    assert os.listdir(spec.scratch) == []
 
 
 def test_removal_does_not_follow_links_an_agent_planted(base: Path) -> None:
+    # The on-disk layout older versions left: the user's folders with the agent's links.
     spec = _spec(base, "aaaa0003")
     scratch.create(spec)
     victim = base / "victim"
     victim.mkdir()
     (victim / "keep").write_text("precious")
+    for name in ("home", "tmp"):
+        os.mkdir(os.path.join(spec.scratch, name))
     os.symlink(victim, Path(spec.scratch_home) / "link-to-victim")
     os.symlink(victim / "keep", Path(spec.scratch_tmp) / "file-link")
     assert scratch.remove(spec.scratch)
@@ -80,13 +125,13 @@ def test_removal_does_not_follow_links_an_agent_planted(base: Path) -> None:
 def test_a_scratch_folder_replaced_by_a_link_is_unlinked_not_followed(base: Path) -> None:
     spec = _spec(base, "aaaa0004")
     scratch.create(spec)
-    shutil.rmtree(spec.scratch)
+    os.rmdir(spec.scratch)
     target = base / "elsewhere"
     target.mkdir()
     (target / "keep").write_text("x")
     os.symlink(target, spec.scratch)
     assert scratch.remove(spec.scratch)
-    assert (target / "keep").exists()
+    assert (target / "keep").exists() and not os.path.lexists(spec.scratch)
 
 
 def test_sweep_removes_ended_executions_and_never_touches_running_ones(base: Path) -> None:
@@ -100,9 +145,16 @@ def test_sweep_removes_ended_executions_and_never_touches_running_ones(base: Pat
     assert (base / "scratch" / "not an id!").is_dir()
 
 
-def test_creating_over_another_users_folder_is_refused(base: Path) -> None:
+def test_creating_over_a_folder_that_is_not_roots_alone_is_refused(base: Path) -> None:
     spec = _spec(base, "aaaa0007")
     (base / "scratch").mkdir(mode=0o711)
-    os.mkdir(spec.scratch, 0o700)  # root's, not nobody's
-    with pytest.raises(Unavailable, match="not this agent's"):
+    os.mkdir(spec.scratch, 0o700)
+    os.chown(spec.scratch, NOBODY, NOBODY)
+    with pytest.raises(Unavailable, match="not root's"):
         scratch.create(spec)
+
+
+def test_a_scratch_dir_below_a_users_folder_is_refused(base: Path) -> None:
+    os.chown(base, NOBODY, NOBODY)
+    with pytest.raises(Unavailable, match="not root's alone"):
+        scratch.create(_spec(base, "aaaa0008"))

@@ -238,6 +238,7 @@ def _worktree_files() -> dict[str, str]:
     return {
         f"{WORKDIR}/.git": "gitdir: /repos/app/.git/worktrees/app\n",
         "/repos/app/.git/worktrees/app/commondir": "../..\n",
+        "/repos/app/.git/worktrees/app/gitdir": f"{WORKDIR}/.git\n",
     }
 
 
@@ -264,10 +265,103 @@ def test_a_throwaway_workdir_is_an_overlay_with_its_layers_in_scratch() -> None:
     assert table[WORKDIR].upper != table["/repos/app/.git"].upper
 
 
-def test_a_worktree_git_folder_inside_a_hidden_path_is_refused() -> None:
-    files = {f"{WORKDIR}/.git": f"gitdir: {HOME}/.ssh/evil\n"}
-    with pytest.raises(InvalidArgument, match="git folder"):
-        spec_for(files=files)
+def _git_binds(spec: SandboxSpec) -> list[str]:
+    return [m.target for m in spec.mounts if m.why.startswith("worktree git")]
+
+
+def _planted(gitdir: str, **extra: str) -> dict[str, str]:
+    """A `.git` file an agent wrote, naming `gitdir`, with files of its choice."""
+    return {f"{WORKDIR}/.git": f"gitdir: {gitdir}\n", **extra}
+
+
+@pytest.mark.parametrize(
+    ("gitdir", "why"),
+    [
+        (HOME, "whole home"),  # the home itself
+        ("/home", "whole home"),  # an ancestor of the home
+        ("/", "whole home"),
+        ("../..", "whole home"),  # relative, up to the home
+        ("/home/bob", "whole home"),  # someone else's home
+        (f"{HOME}/src", "holds the workdir"),  # an ancestor of the workdir
+        (f"{HOME}/.ssh", "hidden path"),
+        (f"{HOME}/.ssh/evil", "hidden path"),
+        (f"{HOME}/.config/leviath", "hidden path"),
+    ],
+)
+def test_a_git_file_naming_a_home_an_ancestor_or_a_hidden_path_binds_nothing(
+    gitdir: str, why: str
+) -> None:
+    spec = spec_for(files=_planted(gitdir))
+    assert _git_binds(spec) == []
+    assert any(why in n and ".git names" in n for n in spec.notes), spec.notes
+
+
+def test_a_git_file_naming_a_folder_that_is_no_git_folder_binds_nothing() -> None:
+    # ~/.config is neither hidden nor a home: only its missing HEAD/objects/refs stop it.
+    files = _planted(f"{HOME}/.config", **{
+        f"{HOME}/.config/gitdir": f"{WORKDIR}/.git", f"{HOME}/.config/commondir": "..",
+    })  # fmt: skip
+    present = {f"{HOME}/.config", WORKDIR}
+    spec = spec_for(files=files, existing=lambda p: p in present or not p.startswith(HOME))
+    assert _git_binds(spec) == []
+    assert any("not a git folder" in n for n in spec.notes), spec.notes
+
+
+def test_a_git_folder_whose_gitdir_file_names_another_worktree_binds_nothing() -> None:
+    files = _worktree_files()
+    files["/repos/app/.git/worktrees/app/gitdir"] = "/elsewhere/.git\n"
+    spec = spec_for(files=files)
+    assert _git_binds(spec) == []
+    assert any("does not name" in n for n in spec.notes), spec.notes
+
+
+def test_a_git_folder_without_commondir_binds_nothing() -> None:
+    files = _worktree_files()
+    del files["/repos/app/.git/worktrees/app/commondir"]
+    spec = spec_for(files=files)
+    assert _git_binds(spec) == []
+    assert any("no commondir" in n for n in spec.notes), spec.notes
+
+
+def test_a_commondir_the_git_folder_is_not_a_worktree_of_binds_nothing() -> None:
+    # A git folder the agent could write (say in ~/.claude) naming someone's real repository.
+    files = {
+        f"{WORKDIR}/.git": f"gitdir: {HOME}/.claude/fake\n",
+        f"{HOME}/.claude/fake/gitdir": f"{WORKDIR}/.git\n",
+        f"{HOME}/.claude/fake/commondir": "/repos/other/.git\n",
+    }
+    spec = spec_for(files=files)
+    assert _git_binds(spec) == []
+    assert any("/repos/other/.git/worktrees" in n for n in spec.notes), spec.notes
+
+
+def test_a_commondir_naming_a_home_binds_nothing() -> None:
+    files = {
+        f"{WORKDIR}/.git": f"gitdir: {HOME}/worktrees/app\n",
+        f"{HOME}/worktrees/app/gitdir": f"{WORKDIR}/.git\n",
+        f"{HOME}/worktrees/app/commondir": "../..\n",
+    }
+    spec = spec_for(files=files)
+    assert _git_binds(spec) == []
+    assert any("whole home" in n for n in spec.notes), spec.notes
+
+
+def test_a_git_folder_leading_by_a_link_into_a_hidden_path_binds_nothing() -> None:
+    files = _worktree_files()
+
+    def resolve(path: str) -> str:
+        if is_within(path, "/repos/app/.git"):
+            return f"{HOME}/.gnupg" + path[len("/repos/app/.git"):]
+        return path
+
+    spec = spec_for(files=files, resolve=resolve)
+    assert _git_binds(spec) == []
+    assert any("hidden path" in n for n in spec.notes), spec.notes
+
+
+def test_a_workdir_leading_by_a_link_to_the_home_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="whole home"):
+        spec_for(resolve=lambda p: HOME if p == WORKDIR else p)
 
 
 def test_network_false_adds_a_network_namespace() -> None:
