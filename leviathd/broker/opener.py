@@ -25,6 +25,7 @@ import threading
 from collections.abc import Sequence
 
 from leviathd.errors import Unavailable
+from leviathd.sandbox.privileges import join_new_session_keyring
 
 _MAX_MSG = 65536
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "opener_worker.py")
@@ -37,7 +38,11 @@ class Opener:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         kwargs: dict[str, object] = {}
         if os.geteuid() == 0:
-            kwargs = {"user": uid, "group": gid, "extra_groups": list(groups)}
+            # The keyring is joined after subprocess's switch to the user, so
+            # it is hers: nothing of the daemon's session keyring stays in
+            # reach of a process running with her uid.
+            kwargs = {"user": uid, "group": gid, "extra_groups": list(groups),
+                      "preexec_fn": join_new_session_keyring}
         elif uid != os.geteuid():
             raise Unavailable("the broker must run as root to act for another user")
         env = {"PATH": "/usr/bin:/bin"}

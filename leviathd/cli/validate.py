@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leviathd.config.load import BLUEPRINT_FILE, load_blueprint, load_configs
+from leviathd.config.load import BLUEPRINT_FILE, agent_store_path, load_blueprint, load_configs
 from leviathd.config.merge import Finding, MergeResult, resolve
 from leviathd.config.models import Blueprint
-from leviathd.errors import ConfigError
+from leviathd.errors import ConfigError, NotFound
+from leviathd.safetext import NAME_RE
 from leviathd.store import blueprint_folder
 
 EXIT_VALID = 0
@@ -133,8 +134,21 @@ def as_json(report: Report) -> dict[str, Any]:
     return data
 
 
+def _folder(arg: str) -> Path:
+    """As for `lev run`: a bare name is the installed agent only, never a
+    folder of that name here (an agent may have planted one); `./NAME` for it."""
+    if not NAME_RE.match(arg):
+        return blueprint_folder(arg)
+    store = agent_store_path()
+    if not (store / arg / BLUEPRINT_FILE).is_file():
+        hint = f"; for the folder here, say ./{arg}" if Path(arg).exists() else ""
+        raise NotFound(f"{arg}: no such blueprint (no agent of that name installed in "
+                       f"{store}){hint}")
+    return store / arg
+
+
 def _run(args: argparse.Namespace) -> int:
-    report = check(blueprint_folder(args.blueprint))
+    report = check(_folder(args.blueprint))
     if args.json:
         data = as_json(report)
         data["exit"] = report.exit_status(args.deny_warnings)

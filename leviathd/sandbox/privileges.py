@@ -38,7 +38,9 @@ _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SYS_CAPGET = 125
 _SYS_CAPSET = 126
-_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219}
+# Looked up once here: the keyring is joined in forked children (preexec_fn),
+# where the less done the better.
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219}.get(platform.machine())
 _KEYCTL_JOIN_SESSION_KEYRING = 1
 
 
@@ -138,7 +140,7 @@ def join_new_session_keyring() -> int:
     used, so nothing of the parent's keyring stays reachable through @s.
     Returns its serial (0 where the kernel has no keys at all, which leaves
     nothing to share either)."""
-    nr = _SYS_KEYCTL.get(platform.machine())
+    nr = _SYS_KEYCTL
     if nr is None:
         raise OSError(errno.ENOSYS, f"keyctl: no syscall number known for {platform.machine()}")
     name = f"leviath-{secrets.token_hex(8)}".encode()

@@ -168,6 +168,8 @@ class SystemdManager:
             raise SystemdError(f"starting {name} ended with result {result!r}")
 
     async def stop_unit(self, name: str) -> None:
+        if not _ours(name):
+            return  # no unit the daemon makes is named so
         try:
             await self._call(MANAGER_PATH, MANAGER_IFACE, "StopUnit", "ss", [name, "replace"])
         except SystemdError as exc:
@@ -176,6 +178,8 @@ class SystemdManager:
             raise
 
     async def unit_state(self, name: str) -> UnitState | None:
+        if not _ours(name):
+            return None
         try:
             (path,) = await self._call(MANAGER_PATH, MANAGER_IFACE, "GetUnit", "s", [name])
         except SystemdError as exc:
@@ -198,6 +202,14 @@ class SystemdManager:
             else "",
         )
 
+
+
+def _ours(name: str) -> bool:
+    try:
+        safetext.check_unit_name(name)
+    except LeviathError:
+        return False
+    return True
 
 
 def _counter(v: Variant | None) -> int | None:

@@ -58,6 +58,21 @@ def test_validate_accepts_the_blueprint_toml_or_an_installed_name(
     assert lev(capsys, "validate", "cto")[1] == SPEC_OUTPUT
 
 
+def test_a_bare_name_is_the_installed_agent_never_a_folder_here(
+    env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(CTO, env / "store" / "cto")
+    here = env / "here"
+    (here / "cto").mkdir(parents=True)
+    (here / "cto" / "blueprint.toml").write_text("[agent]\nname = \"impostor\"\n")
+    monkeypatch.chdir(here)
+    assert lev(capsys, "validate", "cto")[1] == SPEC_OUTPUT
+    assert "invalid" in lev(capsys, "validate", "./cto")[1]  # the folder, by path
+    shutil.rmtree(env / "store" / "cto")
+    rc, _, err = lev(capsys, "validate", "cto")
+    assert rc == 1 and "./cto" in err
+
+
 def test_deny_warnings_turns_a_warning_into_exit_status_2(
     env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
