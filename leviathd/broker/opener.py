@@ -118,8 +118,8 @@ class Opener:
                 # Timed out, died, or sent more than asked: it is not trusted
                 # with another request.
                 self._kill()
-                raise Unavailable(f"the file worker process failed: {exc or 'it exited'}"
-                                  ) from None
+                why = str(exc) or "it exited (out of the agent's memory?)"
+                raise Unavailable(f"the file worker process failed: {why}") from None
         return reply, out, got
 
     def open(

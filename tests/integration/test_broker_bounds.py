@@ -226,9 +226,14 @@ class Sampler:
         self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def bed(testbed: Testbed) -> Iterator[Testbed]:
-    bed = testbed
+def active(bed: Testbed) -> bool:
+    r = bed.run(["systemctl", "is-active", "leviathd"], check=False)
+    return r.stdout.strip() == "active"
+
+
+def prepare(bed: Testbed) -> None:
+    """alice's workdir (300 files of 1 MiB, a 512 MiB sparse file, links
+    out of her view), the blueprint and the config; the daemon restarted."""
     h = bed.users["alice"].home
     bed.run(f"""
         set -e
@@ -249,8 +254,14 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     bed.run(["sh", "-c", "cat > client.py"], user="alice", cwd=f"{h}/bw", input=CLIENT)
     bed.write_file("/etc/leviath/config.toml", config())
     bed.run(["systemctl", "restart", "leviathd"])
-    yield bed
-    bed.run(["rm", "-rf", f"{h}/bw", f"{h}/bbp"])
+
+
+@pytest.fixture(scope="module")
+def bed(testbed: Testbed) -> Iterator[Testbed]:
+    prepare(testbed)
+    yield testbed
+    h = testbed.users["alice"].home
+    testbed.run(["rm", "-rf", f"{h}/bw", f"{h}/bbp"])
 
 
 def start_agent(bed: Testbed) -> Agent:
@@ -265,30 +276,39 @@ def stop_agent(agent: Agent) -> None:
     agent.bed.run(["lev", "stop", agent.id], user="alice", check=False)
 
 
-def test_abuse_from_inside_an_agent_costs_the_daemon_little_and_gets_named_refusals(
-    bed: Testbed,
-) -> None:
-    agent = start_agent(bed)
+def abuse(bed: Testbed, agent: Agent, threads: int) -> dict:
+    """Everything at once an agent may try, in turn; the daemon's RSS around it."""
     sampler = Sampler(bed)
     try:
         agent.py("from client import *\nprint(json.dumps(summary(call(connect(), "
                  "'read_file', path='small.txt'))))")
         start = sampler.now()
-        threads = int(os.environ.get("LEVIATH_ABUSE_THREADS", "8"))
-        reads = agent.py(f"THREADS = {threads}\n" + READS)
-        edit = agent.py(EDIT)
-        deep = agent.py(DEEP)
-        long = agent.py(LONG)
-        conns = agent.py(CONNS)
+        out = {"reads": agent.py(f"THREADS = {threads}\n" + READS), "edit": agent.py(EDIT),
+               "deep": agent.py(DEEP), "long": agent.py(LONG), "conns": agent.py(CONNS)}
         peak = max(sampler.samples())
         time.sleep(3)
         after = sampler.now()
-        print(f"daemon RSS: start {start / MB:.1f} MB, peak {peak / MB:.1f} MB, "
-              f"after {after / MB:.1f} MB")
+    finally:
+        sampler.stop()
+    print(f"daemon RSS under one agent's abuse: start {start / MB:.1f} MB, "
+          f"peak {peak / MB:.1f} MB (+{(peak - start) / MB:.1f}), "
+          f"after {after / MB:.1f} MB (+{(after - start) / MB:.1f})")
+    return {**out, "start": start, "peak": peak, "after": after}
 
+
+def test_abuse_from_inside_an_agent_costs_the_daemon_little_and_gets_named_refusals(
+    bed: Testbed,
+) -> None:
+    agent = start_agent(bed)
+    try:
+        got = abuse(bed, agent, int(os.environ.get("LEVIATH_ABUSE_THREADS", "8")))
+        reads, edit, deep, long, conns = (got[k] for k in ("reads", "edit", "deep", "long",
+                                                             "conns"))
+        start, peak, after = got["start"], got["peak"], got["after"]
         for r in reads.values():
             assert r["all300"]["code"] == "too-large", r
-            assert r["all300"]["limit"] == "read_max_paths", r
+            # With more threads than concurrent calls, some are refused for that.
+            assert r["all300"]["limit"] in ("read_max_paths", "max_concurrent_calls"), r
             assert r["forty"]["bytes"] <= MB + 64, r
             if r["forty"]["ok"]:
                 assert r["contents"] >= 1, r
@@ -305,12 +325,11 @@ def test_abuse_from_inside_an_agent_costs_the_daemon_little_and_gets_named_refus
         assert conns["refused"] >= 1, conns
         assert conns["first"]["error"]["code"] == "too-large", conns
         assert conns["first"]["error"]["limit"] == "max_connections", conns
-        assert bed.status("leviathd.service") == "active"
+        assert active(bed)
 
         assert peak - start < 30 * MB, (start, peak, after)
         assert after - start < 10 * MB, (start, peak, after)
     finally:
-        sampler.stop()
         stop_agent(agent)
 
 
@@ -338,13 +357,18 @@ def test_the_heavy_work_runs_in_the_agents_scope_which_runs_out_of_memory_not_th
         assert not edit["ok"] and edit["code"] in ("failed", "too-large"), edit
         peak = max(sampler.samples())
         assert peak - start < 30 * MB, (start, peak)
-        kills = bed.run("journalctl -k --no-pager | grep -ci 'memory cgroup out of memory' "
-                        "|| true").stdout.strip()
-        print(f"edit as the worker ran out of memory: {edit}; kernel OOM lines: {kills}")
+        cgroup = bed.run(["systemctl", "show", "-p", "ControlGroup", "--value",
+                          unit]).stdout.strip()
+        events = bed.run(f"cat /sys/fs/cgroup/memory{cgroup}/memory.oom_control "
+                         f"/sys/fs/cgroup{cgroup}/memory.events 2>/dev/null || true").stdout
+        kills = [int(line.split()[1]) for line in events.splitlines()
+                 if line.startswith("oom_kill ")]
+        print(f"edit over the agent's memory: {edit}; OOM kills in the agent's scope: {kills}")
+        assert kills and max(kills) >= 1, events
         again = agent.py("from client import *\nprint(json.dumps(summary(call(connect(), "
                          "'read_file', path='small.txt'))))")
         assert again["ok"], again
-        assert bed.status("leviathd.service") == "active"
+        assert active(bed)
     finally:
         sampler.stop()
         stop_agent(agent)
@@ -365,7 +389,7 @@ def test_a_refused_path_outside_the_view_gets_one_message_whatever_exists_there(
         generic = {k: v.replace(k, "NAME") for k, v in out.items() if not k.startswith("list")}
         names = ("key", "nokey", "root", "sshdir", "nodir", "up")
         assert len({generic[k] for k in names}) == 1, out
-        assert ".ssh" not in json.dumps(out) and "/root" not in json.dumps(out), out
+        assert ".ssh" not in json.dumps(generic) and "/root/" not in json.dumps(generic), out
         listed = {out["list_sshdir"].replace("sshdir", "NAME"),
                   out["list_nodir"].replace("nodir", "NAME")}
         assert len(listed) == 1, out
