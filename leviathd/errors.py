@@ -33,11 +33,11 @@ class Unavailable(LeviathError):
     dbus_name = "org.leviath.Error.SandboxUnavailable"
 
 
-class LimitExceeded(LeviathError):
+class LimitExceeded(InvalidArgument):
     """A request went over one of the broker's configured limits (`[broker]`):
-    refused by name, with the limit, never by dropping the connection."""
-
-    dbus_name = "org.leviath.Error.LimitExceeded"
+    refused by name, with the limit, never by dropping the connection. (It
+    answers agents on their broker socket; on the bus it would be an
+    InvalidArgument.)"""
 
     def __init__(self, limit: str, value: int, message: str) -> None:
         super().__init__(message)

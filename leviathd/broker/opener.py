@@ -173,7 +173,8 @@ class Opener:
 
     def edit(self, fd: int, old: str, new: str, replace_all: bool, max_bytes: int
              ) -> dict[str, Any]:
-        data = json.dumps({"old": old, "new": new, "all": replace_all}).encode()
+        data = json.dumps({"old": old, "new": new, "all": replace_all},
+                          ensure_ascii=False).encode()
         reply, _out, got = self._request({"op": "edit", "max_bytes": max_bytes}, data=data,
                                          fds=[fd])
         for extra in got:

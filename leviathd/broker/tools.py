@@ -91,9 +91,9 @@ class FileTools:
     def _refused(self, path: str, verb: str) -> RealPathRefused:
         # One message whatever is (or is not) behind the path: the agent must
         # not learn what exists under hidden folders or where a link leads.
+        where = "its workdir and granted read paths" if verb == "read" else "its workdir"
         return RealPathRefused(
-            f"{shown(path)}: outside what this agent may {verb} "
-            "(its workdir and granted read paths)"
+            f"{shown(path)}: not granted: outside what this agent may {verb} ({where})"
         )
 
     def _failed(self, exc: OpenFailed, path: str, verb: str) -> Exception:
