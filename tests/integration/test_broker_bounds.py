@@ -210,7 +210,8 @@ class Sampler:
                             "leviathd"]).stdout.strip()
         bed.run(["rm", "-f", "/root/rss.log"])
         self.proc = subprocess.Popen(bed.command(
-            ["sh", "-c", f"while :; do sed -n 's/^VmRSS:[^0-9]*\\([0-9]*\\).*/\\1/p' "
+            ["sh", "-c", f"echo $$ > /root/rss.pid; "
+             f"while :; do sed -n 's/^VmRSS:[^0-9]*\\([0-9]*\\).*/\\1/p' "
              f"/proc/{self.pid}/status >> /root/rss.log; sleep 0.05; done"]))
 
     def samples(self) -> list[int]:
@@ -222,6 +223,8 @@ class Sampler:
         return self.samples()[-1]
 
     def stop(self) -> None:
+        # The loop runs inside the bed: end it there, by the pid it wrote.
+        self.bed.run(["sh", "-c", "kill $(cat /root/rss.pid)"], check=False)
         self.proc.kill()
         self.proc.wait()
 
