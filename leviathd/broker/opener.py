@@ -128,9 +128,31 @@ class Opener:
     ) -> int:
         """Open `path` as the agent's user; returns a descriptor owned by the
         caller. Raises OpenFailed with the errno the user's open got."""
-        reply, _out, got = self._request(
-            {"op": "open", "path": path, "flags": flags, "mode": mode, "follow": follow},
-            fds=[dir_fd] if dir_fd is not None else [],
+        return self._open(path, flags, mode, dir_fd=dir_fd, follow=follow)[0]
+
+    def open_read(
+        self, path: str, flags: int, max_bytes: int, budget: int
+    ) -> tuple[int, tuple[bytes, bool] | None]:
+        """`open`, and for a regular file its content as `read` would give it,
+        in the same round trip. The content is only to be used once the
+        descriptor is accepted; None when the worker did not read."""
+        fd, reply, out = self._open(path, flags, 0, read={"max_bytes": max_bytes,
+                                                        "budget": budget}, max_reply=budget)
+        ahead = reply.get("read")
+        if not isinstance(ahead, dict) or not ahead.get("ok") or not ahead.get("fits"):
+            return fd, None
+        return fd, (out, bool(ahead.get("truncated")))
+
+    def _open(
+        self, path: str, flags: int, mode: int, *, dir_fd: int | None = None,
+        follow: bool = True, read: dict[str, int] | None = None, max_reply: int = 0,
+    ) -> tuple[int, dict[str, Any], bytes]:
+        header: dict[str, Any] = {"op": "open", "path": path, "flags": flags, "mode": mode,
+                                  "follow": follow}
+        if read is not None:
+            header["read"] = read
+        reply, out, got = self._request(
+            header, fds=[dir_fd] if dir_fd is not None else [], max_reply=max_reply
         )
         if not reply.get("ok"):
             for fd in got:
@@ -142,7 +164,7 @@ class Opener:
             for fd in got:
                 os.close(fd)
             raise Unavailable("the file worker sent no descriptor")
-        return got[0]
+        return got[0], reply, out
 
     def read(self, fd: int, max_bytes: int, budget: int) -> tuple[bytes, bool] | None:
         """The file's first `max_bytes` as a JSON string literal of at most

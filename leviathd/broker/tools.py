@@ -102,10 +102,18 @@ class FileTools:
             return self._refused(path, verb)
         return OSError(exc.errno, exc.strerror, shown(path))
 
-    def _open_read(self, path: str, *, directory: bool = False) -> tuple[int, str]:
+    def _open_read(
+        self, path: str, *, directory: bool = False, ahead: tuple[int, int] | None = None
+    ) -> tuple[int, str, tuple[bytes, bool] | None]:
+        """The descriptor, its real path, and with `ahead` (max_bytes, budget)
+        the content the worker read with the open, if any."""
         flags = _READ_FLAGS | (os.O_DIRECTORY if directory else 0)
+        content = None
         try:
-            fd = self.opener.open(path, flags)
+            if ahead is None:
+                fd = self.opener.open(path, flags)
+            else:
+                fd, content = self.opener.open_read(path, flags, *ahead)
         except OpenFailed as exc:
             raise self._failed(exc, path, "read") from None
         try:
@@ -119,15 +127,21 @@ class FileTools:
             os.close(fd)
             raise
         self.reads.append((real, (st.st_dev, st.st_ino)))
-        return fd, real
+        return fd, real, content
 
     def _read_entry(self, path: str, max_bytes: int, budget: int) -> list[bytes]:
         """One file as `{"path", "content", "truncated"}` in at most `budget` bytes."""
-        fd, real = self._open_read(path)
+        tail = len(b', "truncated": false}')
+        # Guess the room the real path leaves; read again if the guess was short.
+        guess = budget - len(_enc({"path": path})) - len(b', "content": ') - tail - 16
+        fd, real, got = self._open_read(path, ahead=(max_bytes, guess) if guess >= 2 else None)
         try:
             head = _enc({"path": real})[:-1] + b', "content": '
-            room = budget - len(head) - len(b', "truncated": false}')
-            got = self.opener.read(fd, max_bytes, room) if room >= 2 else None
+            room = budget - len(head) - tail
+            if got is not None and len(got[0]) > room:
+                got = None
+            if got is None:
+                got = self.opener.read(fd, max_bytes, room) if room >= 2 else None
         finally:
             os.close(fd)
         if got is None:
@@ -164,7 +178,7 @@ class FileTools:
         return RawJSON(parts)
 
     def list_dir(self, path: str, budget: int) -> RawJSON:
-        fd, real = self._open_read(path, directory=True)
+        fd, real, _ = self._open_read(path, directory=True)
         try:
             head = _enc({"path": real})[:-1] + b', "entries": '
             room = budget - len(head) - len(b', "truncated": false}')
