@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import signal
 import socket
 import subprocess
@@ -54,13 +55,32 @@ class OpenFailed(OSError):
         self.where = where
 
 
+def _procs_files(cgroup: str, mountinfo: str) -> list[str]:
+    """The cgroup.procs file of `cgroup` in every mounted hierarchy; where a
+    hierarchy lacks that exact folder (a container's cgroup made in some v1
+    controllers only), of its nearest ancestor up to the agent's scope."""
+    from leviathd.systemd.cgroupfs import folders
+
+    chain = [cgroup]
+    while not posixpath.basename(chain[-1]).startswith("leviath-") and chain[-1] != "/":
+        chain.append(posixpath.dirname(chain[-1]))
+    if chain[-1] == "/":
+        chain = [cgroup]  # no scope above it: only the exact folder will do
+    per_level = [folders(c, mountinfo) for c in chain]
+    out: list[str] = []
+    for i in range(len(per_level[0])):
+        for level in per_level:
+            if len(level) == len(per_level[0]) and os.path.isdir(level[i]):
+                out.append(posixpath.join(level[i], "cgroup.procs"))
+                break
+    return out
+
+
 def _attach(pid: int, cgroup: str) -> None:
     """Move `pid` into `cgroup` (a path as /proc/<pid>/cgroup gives it) in
-    every mounted hierarchy where it exists, as the shell tool does."""
-    from leviathd.sandbox.container import cgroup_procs_files
-
+    every mounted hierarchy, as the shell tool does."""
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        files = [p for p in cgroup_procs_files(cgroup, f.read()) if os.path.exists(p)]
+        files = _procs_files(cgroup, f.read())
     if not files:
         raise Unavailable(f"the control group {cgroup} is not mounted here")
     for path in files:
