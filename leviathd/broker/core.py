@@ -4,12 +4,14 @@ ledger, and every decision becomes an audit record."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from leviathd.broker import schema
 from leviathd.broker.limits import Limits, too_large
@@ -54,6 +56,7 @@ class AuditRecord:
 
 
 AuditSink = Callable[[AuditRecord], None]
+T = TypeVar("T")
 
 # Bytes of a reply that are not the result: ok, label, entry, taint, id.
 ENVELOPE = 512
@@ -94,6 +97,7 @@ class Broker:
         # agent's.
         self.scope_cgroup: str | None = None
         self._in_flight = 0
+        self._pool: ThreadPoolExecutor | None = None
         # Files the agent wrote while its taint was above Internal, with that
         # taint: reading them back carries it again (no laundering through
         # the workdir). Keyed by (st_dev, st_ino), which survives renames.
@@ -135,10 +139,30 @@ class Broker:
                                   cgroup=self.scope_cgroup,
                                   max_data=self.limits.request_max_bytes)
 
-    def close(self) -> None:
+    def _drop_opener(self) -> None:
         if self._opener is not None:
             self._opener.close()
             self._opener = None
+
+    def close(self) -> None:
+        """The agent ended (or the daemon stops): its worker and its threads go."""
+        self._drop_opener()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def pool(self) -> ThreadPoolExecutor:
+        """This agent's own threads for blocking work: as many as it may have
+        calls in flight, so a call stuck on a stopped worker or a hung mount
+        ties up the agent's threads, never the daemon's shared ones."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.limits.max_concurrent_calls,
+                                            thread_name_prefix=f"broker-{self.agent_id}")
+        return self._pool
+
+    async def in_pool(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool(), functools.partial(fn, *args, **kwargs))
 
     # -- calls -----------------------------------------------------------
 
@@ -260,21 +284,21 @@ class Broker:
                 assert self._opener is not None
                 files = FileTools(self._opener, self.policy.grant, self.limits)
                 try:
-                    result = await asyncio.to_thread(
+                    result = await self.in_pool(
                         _file_call, files, tool, args, workdir, self._budget()
                     )
                 except RealPathRefused as exc:
                     raise ToolRefused(str(exc), "real-path-not-granted") from None
                 except Unavailable:
                     # The opener died (its user can kill it): start a new one, once.
-                    self.close()
+                    self._drop_opener()
                     if attempt == 2:
                         raise
                     continue
                 return result, self._settle_label(files, predicted)
         if tool in ("web_fetch", "http_get", "http_post"):
             try:
-                return await asyncio.to_thread(
+                return await self.in_pool(
                     web_tool, tool, args, allow_private=settings.allow_private_addresses,
                     max_bytes=self._budget() // 2,
                 ), predicted

@@ -264,7 +264,8 @@ class BrokerServer:
 
     async def _handle(self, line: bytes) -> dict[str, Any]:
         try:
-            req = parse_request(line, self.broker.limits.json_max_depth)
+            # Off the event loop: a megabyte of brackets is the agent's CPU time.
+            req = await self.broker.in_pool(parse_request, line, self.broker.limits.json_max_depth)
         except LimitExceeded as exc:
             return limit_error(exc)
         except ValueError as exc:
