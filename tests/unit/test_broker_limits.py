@@ -184,3 +184,24 @@ def test_pending_approvals_per_agent_are_capped() -> None:
             t.cancel()
 
     asyncio.run(main())
+
+
+def test_a_stopped_worker_costs_one_timeout_then_a_new_worker_answers(
+    broker: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+    import time
+
+    from leviathd.broker import opener
+
+    monkeypatch.setattr(opener, "TIMEOUT", 1.0)
+    broker.broker.close()  # the next worker starts with the short timeout
+    assert call(broker.path, "read_file", {"path": "small.txt"})["ok"]
+    worker = broker.broker._opener
+    assert worker is not None
+    os.kill(worker.pid, signal.SIGSTOP)  # as the agent's user could
+    t0 = time.monotonic()
+    reply = call(broker.path, "read_file", {"path": "small.txt"})
+    assert reply["ok"], reply
+    assert 0.9 < time.monotonic() - t0 < 10
+    assert broker.broker._opener is not None and broker.broker._opener.pid != worker.pid
