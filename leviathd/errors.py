@@ -31,3 +31,15 @@ class Unavailable(LeviathError):
     """The sandbox (or another part) cannot be built on this host."""
 
     dbus_name = "org.leviath.Error.SandboxUnavailable"
+
+
+class LimitExceeded(InvalidArgument):
+    """A request went over one of the broker's configured limits (`[broker]`):
+    refused by name, with the limit, never by dropping the connection. (It
+    answers agents on their broker socket; on the bus it would be an
+    InvalidArgument.)"""
+
+    def __init__(self, limit: str, value: int, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value

@@ -39,6 +39,7 @@ from dbus_fast.aio import MessageBus
 from leviathd import fsat
 from leviathd.agents import Agents
 from leviathd.broker.core import AuditRecord, Broker
+from leviathd.broker.limits import Limits
 from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of, runtime_dir
 from leviathd.broker.tools import MAX_READ, ShellRequest
 from leviathd.config.merge import MergeResult
@@ -103,6 +104,7 @@ def settings_to_json(s: PolicySettings) -> dict[str, Any]:
                    "secret_command": list(c.secret_command), "from_machine": c.from_machine}
             for name, c in s.credentials.items()
         },
+        "limits": s.limits.to_json(),
     }
 
 
@@ -126,6 +128,7 @@ def settings_from_json(d: Mapping[str, Any]) -> PolicySettings:
             )
             for name, c in d["credentials"].items()
         },
+        limits=Limits.from_json(d.get("limits")),
     )
 
 

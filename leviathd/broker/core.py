@@ -4,24 +4,29 @@ ledger, and every decision becomes an audit record."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import os
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from leviathd.broker import schema
+from leviathd.broker.limits import Limits, too_large
 from leviathd.broker.net import AddressRefused
 from leviathd.broker.opener import Opener
 from leviathd.broker.tools import (
     FileTools,
+    RawJSON,
     RealPathRefused,
     ShellRequest,
     ShellRunner,
     run_credential,
     web_tool,
 )
-from leviathd.errors import LeviathError, NotFound, Unavailable
+from leviathd.errors import LeviathError, LimitExceeded, NotFound, Unavailable
 from leviathd.identity import UserInfo
 from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
 from leviathd.policy.gate import ApprovalView, Call, Decision, decide
@@ -51,6 +56,10 @@ class AuditRecord:
 
 
 AuditSink = Callable[[AuditRecord], None]
+T = TypeVar("T")
+
+# Bytes of a reply that are not the result: ok, label, entry, taint, id.
+ENVELOPE = 512
 
 
 class ToolRefused(LeviathError):
@@ -83,6 +92,12 @@ class Broker:
         self.audit = audit
         self._shell = shell
         self._opener: Opener | None = None
+        # The cgroup of an agent process that called (set by the server from
+        # the kernel's word): where the file worker runs, so its cost is the
+        # agent's.
+        self.scope_cgroup: str | None = None
+        self._in_flight = 0
+        self._pool: ThreadPoolExecutor | None = None
         # Files the agent wrote while its taint was above Internal, with that
         # taint: reading them back carries it again (no laundering through
         # the workdir). Keyed by (st_dev, st_ino), which survives renames.
@@ -93,7 +108,23 @@ class Broker:
         policy = CompiledPolicy(settings, home=self.user.home, workdir=workdir)
         self.ledger.set_budget(settings.budget)
         self.approvals.timeout = settings.approval_timeout
+        self.approvals.max_pending = settings.limits.max_pending_approvals
         return policy
+
+    @property
+    def limits(self) -> Limits:
+        return self.policy.settings.limits
+
+    def enter(self) -> None:
+        """Take one of the agent's concurrent call slots (held until the
+        reply is written), or refuse by name."""
+        limit = self.limits.max_concurrent_calls
+        if self._in_flight >= limit:
+            raise too_large("max_concurrent_calls", limit, "too many calls in flight at once")
+        self._in_flight += 1
+
+    def leave(self) -> None:
+        self._in_flight = max(0, self._in_flight - 1)
 
     # -- life cycle ------------------------------------------------------
 
@@ -104,12 +135,34 @@ class Broker:
     def start(self) -> None:
         """Start the opener process (as the agent's user)."""
         if self._opener is None:
-            self._opener = Opener(uid=self.user.uid, gid=self.user.gid, groups=self.user.groups)
+            self._opener = Opener(uid=self.user.uid, gid=self.user.gid, groups=self.user.groups,
+                                  cgroup=self.scope_cgroup,
+                                  max_data=self.limits.request_max_bytes)
 
-    def close(self) -> None:
+    def _drop_opener(self) -> None:
         if self._opener is not None:
             self._opener.close()
             self._opener = None
+
+    def close(self) -> None:
+        """The agent ended (or the daemon stops): its worker and its threads go."""
+        self._drop_opener()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def pool(self) -> ThreadPoolExecutor:
+        """This agent's own threads for blocking work: as many as it may have
+        calls in flight, so a call stuck on a stopped worker or a hung mount
+        ties up the agent's threads, never the daemon's shared ones."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.limits.max_concurrent_calls,
+                                            thread_name_prefix=f"broker-{self.agent_id}")
+        return self._pool
+
+    async def in_pool(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool(), functools.partial(fn, *args, **kwargs))
 
     # -- calls -----------------------------------------------------------
 
@@ -159,6 +212,9 @@ class Broker:
         """Run one tool call; returns the JSON-able reply (ok or error)."""
         try:
             d = await self.decide(tool, args)
+        except LimitExceeded as exc:
+            self._record(Call(tool, ""), self.ledger.taint, None, "limit", "error", str(exc))
+            return limit_error(exc)
         except LeviathError as exc:
             self._record(Call(tool, ""), self.ledger.taint, None, "bad-request", "error", str(exc))
             return _error("invalid", str(exc))
@@ -171,12 +227,22 @@ class Broker:
         except ToolRefused as exc:
             self._record(call, d.taint, d.clearance, exc.rule, "deny", str(exc))
             return _error("denied", str(exc), exc.rule)
+        except LimitExceeded as exc:
+            self._record(call, d.taint, d.clearance, "limit", "error", str(exc))
+            return limit_error(exc)
         except LeviathError as exc:
             self._record(call, d.taint, d.clearance, d.rule, "error", str(exc))
             return _error("failed", str(exc))
         except OSError as exc:
             self._record(call, d.taint, d.clearance, d.rule, "error", str(exc))
             return _error("failed", f"{exc.filename or tool}: {exc.strerror or exc}")
+        if not isinstance(result, RawJSON):
+            result = RawJSON.of(result)
+        if result.size > self._budget():
+            big = too_large("reply_max_bytes", self.limits.reply_max_bytes,
+                            f"the {tool} reply would be {result.size} bytes")
+            self._record(call, d.taint, d.clearance, "limit", "error", str(big))
+            return limit_error(big)
         entry = self.ledger.add(tool, call.target, label)
         self._record(call, d.taint, d.clearance, d.rule, "allow")
         return {
@@ -186,6 +252,9 @@ class Broker:
             "entry": entry.id,
             "taint": str(self.ledger.taint),
         }
+
+    def _budget(self) -> int:
+        return max(0, self.limits.reply_max_bytes - ENVELOPE)
 
     def _settle_label(self, files: FileTools, predicted: Sensitivity) -> Sensitivity:
         """The label of a file call, from what was really opened."""
@@ -213,22 +282,25 @@ class Broker:
             for attempt in (1, 2):
                 self.start()
                 assert self._opener is not None
-                files = FileTools(self._opener, self.policy.grant)
+                files = FileTools(self._opener, self.policy.grant, self.limits)
                 try:
-                    result = await asyncio.to_thread(_file_call, files, tool, args, workdir)
+                    result = await self.in_pool(
+                        _file_call, files, tool, args, workdir, self._budget()
+                    )
                 except RealPathRefused as exc:
                     raise ToolRefused(str(exc), "real-path-not-granted") from None
                 except Unavailable:
                     # The opener died (its user can kill it): start a new one, once.
-                    self.close()
+                    self._drop_opener()
                     if attempt == 2:
                         raise
                     continue
                 return result, self._settle_label(files, predicted)
         if tool in ("web_fetch", "http_get", "http_post"):
             try:
-                return await asyncio.to_thread(
-                    web_tool, tool, args, allow_private=settings.allow_private_addresses
+                return await self.in_pool(
+                    web_tool, tool, args, allow_private=settings.allow_private_addresses,
+                    max_bytes=self._budget() // 2,
                 ), predicted
             except AddressRefused as exc:
                 raise ToolRefused(str(exc), "address-refused") from None
@@ -252,6 +324,7 @@ class Broker:
                 ShellRequest(self.agent_id, str(args["command"]),
                              int(timeout) if timeout is not None else None)
             ))
+            _fit_output(out, self._budget())
             # The shell can read back anything the agent wrote while tainted.
             return out, max([predicted, *self._tainted_files.values()])
         raise Unavailable(f"{tool} is not implemented")  # the gate refuses unknown tools
@@ -274,22 +347,42 @@ class Broker:
         }
 
 
-def _file_call(files: FileTools, tool: str, args: Mapping[str, Any], workdir: str) -> Any:
+def _file_call(
+    files: FileTools, tool: str, args: Mapping[str, Any], workdir: str, budget: int
+) -> RawJSON:
     def path(p: object) -> str:
         return os.path.join(workdir, str(p))
 
     max_bytes = args.get("max_bytes")
     if tool == "read_file":
-        return files.read_file(path(args["path"]), max_bytes)
+        return files.read_file(path(args["path"]), max_bytes, budget)
     if tool == "read_files":
-        return files.read_files([path(p) for p in args["paths"]], max_bytes)
+        return files.read_files([path(p) for p in args["paths"]], max_bytes, budget)
     if tool == "list_dir":
-        return files.list_dir(path(args.get("path") or "."))
+        return files.list_dir(path(args.get("path") or "."), budget)
     if tool == "write_file":
         return files.write_file(path(args["path"]), str(args["content"]))
     return files.edit_file(
         path(args["path"]), str(args["old"]), str(args["new"]), bool(args.get("all", False))
     )
+
+
+def _fit_output(out: dict[str, Any], budget: int) -> None:
+    """Cut a shell's stdout and stderr so the reply fits, saying so."""
+    for _ in range(8):
+        size = len(json.dumps(out, ensure_ascii=False).encode())
+        if size <= budget:
+            return
+        for key in ("stdout", "stderr"):
+            text = out.get(key)
+            if isinstance(text, str) and text:
+                out[key] = text[: len(text) * budget // (2 * size)]
+                out["truncated"] = True
+
+
+def limit_error(exc: LimitExceeded) -> dict[str, Any]:
+    return {"ok": False, "error": {"code": "too-large", "message": str(exc),
+                                   "limit": exc.limit, "max": exc.value}}
 
 
 def _why(d: Decision) -> str:

@@ -1,40 +1,101 @@
-"""The agent's hands: a small process running as the agent's user that opens
-files on the broker's behalf and passes the open descriptors back over a
-unix socket (SCM_RIGHTS).
+"""The agent's hands: a small process running as the agent's user, inside
+the agent's own scope, that opens files and does the heavy part of the file
+tools (reading and encoding content, listing, editing) on the broker's
+behalf. Descriptors travel over a unix socket (SCM_RIGHTS).
 
 Why a process and not setfsuid/setfsgid around each open: the filesystem
 uid is per thread, but the supplementary groups are not settable per thread
 through libc (glibc broadcasts setgroups to every thread of the daemon), and
 a forgotten restore on an error path would leave a daemon thread acting as
 the wrong user. A separate process that dropped to the user's uid, gid and
-groups once, before it ever saw a request, cannot get that wrong, and it is
-started once per agent, not per call. It only opens; every policy decision
-is taken by the broker on the real path of the descriptor it gets back
-(readlink /proc/self/fd/N), so the opener needs no policy and a symlink or a
-rename race can change what was opened but not what is allowed.
+groups once, before it ever saw a request, cannot get that wrong.
+
+Why in the agent's scope: what a call costs grows with what the agent asks
+(a 1 MiB file, a 500 MiB edit). The process is moved into the cgroup of
+the agent process that called, before its first request, so that cost
+counts against the agent's MemoryMax and TasksMax and it is the agent that
+runs out, not the daemon (root, outside every agent's limits). The daemon
+only decides and relays replies bounded by the budget it sets per request.
+
+It takes no decision: every descriptor it opens comes back to the broker,
+which decides on the real path of that descriptor (readlink
+/proc/self/fd/N) before handing it back for reading or editing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import posixpath
+import signal
 import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
+from leviathd.broker import opener_worker as wire
 from leviathd.errors import Unavailable
 from leviathd.sandbox.privileges import join_new_session_keyring
 
-_MAX_MSG = 65536
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "opener_worker.py")
+# A worker stopped or stuck (the agent's user can SIGSTOP it, a file can sit
+# on a hung mount) costs one call this long, not a daemon thread forever.
+TIMEOUT = 60.0
+
+
+class OpenFailed(OSError):
+    """The worker's open failed. `where`: the real path where it failed (None
+    when the worker could not say), for the broker to decide whether the
+    agent may learn the error."""
+
+    def __init__(self, err: int, path: str, where: str | None) -> None:
+        super().__init__(err, os.strerror(err), path)
+        self.where = where
+
+
+def _procs_files(cgroup: str, mountinfo: str) -> list[str]:
+    """The cgroup.procs file of `cgroup` in every mounted hierarchy; where a
+    hierarchy lacks that exact folder (a container's cgroup made in some v1
+    controllers only), of its nearest ancestor up to the agent's scope."""
+    from leviathd.systemd.cgroupfs import folders
+
+    chain = [cgroup]
+    while not posixpath.basename(chain[-1]).startswith("leviath-") and chain[-1] != "/":
+        chain.append(posixpath.dirname(chain[-1]))
+    if chain[-1] == "/":
+        chain = [cgroup]  # no scope above it: only the exact folder will do
+    per_level = [folders(c, mountinfo) for c in chain]
+    out: list[str] = []
+    for i in range(len(per_level[0])):
+        for level in per_level:
+            if len(level) == len(per_level[0]) and os.path.isdir(level[i]):
+                out.append(posixpath.join(level[i], "cgroup.procs"))
+                break
+    return out
+
+
+def _attach(pid: int, cgroup: str) -> None:
+    """Move `pid` into `cgroup` (a path as /proc/<pid>/cgroup gives it) in
+    every mounted hierarchy, as the shell tool does."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        files = _procs_files(cgroup, f.read())
+    if not files:
+        raise Unavailable(f"the control group {cgroup} is not mounted here")
+    for path in files:
+        with open(path, "w", encoding="ascii") as f:
+            f.write(str(pid))
 
 
 class Opener:
     """Client side, used by the broker (thread-safe; one request at a time)."""
 
-    def __init__(self, *, uid: int, gid: int, groups: Sequence[int]) -> None:
+    def __init__(
+        self, *, uid: int, gid: int, groups: Sequence[int], cgroup: str | None = None,
+        max_data: int = 1 << 20,
+    ) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         kwargs: dict[str, object] = {}
         if os.geteuid() == 0:
@@ -45,53 +106,143 @@ class Opener:
                       "preexec_fn": join_new_session_keyring}
         elif uid != os.geteuid():
             raise Unavailable("the broker must run as root to act for another user")
-        env = {"PATH": "/usr/bin:/bin"}
+        # What the broker sends at most (edit texts); the worker refuses more.
+        self.max_data = max_data
         self._proc: subprocess.Popen[bytes] = subprocess.Popen(
             # Run as a plain script under -I -S: nothing from the user's
             # environment or site-packages is imported into a process that
             # holds the user's credentials and talks to root.
-            [sys.executable, "-I", "-S", _WORKER, str(child.fileno())],
+            [sys.executable, "-I", "-S", _WORKER, str(child.fileno()), str(max_data + 4096)],
             pass_fds=[child.fileno()],
             stdin=subprocess.DEVNULL,
-            env=env,
+            env={"PATH": "/usr/bin:/bin"},
             cwd="/",
             **kwargs,  # type: ignore[call-overload]
         )
         child.close()
         self._sock = parent
+        self._sock.settimeout(TIMEOUT)
         self._lock = threading.Lock()
+        if cgroup is not None and os.geteuid() == 0:
+            try:
+                _attach(self._proc.pid, cgroup)
+            except (OSError, Unavailable) as exc:
+                self.close()
+                raise Unavailable(f"cannot run the file tools in the agent's scope: {exc}"
+                                  ) from None
 
-    def open(self, path: str, flags: int, mode: int = 0o644, *, dir_fd: int | None = None) -> int:
-        """Open `path` as the agent's user; returns a descriptor owned by the
-        caller. Raises OSError with the errno the user's open got."""
-        message = json.dumps({"path": path, "flags": flags, "mode": mode}).encode()
-        fds = [dir_fd] if dir_fd is not None else []
+    def _request(
+        self, header: dict[str, Any], *, data: bytes = b"", fds: Sequence[int] = (),
+        max_reply: int = 0,
+    ) -> tuple[dict[str, Any], bytes, list[int]]:
         with self._lock:
             try:
-                socket.send_fds(self._sock, [message], fds)
-                data, got, _, _ = socket.recv_fds(self._sock, _MAX_MSG, 1)
-            except OSError as exc:
-                raise Unavailable(f"the file opener process is gone: {exc}") from None
-        if not data:
-            raise Unavailable("the file opener process has exited")
-        reply = json.loads(data)
+                wire.send(self._sock, header, data, list(fds))
+                reply, out, got = wire.recv(self._sock, max_reply)
+            except (OSError, EOFError, ValueError) as exc:
+                # Timed out, died, or sent more than asked: it is not trusted
+                # with another request.
+                self._kill()
+                why = str(exc) or "it exited (out of the agent's memory?)"
+                raise Unavailable(f"the file worker process failed: {why}") from None
+        return reply, out, got
+
+    def open(
+        self, path: str, flags: int, mode: int = 0o644, *, dir_fd: int | None = None,
+        follow: bool = True,
+    ) -> int:
+        """Open `path` as the agent's user; returns a descriptor owned by the
+        caller. Raises OpenFailed with the errno the user's open got."""
+        return self._open(path, flags, mode, dir_fd=dir_fd, follow=follow)[0]
+
+    def open_read(
+        self, path: str, flags: int, max_bytes: int, budget: int
+    ) -> tuple[int, tuple[bytes, bool] | None]:
+        """`open`, and for a regular file its content as `read` would give it,
+        in the same round trip. The content is only to be used once the
+        descriptor is accepted; None when the worker did not read."""
+        fd, reply, out = self._open(path, flags, 0, read={"max_bytes": max_bytes,
+                                                        "budget": budget}, max_reply=budget)
+        ahead = reply.get("read")
+        if not isinstance(ahead, dict) or not ahead.get("ok") or not ahead.get("fits"):
+            return fd, None
+        return fd, (out, bool(ahead.get("truncated")))
+
+    def _open(
+        self, path: str, flags: int, mode: int, *, dir_fd: int | None = None,
+        follow: bool = True, read: dict[str, int] | None = None, max_reply: int = 0,
+    ) -> tuple[int, dict[str, Any], bytes]:
+        header: dict[str, Any] = {"op": "open", "path": path, "flags": flags, "mode": mode,
+                                  "follow": follow}
+        if read is not None:
+            header["read"] = read
+        reply, out, got = self._request(
+            header, fds=[dir_fd] if dir_fd is not None else [], max_reply=max_reply
+        )
         if not reply.get("ok"):
             for fd in got:
                 os.close(fd)
-            err = int(reply.get("errno", 5))
-            raise OSError(err, os.strerror(err), path)
+            where = reply.get("where")
+            raise OpenFailed(int(reply.get("errno", 5)), path,
+                             where if isinstance(where, str) else None)
         if len(got) != 1:
-            raise Unavailable("the file opener sent no descriptor")
-        return got[0]
+            for fd in got:
+                os.close(fd)
+            raise Unavailable("the file worker sent no descriptor")
+        return got[0], reply, out
+
+    def read(self, fd: int, max_bytes: int, budget: int) -> tuple[bytes, bool] | None:
+        """The file's first `max_bytes` as a JSON string literal of at most
+        `budget` bytes, and whether it was cut; None if not even an empty cut fits."""
+        reply, out, got = self._request(
+            {"op": "read", "max_bytes": max_bytes, "budget": budget}, fds=[fd],
+            max_reply=budget,
+        )
+        for extra in got:
+            os.close(extra)
+        if not reply.get("ok"):
+            err = int(reply.get("errno", 5))
+            raise OSError(err, os.strerror(err))
+        if not reply.get("fits"):
+            return None
+        return out, bool(reply.get("truncated"))
+
+    def list(self, fd: int, budget: int) -> tuple[bytes, bool]:
+        """The folder's entries as a JSON array of at most `budget` bytes."""
+        reply, out, got = self._request({"op": "list", "budget": budget}, fds=[fd],
+                                        max_reply=budget)
+        for extra in got:
+            os.close(extra)
+        if not reply.get("ok"):
+            err = int(reply.get("errno", 5))
+            raise OSError(err, os.strerror(err))
+        return out, bool(reply.get("truncated"))
+
+    def edit(self, fd: int, old: str, new: str, replace_all: bool, max_bytes: int
+             ) -> dict[str, Any]:
+        data = json.dumps({"old": old, "new": new, "all": replace_all},
+                          ensure_ascii=False).encode()
+        reply, _out, got = self._request({"op": "edit", "max_bytes": max_bytes}, data=data,
+                                         fds=[fd])
+        for extra in got:
+            os.close(extra)
+        if "errno" in reply:
+            err = int(reply["errno"])
+            raise OSError(err, os.strerror(err))
+        return reply
 
     @property
     def pid(self) -> int:
         return self._proc.pid
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.send_signal(signal.SIGKILL)
 
     def close(self) -> None:
         self._sock.close()
         try:
             self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
+            self._kill()
             self._proc.wait()

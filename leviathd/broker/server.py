@@ -26,11 +26,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from leviathd import fsat
-from leviathd.broker.core import AuditRecord, Broker
-from leviathd.errors import AccessDenied
+from leviathd.broker.core import AuditRecord, Broker, limit_error
+from leviathd.broker.limits import descriptor_budget, too_large
+from leviathd.broker.requests import Lines, TooLong, parse_request
+from leviathd.broker.tools import RawJSON
+from leviathd.errors import AccessDenied, LimitExceeded
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
-MAX_LINE = 16 << 20
+# What asyncio buffers per connection before it stops reading from the
+# socket; a request line itself is bounded by the agent's request_max_bytes.
+READ_CHUNK = 1 << 16
+# Broker connections open now, over all agents (see limits.descriptor_budget).
+_open_connections = 0
 
 # cgroup path (as in /proc/<pid>/cgroup) → the agent id whose scope it is, or None.
 AgentLookup = Callable[[str], str | None]
@@ -125,6 +132,7 @@ class BrokerServer:
         self.path = path or socket_path_for(broker.agent_id)
         self.mode = mode
         self._server: asyncio.AbstractServer | None = None
+        self._connections = 0
 
     async def start(self) -> None:
         """Bind the socket through a descriptor on its folder (fsat.bind_unix_at:
@@ -145,8 +153,8 @@ class BrokerServer:
         # that descriptor is closed: asyncio must not unlink by it (close() does).
         extra: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
         try:
-            self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=MAX_LINE,
-                                                           **extra)
+            self._server = await asyncio.start_unix_server(self._serve, sock=sock,
+                                                           limit=READ_CHUNK, **extra)
         except BaseException:
             sock.close()
             raise
@@ -173,7 +181,41 @@ class BrokerServer:
         if peer.uid != self.broker.user.uid:
             raise AccessDenied(f"pid {peer.pid} runs as uid {peer.uid}, not the agent's user")
 
+    def _admit(self) -> None:
+        """Count a new connection, or refuse it by name: per agent below its
+        limit, and over all agents below half the daemon's file limit."""
+        global _open_connections
+        limit = min(self.broker.limits.max_connections, descriptor_budget())
+        if self._connections >= limit:
+            raise too_large("max_connections", limit, "too many connections to the broker")
+        if _open_connections >= descriptor_budget():
+            raise too_large("max_connections", descriptor_budget(),
+                            "the daemon holds as many broker connections as it may")
+        self._connections += 1
+        _open_connections += 1
+
+    def _release(self) -> None:
+        global _open_connections
+        self._connections -= 1
+        _open_connections -= 1
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            self._admit()
+        except LimitExceeded as exc:
+            with contextlib.suppress(Exception):
+                await _send(writer, limit_error(exc))
+                writer.close()
+                await writer.wait_closed()
+            return
+        try:
+            await self._serve_admitted(reader, writer)
+        finally:
+            self._release()
+
+    async def _serve_admitted(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         sock = writer.get_extra_info("socket")
         try:
             try:
@@ -190,13 +232,30 @@ class BrokerServer:
                 await _send(writer, {"ok": False, "error": {"code": "identity",
                                                             "message": str(exc)}})
                 return
+            self.broker.scope_cgroup = peer.cgroup
+            lines = Lines(reader)
             while True:
-                line = await reader.readline()
-                if not line:
+                limits = self.broker.limits
+                try:
+                    line = await lines.next(limits.request_max_bytes)
+                except TooLong:
+                    await _send(writer, limit_error(too_large(
+                        "request_max_bytes", limits.request_max_bytes,
+                        "the request line is longer")))
+                    continue
+                if line is None:
                     return
-                reply = await self._handle(line)
-                await _send(writer, reply)
-        except (ConnectionError, asyncio.LimitOverrunError, ValueError):
+                try:
+                    self.broker.enter()
+                except LimitExceeded as exc:
+                    await _send(writer, limit_error(exc))
+                    continue
+                try:
+                    reply = await self._handle(line)
+                    await _send(writer, reply)
+                finally:
+                    self.broker.leave()
+        except ConnectionError:
             return
         finally:
             writer.close()
@@ -205,12 +264,34 @@ class BrokerServer:
 
     async def _handle(self, line: bytes) -> dict[str, Any]:
         try:
-            req = json.loads(line)
-            if not isinstance(req, dict):
-                raise ValueError("a request is a JSON object")
+            # Off the event loop: a megabyte of brackets is the agent's CPU time.
+            req = await self.broker.in_pool(parse_request, line, self.broker.limits.json_max_depth)
+        except LimitExceeded as exc:
+            return limit_error(exc)
         except ValueError as exc:
-            return {"ok": False, "error": {"code": "invalid", "message": f"bad request: {exc}"}}
+            return {"ok": False, "error": {"code": "invalid",
+                                           "message": f"bad request: {str(exc)[:200]}"}}
         rid = req.get("id")
+        if not (rid is None or isinstance(rid, int) or (isinstance(rid, str) and len(rid) <= 64)):
+            rid = None  # echoed back, so bounded; the client will see no id
+        try:
+            reply = await self._dispatch(req)
+        except Exception as exc:  # the daemon never fails because of one request
+            self.broker.audit(
+                AuditRecord(
+                    agent=self.broker.agent_id, user=self.broker.user.name,
+                    uid=self.broker.user.uid, tool=str(req.get("tool", "-"))[:64], target="-",
+                    taint="-", clearance="-", rule="internal-error", outcome="error",
+                    detail=f"{type(exc).__name__}: {str(exc)[:200]}",
+                )
+            )
+            reply = {"ok": False, "error": {"code": "failed",
+                                            "message": "internal error in the broker"}}
+        if rid is not None:
+            reply["id"] = rid
+        return reply
+
+    async def _dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op", "call")
         if op == "call":
             args = req.get("args") or {}
@@ -228,12 +309,23 @@ class BrokerServer:
         elif op == "ledger":
             reply = self.broker.ledger_view()
         else:
-            reply = {"ok": False, "error": {"code": "invalid", "message": f"unknown op {op!r}"}}
-        if rid is not None:
-            reply["id"] = rid
+            shown_op = str(op)[:40]
+            reply = {"ok": False, "error": {"code": "invalid",
+                                            "message": f"unknown op {shown_op!r}"}}
         return reply
 
 
+def encode_reply(reply: dict[str, Any]) -> list[bytes]:
+    """The reply line in parts; a result already encoded (file content, by
+    the worker) is spliced in as is rather than decoded and encoded again."""
+    result = reply.get("result")
+    if isinstance(result, RawJSON):
+        rest = {k: v for k, v in reply.items() if k != "result"}
+        head = json.dumps(rest, ensure_ascii=False).encode()
+        return [head[:-1], b', "result": ', *result.parts, b"}\n"]
+    return [json.dumps(reply, ensure_ascii=False).encode() + b"\n"]
+
+
 async def _send(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:
-    writer.write(json.dumps(obj, ensure_ascii=False).encode() + b"\n")
+    writer.writelines(encode_reply(obj))
     await writer.drain()

@@ -7,6 +7,7 @@ sandbox), handed in as a callable.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import subprocess
@@ -15,18 +16,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from leviathd.broker import net
-from leviathd.broker.opener import Opener
-from leviathd.errors import AccessDenied, InvalidArgument, NotFound, Unavailable
+from leviathd.broker.limits import Limits, too_large
+from leviathd.broker.opener import Opener, OpenFailed
+from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound, Unavailable
 from leviathd.policy.readgrant import GrantIndex
 from leviathd.policy.settings import CredentialSpec
 from leviathd.sandbox import privileges
 
 MAX_READ = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK  # NONBLOCK: a FIFO cannot hang us
+# Room left in a reply, per path still to come, for a short error entry.
+_ENTRY_RESERVE = 400
+_SHOWN = 200
 
 
 class RealPathRefused(AccessDenied):
-    """The opened file's real path is not allowed (a symlink or a race)."""
+    """The path leads outside what the agent may read or write (through a
+    symlink, `..` or a race). Its message is the same whatever exists there."""
 
 
 @dataclass(frozen=True)
@@ -41,81 +47,149 @@ class ShellRequest:
 ShellRunner = Callable[[ShellRequest], Awaitable[Mapping[str, Any]]]
 
 
+class RawJSON:
+    """A reply's result already encoded as JSON, in parts: file content is
+    encoded once, by the worker in the agent's scope, and relayed as is."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+        self.size = sum(len(p) for p in parts)
+
+    @classmethod
+    def of(cls, value: Any) -> RawJSON:
+        return cls([json.dumps(value, ensure_ascii=False).encode()])
+
+
 def fd_real_path(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
+def shown(path: str) -> str:
+    """An agent-given path, bounded for echoing back in a message."""
+    return path if len(path) <= _SHOWN else path[:_SHOWN] + "…"
+
+
+def _enc(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode()
+
+
 class FileTools:
     """read_file, read_files, list_dir, write_file, edit_file for one agent.
-    Blocking; the broker runs these in a worker thread."""
+    Blocking; the broker runs these in a worker thread. Decisions are taken
+    here, on the real paths of the descriptors the worker opened; the reading,
+    encoding and editing are the worker's, in the agent's scope."""
 
-    def __init__(self, opener: Opener, index: GrantIndex) -> None:
+    def __init__(self, opener: Opener, index: GrantIndex, limits: Limits | None = None) -> None:
         self.opener = opener
         self.index = index
+        self.limits = limits or Limits()
         # What this call touched, for the broker's labels: (real path, inode
         # key) of every file or directory read, inode keys of files written.
         self.reads: list[tuple[str, tuple[int, int]]] = []
         self.writes: list[tuple[int, int]] = []
 
-    def _open_read(self, path: str, *, directory: bool = False) -> tuple[int, str]:
+    def _refused(self, path: str, verb: str) -> RealPathRefused:
+        # One message whatever is (or is not) behind the path: the agent must
+        # not learn what exists under hidden folders or where a link leads.
+        where = "its workdir and granted read paths" if verb == "read" else "its workdir"
+        return RealPathRefused(
+            f"{shown(path)}: not granted: outside what this agent may {verb} ({where})"
+        )
+
+    def _failed(self, exc: OpenFailed, path: str, verb: str) -> Exception:
+        """The open's error if it happened where the agent may look, else the refusal."""
+        if exc.where is None or not self.index.may_read(exc.where):
+            return self._refused(path, verb)
+        return OSError(exc.errno, exc.strerror, shown(path))
+
+    def _open_read(
+        self, path: str, *, directory: bool = False, ahead: tuple[int, int] | None = None
+    ) -> tuple[int, str, tuple[bytes, bool] | None]:
+        """The descriptor, its real path, and with `ahead` (max_bytes, budget)
+        the content the worker read with the open, if any."""
         flags = _READ_FLAGS | (os.O_DIRECTORY if directory else 0)
-        fd = self.opener.open(path, flags)
+        content = None
+        try:
+            if ahead is None:
+                fd = self.opener.open(path, flags)
+            else:
+                fd, content = self.opener.open_read(path, flags, *ahead)
+        except OpenFailed as exc:
+            raise self._failed(exc, path, "read") from None
         try:
             real = fd_real_path(fd)
             if not self.index.may_read(real):
-                raise RealPathRefused(
-                    f"{path}: opened file is {real}, outside the workdir and not granted"
-                )
+                raise self._refused(path, "read")
             st = os.fstat(fd)
             if not directory and not stat.S_ISREG(st.st_mode):
-                raise InvalidArgument(f"{path}: not a regular file")
+                raise InvalidArgument(f"{shown(path)}: not a regular file")
         except BaseException:
             os.close(fd)
             raise
         self.reads.append((real, (st.st_dev, st.st_ino)))
-        return fd, real
+        return fd, real, content
 
-    def read_file(self, path: str, max_bytes: int | None = None) -> dict[str, Any]:
-        limit = min(max_bytes or MAX_READ, MAX_READ)
-        fd, real = self._open_read(path)
+    def _read_entry(self, path: str, max_bytes: int, budget: int) -> list[bytes]:
+        """One file as `{"path", "content", "truncated"}` in at most `budget` bytes."""
+        tail = len(b', "truncated": false}')
+        # Guess the room the real path leaves; read again if the guess was short.
+        guess = budget - len(_enc({"path": path})) - len(b', "content": ') - tail - 16
+        fd, real, got = self._open_read(path, ahead=(max_bytes, guess) if guess >= 2 else None)
         try:
-            data = os.pread(fd, limit + 1, 0)
+            head = _enc({"path": real})[:-1] + b', "content": '
+            room = budget - len(head) - tail
+            if got is not None and len(got[0]) > room:
+                got = None
+            if got is None:
+                got = self.opener.read(fd, max_bytes, room) if room >= 2 else None
         finally:
             os.close(fd)
-        return {
-            "path": real,
-            "content": data[:limit].decode("utf-8", "replace"),
-            "truncated": len(data) > limit,
-        }
+        if got is None:
+            limit = self.limits.reply_max_bytes
+            raise too_large("reply_max_bytes", limit, "no room left in the reply for this file")
+        content, truncated = got
+        return [head, content, b', "truncated": true}' if truncated else b', "truncated": false}']
 
-    def read_files(self, paths: Sequence[str], max_bytes: int | None = None) -> dict[str, Any]:
-        files: list[dict[str, Any]] = []
-        for path in paths:
+    def _max(self, max_bytes: int | None) -> int:
+        limit = self.limits.read_max_bytes
+        return min(max_bytes, limit) if max_bytes and max_bytes > 0 else limit
+
+    def read_file(self, path: str, max_bytes: int | None, budget: int) -> RawJSON:
+        return RawJSON(self._read_entry(path, self._max(max_bytes), budget))
+
+    def read_files(self, paths: Sequence[str], max_bytes: int | None, budget: int) -> RawJSON:
+        limit = self.limits.read_max_paths
+        if len(paths) > limit:
+            raise too_large("read_max_paths", limit, f"{len(paths)} paths in one read_files")
+        parts = [b'{"files": [']
+        used = len(parts[0]) + 2
+        for i, path in enumerate(paths):
+            room = budget - used - _ENTRY_RESERVE * (len(paths) - i - 1) - 2
             try:
-                files.append(self.read_file(path, max_bytes))
-            except OSError as exc:
-                files.append({"path": path, "error": exc.strerror or str(exc)})
-        return {"files": files}
+                entry = self._read_entry(path, self._max(max_bytes), room)
+            except (OSError, LimitExceeded, InvalidArgument) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                entry = [_enc({"path": shown(path), "error": why})]
+            if i:
+                entry.insert(0, b", ")
+            parts += entry
+            used += sum(len(p) for p in entry)
+        parts.append(b"]}")
+        return RawJSON(parts)
 
-    def list_dir(self, path: str) -> dict[str, Any]:
-        fd, real = self._open_read(path, directory=True)
+    def list_dir(self, path: str, budget: int) -> RawJSON:
+        fd, real, _ = self._open_read(path, directory=True)
         try:
-            entries = []
-            with os.scandir(fd) as it:
-                for entry in it:
-                    if entry.is_symlink():
-                        kind = "symlink"
-                    elif entry.is_dir(follow_symlinks=False):
-                        kind = "dir"
-                    elif entry.is_file(follow_symlinks=False):
-                        kind = "file"
-                    else:
-                        kind = "other"
-                    entries.append({"name": entry.name, "type": kind})
+            head = _enc({"path": real})[:-1] + b', "entries": '
+            room = budget - len(head) - len(b', "truncated": false}')
+            if room < 2:
+                limit = self.limits.reply_max_bytes
+                raise too_large("reply_max_bytes", limit, "no room in the reply for the listing")
+            entries, truncated = self.opener.list(fd, room)
         finally:
             os.close(fd)
-        entries.sort(key=lambda e: e["name"])
-        return {"path": real, "entries": entries}
+        return RawJSON([head, entries,
+                        b', "truncated": true}' if truncated else b', "truncated": false}'])
 
     def _open_write(self, path: str, flags: int) -> tuple[int, str]:
         """Open the parent directory, check its real path is inside the
@@ -124,32 +198,38 @@ class FileTools:
         take a write outside, and nothing is truncated before the checks."""
         parent, name = os.path.split(path)
         if name in ("", ".", ".."):
-            raise InvalidArgument(f"{path}: not a file name")
-        dfd = self.opener.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
+            raise InvalidArgument(f"{shown(path)}: not a file name")
+        try:
+            dfd = self.opener.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
+        except OpenFailed as exc:
+            raise self._failed(exc, path, "write") from None
         try:
             real_dir = fd_real_path(dfd)
             if not self.index.may_write(real_dir):
-                raise RealPathRefused(f"{path}: directory is {real_dir}, outside the workdir")
+                raise self._refused(path, "write")
             fd = self.opener.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=dfd)
+        except OpenFailed as exc:
+            # Below a folder the agent may write: the error is its own to see.
+            raise OSError(exc.errno, exc.strerror, shown(path)) from None
         finally:
             os.close(dfd)
         try:
             real = fd_real_path(fd)
             st = os.fstat(fd)
             if not self.index.may_write(real):
-                raise RealPathRefused(f"{path}: opened file is {real}, outside the workdir")
+                raise self._refused(path, "write")
             if not stat.S_ISREG(st.st_mode):
-                raise InvalidArgument(f"{path}: not a regular file")
+                raise InvalidArgument(f"{shown(path)}: not a regular file")
             if st.st_nlink > 1:
                 # Another name for the same file may live outside the workdir.
-                raise RealPathRefused(f"{path}: has several hard links; refusing to write")
+                raise RealPathRefused(f"{shown(path)}: has several hard links; refusing to write")
         except BaseException:
             os.close(fd)
             raise
         self.writes.append((st.st_dev, st.st_ino))
         return fd, real
 
-    def write_file(self, path: str, content: str) -> dict[str, Any]:
+    def write_file(self, path: str, content: str) -> RawJSON:
         fd, real = self._open_write(path, os.O_WRONLY | os.O_CREAT)
         try:
             data = content.encode()
@@ -157,27 +237,28 @@ class FileTools:
             _write_all(fd, data)
         finally:
             os.close(fd)
-        return {"path": real, "bytes": len(data)}
+        return RawJSON.of({"path": real, "bytes": len(data)})
 
-    def edit_file(self, path: str, old: str, new: str, replace_all: bool = False) -> dict[str, Any]:
+    def edit_file(self, path: str, old: str, new: str, replace_all: bool = False) -> RawJSON:
         if not old:
             raise InvalidArgument("edit_file: old text is empty")
         fd, real = self._open_write(path, os.O_RDWR)
+        limit = self.limits.edit_max_bytes
         try:
-            text = _read_all(fd).decode("utf-8")
-            count = text.count(old)
-            if count == 0:
-                raise InvalidArgument(f"{path}: old text not found")
-            if count > 1 and not replace_all:
-                raise InvalidArgument(f"{path}: old text occurs {count} times; pass all=true")
-            data = text.replace(old, new).encode()
-            os.ftruncate(fd, 0)
-            _write_all(fd, data)
-        except UnicodeDecodeError:
-            raise InvalidArgument(f"{path}: not UTF-8 text") from None
+            reply = self.opener.edit(fd, old, new, replace_all, limit)
         finally:
             os.close(fd)
-        return {"path": real, "replacements": count}
+        if reply.get("ok"):
+            return RawJSON.of({"path": real, "replacements": int(reply.get("replacements", 0))})
+        why = reply.get("error")
+        if why == "too-large":
+            raise too_large("edit_max_bytes", limit, f"{shown(path)} is, or would grow, larger")
+        if why == "not-utf8":
+            raise InvalidArgument(f"{shown(path)}: not UTF-8 text")
+        if why == "several":
+            count = int(reply.get("count", 2))
+            raise InvalidArgument(f"{shown(path)}: old text occurs {count} times; pass all=true")
+        raise InvalidArgument(f"{shown(path)}: old text not found")
 
 
 def _read_all(fd: int) -> bytes:
@@ -201,15 +282,18 @@ def _write_all(fd: int, data: bytes) -> None:
 # ---------------------------------------------------------------- web tools
 
 
-def web_tool(tool: str, args: Mapping[str, Any], *, allow_private: bool) -> dict[str, Any]:
+def web_tool(
+    tool: str, args: Mapping[str, Any], *, allow_private: bool, max_bytes: int = net.MAX_BODY
+) -> dict[str, Any]:
     url = str(args["url"])
     headers = dict(args.get("headers") or {})
     if tool == "http_post":
         body = str(args["body"]).encode()
         resp = net.request("POST", url, body=body, headers=headers, allow_private=allow_private,
-                           follow_redirects=False)
+                           follow_redirects=False, max_bytes=max_bytes)
     else:
-        resp = net.request("GET", url, headers=headers, allow_private=allow_private)
+        resp = net.request("GET", url, headers=headers, allow_private=allow_private,
+                           max_bytes=max_bytes)
     return resp.as_dict()
 
 

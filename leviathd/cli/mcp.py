@@ -41,7 +41,12 @@ class McpServer:
         method = msg.get("method")
         if mid is None:  # a notification (e.g. notifications/initialized)
             return None
-        params = msg.get("params") or {}
+        params = msg.get("params")
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            # JSON-RPC allows by-position params; no method here takes them.
+            return _err(mid, -32602, "invalid params: params must be an object")
         if method == "initialize":
             asked = params.get("protocolVersion")
             return _ok(mid, {
@@ -81,10 +86,14 @@ class McpServer:
                 continue
             try:
                 msg = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 reply: dict[str, Any] | None = _err(None, -32700, "parse error")
             else:
-                reply = self.handle(msg)
+                try:
+                    reply = self.handle(msg)
+                except Exception as exc:  # one bad message never ends the server
+                    mid = msg.get("id") if isinstance(msg, dict) else None
+                    reply = _err(mid, -32603, f"internal error: {type(exc).__name__}")
             if reply is not None:
                 stdout.write(json.dumps(reply, ensure_ascii=False) + "\n")
                 stdout.flush()

@@ -302,6 +302,41 @@ class Resources(_Model):
     cpu_weight: Annotated[int | None, BeforeValidator(_cpu_weight)] = None
 
 
+def _limit_size(value: object) -> int:
+    size = parse_size(value)
+    if size is None or size < 1:
+        raise ValueError('must be a size of at least 1 byte, such as "1M" (a broker limit '
+                         'cannot be "infinity")')
+    return size
+
+
+def _limit_count(value: object) -> int:
+    count = parse_count(value)
+    if count is None:
+        raise ValueError('must be a whole number of at least 1 (a broker limit cannot be '
+                         '"infinity")')
+    return count
+
+
+BrokerSize = Annotated[int | None, BeforeValidator(_limit_size)]
+BrokerCount = Annotated[int | None, BeforeValidator(_limit_count)]
+
+
+class BrokerConfig(_Model):
+    """`[broker]`: limits on every agent's tool calls. Read from the machine
+    config only (a user cannot raise them). None = the built-in default."""
+
+    read_max_bytes: BrokerSize = None
+    read_max_paths: BrokerCount = None
+    reply_max_bytes: BrokerSize = None
+    edit_max_bytes: BrokerSize = None
+    request_max_bytes: BrokerSize = None
+    json_max_depth: BrokerCount = None
+    max_concurrent_calls: BrokerCount = None
+    max_connections: BrokerCount = None
+    max_pending_approvals: BrokerCount = None
+
+
 class SecurityConfig(_Model):
     read_paths: list[ReadPathPattern] = Field(default_factory=list)
     allow_blueprint_read_paths: StrictBool | None = None
@@ -362,6 +397,7 @@ class Config(_Model):
     taint: TaintConfig = Field(default_factory=TaintConfig)
     allowlist: list[AllowRule] = Field(default_factory=list)
     credentials: dict[Name, CredentialConfig] = Field(default_factory=dict)
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)
 
 
 # -------------------------------------------------------------------------- blueprint

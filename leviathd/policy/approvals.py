@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from leviathd.errors import AccessDenied, InvalidArgument, NotFound
+from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound
 from leviathd.policy.gate import ApprovalView, AskKind
 from leviathd.policy.labels import Sensitivity
 
@@ -105,8 +105,12 @@ class ApprovalQueue:
         is_admin: Callable[[int], bool] = _root_is_admin,
         on_request: Callable[[PendingRequest], None] | None = None,
         on_resolved: Callable[[PendingRequest, Answer, int | None], None] | None = None,
+        max_pending: int = 8,
     ) -> None:
         self.agent_id = agent_id
+        # Each held call is a prompt on a person's screen and a bus signal:
+        # an agent may not queue them without end.
+        self.max_pending = max_pending
         self.owner_uid = owner_uid
         self.timeout = timeout
         self.session = SessionApprovals()
@@ -128,6 +132,12 @@ class ApprovalQueue:
         clearance: Sensitivity | None,
         rule: str,
     ) -> Answer:
+        if len(self._held) >= self.max_pending:
+            raise LimitExceeded(
+                "max_pending_approvals", self.max_pending,
+                f"too-large: {len(self._held)} calls already wait for a person "
+                f"(limit max_pending_approvals = {self.max_pending})",
+            )
         request = PendingRequest(
             id=secrets.token_hex(8),
             agent_id=self.agent_id,

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from leviathd.broker.limits import Limits
 from leviathd.hidden import builtin_hidden
 from leviathd.policy.allowlist import Allowlist, compile_allowlist
 from leviathd.policy.labels import Sensitivity, clearance_for
@@ -45,6 +46,8 @@ class PolicySettings:
     allowlist: Sequence[object] = ()
     network: bool = True
     credentials: Mapping[str, CredentialSpec] = field(default_factory=dict)
+    # The broker's limits: from the machine config's [broker] only.
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def from_effective(cls, eff: Any, machine: Any = None) -> PolicySettings:
@@ -81,6 +84,7 @@ class PolicySettings:
             allowlist=tuple(getattr(eff, "allowlist", None) or ()),
             network=bool(getattr(eff, "network", True)),
             credentials=creds,
+            limits=Limits.from_config(getattr(machine, "broker", None)),
         )
 
 

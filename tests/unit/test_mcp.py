@@ -82,3 +82,19 @@ def test_mcp_answers_a_parse_error_and_goes_on(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in out.getvalue().splitlines()]
     assert lines[0]["error"]["code"] == -32700
     assert lines[1] == {"jsonrpc": "2.0", "id": 9, "result": {}}
+
+
+def test_mcp_answers_params_given_as_a_list_with_an_error_and_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    with running_broker(home=str(tmp_path / "home"), workdir=str(work),
+                        settings=PolicySettings(), socket_path=str(tmp_path / "b.sock")) as b:
+        replies = _session(b.path, [
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": ["read_file", {}]},
+            {"jsonrpc": "2.0", "id": 2, "method": "initialize", "params": [1, 2]},
+            {"jsonrpc": "2.0", "id": 3, "method": "ping"},
+        ])
+    assert replies[0]["id"] == 1 and replies[0]["error"]["code"] == -32602, replies
+    assert replies[1]["id"] == 2 and replies[1]["error"]["code"] == -32602, replies
+    assert replies[2] == {"jsonrpc": "2.0", "id": 3, "result": {}}
