@@ -59,4 +59,4 @@ def descriptor_budget() -> int:
 
 
 def too_large(limit: str, value: int, what: str) -> LimitExceeded:
-    return LimitExceeded(limit, value, f"too-large: {what} (limit {limit} = {value})")
+    return LimitExceeded(limit, value, f"{what} (limit {limit} = {value})")

@@ -135,7 +135,7 @@ class ApprovalQueue:
         if len(self._held) >= self.max_pending:
             raise LimitExceeded(
                 "max_pending_approvals", self.max_pending,
-                f"too-large: {len(self._held)} calls already wait for a person "
+                f"{len(self._held)} calls already wait for a person "
                 f"(limit max_pending_approvals = {self.max_pending})",
             )
         request = PendingRequest(
