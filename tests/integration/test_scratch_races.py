@@ -205,22 +205,31 @@ def test_the_scratch_folder_is_out_of_its_users_reach(bed: Testbed) -> None:
     assert seen.returncode != 0 and seen.stdout == "", seen
 
 
-def test_a_workdir_flipped_to_the_home_never_shows_the_home(bed: Testbed) -> None:
+@pytest.mark.parametrize("target", ["home", "/run"])
+def test_a_workdir_flipped_to_a_link_never_shows_the_links_target(
+    bed: Testbed, target: str
+) -> None:
     alice = bed.users["alice"]
+    target = alice.home if target == "home" else target
     proj = f"{alice.home}/races/flip"
     stop = f"{alice.home}/races/flip.stop"
     bed.run(["sh", "-c", f"rm -rf {proj} {proj}.real {stop}; mkdir -p {proj}; "
              f"touch {proj}/in-the-project"], user="alice")  # fmt: skip
     racer = subprocess.Popen(
-        bed.command(["python3", "-c", FLIP_WORKDIR, proj, alice.home, stop], user="alice"),
+        bed.command(["python3", "-c", FLIP_WORKDIR, proj, target, stop], user="alice"),
         stdout=subprocess.PIPE, text=True,
     )
     leaked, ran = [], 0
     try:
         for _ in range(25):
+            # A run that opened the link itself got /run as its workdir, as
+            # `lev run --workdir /run` would (its hidden parts masked): what
+            # must never show is what a hidden path or the home holds.
             r = bed.run(["lev", "run", "--workdir", proj, "--", "sh", "-c",
-                         "cat .ssh/id_ed25519; ls -a"], user="alice", check=False)  # fmt: skip
-            if KEY in r.stdout or ".bashrc" in r.stdout:
+                         "cat .ssh/id_ed25519; ls -a; test -S dbus/system_bus_socket && "
+                         "echo REACHED-BUS; ls leviath/agents | sed s/^/AGENT-/"],
+                        user="alice", check=False)  # fmt: skip
+            if any(s in r.stdout for s in (KEY, ".bashrc", "REACHED-BUS", "AGENT-")):
                 leaked.append(r.stdout)
             ran += "in-the-project" in r.stdout
     finally:
