@@ -153,14 +153,17 @@ def _racer(bed: Testbed, *pairs: str, scratch: str = SCRATCH) -> Iterator[list[i
 
 def _start(bed: Testbed, folder: str, mode: str) -> str:
     """Start the blueprint detached in WORK, wait for its end, return what its
-    stage wrote."""
+    stage wrote to out.txt and its output."""
     out = f"{WORK}/out.txt"
     bed.run(["rm", "-f", out], user="alice")
     r = bed.run(["lev", "run", "-d", "--workdir-mode", mode, folder], user="alice",
                 cwd=WORK, check=False)  # fmt: skip
+    logs = ""
     if r.returncode == 0:
-        _wait_ended(bed, r.stdout.strip().split()[-1])
-    return bed.run(["cat", out], check=False).stdout
+        agent_id = r.stdout.strip().split()[-1]
+        _wait_ended(bed, agent_id)
+        logs = bed.run(["lev", "logs", agent_id], user="alice", check=False).stdout
+    return bed.run(["cat", out], check=False).stdout + logs
 
 
 def test_a_swapped_scratch_home_never_becomes_the_agents_home(bed: Testbed) -> None:
@@ -178,22 +181,33 @@ def test_swapped_throwaway_layers_never_take_the_agents_writes(bed: Testbed) -> 
     # Both on /run (a tmpfs), so an overlay over them would mount.
     target = _root_secret_dir(bed, "/run")
     bed.run(["mkdir", f"{target}/upper", f"{target}/work"])
-    folder = _blueprint(bed, "layerswap", "echo pwned > zz-agent.conf; echo ran > out.txt")
+    # The layers' own folder may be root's: alice swaps the folder above it
+    # for one of hers whose links lead to root's folders.
+    fake = f"{WORK}/fake-overlay"
+    bed.run(["sh", "-c", f"mkdir -p {fake}/0 && ln -sfn {target}/upper {fake}/0/upper && "
+             f"ln -sfn {target}/work {fake}/0/work"], user="alice", check=False)  # fmt: skip
+    # A folder of alice's in the lower layer: the agent may create in it, and
+    # overlayfs copies it up (with root's credentials) into whatever upper is.
+    bed.run(["mkdir", "-p", f"{WORK}/leviathd.service.d"], user="alice")
+    folder = _blueprint(bed, "layerswap", "echo pwned > leviathd.service.d/zz-agent.conf && "
+                        "cat leviathd.service.d/zz-agent.conf")
     # Scratch on a tmpfs too: overlayfs refuses the bed's own overlay root as
     # an upper layer, which would end every throwaway run before the race.
     bed.write_file("/etc/leviath/config.toml",
                    '[sandbox]\nkind = "namespace"\nscratch_dir = "/run/lev-scratch"\n')
     bed.run(["systemctl", "reload", "leviathd"])
     try:
-        with _racer(bed, f"overlay/0/upper={target}/upper", f"overlay/0/work={target}/work",
-                    scratch="/run/lev-scratch") as swaps:  # fmt: skip
-            for _ in range(4):
-                _start(bed, folder, "throwaway")
+        with _racer(bed, f"overlay={fake}", scratch="/run/lev-scratch") as swaps:
+            outputs = [_start(bed, folder, "throwaway") for _ in range(4)]
     finally:
         bed.write_file("/etc/leviath/config.toml", '[sandbox]\nkind = "namespace"\n')
         bed.run(["systemctl", "reload", "leviathd"])
     assert bed.run(["ls", "-A", f"{target}/upper"]).stdout.split() == [], swaps
-    assert bed.run(["test", "-e", f"{WORK}/zz-agent.conf"], check=False).returncode != 0
+    assert bed.run(["find", target, "-name", "zz-agent.conf"]).stdout == ""
+    # The agent's write went to its own throwaway layer (scratch is a tmpfs,
+    # where overlayfs takes its layers even in the bed).
+    assert all("pwned" in o for o in outputs), outputs
+    assert bed.run(["ls", "-A", f"{WORK}/leviathd.service.d"]).stdout == ""
 
 
 def test_the_scratch_folder_is_out_of_its_users_reach(bed: Testbed) -> None:
