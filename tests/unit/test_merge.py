@@ -187,6 +187,14 @@ def test_default_mounts_and_on_unavailable_only_tighten() -> None:
     assert "on-unavailable-overruled" not in codes(r)
 
 
+def test_only_the_machine_sizes_scratch() -> None:
+    r = run('[sandbox]\nscratch_size = "256M"', '[sandbox]\nscratch_size = "100G"')
+    assert r.agent.scratch_size == 256 << 20
+    assert "scratch-dir-ignored" in codes(r)
+    r = resolve(cfg(""), cfg('[sandbox]\nscratch_size = "100G"'), None, "a")
+    assert r.agent.scratch_size is None
+
+
 def test_only_the_machine_chooses_the_scratch_dir() -> None:
     r = run('[sandbox]\nscratch_dir = "/big"', '[sandbox]\nscratch_dir = "/tmp/mine"')
     assert r.agent.scratch_dir == "/big"

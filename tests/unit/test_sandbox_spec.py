@@ -364,6 +364,13 @@ def test_a_workdir_leading_by_a_link_to_the_home_is_refused() -> None:
         spec_for(resolve=lambda p: HOME if p == WORKDIR else p)
 
 
+def test_the_scratch_size_comes_from_the_config_with_a_default() -> None:
+    assert spec_for().scratch_size == 1 << 30
+    sized = spec_for(Effective(kind=SandboxKind.NAMESPACE, scratch_size=8 << 20))
+    assert sized.scratch_size == 8 << 20
+    assert SandboxSpec.from_dict(json.loads(json.dumps(sized.to_dict()))) == sized
+
+
 def test_network_false_adds_a_network_namespace() -> None:
     assert spec_for().namespaces == ("ipc", "mnt", "pid", "uts")
     spec = spec_for(Effective(kind=SandboxKind.NAMESPACE, network=False))
