@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 import select
 import signal
 import syslog
@@ -34,8 +35,16 @@ from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-# Where the held child keeps the workdir it opened as the user.
-WORKDIR_FD = 1000
+
+
+def _workdir_fd() -> int:
+    """Where the held child keeps the workdir it opened as the user: a fixed
+    number the daemon can name (/proc/<pid>/fd/N), within the fd limit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1000 if soft == resource.RLIM_INFINITY or soft > 1000 else max(soft - 1, 3)
+
+
+WORKDIR_FD = _workdir_fd()
 
 
 @dataclass
