@@ -218,8 +218,10 @@ class Agents:
                 zip(plan, steps, strict=True)
             ):
                 if spec.kind == "container":
-                    name = await container.ensure(agent_id, unit, spec, step_eff,
-                                                  started=started)  # fmt: skip
+                    name = await container.ensure(
+                        agent_id, unit, spec, step_eff, started=started,
+                        pinned_workdir=held.workdir_path(),
+                    )
                     steps[n] = (label, container.with_container(spec, name))
             self._store.save_spec(agent_id, [(label, spec.to_dict()) for label, spec in steps])
         except BaseException:

@@ -47,6 +47,7 @@ from leviathd import fsat
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.request import refuse_system_workdir
 from leviathd.sandbox import engine as engines
+from leviathd.sandbox import pinned
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
 from leviathd.systemd import absent
 from leviathd.systemd.cgroupfs import folders
@@ -196,28 +197,33 @@ def mount_options(
     *,
     exists: Callable[[str], bool] = os.path.lexists,
     is_dir: Callable[[str], bool] = os.path.isdir,
+    workdir_source: str | None = None,
 ) -> list[str]:
     """The spec's mounts as engine options: the workdir and every user bind at
     the same path with its access, a throwaway workdir as an overlay, a hidden
     thing inside a mounted folder covered. Hidden paths are otherwise simply
-    not mounted: the container sees the image, not the host."""
+    not mounted: the container sees the image, not the host. `workdir_source`:
+    where the engine finds the workdir (its pinned copy, see pinned.py)."""
     out: list[str] = []
     mounted: list[str] = []
     for m in spec.mounts:
+        source = m.source
+        if workdir_source and m.target == spec.workdir and m.source == spec.workdir:
+            source = workdir_source
         if m.kind == "bind":
             if m.why in _BIND_WHY_SKIPPED or is_within(m.source, spec.scratch):
                 continue
-            out += _bind(m.source, m.target, m.readonly)
+            out += _bind(source, m.target, m.readonly)
             mounted.append(m.target)
         elif m.kind == "overlay":
             if engine_name != "podman":
                 raise InvalidArgument(
                     f"workdir mode throwaway needs podman's overlay mounts, not {engine_name}"
                 )
-            for p in (m.source, m.target):
+            for p in (source, m.target):
                 if ":" in _check_path(p):
                     raise InvalidArgument(f"path {p!r} with ':' cannot be an overlay mount")
-            out += ["-v", f"{m.source}:{m.target}:O"]
+            out += ["-v", f"{source}:{m.target}:O"]
             mounted.append(m.target)
         elif m.kind == "mask" and any(is_within(m.target, t) for t in mounted):
             # (masks inside the system folders the image replaces are moot)
@@ -259,6 +265,7 @@ def container_options(
     init: str | None,
     exists: Callable[[str], bool] = os.path.lexists,
     is_dir: Callable[[str], bool] = os.path.isdir,
+    workdir_source: str | None = None,
 ) -> list[str]:
     """Every option of `run` that is a sandbox setting (not a name or label):
     the key of the warm container is a hash of these and the image."""
@@ -291,7 +298,8 @@ def container_options(
         "--tmpfs", "/tmp:rw,nosuid,nodev,mode=1777",
         "--tmpfs", f"{home}:rw,nosuid,nodev,mode=0700{owner}",
     ]  # fmt: skip
-    o += mount_options(spec, engine.name, exists=exists, is_dir=is_dir)
+    o += mount_options(spec, engine.name, exists=exists, is_dir=is_dir,
+                       workdir_source=workdir_source)  # fmt: skip
     # Last, so they lie over whatever a mount of /etc brought.
     for name in _IDENTITY_FILES:
         o += _bind(identity_path(spec, name), f"/etc/{name}", True)
@@ -553,12 +561,15 @@ async def _inspect(eng: engines.Engine, name: str) -> dict[str, Any] | None:
 
 async def ensure(
     agent_id: str, unit: str, spec: SandboxSpec, effective: Any, *,
-    started: set[str] | None = None,
+    started: set[str] | None = None, pinned_workdir: str | None = None,
 ) -> str:
     """Start (or find) the warm container of `agent_id` for these settings and
     return its name. Stages whose settings are identical get the same one;
     `started` (names this caller already ensured, updated here) spares them
     another look at the engine, so a request costs one per distinct container.
+    `pinned_workdir`: the workdir as the user opened it (spawn.Held.
+    workdir_path()); the engine then binds it from a root-only path (pin)
+    rather than by the workdir's own path, which the user could change.
 
     Call after the agent's scope exists (its cgroup is the container's parent)
     and before the worker runs `run(with_container(spec, name))`."""
@@ -573,11 +584,14 @@ async def ensure(
     if not image:
         raise Unavailable("the container sandbox needs an image ([sandbox] image)")
     init = init_binary()
+    source = None
+    if pinned_workdir is not None:
+        source = await asyncio.to_thread(pin, agent_id, pinned_workdir, spec.workdir)
     # (it looks at the user's folders, which may be slow to answer: off the loop)
     options = await asyncio.to_thread(
         lambda: container_options(
             spec, effective, eng, ulimits=engines.current_ulimits(),
-            network=engines.network_mode(spec.network), init=init,
+            network=engines.network_mode(spec.network), init=init, workdir_source=source,
         )
     )
     key = config_key(options, image, eng)
@@ -639,6 +653,27 @@ def own_home(init_pid: int, spec: SandboxSpec) -> None:
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
+
+
+def _pin_folder(agent_id: str) -> str:
+    return os.path.join(runtime_dir(), "containers", "pinned", agent_id)
+
+
+def pin(agent_id: str, pinned_workdir: str, workdir: str) -> str:
+    """The root-only path where the agent's pinned workdir is bound (made once
+    per agent; the same path for every container of it, so stages with the
+    same settings still share one)."""
+    folder = _pin_folder(agent_id)
+    path = os.path.join(folder, "workdir")
+    with contextlib.suppress(OSError):
+        if os.path.ismount(path):
+            return path
+    return pinned.bind_pinned(pinned_workdir, folder, "workdir", expect=workdir)
+
+
+def unpin(agent_id: str) -> None:
+    with contextlib.suppress(OSError, Unavailable):
+        pinned.release(_pin_folder(agent_id))
 
 
 def recheck_workdir(spec: SandboxSpec) -> None:
@@ -907,15 +942,23 @@ async def teardown(agent_id: str) -> list[str]:
         names = [n for n, _ in await _list(eng, f"{LABEL_AGENT}={agent_id}")]
         await _remove(eng, names)
         removed += names
+    unpin(agent_id)
     _remove_identity(agent_id)
     return removed
 
 
 def _remove_identity(agent_id: str) -> None:
+    # File by file, never a tree removal: nothing here may lead elsewhere.
     with contextlib.suppress(OSError, ValueError):
         containers = fsat.open_dir(os.path.join(runtime_dir(), "containers"))
         try:
-            fsat.remove_tree_at(containers, agent_id)
+            folder = fsat.open_dir_at(containers, agent_id)
+            try:
+                for name in _IDENTITY_FILES:
+                    fsat.unlink_at(folder, name)
+            finally:
+                os.close(folder)
+            fsat.rmdir_at(containers, agent_id)
         finally:
             os.close(containers)
 
@@ -937,10 +980,11 @@ async def sweep(live_ids: Iterable[str]) -> list[str]:
         names = [n for n, lab in await _list(eng) if lab.get(LABEL_AGENT) not in live]
         await _remove(eng, names)
         removed += names
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(os.path.join(runtime_dir(), "containers")):
-            if entry.is_dir(follow_symlinks=False) and entry.name not in live:
-                _remove_identity(entry.name)
+    for sub, forget in (("pinned", unpin), ("", _remove_identity)):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(os.path.join(runtime_dir(), "containers", sub)):
+                if entry.is_dir(follow_symlinks=False) and entry.name not in live | {"pinned"}:
+                    forget(entry.name)
     return removed
 
 
