@@ -5,6 +5,7 @@ nothing of D-Bus; the bus layer hands it a `Caller` and a polkit check."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -14,6 +15,7 @@ import signal
 import syslog
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from dbus_fast.aio import MessageBus
 
@@ -23,10 +25,10 @@ from leviathd.bus.caller import Caller
 from leviathd.config import load as config_load
 from leviathd.config.merge import Effective, MergeResult, resolve
 from leviathd.config.models import Blueprint, Config, SandboxKind
-from leviathd.errors import ConfigError, InvalidArgument, NotFound, Unavailable
+from leviathd.errors import Busy, ConfigError, InvalidArgument, NotFound, Unavailable
 from leviathd.identity import UserInfo, user_info
 from leviathd.records import AgentRecord, AgentState, RecordStore
-from leviathd.request import RunInput
+from leviathd.request import RunInput, refuse_system_workdir
 from leviathd.sandbox import container, scratch
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
 from leviathd.systemd import journal
@@ -40,6 +42,21 @@ unit_name = safetext.unit_name
 Emit = Callable[..., None]
 _UNPROBED = object()
 NAMESPACE_STAND_IN = "LEVIATH_NAMESPACE_UNAVAILABLE"
+_T = TypeVar("_T")
+# Run requests of one uid being prepared or waiting to be (issue 22).
+MAX_WAITING_PER_UID = 4
+PLANNING_WORKERS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    user: UserInfo
+    merged: MergeResult
+    command: list[str]
+    agent_name: str
+    plan: list[tuple[str, Effective, list[str]]]
+    kinds: list[str]
+    marks: list[str]
 
 
 class Agents:
@@ -68,6 +85,14 @@ class Agents:
         self._finalizing: set[str] = set()
         self._user_configs: dict[int, Config] = {}
         self._namespace_probe: object = _UNPROBED
+        self._plan_pool = concurrent.futures.ThreadPoolExecutor(
+            PLANNING_WORKERS, thread_name_prefix="leviath-plan"
+        )
+        self._plan_locks: dict[int, asyncio.Lock] = {}
+        self._plan_waiting: dict[int, int] = {}
+        # Who hears an agent's AgentStarted/AgentEnded: the bus connection that
+        # started it, only (not kept over a restart: clients then poll).
+        self._signal_to: dict[str, str] = {}
         # Set by the daemon where systemd is not PID 1: podman alone fences.
         self.podman_only = False
         # Extension points for other parts (the broker, containers).
@@ -98,7 +123,7 @@ class Agents:
     def user_config(self, user: UserInfo) -> Config | None:
         path = os.path.join(user.home, ".config", "leviath", "config.toml")
         try:
-            text = read_user_file(path, user.uid)
+            text = read_user_file(path, user.uid, limit=config_load.MAX_TEXT_BYTES)
         except PermissionError as exc:
             raise ConfigError(str(exc)) from None
         if text is None:
@@ -139,32 +164,12 @@ class Agents:
             await polkit.require(
                 self._bus, who, names.ACTION_RUN_UNSANDBOXED, "run an agent without a sandbox"
             )
-        user = user_info(who.uid)
-        blueprint: Blueprint | None = None
-        if req.blueprint_text is not None:
-            blueprint = config_load.parse_blueprint(req.blueprint_text, req.blueprint_source)
-        command = list(req.command) or list(blueprint.agent.command or [] if blueprint else [])
-        # argv[0] is the user's to choose, newlines and all: it becomes a name
-        # by the blueprint rules before systemd or journald sees any of it.
-        agent_name = (
-            safetext.check_name(blueprint.agent.name) if blueprint
-            else safetext.agent_name(command[0] if command else "")
-        )
-        merged = resolve(self.machine_config, self.user_config(user), blueprint, agent_name)
-        errors = [f for f in merged.findings if f.level == "error"]
-        if errors:
-            raise InvalidArgument("; ".join(f"[{f.code}] {f.message}" for f in errors))
-        eff = merged.agent
-        plan = _plan(merged, command, agent_name)
-        if not plan:
-            raise InvalidArgument("nothing to run: the blueprint has no [agent] command, no "
-                                  "stages, and no command was given")
-        kinds: list[str] = []
-        marks: list[str] = []
-        for _label, step_eff, _argv in plan:
-            kind, step_marks = self._choose_kind(step_eff, req)
-            kinds.append(kind)
-            marks += [m for m in step_marks if m not in marks]
+        p = await self._in_worker(who.uid, self._prepare, who.uid, req)
+        user, merged, command, agent_name = p.user, p.merged, p.command, p.agent_name
+        eff, plan, kinds, marks = merged.agent, p.plan, p.kinds, p.marks
+        # Here, not when the request is parsed: from here on the caller's
+        # descriptors are closed however the request ends.
+        refuse_system_workdir(req.workdir, user.home)
 
         agent_id = self._new_id()
         unit = unit_name(user.name, agent_name, agent_id)
@@ -178,10 +183,11 @@ class Agents:
             if not ok:
                 raise InvalidArgument(detail)
             real_workdir = detail
-            steps = [
-                (label, self._spec(step_eff, kind, user, req, argv, real_workdir, agent_id))
-                for (label, step_eff, argv), kind in zip(plan, kinds, strict=True)
-            ]
+            # Again as resolved: a link in the user's home may lead to /etc.
+            refuse_system_workdir(real_workdir, user.home)
+            # Specs look at the user's workdir (a worktree's git folders...).
+            steps = await self._in_worker(who.uid, self._specs, plan, kinds, user, req,
+                                          real_workdir, agent_id)  # fmt: skip
             for _label, spec in steps:
                 if spec.kind == "namespace" and not scratch_path:
                     scratch_path = scratch.create(spec)
@@ -207,11 +213,15 @@ class Agents:
             # Containers are started once the scope exists (their cgroups sit
             # below it) and after the hooks (whose folders they bind, such as
             # the broker's). Steps with identical settings share one.
+            started: set[str] = set()
             for n, ((_label, step_eff, _argv), (label, spec)) in enumerate(
                 zip(plan, steps, strict=True)
             ):
                 if spec.kind == "container":
-                    name = await container.ensure(agent_id, unit, spec, step_eff)
+                    name = await container.ensure(
+                        agent_id, unit, spec, step_eff, started=started,
+                        pinned_workdir=held.workdir_path(),
+                    )
                     steps[n] = (label, container.with_container(spec, name))
             self._store.save_spec(agent_id, [(label, spec.to_dict()) for label, spec in steps])
         except BaseException:
@@ -246,14 +256,89 @@ class Agents:
                 priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
                 LEVIATH_EVENT="reads-not-granted",
             )
-        self._on_started(agent_id, unit, user.uid)
+        self._signal_to[agent_id] = who.sender
+        self._on_started(agent_id, unit, user.uid, to=who.sender)
         return rec
 
-    def _choose_kind(self, eff: Effective, req: RunInput) -> tuple[str, list[str]]:
+    # --- planning, off the event loop ------------------------------------
+
+    async def _in_worker(self, uid: int, fn: Callable[..., _T], *args: object) -> _T:
+        """Run `fn` in the planning pool, one call per uid at a time and at
+        most MAX_WAITING_PER_UID waiting: a caller's slow request (a large
+        blueprint, a slow engine) delays only that caller's next ones."""
+        waiting = self._plan_waiting.get(uid, 0)
+        if waiting >= MAX_WAITING_PER_UID:
+            raise Busy(f"uid {uid} has {waiting} requests being prepared; try again later")
+        self._plan_waiting[uid] = waiting + 1
+        try:
+            lock = self._plan_locks.setdefault(uid, asyncio.Lock())
+            async with lock:
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(self._plan_pool, lambda: fn(*args))
+        finally:
+            left = self._plan_waiting[uid] - 1
+            if left:
+                self._plan_waiting[uid] = left
+            else:
+                del self._plan_waiting[uid]
+                self._plan_locks.pop(uid, None)
+
+    def _prepare(self, uid: int, req: RunInput) -> _Prepared:
+        """Who, what and in which sandbox kinds: name lookups, the user's
+        config file, the blueprint's parsing and merge, and the engine's and
+        image's checks (blocking, in a worker)."""
+        user = user_info(uid)
+        blueprint: Blueprint | None = None
+        if req.blueprint_text is not None:
+            blueprint = config_load.parse_blueprint(req.blueprint_text, req.blueprint_source)
+        command = list(req.command) or list(blueprint.agent.command or [] if blueprint else [])
+        # argv[0] is the user's to choose, newlines and all: it becomes a name
+        # by the blueprint rules before systemd or journald sees any of it.
+        agent_name = (
+            safetext.check_name(blueprint.agent.name) if blueprint
+            else safetext.agent_name(command[0] if command else "")
+        )
+        merged = resolve(self.machine_config, self.user_config(user), blueprint, agent_name)
+        errors = [f for f in merged.findings if f.level == "error"]
+        if errors:
+            raise InvalidArgument("; ".join(f"[{f.code}] {f.message}" for f in errors))
+        plan = _plan(merged, command, agent_name)
+        if not plan:
+            raise InvalidArgument("nothing to run: the blueprint has no [agent] command, no "
+                                  "stages, and no command was given")
+        kinds: list[str] = []
+        marks: list[str] = []
+        # One engine and image check per distinct (engine, image), not per step.
+        probes: dict[tuple[str, str], str | None] = {}
+
+        def probe(step_eff: Effective) -> str | None:
+            key = (str(step_eff.engine), str(step_eff.image))
+            if key not in probes:
+                probes[key] = container.probe(step_eff)
+            return probes[key]
+
+        for _label, step_eff, _argv in plan:
+            kind, step_marks = self._choose_kind(step_eff, req, probe)
+            kinds.append(kind)
+            marks += [m for m in step_marks if m not in marks]
+        return _Prepared(user, merged, command, agent_name, plan, kinds, marks)
+
+    def _specs(
+        self, plan: list[tuple[str, Effective, list[str]]], kinds: list[str], user: UserInfo,
+        req: RunInput, workdir: str, agent_id: str,
+    ) -> list[tuple[str, SandboxSpec]]:
+        return [
+            (label, self._spec(step_eff, kind, user, req, argv, workdir, agent_id))
+            for (label, step_eff, argv), kind in zip(plan, kinds, strict=True)
+        ]
+
+    def _choose_kind(
+        self, eff: Effective, req: RunInput, probe: Callable[[Effective], str | None]
+    ) -> tuple[str, list[str]]:
         if self.podman_only:
             # No systemd to hold a scope: the container is the fence and the
             # limits (see daemon.py and docs/containers.md).
-            reason = container.probe(eff)
+            reason = probe(eff)
             if reason is not None:
                 raise Unavailable(f"without systemd, agents run only in containers: {reason}")
             return "container", ["no-systemd"]
@@ -267,7 +352,7 @@ class Agents:
             if reason is None:
                 return "namespace", []
             # A container is at least as strict as the fence: use it when it works.
-            fallback_problem = container.probe(eff)
+            fallback_problem = probe(eff)
             if fallback_problem is None:
                 journal.record(
                     f"the namespace fence cannot be built here ({reason}); falling back to the "
@@ -277,7 +362,7 @@ class Agents:
                 return "container", ["fallback:container"]
             reason = f"{reason}; nor can the container fallback: {fallback_problem}"
         else:
-            reason = container.probe(eff)
+            reason = probe(eff)
             if reason is None:
                 return "container", []
         on_unavailable = str(getattr(eff.on_unavailable, "value", eff.on_unavailable))
@@ -376,7 +461,7 @@ class Agents:
                 LEVIATH_EVENT="end", LEVIATH_EXIT_STATUS=rec.exit_status,
             )
             self._on_ended(agent_id, -1 if rec.exit_status is None else rec.exit_status,
-                           rec.state.value)
+                           rec.state.value, to=self._signal_to.pop(agent_id, None))
             # Whatever the agent left behind in its scope ends with it.
             with contextlib.suppress(Exception):
                 await self._systemd.stop_unit(rec.unit)

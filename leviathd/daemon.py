@@ -12,14 +12,14 @@ import signal
 import sys
 import syslog
 
-from dbus_fast import BusType
+from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
 from leviathd.agents import Agents
 from leviathd.bus import caller, writer
 from leviathd.bus.manager_iface import ManagerInterface
-from leviathd.bus.names import BUS_NAME, OBJECT_PATH
+from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
 from leviathd.config_watch import ConfigWatcher
 from leviathd.errors import LeviathError
@@ -72,6 +72,17 @@ async def connect(*, patience: float = 10.0) -> MessageBus:
             await asyncio.sleep(0.2)
 
 
+def _unicast(
+    bus: MessageBus, to: str | None, member: str, signature: str, body: list[object]
+) -> None:
+    if not to:
+        return
+    bus.send(Message(
+        message_type=MessageType.SIGNAL, destination=to, path=OBJECT_PATH,
+        interface=MANAGER_IFACE, member=member, signature=signature, body=body,
+    ))  # fmt: skip
+
+
 async def serve() -> int:
     writer.install()
     bus = await connect()
@@ -92,15 +103,14 @@ async def serve() -> int:
     store = RecordStore(state_dir())
     store.ensure()
 
-    iface: ManagerInterface | None = None
+    # AgentStarted and AgentEnded go only to the connection that started the
+    # agent (docs/security-model.md): broadcast, they told every local user
+    # who runs which agent and how it ended.
+    def started(agent_id: str, unit: str, uid: int, *, to: str | None = None) -> None:
+        _unicast(bus, to, "AgentStarted", "ssu", [agent_id, unit, uid])
 
-    def started(agent_id: str, unit: str, uid: int) -> None:
-        if iface is not None:
-            iface.AgentStarted(agent_id, unit, uid)
-
-    def ended(agent_id: str, status: int, state: str) -> None:
-        if iface is not None:
-            iface.AgentEnded(agent_id, status, state)
+    def ended(agent_id: str, status: int, state: str, *, to: str | None = None) -> None:
+        _unicast(bus, to, "AgentEnded", "sis", [agent_id, status, state])
 
     agents = Agents(
         bus, systemd, store,

@@ -43,3 +43,9 @@ class LimitExceeded(InvalidArgument):
         super().__init__(message)
         self.limit = limit
         self.value = value
+
+
+class Busy(LeviathError):
+    """A caller has too many requests in progress; others are not held up."""
+
+    dbus_name = "org.leviath.Error.Busy"

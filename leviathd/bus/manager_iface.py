@@ -92,9 +92,17 @@ class ManagerInterface(ServiceInterface):
     ) -> IdAndUnit:
         """As Run, with the caller's terminal: output goes to the journal and
         to these descriptors, input comes from stdin."""
-        who = await bus_caller.current(self._bus)
         stdio = Stdio(stdin=stdin, stdout=stdout, stderr=stderr)
-        rec = await self._agents.run(who, _parse_request(request), stdio)
+        try:
+            who = await bus_caller.current(self._bus)
+            req = _parse_request(request)
+        except BaseException:
+            # Agents.run closes them from here on; a refused request must not
+            # keep the caller's terminal (its reader would never see the end).
+            for fd in stdio.fds():
+                _close_quietly(fd)
+            raise
+        rec = await self._agents.run(who, req, stdio)
         return [rec.id, rec.unit]
 
     @dbus_method()

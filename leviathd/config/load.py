@@ -29,6 +29,63 @@ ENV_AGENT_STORE = "LEVIATH_AGENT_STORE"
 
 M = TypeVar("M", bound=BaseModel)
 
+# Bounds checked before the text is parsed or validated (issue 22): the daemon
+# parses what users send, and the cost of parsing and planning grows with
+# these. Far above what a real blueprint or config needs.
+MAX_TEXT_BYTES = 256 * 1024
+MAX_DEPTH = 16
+MAX_STAGES = 64
+MAX_SEED_COMMANDS = 64
+MAX_MOUNTS = 128
+MAX_NODES = 20_000
+
+
+class ConfigTooLarge(ConfigError):
+    """A config or blueprint is over one of the bounds above."""
+
+    dbus_name = "org.leviath.Error.ConfigTooLarge"
+
+
+def check_text_size(text: str, source: str) -> None:
+    """Refuse a text over MAX_TEXT_BYTES before anything else looks at it."""
+    # Characters are at most 4 bytes: only texts near the bound are encoded.
+    size = len(text)
+    if size * 4 > MAX_TEXT_BYTES and size <= MAX_TEXT_BYTES:
+        size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_TEXT_BYTES:
+        raise ConfigTooLarge(f"{source}: larger than {MAX_TEXT_BYTES // 1024} KiB")
+
+
+def _check_shape(data: dict[str, Any], source: str) -> None:
+    """Depth, size and counts of the parsed table, walked without recursion
+    (a deep structure must not make the check itself fail)."""
+    nodes = 0
+    stack: list[tuple[object, int, str]] = [(data, 1, "")]
+    while stack:
+        value, depth, key = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise ConfigTooLarge(f"{source}: more than {MAX_NODES} values")
+        if depth > MAX_DEPTH:
+            raise ConfigTooLarge(f"{source}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            stack += [(v, depth + 1, str(k)) for k, v in value.items()]
+        elif isinstance(value, list):
+            if key == "mounts" and len(value) > MAX_MOUNTS:
+                raise ConfigTooLarge(
+                    f"{source}: {len(value)} mounts in one list (at most {MAX_MOUNTS})"
+                )
+            stack += [(v, depth + 1, "") for v in value]
+    stages = data.get("stages")
+    if isinstance(stages, dict) and len(stages) > MAX_STAGES:
+        raise ConfigTooLarge(f"{source}: {len(stages)} stages (at most {MAX_STAGES})")
+    seed = data.get("seed")
+    commands = seed.get("commands") if isinstance(seed, dict) else None
+    if isinstance(commands, list) and len(commands) > MAX_SEED_COMMANDS:
+        raise ConfigTooLarge(
+            f"{source}: {len(commands)} seed commands (at most {MAX_SEED_COMMANDS})"
+        )
+
 
 def _home(home: str | os.PathLike[str] | None) -> Path:
     return Path(home) if home is not None else Path.home()
@@ -55,10 +112,15 @@ def agent_store_path(home: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _parse(text: str, source: str, model: type[M]) -> M:
+    check_text_size(text, source)
     try:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise toml_error(exc, source) from None
+    except RecursionError:
+        # tomllib nests by recursion: arrays or inline tables some hundreds deep.
+        raise ConfigTooLarge(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
+    _check_shape(data, source)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

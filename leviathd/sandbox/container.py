@@ -32,17 +32,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import grp
 import hashlib
 import json
 import os
 import posixpath
 import re
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from leviathd import fsat
 from leviathd.errors import InvalidArgument, Unavailable
+from leviathd.request import refuse_system_workdir
 from leviathd.sandbox import engine as engines
+from leviathd.sandbox import pinned
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
 from leviathd.systemd import absent
 from leviathd.systemd.cgroupfs import folders
@@ -59,6 +64,17 @@ FALLBACK_MARK = "fallback:container"
 # from the image. Without one, the engine's --init runs `sleep infinity`.
 INIT_TARGET = "/.leviath-init"
 _INIT_CANDIDATES = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit")
+
+# Who the container's PID 1 runs as: never the agent's uid, so the agent can
+# neither ptrace it nor open its /proc/1/mem, and so cannot move it into
+# namespaces of its own making that root's `exec` would then join (issue 22).
+# Every command is exec'd with the agent's numeric ids instead.
+INIT_UID = INIT_GID = 65534
+# The container's /etc/passwd and /etc/group: files the daemon writes, bound
+# read-only over the image's. The runtime resolves an exec's supplementary
+# groups in the container's /etc/group (by name first, runc 1.1), so that file
+# must be neither the image's nor the agent's.
+_IDENTITY_FILES = ("passwd", "group")
 
 # Binds of the spec a container leaves out: the image supplies the system,
 # and the spec's scratch home and tmp are replaced by tmpfs. Every other bind
@@ -181,28 +197,33 @@ def mount_options(
     *,
     exists: Callable[[str], bool] = os.path.lexists,
     is_dir: Callable[[str], bool] = os.path.isdir,
+    workdir_source: str | None = None,
 ) -> list[str]:
     """The spec's mounts as engine options: the workdir and every user bind at
     the same path with its access, a throwaway workdir as an overlay, a hidden
     thing inside a mounted folder covered. Hidden paths are otherwise simply
-    not mounted: the container sees the image, not the host."""
+    not mounted: the container sees the image, not the host. `workdir_source`:
+    where the engine finds the workdir (its pinned copy, see pinned.py)."""
     out: list[str] = []
     mounted: list[str] = []
     for m in spec.mounts:
+        source = m.source
+        if workdir_source and m.target == spec.workdir and m.source == spec.workdir:
+            source = workdir_source
         if m.kind == "bind":
             if m.why in _BIND_WHY_SKIPPED or is_within(m.source, spec.scratch):
                 continue
-            out += _bind(m.source, m.target, m.readonly)
+            out += _bind(source, m.target, m.readonly)
             mounted.append(m.target)
         elif m.kind == "overlay":
             if engine_name != "podman":
                 raise InvalidArgument(
                     f"workdir mode throwaway needs podman's overlay mounts, not {engine_name}"
                 )
-            for p in (m.source, m.target):
+            for p in (source, m.target):
                 if ":" in _check_path(p):
                     raise InvalidArgument(f"path {p!r} with ':' cannot be an overlay mount")
-            out += ["-v", f"{m.source}:{m.target}:O"]
+            out += ["-v", f"{source}:{m.target}:O"]
             mounted.append(m.target)
         elif m.kind == "mask" and any(is_within(m.target, t) for t in mounted):
             # (masks inside the system folders the image replaces are moot)
@@ -244,6 +265,7 @@ def container_options(
     init: str | None,
     exists: Callable[[str], bool] = os.path.lexists,
     is_dir: Callable[[str], bool] = os.path.isdir,
+    workdir_source: str | None = None,
 ) -> list[str]:
     """Every option of `run` that is a sandbox setting (not a name or label):
     the key of the warm container is a hash of these and the image."""
@@ -253,10 +275,8 @@ def container_options(
         "--cap-drop", "all",
         "--security-opt", "no-new-privileges",
         "--read-only",
-        "--user", f"{spec.uid}:{spec.gid}",
+        "--user", f"{INIT_UID}:{INIT_GID}",
     ]  # fmt: skip
-    for g in sorted(set(spec.groups) - {spec.gid}):
-        o += ["--group-add", str(g)]
     res = effective.resources
     if res.tasks_max is not None:
         o += ["--pids-limit", str(res.tasks_max)]
@@ -267,25 +287,78 @@ def container_options(
         o += ["--cpus", f"{res.cpu_quota / 100:.2f}"]
     for name, (soft, hard) in sorted(ulimits.items()):
         o += ["--ulimit", f"{name}={soft}:{hard}"]
+    if spec.uid == INIT_UID:
+        raise InvalidArgument(f"uid {INIT_UID} cannot run container agents (their init runs as it)")
     home = _check_path(spec.sandbox_home)
-    # The home is the user's own, empty: podman chowns with "U", docker hands
-    # uid=/gid= to the kernel's tmpfs.
-    owner = "U" if engine.name == "podman" else f"uid={spec.uid},gid={spec.gid}"
+    # The home is the user's own, empty. Docker hands uid=/gid= to the
+    # kernel's tmpfs; podman refuses them (and its "U" would chown to the
+    # init's user): `ensure` chowns it once the container runs (own_home).
+    owner = "" if engine.name == "podman" else f",uid={spec.uid},gid={spec.gid}"
     o += [
         "--tmpfs", "/tmp:rw,nosuid,nodev,mode=1777",
-        "--tmpfs", f"{home}:rw,nosuid,nodev,mode=0700,{owner}",
+        "--tmpfs", f"{home}:rw,nosuid,nodev,mode=0700{owner}",
     ]  # fmt: skip
-    o += mount_options(spec, engine.name, exists=exists, is_dir=is_dir)
+    o += mount_options(spec, engine.name, exists=exists, is_dir=is_dir,
+                       workdir_source=workdir_source)  # fmt: skip
+    # Last, so they lie over whatever a mount of /etc brought.
+    for name in _IDENTITY_FILES:
+        o += _bind(identity_path(spec, name), f"/etc/{name}", True)
     if engine.name == "podman":
         # The image's ENV does not reach commands; they get the spec's only.
         o += ["--unsetenv-all"]
-    o += ["--log-driver", "none", "--workdir", _check_path(spec.workdir)]
+    # The init's folder is /: commands get the workdir with their exec.
+    o += ["--log-driver", "none", "--workdir", "/"]
     if init is not None:
         o += _bind(init, INIT_TARGET, True)
         o += ["--entrypoint", INIT_TARGET]
     else:
         o += ["--init", "--entrypoint", "sleep"]
     return o
+
+
+def identity_path(spec: SandboxSpec, name: str) -> str:
+    return os.path.join(runtime_dir(), "containers", spec.execution_id, name)
+
+
+def _group_name(gid: int, lookup: Callable[[int], str]) -> str:
+    # A name made of digits would be taken for a gid by the runtime's lookup.
+    try:
+        name = lookup(gid)
+    except (KeyError, OSError):
+        name = ""
+    ok = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", name) is not None
+    return name if ok else f"g{gid}"
+
+
+def identity_files(
+    spec: SandboxSpec, group_name: Callable[[int], str] = lambda g: grp.getgrgid(g).gr_name
+) -> dict[str, str]:
+    """The container's /etc/passwd and /etc/group: root, the init's user and
+    the agent's user with exactly its groups. Pure but for the group names."""
+    user = spec.user if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", spec.user) else "agent"
+    passwd = (
+        "root:x:0:0:root:/root:/sbin/nologin\n"
+        f"nobody:x:{INIT_UID}:{INIT_GID}:nobody:/nonexistent:/sbin/nologin\n"
+        f"{user}:x:{spec.uid}:{spec.gid}::{spec.sandbox_home}:/bin/sh\n"
+    )
+    lines = {0: "root:x:0:", INIT_GID: f"nogroup:x:{INIT_GID}:"}
+    for gid in sorted({spec.gid, *spec.groups}):
+        lines[gid] = f"{_group_name(gid, group_name)}:x:{gid}:{user}"
+    return {"passwd": passwd, "group": "".join(f"{ln}\n" for ln in lines.values())}
+
+
+def _write_identity(spec: SandboxSpec) -> None:
+    containers = fsat.open_dir(os.path.join(runtime_dir(), "containers"), create_mode=0o700)
+    try:
+        fsat.mkdir_at(containers, spec.execution_id, 0o755, exist_ok=True)
+        folder = fsat.open_dir_at(containers, spec.execution_id)
+    finally:
+        os.close(containers)
+    try:
+        for name, text in identity_files(spec).items():
+            fsat.atomic_write_at(folder, name, text.encode(), mode=0o644)
+    finally:
+        os.close(folder)
 
 
 def idle_command(init: str | None) -> list[str]:
@@ -385,6 +458,12 @@ class Record:
     container_id: str = ""
     oci_config: str = ""  # the container's OCI config.json (podman)
     runtime_path: str = ""  # the OCI runtime binary that runs it (podman)
+    # The container's PID 1 as the daemon found it right after the start:
+    # every exec joins its namespaces, so each exec first checks they are
+    # still these (see check_init).
+    init_pid: int = 0
+    init_start: str = ""  # its start time (field 22 of /proc/PID/stat)
+    namespaces: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _write_record(name: str, rec: Record) -> None:
@@ -406,14 +485,68 @@ def _read_record(name: str) -> Record:
         raise Unavailable(f"container {name} is not known to this daemon: {exc}") from None
 
 
+# The namespaces an exec joins (runc: those of the container's PID 1) and
+# the user namespace, which must stay the host's.
+_NAMESPACES = ("mnt", "pid", "net", "ipc", "uts", "cgroup", "user")
+
+
+def _start_time(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        # The command name (field 2) may hold spaces: count from its ')'.
+        return f.read().rsplit(")", 1)[1].split()[19]
+
+
+def _namespace_ids(pid: int) -> dict[str, str]:
+    return {ns: os.readlink(f"/proc/{pid}/ns/{ns}") for ns in _NAMESPACES}
+
+
+def init_state(pid: int) -> tuple[str, dict[str, str], tuple[int, ...]]:
+    """(start time, namespaces, real/effective/saved/fs uids) of `pid`."""
+    start = _start_time(pid)
+    namespaces = _namespace_ids(pid)
+    with open(f"/proc/{pid}/status") as f:
+        uids = next(ln for ln in f if ln.startswith("Uid:")).split()[1:]
+    if _start_time(pid) != start:
+        raise ProcessLookupError(pid)
+    return start, namespaces, tuple(int(u) for u in uids)
+
+
+def check_init(rec: Record) -> None:
+    """Refuse to exec into a container whose PID 1 is not the one recorded at
+    its start, runs as someone else, or sits in other namespaces (or in a
+    user namespace other than the host's): the exec would join them."""
+    if rec.init_pid <= 0:
+        raise Unavailable("the container's init was not recorded at its start")
+    try:
+        start, namespaces, uids = init_state(rec.init_pid)
+    except (OSError, StopIteration, IndexError, ValueError):
+        raise Unavailable("the container's init is gone") from None
+    if start != rec.init_start or any(u != INIT_UID for u in uids):
+        raise Unavailable("the container's init is not the process it started with")
+    if namespaces != rec.namespaces or namespaces["user"] != os.readlink("/proc/self/ns/user"):
+        raise Unavailable("the container's init left the namespaces it started in; refused")
+
+
 async def _record_for(eng: engines.Engine, name: str, found: dict[str, Any] | None) -> Record:
     info = found if found is not None else await _inspect(eng, name)
-    if eng.name != "podman" or info is None:
-        return Record(engine=eng)
+    if info is None:
+        raise Unavailable(f"container {name} vanished as it started")
+    pid = int((info.get("State") or {}).get("Pid") or 0)
+    try:
+        start, namespaces, uids = init_state(pid) if pid > 0 else ("", {}, ())
+    except (OSError, StopIteration, IndexError, ValueError):
+        start, namespaces, uids = "", {}, ()
+    if not start or any(u != INIT_UID for u in uids) or namespaces.get("user") != os.readlink(
+        "/proc/self/ns/user"
+    ):
+        raise Unavailable(f"container {name}'s init is not running as set up (uid {INIT_UID})")
+    rec = Record(engine=eng, init_pid=pid, init_start=start, namespaces=namespaces)
+    if eng.name != "podman":
+        return rec
     runtime = str(info.get("OCIRuntime") or "")
     path = runtime if runtime.startswith("/") else (engines.find_binary(runtime) or "")
-    return Record(
-        engine=eng, container_id=str(info.get("Id") or ""),
+    return dataclasses.replace(
+        rec, container_id=str(info.get("Id") or ""),
         oci_config=str(info.get("OCIConfigPath") or ""), runtime_path=path,
     )
 
@@ -426,28 +559,45 @@ async def _inspect(eng: engines.Engine, name: str) -> dict[str, Any] | None:
     return data[0] if data else None
 
 
-async def ensure(agent_id: str, unit: str, spec: SandboxSpec, effective: Any) -> str:
+async def ensure(
+    agent_id: str, unit: str, spec: SandboxSpec, effective: Any, *,
+    started: set[str] | None = None, pinned_workdir: str | None = None,
+) -> str:
     """Start (or find) the warm container of `agent_id` for these settings and
-    return its name. Stages whose settings are identical get the same one.
+    return its name. Stages whose settings are identical get the same one;
+    `started` (names this caller already ensured, updated here) spares them
+    another look at the engine, so a request costs one per distinct container.
+    `pinned_workdir`: the workdir as the user opened it (spawn.Held.
+    workdir_path()); the engine then binds it from a root-only path (pin)
+    rather than by the workdir's own path, which the user could change.
 
     Call after the agent's scope exists (its cgroup is the container's parent)
     and before the worker runs `run(with_container(spec, name))`."""
     if spec.execution_id != agent_id:
         raise InvalidArgument("the spec was built for another agent")
     try:
-        eng = _engine(_setting(effective.engine))
+        # (podman info, when not cached: off the event loop)
+        eng = await asyncio.to_thread(_engine, _setting(effective.engine))
     except engines.EngineUnavailable as exc:
         raise Unavailable(f"the container sandbox cannot be built here: {exc}") from None
     image = effective.image
     if not image:
         raise Unavailable("the container sandbox needs an image ([sandbox] image)")
     init = init_binary()
-    options = container_options(
-        spec, effective, eng, ulimits=engines.current_ulimits(),
-        network=engines.network_mode(spec.network), init=init,
+    source = None
+    if pinned_workdir is not None:
+        source = await asyncio.to_thread(pin, agent_id, pinned_workdir, spec.workdir)
+    # (it looks at the user's folders, which may be slow to answer: off the loop)
+    options = await asyncio.to_thread(
+        lambda: container_options(
+            spec, effective, eng, ulimits=engines.current_ulimits(),
+            network=engines.network_mode(spec.network), init=init, workdir_source=source,
+        )
     )
     key = config_key(options, image, eng)
     name = container_name(agent_id, key)
+    if started is not None and name in started:
+        return name
     instance = daemon_instance()
     lock = _locks.setdefault(name, asyncio.Lock())
     async with lock:
@@ -457,9 +607,14 @@ async def ensure(agent_id: str, unit: str, spec: SandboxSpec, effective: Any) ->
             if found_labels.get(LABEL_DAEMON) != instance:
                 raise Unavailable(f"a container named {name} exists and is not this daemon's")
             if (found.get("State") or {}).get("Running"):
-                _write_record(name, await _record_for(eng, name, found))
+                # Its init as recorded when it started, never as it is now.
+                check_init(_read_record(name))
+                if started is not None:
+                    started.add(name)
                 return name
             await _engine_cmd([*eng.base(), "rm", "-f", name])
+        await asyncio.to_thread(_write_identity, spec)
+        await asyncio.to_thread(recheck_workdir, spec)
         cgroup = await _unit_cgroup(unit)
         argv = [
             "sh", "-c", _JOIN, "join", *_join_files(cgroup), "--",
@@ -471,9 +626,71 @@ async def ensure(agent_id: str, unit: str, spec: SandboxSpec, effective: Any) ->
         if rc != 0:
             await _engine_cmd([*eng.base(), "rm", "-f", name])
             raise Unavailable(f"{eng.name} could not start the agent's container: {_tail(err)}")
-        _write_record(name, await _record_for(eng, name, None))
+        rec = await _record_for(eng, name, None)
+        try:
+            own_home(rec.init_pid, spec)
+        except OSError as exc:
+            await _engine_cmd([*eng.base(), "rm", "-f", name])
+            raise Unavailable(f"the agent's home in its container: {exc}") from None
+        _write_record(name, rec)
     _locks.pop(name, None)
+    if started is not None:
+        started.add(name)
     return name
+
+
+def own_home(init_pid: int, spec: SandboxSpec) -> None:
+    """Give the container's fresh home tmpfs to the agent's user, through
+    the init's root: nothing of the agent has run in it yet, and the last
+    component is opened without following links all the same."""
+    fd = os.open(f"/proc/{init_pid}/root{spec.sandbox_home}",
+                 os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)  # fmt: skip
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (0, spec.uid, INIT_UID):
+            raise PermissionError(f"{spec.sandbox_home} belongs to uid {st.st_uid}")
+        os.fchown(fd, spec.uid, spec.gid)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
+def _pin_folder(agent_id: str) -> str:
+    return os.path.join(runtime_dir(), "containers", "pinned", agent_id)
+
+
+def pin(agent_id: str, pinned_workdir: str, workdir: str) -> str:
+    """The root-only path where the agent's pinned workdir is bound (made once
+    per agent; the same path for every container of it, so stages with the
+    same settings still share one)."""
+    folder = _pin_folder(agent_id)
+    path = os.path.join(folder, "workdir")
+    with contextlib.suppress(OSError):
+        if os.path.ismount(path):
+            return path
+    return pinned.bind_pinned(pinned_workdir, folder, "workdir", expect=workdir)
+
+
+def unpin(agent_id: str) -> None:
+    with contextlib.suppress(OSError, Unavailable):
+        pinned.release(_pin_folder(agent_id))
+
+
+def recheck_workdir(spec: SandboxSpec) -> None:
+    """Just before the engine binds it: the workdir still resolves to itself
+    (no link swapped in since the spec was built), and is neither a system
+    folder, the whole home, nor inside a hidden path. The engine binds by
+    path, so a swap after this check is still possible; it would show the
+    agent only what its user can open anyway (see docs/containers.md)."""
+    workdir = spec.workdir
+    if os.path.realpath(workdir) != workdir:
+        raise InvalidArgument(f"workdir {workdir} changed (it now leads elsewhere); refused")
+    refuse_system_workdir(workdir, spec.sandbox_home)
+    if is_within(spec.sandbox_home, workdir):
+        raise InvalidArgument(f"workdir {workdir} would show the whole home folder")
+    hit = next((h for h in spec.hidden if is_within(workdir, h)), None)
+    if hit is not None:
+        raise InvalidArgument(f"workdir {workdir} is inside the hidden path {hit}")
 
 
 def with_container(spec: SandboxSpec, name: str) -> SandboxSpec:
@@ -501,13 +718,15 @@ def exec_env(spec: SandboxSpec) -> dict[str, str]:
 
 
 def exec_argv(container: str, spec: SandboxSpec, eng: engines.Engine | None = None) -> list[str]:
-    """`<engine> exec` of spec.argv in `container` (as the user it was
-    started as), in the workdir,
-    with exactly the spec's environment (see exec_env for how it travels)."""
+    """`<engine> exec` of spec.argv in `container` as the agent's numeric uid
+    and gid, in the workdir, with exactly the spec's environment (see exec_env
+    for how it travels)."""
     eng = eng or _read_record(container).engine
-    # No --user: the container runs as the user already, and an exec with
-    # --user loses the supplementary groups given at `run` (seen with podman).
-    argv = [*eng.base(), "exec", "-i", "--workdir", spec.workdir]
+    # uid:gid, both numeric: the engine then looks nothing up (a name, or a
+    # uid alone, would be resolved in files of the container). The engines
+    # take no supplementary groups for an exec: the command runs without them.
+    argv = [*eng.base(), "exec", "-i", "--user", f"{spec.uid}:{spec.gid}",
+            "--workdir", spec.workdir]  # fmt: skip
     for k, v in sorted(spec.env.items()):
         if "\0" in k or "\0" in v:
             raise InvalidArgument(f"environment variable {k!r} holds a NUL byte")
@@ -523,18 +742,21 @@ _RUNTIMES_WITH_PROCESS_FILE = ("runc", "crun")
 
 
 def runtime_process(config: Mapping[str, Any], spec: SandboxSpec) -> dict[str, Any]:
-    """The OCI process for one command: the container's own process (its
-    user and groups, no capabilities, no_new_privs, rlimits, LSM labels) with
-    the spec's argv, environment and workdir. Pure."""
+    """The OCI process for one command: the container's own process (no
+    capabilities, no_new_privs, rlimits, LSM labels) with the agent's numeric
+    uid, gid and supplementary gids, and the spec's argv, environment and
+    workdir. Pure."""
     process = dict(config["process"])
     user = process.get("user") or {}
-    if user.get("uid") != spec.uid or user.get("gid") != spec.gid:
-        raise Unavailable("the container does not run as the agent's user")
+    if user.get("uid") != INIT_UID or user.get("gid") != INIT_GID:
+        raise Unavailable("the container's init does not run as set up")
     if process.get("capabilities") or not process.get("noNewPrivileges"):
         raise Unavailable("the container's process keeps capabilities or may gain privileges")
     process.update(
         args=list(spec.argv), env=[f"{k}={v}" for k, v in spec.env.items()],
         cwd=spec.workdir, terminal=False,
+        user={"uid": spec.uid, "gid": spec.gid,
+              "additionalGids": sorted(set(spec.groups) - {spec.gid})},
     )
     process.pop("consoleSize", None)
     return process
@@ -584,18 +806,82 @@ def runtime_exec(rec: Record, spec: SandboxSpec) -> tuple[list[str], int] | None
 
 
 def run(spec: SandboxSpec) -> int:
-    """Worker side: replace this process with the command's exec into the
-    container named by spec.hostname: the OCI runtime's exec where it can
-    (runc/crun under podman), else the engine's. Exit status: the command's
-    (the runtime/engine say 126/127 or 255 when it cannot be started, 128+n
-    when it was killed by signal n)."""
+    """Worker side: the command's exec into the container named by
+    spec.hostname: the OCI runtime's exec where it can (runc/crun under
+    podman), else the engine's, after checking the container's init is as
+    recorded. When the command ends, what it left running in the container
+    ends too. Exit status: the command's (the runtime/engine say 126/127 or
+    255 when it cannot be started, 128+n when it was killed by signal n)."""
     rec = _read_record(spec.hostname)
+    check_init(rec)
     fast = runtime_exec(rec, spec)
     if fast is not None:
-        argv, _fd = fast
-        os.execve(argv[0], argv, dict(engines.ENGINE_ENV))
-    argv = exec_argv(spec.hostname, spec, rec.engine)
-    os.execve(argv[0], argv, exec_env(spec))
+        argv, fd = fast
+        env = dict(engines.ENGINE_ENV)
+    else:
+        argv, fd, env = exec_argv(spec.hostname, spec, rec.engine), -1, exec_env(spec)
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the exec
+        try:
+            os.execve(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    if fd >= 0:
+        os.close(fd)
+    _, wstatus = os.waitpid(child, 0)
+    end_leftovers(rec)
+    code = os.waitstatus_to_exitcode(wstatus)
+    return 128 - code if code < 0 else code
+
+
+def _container_procs(rec: Record) -> str | None:
+    """The cgroup.procs file of the container's own cgroup (pids hierarchy
+    on v1, the unified one on v2), from the init's /proc entry."""
+    try:
+        with open(f"/proc/{rec.init_pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers in ("pids", ""):
+            base = "/sys/fs/cgroup/pids" if controllers else "/sys/fs/cgroup"
+            candidate = base + path + "/cgroup.procs"
+            if os.path.exists(candidate):
+                return candidate
+    return None
+
+
+def end_leftovers(rec: Record, rounds: int = 50) -> int:
+    """SIGKILL every process of the container but its init (what a command
+    left in the background), as the namespace kind's per-step PID namespace
+    does; returns how many were killed. Repeats while new ones appear: a
+    process killed cannot fork, so the set only shrinks."""
+    procs = _container_procs(rec)
+    if procs is None:
+        return 0
+    killed = 0
+    for _ in range(rounds):
+        try:
+            with open(procs) as f:
+                pids = [int(p) for p in f.read().split() if int(p) != rec.init_pid]
+        except (OSError, ValueError):
+            return killed
+        if not pids:
+            return killed
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                pidfd = os.pidfd_open(pid)
+                try:
+                    # Still in the container (not a reused pid) once we hold it.
+                    with open(procs) as f:
+                        if str(pid) in f.read().split():
+                            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                            killed += 1
+                finally:
+                    os.close(pidfd)
+        time.sleep(0.01)
+    return killed
 
 
 # --- teardown ------------------------------------------------------------------
@@ -656,7 +942,25 @@ async def teardown(agent_id: str) -> list[str]:
         names = [n for n, _ in await _list(eng, f"{LABEL_AGENT}={agent_id}")]
         await _remove(eng, names)
         removed += names
+    unpin(agent_id)
+    _remove_identity(agent_id)
     return removed
+
+
+def _remove_identity(agent_id: str) -> None:
+    # File by file, never a tree removal: nothing here may lead elsewhere.
+    with contextlib.suppress(OSError, ValueError):
+        containers = fsat.open_dir(os.path.join(runtime_dir(), "containers"))
+        try:
+            folder = fsat.open_dir_at(containers, agent_id)
+            try:
+                for name in _IDENTITY_FILES:
+                    fsat.unlink_at(folder, name)
+            finally:
+                os.close(folder)
+            fsat.rmdir_at(containers, agent_id)
+        finally:
+            os.close(containers)
 
 
 async def end_hook(rec: Any) -> None:
@@ -676,6 +980,11 @@ async def sweep(live_ids: Iterable[str]) -> list[str]:
         names = [n for n, lab in await _list(eng) if lab.get(LABEL_AGENT) not in live]
         await _remove(eng, names)
         removed += names
+    for sub, forget in (("pinned", unpin), ("", _remove_identity)):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(os.path.join(runtime_dir(), "containers", sub)):
+                if entry.is_dir(follow_symlinks=False) and entry.name not in live | {"pinned"}:
+                    forget(entry.name)
     return removed
 
 

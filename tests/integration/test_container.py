@@ -18,6 +18,7 @@ import json
 import os
 import re
 import secrets
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -145,7 +146,8 @@ class Bed:
 
     def agent(self, argv: list[str], cfg: str | None = None, *, user: str = "alice",
               agent: tuple[str, str] | None = None, workdir_mode: str = "rw",
-              timeout: float = 120) -> tuple[CompletedProcess[str], str, str]:  # fmt: skip
+              timeout: float = 120, env: dict[str, str] | None = None,
+              ) -> tuple[CompletedProcess[str], str, str]:  # fmt: skip
         """Run argv as an agent of `user` with the container kind, in a real
         scope with the limits the daemon would give it; returns (result,
         container name, unit)."""
@@ -162,7 +164,7 @@ class Bed:
         r = self.bed.run(
             ["systemd-run", "--scope", "--quiet", f"--unit={unit}", "--slice=leviath.slice",
              *props, "--", PY, DRIVER, "run", req],
-            check=False, timeout=timeout,
+            check=False, timeout=timeout, env=env,
         )  # fmt: skip
         name = self.bed.run(["cat", f"/root/ctest-{agent_id}.name"], check=False).stdout.strip()
         assert name, f"no container was started:\n{r.stdout}\n{r.stderr}"
@@ -606,3 +608,371 @@ def test_an_agent_falls_back_to_the_container_when_the_namespace_fence_cannot_be
         daemon.run(["systemctl", "daemon-reload"])
         daemon.write_file("/etc/leviath/config.toml", DAEMON_CONFIG)
         daemon.run(["systemctl", "restart", "leviathd"])
+
+
+# --- issue 22: nothing inside a container steers root's exec ---------------------
+
+INJECTOR_SOURCE = os.path.join(os.path.dirname(__file__), "data", "inject_pid1.c")
+
+SEED_ATTACK = "printf '{gid}:x:42:\\\\nroot:x:0:\\\\n' > /tmp/evil-group; " \
+    "./inject /tmp/evil-group; echo seed-done"
+SHOW_IDS = "echo ids=$(id -u):$(id -g):$(id -G | tr ' ' '\\\\n' | sort -n | tr '\\\\n' ,)"
+INJECTION_BLUEPRINT = f"""
+[agent]
+name = "inject"
+
+[seed]
+commands = [["sh", "-c", "{SEED_ATTACK}"]]
+
+[stages.after]
+command = ["sh", "-c", "{SHOW_IDS}"]
+"""
+
+def _injector(bed: Testbed, user: str) -> str:
+    """The attack tool, built static on the host and put in the user's workdir."""
+    out = f"/tmp/leviath-inject-{secrets.token_hex(3)}"
+    import subprocess
+
+    subprocess.run(["gcc", "-static", "-O2", "-o", out, INJECTOR_SOURCE], check=True)
+    dest = f"{bed.users[user].home}/cwork/inject"
+    bed.copy_in(out, dest, mode=0o755)
+    os.unlink(out)
+    bed.run(["chown", user, dest])
+    return dest
+
+
+def test_inside_a_container_agent_pid_1_cannot_be_ptraced_or_its_memory_opened(
+    cbed: Bed,
+) -> None:
+    _injector(cbed.bed, "alice")
+    r, _name, _unit = cbed.agent(["sh", "-c", "cat /proc/1/status | grep -E '^(Uid|Gid)'; "
+                                  "./inject /tmp/x; echo rc=$?"])  # fmt: skip
+    # The chain ends at its first step: PID 1 is not the agent's to open.
+    assert "step=open-mem failed" in r.stdout, (r.stdout, r.stderr)
+    assert "step=attach ok" not in r.stdout
+    alice = cbed.bed.users["alice"]
+    uid_line = next(ln for ln in r.stdout.splitlines() if ln.startswith("Uid:"))
+    assert str(alice.uid) not in uid_line.split(), uid_line
+    cbed.end(*cbed.agents[-1])
+
+
+def test_under_the_engines_exec_pid_1_is_out_of_reach_and_the_command_has_the_users_ids(
+    cbed: Bed,
+) -> None:
+    _injector(cbed.bed, "alice")
+    r, _name, _unit = cbed.agent(
+        ["sh", "-c", "./inject /tmp/x; echo ids=$(id -u):$(id -g):$(id -G)"],
+        env={"LEVIATH_CONTAINER_EXEC": "engine"},
+    )
+    assert "step=open-mem failed" in r.stdout, (r.stdout, r.stderr)
+    alice = cbed.bed.users["alice"]
+    # Numeric uid:gid for podman exec: no lookup, and no supplementary groups.
+    assert f"ids={alice.uid}:{alice.gid}:{alice.gid}" in r.stdout.splitlines(), r.stdout
+    cbed.end(*cbed.agents[-1])
+
+
+def _ids(bed: Testbed, user: str) -> str:
+    uid = bed.run(["id", "-u", user]).stdout.strip()
+    gid = bed.run(["id", "-g", user]).stdout.strip()
+    groups = sorted(int(g) for g in bed.run(["id", "-G", user]).stdout.split())
+    return f"{uid}:{gid}:" + "".join(f"{g}," for g in groups)
+
+
+def test_a_stage_after_a_seed_that_attacked_pid_1_runs_with_exactly_the_users_ids(
+    cbed: Bed, daemon: Testbed,
+) -> None:
+    _injector(daemon, "alice")
+    leviath_gid = daemon.run(["getent", "group", "leviath"]).stdout.split(":")[2]
+    home = daemon.users["alice"].home
+    daemon.run(["mkdir", "-p", f"{home}/cinject"], user="alice")
+    daemon.run(f"cat > {home}/cinject/blueprint.toml", user="alice",
+               input=INJECTION_BLUEPRINT.format(gid=leviath_gid))  # fmt: skip
+    r = lev(daemon, "alice", "run", f"{home}/cinject", check=False)
+    print(r.stdout, r.stderr)
+    assert "seed-done" in r.stdout, r.stderr
+    assert "step=bind-group ok" not in r.stdout
+    ids = [ln for ln in r.stdout.splitlines() if ln.startswith("ids=")]
+    assert ids == [f"ids={_ids(daemon, 'alice')}"], r.stdout
+
+
+@pytest.mark.parametrize(
+    "workdir", ["/etc", "/usr", "/var/lib", "/proc", "/boot", "/run", "/dev/shm"]
+)
+def test_a_system_folder_is_refused_as_a_workdir(
+    cbed: Bed, daemon: Testbed, workdir: str,
+) -> None:
+    r = lev(daemon, "alice", "run", "--workdir", workdir, "--workdir-mode", "ro", "--",
+            "cat", "/etc/shadow", check=False)  # fmt: skip
+    assert r.returncode != 0
+    assert "system folder" in r.stderr, r.stderr
+    assert "root:" not in r.stdout
+
+
+# --- issue 22: one user's blueprint does not hold up the daemon for others -------
+
+
+def hostile_blueprints() -> dict[str, tuple[str, str]]:
+    """name -> (blueprint text, what the refusal says)."""
+    many = '[agent]\nname = "many"\n' + "".join(
+        f'[stages.s{i}]\ncommand = ["true"]\n' for i in range(500)
+    )
+    huge = '[agent]\nname = "huge"\ncommand = ["true"]\n' + "# padding\n" * (1 << 20)
+    deep = '[agent]\nname = "deep"\ncommand = ["true"]\nx = ' + "[" * 100_000 + "]" * 100_000
+    return {
+        "500 stages": (many, "500 stages (at most 64)"),
+        # (refused with the request, before the blueprint bound)
+        "10 MB": (huge, "blueprint is over"),
+        "100,000 deep": (deep, "nested deeper than 16 levels"),
+    }
+
+
+def write_blueprints(bed: Testbed, user: str) -> dict[str, tuple[str, str]]:
+    """The hostile blueprints as folders of `user`: name -> (folder, refusal)."""
+    home = bed.users[user].home
+    out = {}
+    for n, (name, (text, why)) in enumerate(hostile_blueprints().items()):
+        folder = f"{home}/hostile{n}"
+        bed.run(["mkdir", "-p", folder], user=user)
+        bed.run(f"cat > {folder}/blueprint.toml", user=user, input=text, timeout=120)
+        out[name] = (folder, why)
+    return out
+
+
+def lev_ps_seconds(bed: Testbed, user: str) -> float:
+    t0 = time.monotonic()
+    r = bed.run(["lev", "ps"], user=user, timeout=60)
+    assert r.returncode == 0
+    return time.monotonic() - t0
+
+
+# One process of bob's sending Run requests with the hostile blueprints, one
+# connection per blueprint and one request in flight on each, for as long as
+# it runs (no client start-up per request, which would load the shared CPUs
+# rather than the daemon). A connection the bus drops is made again.
+LOADER = r'''
+import asyncio, os, sys
+from dbus_fast import BusType, Message, MessageType, Variant
+from dbus_fast.aio import MessageBus
+
+counts = {"sent": 0, "refused": 0, "lost": 0}
+
+async def worker(text):
+    bus = None
+    req = {"blueprint": Variant("s", text), "workdir": Variant("s", sys.argv[1])}
+    while True:
+        try:
+            if bus is None:
+                bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+            reply = await asyncio.wait_for(bus.call(Message(
+                destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+                interface="org.leviath.Manager1", member="Run", signature="a{sv}",
+                body=[req])), 20)
+            counts["sent"] += 1
+            counts["refused"] += reply.message_type is MessageType.ERROR
+        except Exception:
+            counts["lost"] += 1
+            if bus is not None:
+                bus.disconnect()
+            bus = None
+            await asyncio.sleep(0.1)
+
+async def main():
+    texts = [open(os.path.join(f, "blueprint.toml")).read() for f in sys.argv[2:]]
+    print("ready", flush=True)
+    tasks = [asyncio.create_task(worker(t)) for t in texts]
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    print(counts["sent"], counts["refused"], counts["lost"], flush=True)
+    os._exit(0)
+
+asyncio.run(main())
+'''
+
+
+# Alice's List call, timed from one connection (the daemon's share of `lev ps`).
+PROBE = r'''
+import asyncio, json, sys, time
+from dbus_fast import BusType, Message, MessageType
+from dbus_fast.aio import MessageBus
+
+async def main():
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    out = []
+    for _ in range(int(sys.argv[1])):
+        t0 = time.monotonic()
+        reply = await bus.call(Message(destination="org.leviath.Manager1",
+                                       path="/org/leviath/Manager1",
+                                       interface="org.leviath.Manager1", member="List",
+                                       signature="b", body=[True]))
+        assert reply.message_type is MessageType.METHOD_RETURN, reply.body
+        out.append(time.monotonic() - t0)
+        await asyncio.sleep(0.05)
+    print(json.dumps(out))
+
+asyncio.run(main())
+'''
+
+
+def list_latencies(bed: Testbed, rounds: int) -> list[float]:
+    bed.write_file("/tmp/leviath-probe.py", PROBE, mode=0o755)
+    r = bed.run([PY, "/tmp/leviath-probe.py", str(rounds)], user="alice", timeout=120)
+    return [float(x) for x in json.loads(r.stdout)]
+
+
+class Load:
+    """Bob's loader, running while the `with` block does."""
+
+    def __init__(self, bed: Testbed, folders: list[str]) -> None:
+        import subprocess
+
+        bed.write_file("/tmp/leviath-loader.py", LOADER, mode=0o755)
+        workdir = f"{bed.users['bob'].home}/cwork"
+        self.proc = subprocess.Popen(
+            bed.command([PY, "/tmp/leviath-loader.py", workdir, *folders], user="bob"),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.counts = ""
+
+    def __enter__(self) -> Load:
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        out, _ = self.proc.communicate("", timeout=60)
+        self.counts = out.strip()
+
+
+def ms(values: list[float]) -> str:
+    return f"median {statistics.median(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
+
+
+def test_hostile_blueprints_are_refused_fast_and_others_lev_ps_stays_responsive(
+    cbed: Bed, daemon: Testbed,
+) -> None:
+    folders = write_blueprints(daemon, "bob")
+    for name, (folder, why) in folders.items():
+        t0 = time.monotonic()
+        r = lev(daemon, "bob", "run", folder, check=False)
+        took = time.monotonic() - t0
+        print(f"bob's {name} blueprint refused in {took * 1000:.0f} ms: {r.stderr.strip()}")
+        assert r.returncode != 0 and why in r.stderr, (name, r.stderr)
+        assert took < 30, name
+    idle_list = list_latencies(daemon, 20)
+    idle_ps = [lev_ps_seconds(daemon, "alice") for _ in range(3)]
+    with Load(daemon, [f for f, _ in folders.values()]) as load:
+        loaded_list = list_latencies(daemon, 20)
+        loaded_ps = [lev_ps_seconds(daemon, "alice") for _ in range(3)]
+    sent, refused, lost = (int(x) for x in load.counts.split())
+    print(f"alice's List: idle {ms(idle_list)}; while bob sent {sent} hostile blueprints "
+          f"({refused} refused, {lost} lost with their connection) {ms(loaded_list)}")
+    print(f"alice's lev ps: idle {ms(idle_ps)}; under that load {ms(loaded_ps)}")
+    # Every hostile request was refused, and alice was answered every time.
+    assert sent > 0 and refused == sent
+    assert len(loaded_list) == 20
+
+
+# --- issue 22: who hears AgentStarted / AgentEnded -------------------------------
+
+LISTENER = r'''
+import asyncio, json, os, sys
+from dbus_fast import BusType, Message, MessageType, Variant
+from dbus_fast.aio import MessageBus
+
+async def main():
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    got = []
+    def on(msg):
+        if msg.message_type is MessageType.SIGNAL and msg.interface == "org.leviath.Manager1":
+            got.append([msg.member, msg.body[0]])
+    bus.add_message_handler(on)
+    await bus.call(Message(destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
+                           interface="org.freedesktop.DBus", member="AddMatch", signature="s",
+                           body=["type='signal',interface='org.leviath.Manager1'"]))
+    if sys.argv[1] == "run":
+        req = {"command": Variant("as", ["true"]), "workdir": Variant("s", sys.argv[2])}
+        reply = await bus.call(Message(destination="org.leviath.Manager1",
+                                       path="/org/leviath/Manager1",
+                                       interface="org.leviath.Manager1", member="Run",
+                                       signature="a{sv}", body=[req]))
+        got.append(["id", reply.body[0]])
+    print("ready", flush=True)
+    await asyncio.sleep(float(sys.argv[-1]))
+    print(json.dumps(got), flush=True)
+
+asyncio.run(main())
+'''
+
+
+def test_agent_signals_reach_only_the_connection_that_started_the_agent(
+    cbed: Bed, daemon: Testbed,
+) -> None:
+    import subprocess
+
+    daemon.write_file("/tmp/leviath-listener.py", LISTENER, mode=0o755)
+    watchers = {
+        user: subprocess.Popen(daemon.command([PY, "/tmp/leviath-listener.py", "watch", "25"],
+                                              user=user),
+                               stdout=subprocess.PIPE, text=True)
+        for user in ("carol", "bob", "alice")
+    }  # fmt: skip
+    try:
+        for proc in watchers.values():
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        workdir = f"{daemon.users['alice'].home}/cwork"
+        r = daemon.run([PY, "/tmp/leviath-listener.py", "run", workdir, "15"], user="alice",
+                       timeout=60)  # fmt: skip
+        got = json.loads(r.stdout.splitlines()[-1])
+        agent_id = got[0][1]
+        # The starting connection hears both, with the agent's id.
+        assert ["AgentStarted", agent_id] in got and ["AgentEnded", agent_id] in got, got
+        for user, proc in watchers.items():
+            out, _ = proc.communicate(timeout=60)
+            heard = json.loads(out.splitlines()[-1])
+            print(f"{user}'s listener heard {heard}")
+            # Nobody else: not carol (no leviath group), not bob, not another
+            # connection of alice's own.
+            assert heard == [], (user, heard)
+    finally:
+        for proc in watchers.values():
+            proc.kill()
+
+
+def test_a_background_process_of_a_seed_command_does_not_live_on_into_the_stages(
+    cbed: Bed, daemon: Testbed,
+) -> None:
+    home = daemon.users["alice"].home
+    daemon.run(["mkdir", "-p", f"{home}/cbg"], user="alice")
+    daemon.run(f"cat > {home}/cbg/blueprint.toml", user="alice", input=(
+        '[agent]\nname = "bg"\n'
+        '[seed]\ncommands = [["sh", "-c", '
+        '"setsid sleep 200 >/dev/null 2>&1 </dev/null & echo seeded"]]\n'
+        '[stages.look]\ncommand = ["sh", "-c", "ps -o comm,args | grep -c \'^sleep\' || true"]\n'
+    ))  # fmt: skip
+    r = lev(daemon, "alice", "run", f"{home}/cbg", check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["seeded", "0"], r.stdout
+
+
+def test_a_blueprint_of_many_stages_costs_one_container(
+    cbed: Bed, daemon: Testbed,
+) -> None:
+    home = daemon.users["alice"].home
+    daemon.run(["mkdir", "-p", f"{home}/cmany"], user="alice")
+    stages = "".join(f'[stages.s{i}]\ncommand = ["true"]\n' for i in range(64))
+    daemon.run(f"cat > {home}/cmany/blueprint.toml", user="alice",
+               input=f'[agent]\nname = "many"\n{stages}')  # fmt: skip
+    since = daemon.run(["date", "+%Y-%m-%d %H:%M:%S"]).stdout.strip()
+    t0 = time.monotonic()
+    r = lev(daemon, "alice", "run", "--detach", f"{home}/cmany")
+    agent_id = r.stdout.strip()
+    started = time.monotonic() - t0
+    row = wait_ended(daemon, agent_id, timeout=120)
+    print(f"64 container stages: started in {started * 1000:.0f} ms, "
+          f"ended after {(time.monotonic() - t0):.1f} s")
+    assert row["state"] == "exited" and row["exit_status"] == 0, row
+    # One container for the 64 identical stages (the engine's own events say so).
+    events = daemon.run(["journalctl", "--no-pager", "-o", "cat", "--since", since],
+                        check=False).stdout  # fmt: skip
+    names = set(re.findall(rf"leviath-{agent_id}-[0-9a-f]{{12}}", events))
+    assert len(names) <= 1, names
+    wait_no_containers(cbed, agent_id)

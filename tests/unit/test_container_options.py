@@ -88,10 +88,35 @@ def test_network_false_means_no_network_and_true_the_hosts_unless_configured(
     assert pairs(options(eff(network=False)), "--network") == ["none"]
 
 
-def test_the_user_and_groups_are_the_agents_never_root() -> None:
+def test_the_init_runs_as_a_uid_the_agent_lacks_and_identity_files_are_the_daemons() -> None:
     o = options(eff())
-    assert pairs(o, "--user") == ["1000:1000"]
-    assert sorted(pairs(o, "--group-add")) == ["27", "990"]
+    assert pairs(o, "--user") == ["65534:65534"]
+    assert pairs(o, "--group-add") == []
+    assert pairs(o, "--workdir") == ["/"]
+    mounts = pairs(o, "--mount")
+    for name in ("passwd", "group"):
+        src = f"/run/leviath/containers/0123abcd/{name}"
+        assert f"type=bind,source={src},destination=/etc/{name},ro=true" in mounts
+    assert f"{HOME}:rw,nosuid,nodev,mode=0700" in pairs(o, "--tmpfs")  # chowned once it runs
+    docker = options(eff(), DOCKER)
+    assert f"{HOME}:rw,nosuid,nodev,mode=0700,uid=1000,gid=1000" in pairs(docker, "--tmpfs")
+    spec = spec_for(eff())
+    with pytest.raises(InvalidArgument, match="65534"):
+        container.container_options(
+            dataclasses.replace(spec, uid=65534), eff(), PODMAN, ulimits=ULIMITS,
+            network="none", init=None,
+        )  # fmt: skip
+
+
+def test_the_identity_files_give_the_user_exactly_its_groups_and_no_numeric_names() -> None:
+    names = {1000: "alice", 27: "sudo", 990: "1001"}
+    files = container.identity_files(spec_for(eff()), lambda g: names[g])
+    assert f"alice:x:1000:1000::{HOME}:/bin/sh" in files["passwd"].splitlines()
+    group = files["group"].splitlines()
+    assert "alice:x:1000:alice" in group and "sudo:x:27:alice" in group
+    # A name of digits would be read as a gid by the runtime: renamed.
+    assert "g990:x:990:alice" in group
+    assert not any(line.split(":")[0].isdigit() for line in group)
 
 
 def test_the_workdir_is_bound_read_write_at_its_own_path_and_read_mounts_stay_read_only() -> None:
@@ -127,7 +152,9 @@ def test_nothing_of_the_host_system_home_or_hidden_paths_is_mounted() -> None:
     o = options(eff(), existing=on_host.__contains__)
     sources = [m.split(",")[1].removeprefix("source=") for m in pairs(o, "--mount")
                if m.startswith("type=bind")]  # fmt: skip
-    assert sources == [WORKDIR, "/usr/bin/catatonit"]
+    # (and the container's /etc/passwd and /etc/group, which the daemon writes)
+    ids = [f"/run/leviath/containers/0123abcd/{n}" for n in ("passwd", "group")]
+    assert sources == [WORKDIR, *ids, "/usr/bin/catatonit"]
     # The home and /tmp are the container's own, empty.
     tmpfs = pairs(o, "--tmpfs")
     assert tmpfs[0].startswith("/tmp:") and tmpfs[1].startswith(f"{HOME}:")
@@ -186,8 +213,8 @@ def test_secrets_in_the_environment_travel_by_name_not_on_the_command_line() -> 
     assert "CONTAINERS_CONF" not in env and "CONTAINERS_CONF=/tmp/evil" in pairs(argv, "-e")
     assert env["HOME"] == "/root" and "NOTIFY_SOCKET" not in env
     assert argv[-4:] == ["leviath-0123abcd-000000000000", "sh", "-c", "echo hi"]
-    # The container's own user (with its groups) runs the command.
-    assert "--user" not in argv and pairs(argv, "--workdir") == [WORKDIR]
+    # The agent's numeric ids, nothing for the engine to look up in the container.
+    assert pairs(argv, "--user") == ["1000:1000"] and pairs(argv, "--workdir") == [WORKDIR]
 
 
 def test_the_engine_joins_every_mounted_hierarchy_of_the_scope() -> None:
@@ -257,7 +284,7 @@ def test_probe_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def oci_process(**over: object) -> dict[str, object]:
     process: dict[str, object] = {
-        "user": {"uid": 1000, "gid": 1000, "additionalGids": [1000, 27]},
+        "user": {"uid": 65534, "gid": 65534},
         "args": ["/.leviath-init", "-P"], "env": ["HOSTNAME=x"], "cwd": WORKDIR,
         "capabilities": {}, "noNewPrivileges": True, "consoleSize": {"height": 1, "width": 1},
         "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
@@ -273,7 +300,7 @@ def test_a_runtime_exec_keeps_the_containers_user_groups_and_limits_with_the_spe
     assert process["env"] == [f"{k}={v}" for k, v in spec.env.items()]
     assert "HOSTNAME=x" not in process["env"]
     assert process["cwd"] == WORKDIR and process["terminal"] is False
-    assert process["user"] == {"uid": 1000, "gid": 1000, "additionalGids": [1000, 27]}
+    assert process["user"] == {"uid": 1000, "gid": 1000, "additionalGids": [27, 990]}
     assert process["capabilities"] == {} and process["noNewPrivileges"] is True
     assert process["rlimits"] == [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}]
     assert "consoleSize" not in process
@@ -281,8 +308,8 @@ def test_a_runtime_exec_keeps_the_containers_user_groups_and_limits_with_the_spe
 
 def test_a_runtime_exec_refuses_a_container_that_is_not_the_users_or_keeps_privileges() -> None:
     spec = spec_for(eff())
-    with pytest.raises(Unavailable, match="agent's user"):
-        container.runtime_process(oci_process(user={"uid": 0, "gid": 0}), spec)
+    with pytest.raises(Unavailable, match="init does not run as set up"):
+        container.runtime_process(oci_process(user={"uid": 1000, "gid": 1000}), spec)
     with pytest.raises(Unavailable, match="capabilities"):
         container.runtime_process(oci_process(capabilities={"bounding": ["CAP_KILL"]}), spec)
     with pytest.raises(Unavailable, match="privileges"):
