@@ -3,6 +3,9 @@ org.leviath.Manager1, and D-Bus errors turned into one readable line."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+from collections.abc import Callable
 from typing import Any
 
 from dbus_fast import BusType, Message, MessageType
@@ -113,6 +116,33 @@ class Client:
                       f"interface='{interface}',member='{member}'"],
             )
         )
+
+    async def drain(self, fd: int, sink: Callable[[bytes], None]) -> None:
+        """Read a pipe the daemon handed us to its end, giving each chunk to
+        `sink`, while this connection stays open: the daemon ends the
+        process behind the pipe when the connection goes (Logs, Audit)."""
+        os.set_blocking(fd, False)
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[bytes] = asyncio.Queue()
+
+        def readable() -> None:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(fd)
+            chunks.put_nowait(data)
+
+        loop.add_reader(fd, readable)
+        try:
+            while chunk := await chunks.get():
+                sink(chunk)
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
 
     def close(self) -> None:
         self.bus.disconnect()
