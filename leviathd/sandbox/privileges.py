@@ -205,7 +205,8 @@ def drop_to_user(
     left = {name: mask for name, mask in capability_sets().items() if mask}
     if left:
         raise Unavailable(f"capabilities remain after dropping to uid {uid}: {left}")
-    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+    want_gids = (gid if real_gid is None else real_gid, gid, gid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != want_gids:
         raise Unavailable(f"uid/gid did not change to {uid}/{gid}")
     if no_new_privs and prctl.get_no_new_privs() != 1:
         raise Unavailable("no_new_privs did not stick")
