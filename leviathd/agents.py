@@ -480,7 +480,8 @@ class Agents:
         follow = follow and rec.running
         argv = ["journalctl", "--no-pager", "-o", "cat", "--all", f"_SYSTEMD_UNIT={rec.unit}"]
         if follow:
-            argv.append("--follow")
+            # -f alone starts at the last ten lines; the output is wanted whole.
+            argv += ["--follow", "--lines=all"]
         if not journal.available():
             # No journald (systemd is not PID 1): the supervisor wrote the
             # agent's output to its log file in the state folder.
