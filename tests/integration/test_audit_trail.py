@@ -133,3 +133,26 @@ def test_forged_entries_never_show_in_lev_audit_or_the_documented_query(bed: Tes
     finally:
         bed.run(["touch", f"{work}/end"], user="alice")
         bed.run(["lev", "stop", agent_id], user="alice", check=False)
+
+
+def test_lev_audit_follow_prints_as_it_happens_and_returns_at_the_end(bed: Testbed) -> None:
+    import subprocess
+
+    work = f"{bed.users['alice'].home}/auditf"
+    bed.run(f"mkdir -p {work} && rm -f {work}/go && echo x > {work}/b.txt", user="alice")
+    agent_id = bed.run(
+        ["lev", "run", "-d", "--", "sh", "-c",
+         "while [ ! -f go ]; do sleep 0.1; done; lev tool read_file b.txt >/dev/null"],
+        user="alice", cwd=work).stdout.strip()
+    proc = subprocess.Popen(bed.command(["lev", "audit", "--follow", agent_id], user="alice"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1)
+        bed.run(["touch", f"{work}/go"], user="alice")
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert " read_file " in out and "[end]" in out, out
