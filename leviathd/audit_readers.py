@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -46,11 +47,14 @@ class Readers:
     per_caller: int = PER_CALLER
     total: int = TOTAL
     _live: set[_Reader] = field(default_factory=set)
+    _starting: Counter[int] = field(default_factory=Counter)
     _watched: set[str] = field(default_factory=set)
     _handler_installed: bool = False
 
     def count(self, uid: int | None = None) -> int:
-        return sum(1 for r in self._live if uid is None or r.uid == uid)
+        """Readers running or being started (of `uid`, or all)."""
+        live = sum(1 for r in self._live if uid is None or r.uid == uid)
+        return live + (sum(self._starting.values()) if uid is None else self._starting[uid])
 
     async def start(
         self, who: Caller, argv: Sequence[str], *, agent_id: str, follow: bool
@@ -62,11 +66,24 @@ class Readers:
                 f"you already have {self.per_caller} log or audit readers open (the limit); "
                 "end one first"
             )
-        if len(self._live) >= self.total:
+        if self.count() >= self.total:
             raise TooManyReaders(
                 f"leviathd already runs {self.total} log or audit readers (the limit); "
                 "try again later"
             )
+        # Held from the check on, before the first await: calls sent all at
+        # once run interleaved, and each must see the others' places taken.
+        self._starting[who.uid] += 1
+        try:
+            return await self._start(who, argv, agent_id=agent_id, follow=follow)
+        finally:
+            self._starting[who.uid] -= 1
+            if not self._starting[who.uid]:
+                del self._starting[who.uid]
+
+    async def _start(
+        self, who: Caller, argv: Sequence[str], *, agent_id: str, follow: bool
+    ) -> int:
         await self._watch(who.sender)
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         try:

@@ -24,11 +24,17 @@ from dbus_fast.aio import MessageBus
 async def main() -> None:
     bus = await MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True).connect()
     ok, errors, kept = 0, [], []
-    for _ in range(int(sys.argv[2])):
-        r = await bus.call(Message(
+    def logs():
+        return bus.call(Message(
             destination="org.leviath.Manager1", path="/org/leviath/Manager1",
             interface="org.leviath.Manager1", member="Logs", signature="sb",
             body=[sys.argv[1], True]))
+    n = int(sys.argv[2])
+    if sys.argv[3] == "together":  # all at once, not waiting for replies
+        replies = await asyncio.gather(*(logs() for _ in range(n)))
+    else:
+        replies = [await logs() for _ in range(n)]
+    for r in replies:
         if r.message_type is MessageType.ERROR:
             errors.append(r.error_name)
         else:
@@ -49,9 +55,11 @@ def followers(bed: Testbed) -> int:
 
 
 class Holder:
-    def __init__(self, bed: Testbed, user: str, agent_id: str, calls: int) -> None:
+    def __init__(
+        self, bed: Testbed, user: str, agent_id: str, calls: int, how: str = "in-turn"
+    ) -> None:
         self.proc = subprocess.Popen(
-            bed.command([VENV_PY, "/tmp/holder.py", agent_id, str(calls)], user=user),
+            bed.command([VENV_PY, "/tmp/holder.py", agent_id, str(calls), how], user=user),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None
@@ -109,6 +117,18 @@ def test_followers_are_capped_per_caller_and_end_with_the_callers_connection(
     again = Holder(bed, "alice", agent, 1)
     again.close()
     assert again.ok == 1
+
+
+def test_the_cap_holds_for_calls_sent_all_at_once(testbed: Testbed, agent: str) -> None:
+    bed = testbed
+    before = followers(bed)
+    holder = Holder(bed, "alice", agent, 3 * PER_CALLER, "together")
+    try:
+        assert holder.ok == PER_CALLER, (holder.ok, holder.errors)
+        assert followers(bed) == before + PER_CALLER
+    finally:
+        holder.close()
+    wait_for(lambda: followers(bed) == before)
 
 
 def test_followers_are_capped_in_total(testbed: Testbed, agent: str) -> None:
