@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import secrets
-import signal
 import syslog
 import time
 from collections.abc import Awaitable, Callable
@@ -19,7 +18,8 @@ from typing import TypeVar
 
 from dbus_fast.aio import MessageBus
 
-from leviathd import safetext, spawn
+from leviathd import audit, safetext, spawn
+from leviathd.audit_readers import Readers
 from leviathd.bus import names, polkit
 from leviathd.bus.caller import Caller
 from leviathd.config import load as config_load
@@ -81,7 +81,7 @@ class Agents:
         self.machine_config = Config()
         self.records: dict[str, AgentRecord] = {}
         self._watches: dict[str, int] = {}
-        self._followers: dict[str, list[asyncio.subprocess.Process]] = {}
+        self.readers = Readers(bus)
         self._finalizing: set[str] = set()
         self._user_configs: dict[int, Config] = {}
         self._namespace_probe: object = _UNPROBED
@@ -453,7 +453,10 @@ class Agents:
             self._store.save(rec)
             # The record is final and the scratch gone: whoever waits for the
             # end (an attached `lev run`) may go on while the slower clean-up
-            # below (containers, the broker, stragglers) finishes.
+            # below (containers, the broker, stragglers) finishes. Calls counted
+            # over the audit budget are written first; the end record itself is
+            # never budgeted.
+            audit.WRITER.finish(agent_id)
             journal.record(
                 f"agent {agent_id} ({rec.agent}) of {rec.user} ended: {rec.state.value}"
                 + (f", exit status {rec.exit_status}" if rec.exit_status is not None else ""),
@@ -469,7 +472,7 @@ class Agents:
                 with contextlib.suppress(Exception):
                     await hook(rec)
             self._store.drop_exit(agent_id)
-            asyncio.get_running_loop().call_later(1.0, self._end_followers, agent_id)
+            asyncio.get_running_loop().call_later(1.0, self.readers.end_agent, agent_id)
         finally:
             self._finalizing.discard(agent_id)
 
@@ -559,36 +562,32 @@ class Agents:
 
     async def logs(self, who: Caller, agent_id: str, follow: bool) -> int:
         rec = await self._authorize_record(who, agent_id, "read agents' logs")
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        follow = follow and rec.running
         argv = ["journalctl", "--no-pager", "-o", "cat", "--all", f"_SYSTEMD_UNIT={rec.unit}"]
-        if follow and rec.running:
-            argv.append("--follow")
+        if follow:
+            # -f alone starts at the last ten lines; the output is wanted whole.
+            argv += ["--follow", "--lines=all"]
         if not journal.available():
             # No journald (systemd is not PID 1): the supervisor wrote the
             # agent's output to its log file in the state folder.
             path = journal.log_path(rec.id)
             if not os.path.exists(path):
+                read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
                 os.close(write_fd)
                 return read_fd
-            argv = ["tail", "-c", "+1", *(["-f"] if follow and rec.running else []), "--", path]
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=write_fd,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-        finally:
-            os.close(write_fd)
-        if follow and rec.running:
-            self._followers.setdefault(agent_id, []).append(proc)
-        else:
-            asyncio.get_running_loop().create_task(proc.wait())
-        return read_fd
+            argv = ["tail", "-c", "+1", *(["-f"] if follow else []), "--", path]
+        return await self.readers.start(who, argv, agent_id=rec.id, follow=follow)
 
-    def _end_followers(self, agent_id: str) -> None:
-        for proc in self._followers.pop(agent_id, []):
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            asyncio.get_running_loop().create_task(proc.wait())
+    async def audit(self, who: Caller, agent_id: str, follow: bool) -> int:
+        """The agent's audit records as journalctl's JSON lines, matched on
+        fields only journald sets (see leviathd/audit.py)."""
+        rec = await self._authorize_record(who, agent_id, "read agents' audit records")
+        if not journal.available():
+            raise Unavailable("there is no journal here (systemd is not PID 1): the audit "
+                              "records went to leviathd's standard error")
+        follow = follow and rec.running
+        argv = audit.query_argv(rec.id, rec.unit, follow=follow)
+        return await self.readers.start(who, argv, agent_id=rec.id, follow=follow)
 
 
 def _plan(

@@ -15,7 +15,8 @@
 `recover()` re-creates the brokers of agents adopted after a daemon restart
 from their snapshots: an agent keeps the policy it started with, restart or
 not, and its ledger (saved after every call that changed it), so a restart
-does not reset its taint. Every decision goes to the journal (`journalctl LEVIATH_AGENT=<id>`).
+does not reset its taint. Every decision goes to the journal through leviathd/audit.py
+(`lev audit <id>`).
 The `shell` tool runs in the agent's own scope and sandbox (see `run_shell`).
 """
 
@@ -29,14 +30,13 @@ import signal
 import stat
 import sys
 import syslog
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from dbus_fast.aio import MessageBus
 
-from leviathd import fsat
+from leviathd import audit, fsat
 from leviathd.agents import Agents
 from leviathd.broker.core import AuditRecord, Broker
 from leviathd.broker.limits import Limits
@@ -277,8 +277,10 @@ class GateService:
         self.live[rec.id] = _Live(rec, broker, server)
 
     def _audit(self, agent_id: str, record: AuditRecord) -> None:
-        write_audit(record)
         live = self.live.get(agent_id)
+        audit.WRITER.tool(
+            record, taint_after=str(live.broker.ledger.taint) if live is not None else "-"
+        )
         if live is not None and record.outcome in ("allow", "error"):
             # The ledger changed: keep it, so a daemon restart does not reset
             # the agent's taint. (Evictions the agent reports are saved with
@@ -507,18 +509,6 @@ def _own_root(fd: int, path: str, mode: int) -> None:
     if st.st_uid != os.geteuid():
         raise AccessDenied(f"{path} is not owned by the daemon's user")
     os.fchmod(fd, mode)
-
-
-def write_audit(record: AuditRecord) -> None:
-    """One journal entry per decision; `journalctl LEVIATH_AGENT=<id>` finds them."""
-    priority = syslog.LOG_INFO if record.outcome in ("allow", "ask") else syslog.LOG_NOTICE
-    journal.record(
-        f"agent {record.agent}: {record.tool} {record.target or '-'}: {record.outcome} "
-        f"(rule {record.rule}, taint {record.taint}, clearance {record.clearance})"
-        + (f": {record.detail}" if record.detail else ""),
-        priority=priority, LEVIATH_EVENT="tool", LEVIATH_AT=f"{record.at or time.time():.6f}",
-        **record.journal_fields(),
-    )
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int = MAX_READ) -> bytes:

@@ -300,6 +300,43 @@ def web_tool(
 # --------------------------------------------------------------- credential
 
 
+def _guarded(uid: int, gid: int, groups: Sequence[int]) -> Callable[[], None]:
+    """The credential command's `preexec_fn`: the usual drop to the user
+    (privileges.user_command), such that the user cannot read the secret
+    from /proc (environ, mem, fd) nor ptrace the process.
+
+    The kernel lets a process of the same uid in only when the caller's gid
+    equals the target's real, effective and saved gids, and then only when
+    the target is dumpable. So the real gid is one the user cannot take
+    (nogroup's, never theirs): the process and every process it execs fail
+    the first test, and exec makes them non-dumpable too (real gid !=
+    effective gid), which PR_SET_DUMPABLE cannot do across an exec. The
+    effective gid stays the user's, so files it writes are the user's as
+    ever. (A shell may reset its effective gid to the real one at start;
+    all its gids are then nogroup's, which still keeps the user out.)"""
+    drop = privileges.user_command(
+        uid, gid, groups, real_gid=_NOGROUP if gid != _NOGROUP else _NOGROUP - 1
+    )
+
+    def become() -> None:
+        drop()
+        _set_dumpable(False)
+
+    return become
+
+
+_NOGROUP = 65534
+_PR_SET_DUMPABLE = 4
+
+
+def _set_dumpable(on: bool) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 1 if on else 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
+
+
 async def _secret_from_command(
     argv: Sequence[str], *, uid: int, gid: int, groups: Sequence[int], home: str, as_root: bool,
     timeout: float = 30.0,
@@ -310,7 +347,7 @@ async def _secret_from_command(
     if as_root:
         switch = {"preexec_fn": privileges.root_command}
     elif os.geteuid() == 0:
-        switch = {"preexec_fn": privileges.user_command(uid, gid, groups)}
+        switch = {"preexec_fn": _guarded(uid, gid, groups)}
     elif uid != os.geteuid():
         raise Unavailable("the broker must run as root to act for another user")
     try:
@@ -352,7 +389,9 @@ async def run_credential(
     workdir: str,
     timeout: float = 120.0,
 ) -> dict[str, Any]:
-    """Run the configured command with the secret in `spec.env`. The secret
+    """Run the configured command with the secret on its standard input (a
+    pipe, closed after the secret and a newline), never in its environment
+    or arguments, and guarded from its user (`_guarded`). The secret
     comes from `secret_file` or `secret_command`: as root for a credential of
     the machine config (the admin's secret, which the agent's user need not be
     able to read), as the agent's user for a user's own credential (so a user
@@ -361,6 +400,12 @@ async def run_credential(
     output."""
     if not spec.command:
         raise Unavailable("credential has no command configured")
+    if spec.env:
+        raise InvalidArgument(
+            f"the credential sets env = {spec.env!r}: secrets no longer reach the command in "
+            "its environment (its user could read it from /proc); the command reads the "
+            "secret from its standard input instead (see docs/configuration.md)"
+        )
     as_root = spec.from_machine and os.geteuid() == 0
     if spec.secret_command:
         secret = await _secret_from_command(
@@ -378,22 +423,17 @@ async def run_credential(
             secret = (await asyncio.to_thread(_read_all, fd)).decode().strip()
         finally:
             os.close(fd)
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": home,
-        "LANG": "C.UTF-8",
-        spec.env: secret,
-    }
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
     switch: dict[str, Any] = {}
     if os.geteuid() == 0:
-        switch = {"preexec_fn": privileges.user_command(uid, gid, groups)}
+        switch = {"preexec_fn": _guarded(uid, gid, groups)}
     elif uid != os.geteuid():
         raise Unavailable("the broker must run as root to act for another user")
     try:
         proc = await asyncio.create_subprocess_exec(
             *spec.command,
             *args,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
@@ -404,7 +444,7 @@ async def run_credential(
     except subprocess.SubprocessError:
         raise Unavailable("cannot drop privileges for the credential command") from None
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        out, err = await asyncio.wait_for(proc.communicate(secret.encode() + b"\n"), timeout)
     except TimeoutError:
         proc.kill()
         await proc.wait()

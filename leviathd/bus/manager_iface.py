@@ -142,12 +142,26 @@ class ManagerInterface(ServiceInterface):
     @translated
     async def Logs(self, agent_id: Str, follow: Bool) -> Fd:
         """A pipe carrying the agent's journal output; with follow, it stays
-        open until the agent ends."""
+        open until the agent ends. Readers are capped per caller and in total
+        and end with the caller's bus connection (leviathd/audit_readers.py)."""
         agent_id = bounds.agent_id(agent_id)
         who = await bus_caller.current(self._bus)
         fd = await self._agents.logs(who, agent_id, follow)
         # dbus-fast sends a duplicate through the socket but never closes ours;
         # the reply leaves at once, so closing a little later is safe.
+        asyncio.get_running_loop().call_later(30, _close_quietly, fd)
+        return fd
+
+    @dbus_method()
+    @translated
+    async def Audit(self, agent_id: Str, follow: Bool) -> Fd:
+        """A pipe carrying the agent's audit records, one JSON object a line
+        (journalctl's JSON output, limited to the LEVIATH_* fields), matched
+        only on what journald stamps (leviathd/audit.py); with follow, open
+        until the agent ends."""
+        agent_id = bounds.agent_id(agent_id)
+        who = await bus_caller.current(self._bus)
+        fd = await self._agents.audit(who, agent_id, follow)
         asyncio.get_running_loop().call_later(30, _close_quietly, fd)
         return fd
 

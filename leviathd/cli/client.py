@@ -3,6 +3,9 @@ org.leviath.Manager1, and D-Bus errors turned into one readable line."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+from collections.abc import Callable
 from typing import Any
 
 from dbus_fast import BusType, Message, MessageType
@@ -70,23 +73,33 @@ class Client:
     async def daemon_name(self) -> str:
         """The daemon's unique bus name (":1.42"). Signals are trusted only
         from it: any local user can send a signal straight to this connection
-        with a made-up sender-independent body, and the bus stamps the real
-        sender on it, never the well-known name."""
+        (unicast) with any path, interface and body; only the sender is
+        stamped by the bus, and it is always a unique name."""
         if self._daemon is None:
-            reply = await self.bus.call(
-                Message(
-                    destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-                    interface="org.freedesktop.DBus", member="GetNameOwner", signature="s",
-                    body=[BUS_NAME],
-                )
-            )
-            if reply is None or reply.message_type is MessageType.ERROR:
+            reply = await self._driver("GetNameOwner", "s", [BUS_NAME])
+            if reply.message_type is MessageType.ERROR:
+                # Not running yet: a method call would have activated it, so
+                # activate it here too (D-Bus activation through systemd).
+                await self._driver("StartServiceByName", "su", [BUS_NAME, 0])
+                reply = await self._driver("GetNameOwner", "s", [BUS_NAME])
+            if reply.message_type is MessageType.ERROR:
                 raise DaemonError(
                     "org.freedesktop.DBus.Error.NameHasNoOwner",
                     _FRIENDLY["org.freedesktop.DBus.Error.ServiceUnknown"],
                 )
             self._daemon = str(reply.body[0])
         return self._daemon
+
+    async def _driver(self, member: str, signature: str, body: list[Any]) -> Message:
+        reply = await self.bus.call(
+            Message(
+                destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
+                interface="org.freedesktop.DBus", member=member, signature=signature,
+                body=body,
+            )
+        )
+        assert reply is not None
+        return reply
 
     def from_daemon(self, msg: Message, member: str, interface: str = MANAGER_IFACE) -> bool:
         """`msg` is the signal `member` that the daemon itself emitted: its
@@ -113,6 +126,33 @@ class Client:
                       f"interface='{interface}',member='{member}'"],
             )
         )
+
+    async def drain(self, fd: int, sink: Callable[[bytes], None]) -> None:
+        """Read a pipe the daemon handed us to its end, giving each chunk to
+        `sink`, while this connection stays open: the daemon ends the
+        process behind the pipe when the connection goes (Logs, Audit)."""
+        os.set_blocking(fd, False)
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[bytes] = asyncio.Queue()
+
+        def readable() -> None:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(fd)
+            chunks.put_nowait(data)
+
+        loop.add_reader(fd, readable)
+        try:
+            while chunk := await chunks.get():
+                sink(chunk)
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
 
     def close(self) -> None:
         self.bus.disconnect()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -111,21 +110,22 @@ async def _stop(args: argparse.Namespace) -> int:
 
 
 async def _logs(args: argparse.Namespace) -> int:
-    client = await Client.connect()
-    try:
-        (index,), fds = await client.call_with_fds("Logs", "sb", [args.id, args.follow])
-        fd = fds[index]
-    finally:
-        client.close()
     out = sys.stdout.buffer
     # The agent wrote these bytes: on a terminal, escape sequences in them
     # would act on the reader's screen, so they are shown escaped unless
     # asked for (like journalctl --all).
     screen = None if args.raw else OutputFilter()
-    with os.fdopen(fd, "rb", buffering=0) as pipe:
-        while chunk := pipe.read(65536):
-            out.write(chunk if screen is None else screen.feed(chunk))
-            out.flush()
+
+    def write(chunk: bytes) -> None:
+        out.write(chunk if screen is None else screen.feed(chunk))
+        out.flush()
+
+    client = await Client.connect()
+    try:
+        (index,), fds = await client.call_with_fds("Logs", "sb", [args.id, args.follow])
+        await client.drain(fds[index], write)
+    finally:
+        client.close()
     if screen is not None:
         out.write(screen.feed(b"", final=True))
         out.flush()

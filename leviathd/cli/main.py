@@ -83,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rc: int = args.func(args)
     except LeviathError as exc:
-        print(f"lev: {text.lines(str(exc))}", file=sys.stderr)
+        # One line: the message may quote what an agent chose (a target, a name).
+        print(f"lev: {text.field(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

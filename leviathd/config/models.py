@@ -369,14 +369,16 @@ class AllowRule(_Model):
 
 class CredentialConfig(_Model):
     """`[credentials.NAME]`: the command the credential tool runs (`command`, the agent
-    adds arguments), where the secret comes from (exactly one of `secret_file`, an
-    absolute path, or `secret_command`, whose standard output is the secret), and the
-    environment variable of `command` the secret goes in (`env`)."""
+    adds arguments) and where the secret comes from (exactly one of `secret_file`, an
+    absolute path, or `secret_command`, whose standard output is the secret). The
+    command reads the secret from its standard input. `env` (the secret in a variable
+    of the command's environment, where its user could read it) is retired: still
+    parsed so that old files load, refused when the credential is used."""
 
     command: Argv
     secret_file: AbsolutePath | None = None
     secret_command: Argv | None = None
-    env: EnvName
+    env: EnvName | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> CredentialConfig:

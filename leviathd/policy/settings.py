@@ -20,14 +20,16 @@ OnExceed = Literal["allow", "deny", "ask"]
 @dataclass(frozen=True)
 class CredentialSpec:
     """`[credentials.NAME]`: run `command` (plus the agent's arguments) with the
-    secret in variable `env`; the secret is the content of `secret_file` or
-    the output of `secret_command`. `from_machine`: defined by the machine
-    config, so the secret is fetched as root (an admin's secret the agent's
-    user cannot read); a user's own credential is fetched as that user."""
+    secret on its standard input; the secret is the content of `secret_file` or
+    the output of `secret_command`. `env` is the retired way (the secret in a
+    variable): a credential that still sets it is refused when called.
+    `from_machine`: defined by the machine config, so the secret is fetched as
+    root (an admin's secret the agent's user cannot read); a user's own
+    credential is fetched as that user."""
 
     command: tuple[str, ...]
     secret_file: str
-    env: str
+    env: str = ""
     secret_command: tuple[str, ...] = ()
     from_machine: bool = False
 
@@ -63,10 +65,10 @@ class PolicySettings:
             secret_file = getattr(spec, "secret_file", None)
             secret_command = getattr(spec, "secret_command", None)
             env = getattr(spec, "env", None)
-            if not command or not env or (not secret_file) == (not secret_command):
+            if not command or (not secret_file) == (not secret_command):
                 continue  # incomplete: the validator reports it; the tool says "not configured"
             creds[str(name)] = CredentialSpec(
-                tuple(str(a) for a in command), str(secret_file or ""), str(env),
+                tuple(str(a) for a in command), str(secret_file or ""), str(env or ""),
                 secret_command=tuple(str(a) for a in secret_command or ()),
                 from_machine=machine_creds.get(name) == spec,
             )

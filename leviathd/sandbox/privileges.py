@@ -153,15 +153,18 @@ def join_new_session_keyring() -> int:
     return int(serial)
 
 
-def user_command(uid: int, gid: int, groups: Sequence[int]) -> Callable[[], None]:
+def user_command(
+    uid: int, gid: int, groups: Sequence[int], *, real_gid: int | None = None
+) -> Callable[[], None]:
     """A `preexec_fn` for a command run for a user outside any fence (the
     credential tool's commands): the same drop as every other process started
     for a user, no_new_privs included, with a keyring of its own. It does the
     switch itself, so pass no user/group/extra_groups to subprocess (which
-    would switch first and leave no CAP_SETPCAP to empty the bounding set)."""
+    would switch first and leave no CAP_SETPCAP to empty the bounding set).
+    `real_gid`: see broker/tools.py `_guarded` (keeps the user out of /proc)."""
 
     def preexec() -> None:
-        drop_to_user(uid, gid, groups, no_new_privs=True)
+        drop_to_user(uid, gid, groups, no_new_privs=True, real_gid=real_gid)
 
     return preexec
 
@@ -172,7 +175,10 @@ def root_command() -> None:
     join_new_session_keyring()
 
 
-def drop_to_user(uid: int, gid: int, groups: Sequence[int], *, no_new_privs: bool) -> None:
+def drop_to_user(
+    uid: int, gid: int, groups: Sequence[int], *, no_new_privs: bool,
+    real_gid: int | None = None,
+) -> None:
     """Become uid/gid/groups with every capability set empty.
 
     Must be called as root (or with CAP_SETUID, CAP_SETGID and CAP_SETPCAP).
@@ -181,7 +187,7 @@ def drop_to_user(uid: int, gid: int, groups: Sequence[int], *, no_new_privs: boo
     """
     try:
         os.setgroups(list(groups))
-        os.setresgid(gid, gid, gid)
+        os.setresgid(gid if real_gid is None else real_gid, gid, gid)
         drop_bounding_set()
         _ambient_clear()
         prctl.set_keepcaps(False)
@@ -199,7 +205,8 @@ def drop_to_user(uid: int, gid: int, groups: Sequence[int], *, no_new_privs: boo
     left = {name: mask for name, mask in capability_sets().items() if mask}
     if left:
         raise Unavailable(f"capabilities remain after dropping to uid {uid}: {left}")
-    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+    want_gids = (gid if real_gid is None else real_gid, gid, gid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != want_gids:
         raise Unavailable(f"uid/gid did not change to {uid}/{gid}")
     if no_new_privs and prctl.get_no_new_privs() != 1:
         raise Unavailable("no_new_privs did not stick")

@@ -79,6 +79,7 @@ class SystemdManager:
         self._bus = bus
         self._job_waiters: dict[str, asyncio.Future[str]] = {}
         self._job_results: dict[str, str] = {}
+        self._systemd_name = ""
 
     async def attach(self) -> None:
         self._bus.add_message_handler(self._on_message)
@@ -90,11 +91,34 @@ class SystemdManager:
                 "member='JobRemoved'"
             ],
         )
+        # PID 1 gets a new unique name when it re-executes.
+        await self._call_bus(
+            "AddMatch",
+            "s",
+            [
+                "type='signal',sender='org.freedesktop.DBus',interface='org.freedesktop.DBus',"
+                f"member='NameOwnerChanged',arg0='{SYSTEMD}'"
+            ],
+        )
+        (self._systemd_name,) = await self._call_bus("GetNameOwner", "s", [SYSTEMD])
         await self._call(MANAGER_PATH, MANAGER_IFACE, "Subscribe", "", [])
 
     def _on_message(self, msg: Message) -> bool:
         if (
             msg.message_type is MessageType.SIGNAL
+            and msg.sender == "org.freedesktop.DBus"
+            and msg.member == "NameOwnerChanged"
+            and msg.signature == "sss"
+            and msg.body[0] == SYSTEMD
+        ):
+            self._systemd_name = msg.body[2]
+        # Any local user can send this daemon a signal naming any path and
+        # interface (issue 20 §4): only the bus-stamped sender tells PID 1's
+        # JobRemoved from a forged "failed" for every agent's start.
+        if (
+            msg.message_type is MessageType.SIGNAL
+            and msg.sender == self._systemd_name
+            and msg.path == MANAGER_PATH
             and msg.member == "JobRemoved"
             and msg.interface == MANAGER_IFACE
         ):

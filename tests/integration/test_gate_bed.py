@@ -95,9 +95,8 @@ target = "localhost"
 max_sensitivity = "private"
 
 [credentials.api]
-command = ["sh", "-c", "echo token=$API_TOKEN args=$*", "cred"]
+command = ["sh", "-c", "read -r API_TOKEN; echo token=$API_TOKEN args=$*", "cred"]
 secret_file = "/etc/leviath/api.key"
-env = "API_TOKEN"
 """
 
 

@@ -63,7 +63,6 @@ kind = "none"
 [credentials.kr]
 command = ["python3", "/usr/local/lib/leviath-keyprobe.py"]
 secret_file = "/etc/leviath/kr.key"
-env = "KR_TOKEN"
 """
 
 

@@ -92,12 +92,18 @@ def test_the_credential_tool_hides_the_secret_and_labels_output_private(
     home, work = _dirs(tmp_path)
     secret_file = tmp_path / "token"
     secret_file.write_text("s3cr3t-t0ken\n")
-    spec = CredentialSpec(("/bin/sh", "-c", 'echo "auth=$API_TOKEN for $0"; env', "x"),
-                          str(secret_file), "API_TOKEN")
-    settings = PolicySettings(credentials={"api": spec})
+    spec = CredentialSpec(("/bin/sh", "-c", 'read -r t; echo "auth=$t for $0"; env', "x"),
+                          str(secret_file))
+    retired = CredentialSpec(("/bin/sh", "-c", 'echo "auth=$API_TOKEN"'), str(secret_file),
+                             "API_TOKEN")
+    settings = PolicySettings(credentials={"api": spec, "old": retired})
     with running_broker(home=home, workdir=work, settings=settings,
                         socket_path=str(tmp_path / "b.sock")) as b:
         assert call(b.path, "credential", {"name": "nope"})["error"]["code"] == "failed"
+        # A credential that still asks for the secret in a variable is refused.
+        reply = call(b.path, "credential", {"name": "old"})
+        assert not reply["ok"] and "standard input" in reply["error"]["message"], reply
+        assert "s3cr3t" not in str(reply)
         reply = call(b.path, "credential", {"name": "api", "args": []})
         assert reply["ok"], reply
         out = reply["result"]["stdout"]
@@ -110,9 +116,9 @@ def test_a_credential_secret_can_come_from_a_command_whose_failure_shows_no_outp
     tmp_path: Path,
 ) -> None:
     home, work = _dirs(tmp_path)
-    ok = CredentialSpec(("/bin/sh", "-c", 'echo "auth=$API_TOKEN"'), "", "API_TOKEN",
+    ok = CredentialSpec(("/bin/sh", "-c", 'read -r t; echo "auth=$t"'), "",
                         secret_command=("/bin/echo", "from-cmd-s3cret"))
-    bad = CredentialSpec(("/bin/true",), "", "API_TOKEN",
+    bad = CredentialSpec(("/bin/true",), "",
                          secret_command=("/bin/sh", "-c", "echo leaked-s3cret; exit 3"))
     # Taint off: the first call's Private output would hold the second.
     settings = PolicySettings(credentials={"ok": ok, "bad": bad}, taint_enabled=False)

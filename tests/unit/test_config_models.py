@@ -193,7 +193,7 @@ def test_a_blueprint_needs_a_command_or_a_stage() -> None:
     parse_blueprint('[agent]\nname = "x"\n[stages.one]\ncommand = ["true"]\n', "bp.toml")
 
 
-def test_a_credential_needs_a_command_an_env_name_and_exactly_one_secret_source() -> None:
+def test_a_credential_needs_a_command_and_exactly_one_secret_source() -> None:
     for text in (
         '[credentials.x]\ncommand = ["a"]\nenv = "X"\n',
         '[credentials.x]\ncommand = ["a"]\nenv = "X"\nsecret_file = "/k"\n'
@@ -202,15 +202,17 @@ def test_a_credential_needs_a_command_an_env_name_and_exactly_one_secret_source(
         with pytest.raises(ConfigError) as info:
             parse_config(text, "c.toml")
         assert "exactly one of secret_file or secret_command" in str(info.value)
+    # `env` (the secret in the environment) is retired: parsed, refused at use.
     for text, missing in (
         ('[credentials.x]\nenv = "X"\nsecret_file = "/k"\n', "command"),
-        ('[credentials.x]\ncommand = ["a"]\nsecret_file = "/k"\n', "env"),
     ):
         with pytest.raises(ConfigError) as info:
             parse_config(text, "c.toml")
         assert f"credentials.x.{missing}" in str(info.value) or missing in str(info.value)
-    ok = parse_config('[credentials.x]\ncommand = ["a"]\nenv = "X"\nsecret_file = "/k"\n', "c")
+    ok = parse_config('[credentials.x]\ncommand = ["a"]\nsecret_file = "/k"\n', "c")
     assert ok.credentials["x"].secret_file == "/k"
+    old = parse_config('[credentials.x]\ncommand = ["a"]\nenv = "X"\nsecret_file = "/k"\n', "c")
+    assert old.credentials["x"].env == "X"
 
 
 def test_models_are_immutable() -> None:

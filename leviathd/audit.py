@@ -1,0 +1,196 @@
+"""The audit trail: how tool decisions are written to the journal, and how
+they are read back so that nobody can forge them.
+
+Writing (issue 20 §6). journald drops a unit's entries once it sends more
+than its rate limit; one agent flooding refused calls used to cost every
+other agent its records, end records included. So each agent has its own
+budget of records (a token bucket); a decision over the budget is counted,
+not written, and once a second the counts become one summary record
+("1,234 refused calls to web_fetch in the last second"). A budget shared by
+all agents caps the daemon's total below journald's limit (see
+units/leviathd.service); lifecycle records (start, end, approvals) are not
+budgeted and so are never crowded out.
+
+Reading (issue 9 §3). Any local user can send journald an entry with
+`LEVIATH_AGENT=...` and `SYSLOG_IDENTIFIER=leviathd`. Only fields journald
+stamps itself (starting with `_`) tell who sent an entry, so an audit query
+matches those: native protocol, uid 0, and the daemon's unit or the agent's
+own scope (where its root supervisor records the steps)."""
+
+from __future__ import annotations
+
+import asyncio
+import syslog
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from leviathd.systemd import journal
+
+if TYPE_CHECKING:
+    from leviathd.broker.core import AuditRecord
+
+# Per agent: this many records at once, then this many a second.
+AGENT_BURST = 100
+AGENT_RATE = 20.0
+# All agents together (the daemon's share of journald's limit).
+TOTAL_BURST = 1000
+TOTAL_RATE = 200.0
+# Counts are summed per (tool, outcome); an agent naming ever new tools
+# shares one bucket past this many.
+SUMMARY_KEYS = 8
+WINDOW = 1.0
+
+# What `lev audit` gets of each entry (journalctl adds the timestamp and cursor).
+FIELDS = (
+    "MESSAGE", "LEVIATH_EVENT", "LEVIATH_AGENT", "LEVIATH_USER", "LEVIATH_TOOL",
+    "LEVIATH_TARGET", "LEVIATH_OUTCOME", "LEVIATH_RULE", "LEVIATH_DETAIL", "LEVIATH_TAINT",
+    "LEVIATH_TAINT_AFTER", "LEVIATH_CLEARANCE", "LEVIATH_COUNT", "LEVIATH_SUMMARY",
+    "LEVIATH_ANSWER", "LEVIATH_BY_UID", "LEVIATH_EXIT_STATUS", "LEVIATH_STEP",
+)
+_WORDS = {"deny": "refused", "allow": "allowed", "error": "failed", "ask": "asked"}
+
+Send = Callable[..., None]
+
+
+def daemon_unit() -> str:
+    """This daemon's own unit, as journald stamps it on our entries."""
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            for line in f:
+                last = line.rstrip("\n").rsplit("/", 1)[-1]
+                if last.endswith(".service"):
+                    return last
+    except OSError:
+        pass
+    return "leviathd.service"
+
+
+def trusted_matches(agent_id: str, scope: str, unit: str | None = None) -> list[str]:
+    """journalctl matches for an agent's records that only leviathd can
+    produce: fields of the same name are ORed, different names ANDed."""
+    return [
+        "_TRANSPORT=journal", "_UID=0", f"LEVIATH_AGENT={agent_id}",
+        f"_SYSTEMD_UNIT={unit or daemon_unit()}", f"_SYSTEMD_UNIT={scope}",
+    ]
+
+
+def query_argv(agent_id: str, scope: str, *, follow: bool) -> list[str]:
+    argv = ["journalctl", "--no-pager", "--output=json", "--output-fields=" + ",".join(FIELDS),
+            *trusted_matches(agent_id, scope)]
+    if follow:
+        # -f alone starts at the last ten entries.
+        argv += ["--follow", "--lines=all"]
+    return argv
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    rate: float
+    burst: float
+    at: float = field(default_factory=time.monotonic)
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+    def give_back(self) -> None:
+        self.tokens = min(self.burst, self.tokens + 1)
+
+
+@dataclass
+class _Agent:
+    bucket: _Bucket
+    user: str
+    held: Counter[tuple[str, str]] = field(default_factory=Counter)
+    since: float = 0.0
+    timer: asyncio.TimerHandle | None = None
+
+
+class AuditWriter:
+    def __init__(
+        self, *, send: Send = journal.record, agent_burst: int = AGENT_BURST,
+        agent_rate: float = AGENT_RATE, total_burst: int = TOTAL_BURST,
+        total_rate: float = TOTAL_RATE,
+    ) -> None:
+        self._send = send
+        self._agent_burst = agent_burst
+        self._agent_rate = agent_rate
+        self._total = _Bucket(total_burst, total_rate, total_burst)
+        self._agents: dict[str, _Agent] = {}
+
+    def tool(self, record: AuditRecord, *, taint_after: str = "-") -> None:
+        """One decision: written, or counted for the next summary."""
+        state = self._agents.get(record.agent)
+        if state is None:
+            bucket = _Bucket(self._agent_burst, self._agent_rate, self._agent_burst)
+            state = self._agents[record.agent] = _Agent(bucket, record.user)
+        now = time.monotonic()
+        if not state.held and state.bucket.take(now):
+            if self._total.take(now):
+                self._write(record, taint_after)
+                return
+            state.bucket.give_back()
+        key = (record.tool[:64], record.outcome)
+        if key not in state.held and len(state.held) >= SUMMARY_KEYS:
+            key = ("(other tools)", record.outcome)
+        if not state.held:
+            state.since = time.time()
+        state.held[key] += 1
+        if state.timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no loop (a test): counts wait for flush() or finish()
+            state.timer = loop.call_later(WINDOW, self.flush, record.agent)
+
+    def flush(self, agent_id: str) -> None:
+        """Write the agent's summary, if calls were held back."""
+        state = self._agents.get(agent_id)
+        if state is None:
+            return
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        if not state.held:
+            return
+        held, state.held = state.held, Counter()
+        total = sum(held.values())
+        seconds = max(time.time() - state.since, WINDOW)
+        parts = [f"{n:,} {_WORDS.get(outcome, outcome)} call{'' if n == 1 else 's'} to {tool}"
+                 for (tool, outcome), n in held.most_common()]
+        self._send(
+            f"agent {agent_id}: {', '.join(parts)} in the last {seconds:.0f} s "
+            f"(over the audit limit of {self._agent_rate:g} records a second: counted, "
+            "not recorded one by one)",
+            priority=syslog.LOG_NOTICE, LEVIATH_EVENT="tool-summary", LEVIATH_AGENT=agent_id,
+            LEVIATH_USER=state.user, LEVIATH_COUNT=total,
+            LEVIATH_SUMMARY="; ".join(f"{outcome} {tool} {n}"
+                                      for (tool, outcome), n in held.most_common()),
+        )
+
+    def finish(self, agent_id: str) -> None:
+        """The agent ended: its last counts are written now, its budget freed."""
+        self.flush(agent_id)
+        self._agents.pop(agent_id, None)
+
+    def _write(self, record: AuditRecord, taint_after: str) -> None:
+        priority = syslog.LOG_INFO if record.outcome in ("allow", "ask") else syslog.LOG_NOTICE
+        self._send(
+            f"agent {record.agent}: {record.tool} {record.target or '-'}: {record.outcome} "
+            f"(rule {record.rule}, taint {record.taint}, clearance {record.clearance})"
+            + (f": {record.detail}" if record.detail else ""),
+            priority=priority, LEVIATH_EVENT="tool",
+            LEVIATH_AT=f"{record.at or time.time():.6f}", LEVIATH_TAINT_AFTER=taint_after,
+            **record.journal_fields(),
+        )
+
+
+WRITER = AuditWriter()

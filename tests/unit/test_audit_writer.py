@@ -1,0 +1,52 @@
+"""leviathd.audit.AuditWriter: per-agent budgets, summaries that account for
+every held call, and the trusted journal matches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leviathd.audit import AuditWriter, trusted_matches
+from leviathd.broker.core import AuditRecord
+
+
+def rec(agent: str, tool: str = "web_fetch", outcome: str = "deny") -> AuditRecord:
+    return AuditRecord(agent=agent, user="u", uid=1000, tool=tool, target="t", taint="public",
+                       clearance="-", rule="r", outcome=outcome)
+
+
+def test_a_flooding_agent_is_summarised_and_another_keeps_its_records() -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+    w = AuditWriter(send=lambda msg, **f: sent.append((msg, f)), agent_burst=5,
+                    agent_rate=0.0, total_burst=100, total_rate=0.0)
+    for _ in range(1000):
+        w.tool(rec("a"))
+    for _ in range(3):
+        w.tool(rec("b", "read_file", "allow"), taint_after="internal")
+    w.finish("a")
+    w.finish("b")
+    single_a = [f for _, f in sent if f.get("LEVIATH_AGENT") == "a" and
+                f["LEVIATH_EVENT"] == "tool"]
+    summary = [(m, f) for m, f in sent if f["LEVIATH_EVENT"] == "tool-summary"]
+    assert len(single_a) == 5
+    assert len(summary) == 1 and summary[0][1]["LEVIATH_COUNT"] == 995
+    assert "995 refused calls to web_fetch" in summary[0][0]
+    b = [f for _, f in sent if f.get("LEVIATH_AGENT") == "b"]
+    assert len(b) == 3 and all(f["LEVIATH_TAINT_AFTER"] == "internal" for f in b)
+
+
+def test_new_tool_names_share_one_summary_bucket_past_the_cap() -> None:
+    sent: list[dict[str, Any]] = []
+    w = AuditWriter(send=lambda msg, **f: sent.append(f), agent_burst=0, agent_rate=0.0)
+    for i in range(100):
+        w.tool(rec("a", f"tool{i}"))
+    w.finish("a")
+    (summary,) = sent
+    assert summary["LEVIATH_COUNT"] == 100
+    assert summary["LEVIATH_SUMMARY"].count(";") == 8  # 8 names and "(other tools)"
+
+
+def test_trusted_matches_name_only_journald_stamped_fields_and_the_agent() -> None:
+    m = trusted_matches("abc", "leviath-x-y-abc.scope", unit="leviathd.service")
+    assert "_UID=0" in m and "_TRANSPORT=journal" in m
+    assert {"_SYSTEMD_UNIT=leviathd.service", "_SYSTEMD_UNIT=leviath-x-y-abc.scope"} <= set(m)
+    assert not any(x.startswith(("SYSLOG_IDENTIFIER", "_PID")) for x in m)
