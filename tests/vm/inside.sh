@@ -45,7 +45,7 @@ wait_until() {  # wait_until SECONDS CMD...
 
 echo "booted in $(cut -d' ' -f1 /proc/uptime)s of guest uptime" >"$R/boot.out"
 step facts sh -c '
-    uname -r; systemd --version | head -n 1
+    uname -r; systemctl --version | head -n 1
     echo "cgroupfs: $(stat -fc %T /sys/fs/cgroup)"; cat /sys/fs/cgroup/cgroup.controllers
     python3 --version
     dpkg-query -W python3-dbus-fast python3-pydantic python3-pystemd python3-prctl podman crun
@@ -54,7 +54,7 @@ step facts sh -c '
 # --- install, as docs/packaging.md says
 cp "$H"/leviathd_*.deb /root/
 deb=$(ls /root/leviathd_*.deb | head -n 1)
-step install apt-get install -y --no-download "$deb"
+step install apt-get install -y "$deb"
 step service_active sh -c 'systemctl is-enabled leviathd && systemctl is-active leviathd'
 step files dpkg -L leviathd
 step dirs stat -c '%n %a %U:%G' /var/lib/leviath /var/lib/leviath/scratch /var/lib/leviath/agents /etc/leviath
@@ -142,7 +142,7 @@ step after_restart sh -c "systemctl is-active $long_unit && runuser -l alice -c 
 # --- upgrade to a higher version (if the host built one)
 if ls "$H"/upgrade/leviathd_*.deb >/dev/null 2>&1; then
     cp "$H"/upgrade/leviathd_*.deb /root/upgrade.deb
-    step upgrade apt-get install -y --no-download /root/upgrade.deb
+    step upgrade apt-get install -y /root/upgrade.deb
     sleep 2
     step after_upgrade sh -c "dpkg-query -W leviathd; systemctl is-active leviathd && systemctl is-active $long_unit && runuser -l alice -c 'cd ~/work && lev ps --json'"
 fi
