@@ -97,6 +97,11 @@ junit=$(unit_of "$jid")
 sleep 3
 journalctl --flush 2>/dev/null
 echo "$marker" >"$R/journal_marker.out"
+step journal_root journalctl --no-pager -o verbose -u "$junit"
+step lev_logs as alice "lev logs $jid"
+# Users may read only their own journal (user-UID.journal), and the agent's
+# output stream is opened by the root daemon before it becomes the user: as
+# alice this shows nothing unless she is in systemd-journal or adm.
 step journal_as_user as alice "journalctl --no-pager -u $junit"
 
 # --- a non-member is refused by polkit
@@ -119,7 +124,7 @@ lim_cg=$(cgroup_of "$lim_unit")
 step limits sh -c "echo cgroup=$lim_cg; for f in memory.max memory.swap.max pids.max cpu.weight cpu.max; do echo \$f=\$(cat $lim_cg/\$f); done"
 as alice "lev stop $lim" >/dev/null 2>&1
 
-step forkbomb_start as alice "lev run --detach -- sh -c 'while :; do sleep 600 & done'"
+step forkbomb_start as alice "lev run --detach -- bash -c 'while :; do sleep 600 & done'"
 fb=$(tail -n 1 "$R/forkbomb_start.out")
 fb_cg=$(cgroup_of "$(unit_of "$fb")")
 sleep 15
@@ -133,6 +138,28 @@ systemctl reload leviathd
 # --- --workdir-mode throwaway (its overlay mount fails in the test bed)
 step throwaway as alice "lev run --workdir-mode throwaway -- sh -c 'echo x > throwaway-file && cat throwaway-file'"
 step throwaway_after test ! -e /home/alice/work/throwaway-file
+
+# --- the container kind: rootful podman with crun on cgroup v2, the image
+# imported from a local tarball (static busybox; the VM has no network)
+step container_image sh -c '
+    set -e; d=$(mktemp -d /var/tmp/img.XXXXXX); chmod 755 "$d"
+    mkdir -p "$d/bin" "$d/etc" "$d/tmp" "$d/proc" "$d/sys" "$d/dev" "$d/root"; chmod 1777 "$d/tmp"
+    cp /bin/busybox "$d/bin/busybox"
+    for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$d/bin/$a"; done
+    echo "root:x:0:0:root:/root:/bin/sh" > "$d/etc/passwd"; echo "root:x:0:" > "$d/etc/group"
+    tar -C "$d" -cf "$d.tar" .
+    podman import --change "ENV PATH=/bin" "$d.tar" localhost/leviath-vm-busybox:1
+    podman info --format "{{.Host.OCIRuntime.Name}} {{.Host.CgroupsVersion}}"'
+cat >/etc/leviath/config.toml <<'EOF2'
+[sandbox]
+kind = "container"
+image = "localhost/leviath-vm-busybox:1"
+EOF2
+systemctl reload leviathd
+sleep 2
+step container as alice "lev run -- sh -c 'id -u; cat /proc/self/cgroup; test -e /home/bob && echo bob-visible || echo no-bob'"
+rm -f /etc/leviath/config.toml
+systemctl reload leviathd
 
 # --- agents survive a daemon restart
 step restart systemctl restart leviathd
