@@ -18,6 +18,7 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 
 from leviathd.agents import Agents
 from leviathd.bus import caller, writer
+from leviathd.bus.compat import many_fds
 from leviathd.bus.manager_iface import ManagerInterface
 from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
@@ -65,7 +66,8 @@ async def connect(*, patience: float = 10.0) -> MessageBus:
     deadline = loop.time() + patience
     while True:
         try:
-            return await MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True).connect()
+            bus = MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True)
+            return await many_fds(bus).connect()
         except OSError as exc:
             if loop.time() >= deadline:
                 raise LeviathError(f"cannot connect to the system bus: {exc}") from None

@@ -9,14 +9,14 @@ from typing import Annotated, Any
 
 from dbus_fast import Variant
 from dbus_fast.aio import MessageBus
-from dbus_fast.annotations import DBusSignature
 from dbus_fast.constants import PropertyAccess
-from dbus_fast.service import ServiceInterface, dbus_method, dbus_property, dbus_signal
+from dbus_fast.service import ServiceInterface
 
 from leviathd import __version__
 from leviathd.agents import Agents
 from leviathd.bus import bounds
 from leviathd.bus import caller as bus_caller
+from leviathd.bus.compat import DBusSignature, dbus_method, dbus_property, dbus_signal
 from leviathd.bus.errors import translated
 from leviathd.bus.names import MANAGER_IFACE
 from leviathd.records import AgentRecord

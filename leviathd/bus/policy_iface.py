@@ -8,12 +8,12 @@ from typing import Annotated, Any
 
 from dbus_fast import Variant
 from dbus_fast.aio import MessageBus
-from dbus_fast.annotations import DBusSignature
-from dbus_fast.service import ServiceInterface, dbus_method, dbus_signal
+from dbus_fast.service import ServiceInterface
 
 from leviathd.agents import Agents
 from leviathd.bus import bounds, names, polkit
 from leviathd.bus import caller as bus_caller
+from leviathd.bus.compat import DBusSignature, dbus_method, dbus_signal
 from leviathd.bus.errors import translated
 from leviathd.config.load import machine_config_path
 from leviathd.errors import InvalidArgument, NotFound

@@ -1,0 +1,247 @@
+"""The Debian 13 machine and build root for tests/vm/, built once and cached.
+
+- `machine()`: a bootable Debian 13 disk image (ext4, made with `mkfs.ext4 -d`
+  from an mmdebstrap root, nothing mounted) plus its own kernel and initrd,
+  with the packages in packages.txt. It boots into `leviath-vmtest.service`,
+  which mounts the 9p share `host` at /mnt/host, runs /mnt/host/inside.sh and
+  powers off whatever happens.
+- `build_root()`: a Debian 13 root with the .deb's Build-Depends and lintian,
+  in which `build_deb()` builds the package from the checkout, so the build
+  sees Debian 13's debhelper and systemd.pc (units in /usr/lib/systemd/system).
+
+Both come from the trixie suite of the Debian mirror apt on this machine is
+configured with (read from /etc/apt/sources.list*), and live under
+/var/cache/leviath-vm/ (LEVIATH_VM_CACHE) keyed by a hash of what goes in.
+Run `python3 tests/vm/image.py` to build both ahead of the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CHECKOUT = HERE.parent.parent
+CACHE = Path(os.environ.get("LEVIATH_VM_CACHE", "/var/cache/leviath-vm"))
+SUITE = "trixie"
+# Bump when the recipe below changes in a way the package list does not show.
+RECIPE = "3"
+IMAGE_SIZE = "4G"
+BUILD_PACKAGES = [
+    "debhelper", "dh-python", "pybuild-plugin-pyproject", "python3-all",
+    "python3-setuptools", "pkgconf", "systemd-dev", "lintian", "bash-completion",
+]
+DEBIAN_CODENAMES = {"bullseye", "bookworm", "trixie", "forky", "sid",
+                    "stable", "testing", "unstable", "oldstable"}
+
+VMTEST_UNIT = """\
+[Unit]
+Description=leviathd VM test: run /mnt/host/inside.sh, then power off
+Wants=dbus.service
+After=dbus.service systemd-user-sessions.service local-fs.target
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
+
+[Service]
+Type=oneshot
+ExecStartPre=/bin/mkdir -p /mnt/host
+ExecStartPre=/bin/mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 host /mnt/host
+ExecStart=/bin/bash /mnt/host/inside.sh
+StandardOutput=journal+console
+StandardError=journal+console
+TimeoutStartSec=infinity
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# Timers and services that would only take CPU from the tests under emulation.
+MASKED = [
+    "apt-daily.timer", "apt-daily-upgrade.timer", "man-db.timer", "e2scrub_all.timer",
+    "fstrim.timer", "dpkg-db-backup.timer", "systemd-tmpfiles-clean.timer",
+    "podman-auto-update.timer", "podman-clean-transient.service", "podman-restart.service",
+    "serial-getty@ttyS0.service", "getty@tty1.service",
+]
+
+
+def log(msg: str) -> None:
+    print(f"vm-image: {msg}", file=sys.stderr, flush=True)
+
+
+def debian_mirror() -> str:
+    """The Debian archive URI apt is configured with (deb822 or one-line)."""
+    files = [Path("/etc/apt/sources.list")]
+    d = Path("/etc/apt/sources.list.d")
+    if d.is_dir():
+        files += sorted(d.iterdir())
+    for f in files:
+        if not f.is_file():
+            continue
+        text = f.read_text(errors="replace")
+        if f.suffix == ".sources":
+            for stanza in re.split(r"\n\s*\n", text):
+                fields = dict(
+                    (m.group(1).lower(), m.group(2).strip())
+                    for m in re.finditer(r"^([A-Za-z-]+):\s*(.*)$", stanza, re.M)
+                )
+                suites = set(fields.get("suites", "").split())
+                if suites & DEBIAN_CODENAMES and "main" in fields.get("components", ""):
+                    return fields.get("uris", "").split()[0]
+        else:
+            for line in text.splitlines():
+                parts = re.sub(r"\[[^]]*\]", "", line).split()
+                if len(parts) >= 4 and parts[0] == "deb" and parts[2] in DEBIAN_CODENAMES:
+                    return parts[1]
+    raise RuntimeError("no Debian archive found in /etc/apt/sources.list*")
+
+
+def packages() -> list[str]:
+    out = []
+    for line in (HERE / "packages.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out.append(line)
+    return out
+
+
+def _key(*parts: object) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(repr(p).encode())
+    return h.hexdigest()[:16]
+
+
+def _mmdebstrap(target: Path, variant: str, include: list[str], hooks: list[str]) -> None:
+    cmd = [
+        "mmdebstrap", "--mode=root", f"--variant={variant}",
+        "--include=" + ",".join(include),
+        "--aptopt=Acquire::Retries=3",
+        *[f"--customize-hook={h}" for h in hooks],
+        SUITE, str(target), f"deb {debian_mirror()} {SUITE} main",
+    ]
+    log("running " + " ".join(cmd[:3]) + f" ... {SUITE} ({len(include)} packages)")
+    subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
+
+
+def machine() -> Path:
+    """The cached folder holding disk.img, vmlinuz and initrd.img."""
+    pkgs = packages()
+    out = CACHE / f"machine-{_key(pkgs, RECIPE, VMTEST_UNIT, MASKED)}"
+    if (out / "disk.img").is_file():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="machine-", dir=CACHE))
+    try:
+        root = work / "root"
+        unit = work / "leviath-vmtest.service"
+        unit.write_text(VMTEST_UNIT)
+        hooks = [
+            "echo leviath-vm > \"$1/etc/hostname\"",
+            "echo '/dev/vda / ext4 rw,errors=remount-ro 0 1' > \"$1/etc/fstab\"",
+            f"cp {unit} \"$1/etc/systemd/system/\"",
+            "mkdir -p \"$1/etc/systemd/system/multi-user.target.wants\"",
+            "ln -sf /etc/systemd/system/leviath-vmtest.service "
+            "\"$1/etc/systemd/system/multi-user.target.wants/leviath-vmtest.service\"",
+            *[f"ln -sf /dev/null \"$1/etc/systemd/system/{u}\"" for u in MASKED],
+            "mkdir -p \"$1/var/log/journal\"",
+            "chroot \"$1\" passwd -d root",
+            # Test users: alice and bob become members of `leviath` once the package
+            # has made the group; carol never does.
+            "for u in alice bob carol; do chroot \"$1\" useradd -m -s /bin/bash $u; done",
+        ]
+        _mmdebstrap(root, "apt", pkgs, hooks)
+        boot = root / "boot"
+        kernels = sorted(boot.glob("vmlinuz-*"))
+        initrds = sorted(boot.glob("initrd.img-*"))
+        if not kernels or not initrds:
+            raise RuntimeError(f"no kernel/initrd in the image's /boot: {list(boot.iterdir())}")
+        shutil.copy(kernels[-1], work / "vmlinuz")
+        shutil.copy(initrds[-1], work / "initrd.img")
+        log(f"mkfs.ext4 -d ({IMAGE_SIZE}, sparse)")
+        subprocess.run(
+            ["mkfs.ext4", "-q", "-L", "root", "-d", str(root), str(work / "disk.img"), IMAGE_SIZE],
+            check=True,
+        )
+        shutil.rmtree(root)
+        unit.unlink()
+        if out.exists():
+            shutil.rmtree(out)
+        work.rename(out)
+        return out
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def build_root() -> Path:
+    out = CACHE / f"buildroot-{_key(BUILD_PACKAGES, RECIPE)}"
+    if (out / "usr/bin/dpkg-buildpackage").exists():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="buildroot-", dir=CACHE))
+    try:
+        _mmdebstrap(work / "root", "buildd", BUILD_PACKAGES, [])
+        if out.exists():
+            shutil.rmtree(out)
+        (work / "root").rename(out)
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _source_files() -> list[str]:
+    """The checkout's files as a clean clone has them, plus uncommitted edits."""
+    r = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "ls-files", "--cached", "--others", "--exclude-standard"],
+        capture_output=True, text=True, check=True,
+    )
+    return [f for f in r.stdout.splitlines() if (CHECKOUT / f).is_file()]
+
+
+UPGRADE_SUFFIX = "+vmupgrade1"
+
+
+def build_debs(dest: Path) -> str:
+    """Build leviathd_*.deb from the checkout in the Debian 13 build root into
+    dest, and the same source as a higher version (changelog entry added here
+    only) into dest/upgrade for the upgrade check. Returns lintian's output on
+    the first."""
+    root = build_root()
+    build = root / "build"
+    shutil.rmtree(build, ignore_errors=True)
+    src = build / "leviathd"
+    src.mkdir(parents=True)
+    with open(build / "src.tar", "wb") as tar:
+        subprocess.run(["tar", "-C", str(CHECKOUT), "-cf", "-", *_source_files()],
+                       check=True, stdout=tar)
+    subprocess.run(["tar", "-C", str(src), "-xf", str(build / "src.tar")], check=True)
+    shutil.copy(HERE / "build-deb.sh", build / "build-deb.sh")
+    # A private mount namespace for /proc and /dev inside the root; nothing
+    # stays mounted on the host when it ends.
+    script = (
+        f'mount -t proc proc "{root}/proc" && mount --rbind /dev "{root}/dev" && '
+        f'exec chroot "{root}" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin '
+        f'HOME=/root LANG=C.UTF-8 /bin/sh /build/build-deb.sh "$0"'
+    )
+    subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, UPGRADE_SUFFIX],
+        check=True, stdin=subprocess.DEVNULL,
+    )
+    for sub in ("", "upgrade"):
+        debs = sorted((build / "out" / sub).glob("leviathd_*.deb"))
+        if len(debs) != 1:
+            raise RuntimeError(f"expected one leviathd_*.deb in out/{sub}, found {debs}")
+        (dest / sub).mkdir(parents=True, exist_ok=True)
+        shutil.copy(debs[0], dest / sub / debs[0].name)
+    return (build / "lintian.log").read_text(errors="replace")
+
+
+if __name__ == "__main__":
+    log(f"machine: {machine()}")
+    log(f"build root: {build_root()}")

@@ -1,0 +1,199 @@
+#!/bin/bash
+# Runs as root inside the Debian 13 VM (tests/vm/), started by
+# leviath-vmtest.service from the 9p share /mnt/host; the machine powers off
+# when it ends. It only gathers facts: each step writes results/NAME.rc (exit
+# status) and results/NAME.out (output), and tests/vm/test_debian13.py on the
+# host judges them, one pytest result per check. Steps run in order and later
+# ones build on earlier ones, but a failing step never stops the script.
+set -u
+H=/mnt/host
+R=$H/results
+mkdir -p "$R"
+exec >"$H/inside.log" 2>&1
+export LANG=C.UTF-8 PATH=/usr/sbin:/usr/bin:/sbin:/bin
+start=$(date +%s)
+
+# step NAME CMD...: run CMD, record its status and output (both streams).
+step() {
+    local name=$1 t0 rc
+    shift
+    t0=$(date +%s)
+    "$@" >"$R/$name.out" 2>&1 </dev/null
+    rc=$?
+    echo "$rc" >"$R/$name.rc"
+    echo "step $name: rc=$rc in $(($(date +%s) - t0))s"
+}
+# as USER CMD: a login shell of USER in ~/work (lev refuses the whole home).
+as() {
+    local user=$1
+    shift
+    runuser -l "$user" -c "cd ~/work && $*"
+}
+ps_json() { as alice "lev ps --all --json"; }
+unit_of() {  # unit_of ID: the agent's scope, from lev ps
+    ps_json | python3 -c "import json,sys; print(next(r['unit'] for r in json.load(sys.stdin) if r['id']=='$1'))"
+}
+cgroup_of() { echo "/sys/fs/cgroup$(systemctl show -P ControlGroup "$1")"; }
+wait_until() {  # wait_until SECONDS CMD...
+    local end=$(($(date +%s) + $1))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        [ "$(date +%s)" -lt "$end" ] || return 1
+        sleep 1
+    done
+}
+
+echo "booted in $(cut -d' ' -f1 /proc/uptime)s of guest uptime" >"$R/boot.out"
+step facts sh -c '
+    uname -r; systemctl --version | head -n 1
+    echo "cgroupfs: $(stat -fc %T /sys/fs/cgroup)"; cat /sys/fs/cgroup/cgroup.controllers
+    python3 --version
+    dpkg-query -W python3-dbus-fast python3-pydantic python3-pystemd python3-prctl podman crun
+    echo "is_system_running: $(systemctl is-system-running)"'
+
+# --- install, as docs/packaging.md says
+cp "$H"/leviathd_*.deb /root/
+deb=$(ls /root/leviathd_*.deb | head -n 1)
+step install apt-get install -y "$deb"
+step service_active sh -c 'systemctl is-enabled leviathd && systemctl is-active leviathd'
+step files dpkg -L leviathd
+step dirs stat -c '%n %a %U:%G' /var/lib/leviath /var/lib/leviath/scratch /var/lib/leviath/agents /etc/leviath
+usermod -aG leviath alice
+usermod -aG leviath bob
+for u in alice bob carol; do runuser -l "$u" -c 'mkdir -p ~/work'; done
+
+# --- the namespace fence (default config), from inside a real agent
+cp /mnt/host/escape_probe.py /tmp/probe.py
+runuser -l alice -c '
+    set -e; h=$HOME; mkdir -p $h/.ssh $h/app
+    printf %s "-----BEGIN OPENSSH PRIVATE KEY----- planted" > $h/.ssh/id_ed25519
+    chmod 600 $h/.ssh/id_ed25519
+    echo "github.com ssh-ed25519 AAAA" > $h/.ssh/known_hosts
+    ln -sf $h/.ssh/id_ed25519 $h/app/abs-link
+    ln -sf ../.ssh/id_ed25519 $h/app/rel-link
+    cp /tmp/probe.py $h/app/probe.py'
+runuser -l bob -c 'echo diary > ~/diary'
+mkdir -p /opt/suid && cp /usr/bin/id /opt/suid/id && chmod 4755 /opt/suid/id
+echo host > /tmp/host-only-marker
+python3 -c 'import socket,time; s=socket.create_server(("127.0.0.1", 47011)); s.listen(8); time.sleep(3600)' &
+listener=$!
+daemon_pid=$(systemctl show -P MainPID leviathd)
+cfg="{\"home\": \"/home/alice\", \"workdir\": \"/home/alice/app\", \"other_home\": \"/home/bob\", \"suid_dir\": \"/opt/suid\", \"suid_id\": \"/opt/suid/id\", \"port\": 47011, \"daemon_pid\": $daemon_pid}"
+step escape runuser -l alice -c "cd ~/app && GITHUB_TOKEN=ghp_planted AWS_SECRET_ACCESS_KEY=aws_planted lev run -- python3 probe.py '$cfg'"
+kill "$listener"
+
+# --- lev run / ps / systemctl / journalctl as a member
+step run_id as alice "lev run -- id"
+step run_detach as alice "lev run --detach -- sleep 900"
+long=$(tail -n 1 "$R/run_detach.out")
+step ps as alice "lev ps"
+long_unit=$(unit_of "$long")
+echo "$long $long_unit" >"$R/long_agent.out"
+step status systemctl status --no-pager "$long_unit"
+marker=journal-marker-$RANDOM
+step journal_agent as alice "lev run --detach -- sh -c 'echo $marker; sleep 1'"
+jid=$(tail -n 1 "$R/journal_agent.out")
+junit=$(unit_of "$jid")
+sleep 3
+journalctl --flush 2>/dev/null
+echo "$marker" >"$R/journal_marker.out"
+step journal_root journalctl --no-pager -o verbose -u "$junit"
+step lev_logs as alice "lev logs $jid"
+# Users may read only their own journal (user-UID.journal), and the agent's
+# output stream is opened by the root daemon before it becomes the user: as
+# alice this shows nothing unless she is in systemd-journal or adm.
+step journal_as_user as alice "journalctl --no-pager -u $junit"
+
+# --- a non-member is refused by polkit
+step nonmember as carol "lev run -- id"
+
+# --- limits in cgroup v2 files, fork bomb and memory hog
+cat >/etc/leviath/config.toml <<'EOF'
+[resources]
+memory_max = "64M"
+tasks_max = 24
+cpu_weight = 50
+cpu_quota = "50%"
+EOF
+systemctl reload leviathd
+sleep 2
+step limited as alice "lev run --detach -- sleep 900"
+lim=$(tail -n 1 "$R/limited.out")
+lim_unit=$(unit_of "$lim")
+lim_cg=$(cgroup_of "$lim_unit")
+step limits sh -c "echo cgroup=$lim_cg; for f in memory.max memory.swap.max pids.max cpu.weight cpu.max; do echo \$f=\$(cat $lim_cg/\$f); done"
+as alice "lev stop $lim" >/dev/null 2>&1
+
+step forkbomb_start as alice "lev run --detach -- bash -c 'while :; do sleep 600 & done'"
+fb=$(tail -n 1 "$R/forkbomb_start.out")
+fb_cg=$(cgroup_of "$(unit_of "$fb")")
+sleep 15
+step forkbomb sh -c "echo pids.current=\$(cat $fb_cg/pids.current); grep max $fb_cg/pids.events; systemctl is-active leviathd; as_alice=\$(runuser -l alice -c 'echo alive'); echo shell=\$as_alice"
+as alice "lev stop $fb" >/dev/null 2>&1
+step memhog as alice "lev run -- python3 -c 'b = bytearray(400 * 2**20); print(\"survived\", len(b))'"
+step memhog_after sh -c 'systemctl is-active leviathd; journalctl -k --no-pager | grep -ci "memory cgroup out of memory" || true'
+rm -f /etc/leviath/config.toml
+systemctl reload leviathd
+
+# --- --workdir-mode throwaway (its overlay mount fails in the test bed)
+step throwaway as alice "lev run --workdir-mode throwaway -- sh -c 'echo x > throwaway-file && cat throwaway-file'"
+step throwaway_after test ! -e /home/alice/work/throwaway-file
+
+# --- the container kind: rootful podman with crun on cgroup v2, the image
+# imported from a local tarball (static busybox; the VM has no network)
+step container_image sh -c '
+    set -e; d=$(mktemp -d /var/tmp/img.XXXXXX); chmod 755 "$d"
+    mkdir -p "$d/bin" "$d/etc" "$d/tmp" "$d/proc" "$d/sys" "$d/dev" "$d/root"; chmod 1777 "$d/tmp"
+    cp /bin/busybox "$d/bin/busybox"
+    for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$d/bin/$a"; done
+    echo "root:x:0:0:root:/root:/bin/sh" > "$d/etc/passwd"; echo "root:x:0:" > "$d/etc/group"
+    tar -C "$d" -cf "$d.tar" .
+    podman import --change "ENV PATH=/bin" "$d.tar" localhost/leviath-vm-busybox:1
+    podman info --format "{{.Host.OCIRuntime.Name}} {{.Host.CgroupsVersion}}"'
+cat >/etc/leviath/config.toml <<'EOF2'
+[sandbox]
+kind = "container"
+image = "localhost/leviath-vm-busybox:1"
+EOF2
+systemctl reload leviathd
+sleep 2
+step container as alice "lev run -- sh -c 'id -u; cat /proc/self/cgroup; test -e /home/bob && echo bob-visible || echo no-bob'"
+rm -f /etc/leviath/config.toml
+systemctl reload leviathd
+
+# --- agents survive a daemon restart
+step restart systemctl restart leviathd
+sleep 2
+step after_restart sh -c "systemctl is-active $long_unit && runuser -l alice -c 'cd ~/work && lev ps --json'"
+
+# --- upgrade to a higher version (if the host built one)
+if ls "$H"/upgrade/leviathd_*.deb >/dev/null 2>&1; then
+    cp "$H"/upgrade/leviathd_*.deb /root/upgrade.deb
+    step upgrade apt-get install -y /root/upgrade.deb
+    sleep 2
+    step after_upgrade sh -c "dpkg-query -W leviathd; systemctl is-active leviathd && systemctl is-active $long_unit && runuser -l alice -c 'cd ~/work && lev ps --json'"
+fi
+
+# --- purge leaves nothing behind
+as alice "lev stop $long" >/dev/null 2>&1
+step purge apt-get purge -y leviathd
+step leftovers sh -c '
+    for p in /usr/lib/systemd/system/leviathd.service /usr/lib/systemd/system/leviath.slice \
+             /lib/systemd/system/leviathd.service /etc/systemd/system/multi-user.target.wants/leviathd.service \
+             /usr/share/dbus-1/system.d/org.leviath.Manager1.conf \
+             /usr/share/dbus-1/system-services/org.leviath.Manager1.service \
+             /usr/share/polkit-1/actions/org.leviath.policy /usr/share/polkit-1/rules.d/50-leviath.rules \
+             /usr/lib/sysusers.d/leviathd.conf /usr/lib/tmpfiles.d/leviathd.conf \
+             /var/lib/leviath /etc/leviath /usr/bin/lev /usr/bin/leviathd; do
+        [ -e "$p" ] && echo "left: $p"
+    done
+    find /usr /etc /var -xdev -name "*leviath*" ! -name "leviath-vmtest.service" 2>/dev/null | sed "s/^/found: /"
+    true'
+
+# --- the unit tests, on Debian 13's python3 and libraries
+mkdir -p /root/src && cp -r "$H/src/." /root/src/
+step unit_tests sh -c 'cd /root/src && python3 -m pytest -q -p no:cacheprovider tests/unit'
+
+echo "$(($(date +%s) - start))" >"$R/inside_seconds.out"
+echo done >"$R/done.out"
+sync

@@ -1,0 +1,300 @@
+"""The .deb on a real Debian 13 machine (issue 11): built from the checkout in a
+Debian 13 root, installed with apt in a Debian 13 VM booted under QEMU (its
+own kernel, systemd as PID 1, pure cgroup v2, Debian's python3 libraries),
+driven as root and as real users by tests/vm/inside.sh. The VM boots once per
+session; each test below judges one check from what came back.
+
+Needs root, mmdebstrap and qemu-system-x86_64 (scripts/setup installs them).
+The first run builds and caches the image (/var/cache/leviath-vm/, a few
+minutes); under TCG the boot and the checks take several more. A VM that
+cannot boot or run the checks fails every test here, never skips them (with
+LEVIATH_REQUIRE_TESTBED=1, as in CI, missing tools fail too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import image
+import qemu
+
+T = TypeVar("T")
+pytestmark = pytest.mark.vm
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = float(os.environ.get("LEVIATH_VM_TIMEOUT", "2400"))
+KEEP = os.environ.get("LEVIATH_VM_KEEP")  # keep the share folder for a look
+
+
+@dataclass
+class Run:
+    share: Path
+    boot: qemu.Boot | None
+    timings: dict[str, float] = field(default_factory=dict)
+    lintian: str = ""
+
+    @property
+    def results(self) -> Path:
+        return self.share / "results"
+
+    def rc(self, name: str) -> int:
+        p = self.results / f"{name}.rc"
+        if not p.exists():
+            pytest.fail(f"step {name} never ran in the VM\n{self.tail()}", pytrace=False)
+        return int(p.read_text().strip())
+
+    def out(self, name: str) -> str:
+        p = self.results / f"{name}.out"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def ok(self, name: str) -> str:
+        """The step's output, after asserting it exited 0."""
+        out = self.out(name)
+        assert self.rc(name) == 0, f"{name} failed in the VM:\n{out[-3000:]}"
+        return out
+
+    def tail(self) -> str:
+        parts = []
+        for f in ("inside.log", *(f"console-{a}.log" for a in ("kvm", "tcg"))):
+            p = self.share / f
+            if p.exists():
+                parts.append(f"--- {f} (end)\n" + p.read_text(errors="replace")[-2500:])
+        return "\n".join(parts)
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("LEVIATH_REQUIRE_TESTBED", "") not in ("", "0"):
+        pytest.fail(f"the Debian 13 VM test cannot run here: {reason}", pytrace=False)
+    pytest.skip(f"Debian 13 VM unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def vm() -> Iterator[Run]:
+    if os.geteuid() != 0:
+        _unavailable("needs root (mmdebstrap, chroot build)")
+    for tool in ("mmdebstrap", "qemu-system-x86_64", "mkfs.ext4", "unshare"):
+        if shutil.which(tool) is None:
+            _unavailable(f"{tool} missing (run scripts/setup)")
+    share = Path(image.CACHE) / f"run-{os.getpid()}"
+    shutil.rmtree(share, ignore_errors=True)
+    (share / "results").mkdir(parents=True)
+    run = Run(share, None)
+    t = time.monotonic()
+
+    def timed(name: str, fn: Callable[[], T]) -> T:
+        t0 = time.monotonic()
+        try:
+            return fn()
+        finally:
+            run.timings[name] = time.monotonic() - t0
+
+    # The machine and the build root (then the .deb) are independent: build both at once.
+    with ThreadPoolExecutor(2) as pool:
+        machine_f = pool.submit(timed, "image", image.machine)
+        lintian_f = pool.submit(timed, "build_debs", lambda: image.build_debs(share))
+        machine = machine_f.result()
+        run.lintian = lintian_f.result()
+    run.timings["prepare"] = time.monotonic() - t
+    shutil.copy(Path(__file__).with_name("inside.sh"), share / "inside.sh")
+    shutil.copy(REPO / "tests" / "escape_probe.py", share / "escape_probe.py")
+    src = share / "src"
+    src.mkdir()
+    shutil.copytree(REPO / "leviathd", src / "leviathd",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "tests", src / "tests",
+                    ignore=shutil.ignore_patterns("__pycache__", "vm"))
+    shutil.copytree(REPO / "packaging", src / "packaging")
+    shutil.copy(REPO / "pyproject.toml", src / "pyproject.toml")
+    run.boot = qemu.run(machine, share, TIMEOUT)
+    run.timings["vm"] = run.boot.seconds
+    tm = run.timings
+    summary = (f"Debian 13 VM: accel {run.boot.accel}, image {tm['image']:.0f}s, "
+               f"build root+debs {tm['build_debs']:.0f}s, boot+checks {run.boot.seconds:.0f}s "
+               f"({run.out('boot').strip()}; checks {run.out('inside_seconds').strip()}s)"
+               + "".join(f"; {n}" for n in run.boot.notes))
+    print("\n" + summary, file=sys.stderr)
+    (share / "summary.txt").write_text(summary + "\n")
+    try:
+        yield run
+    finally:
+        if not KEEP:
+            shutil.rmtree(share, ignore_errors=True)
+
+
+def test_the_vm_booted_debian13_with_systemd_on_pure_cgroup_v2(vm: Run) -> None:
+    assert (vm.results / "boot.out").exists(), f"the VM never ran the checks\n{vm.tail()}"
+    assert (vm.results / "done.out").exists(), f"the checks did not finish\n{vm.tail()}"
+    facts = vm.ok("facts")
+    assert "cgroupfs: cgroup2fs" in facts, facts
+    assert "systemd 25" in facts, facts  # 257 in Debian 13
+    assert "Python 3.13" in facts, facts
+
+
+def test_apt_installs_the_deb_offline_with_dependencies_resolved(vm: Run) -> None:
+    out = vm.ok("install")
+    assert "Setting up leviathd" in out, out
+
+
+def test_units_land_in_usr_lib_systemd_system(vm: Run) -> None:
+    files = vm.ok("files").split()
+    assert "/usr/lib/systemd/system/leviathd.service" in files
+    assert "/usr/lib/systemd/system/leviath.slice" in files
+    assert not [f for f in files if f.startswith("/lib/")], files
+
+
+def test_lintian_reports_no_errors_or_warnings(vm: Run) -> None:
+    bad = [ln for ln in vm.lintian.splitlines() if ln[:2] in ("E:", "W:")]
+    assert not bad, vm.lintian
+
+
+def test_the_service_is_enabled_and_active_after_install(vm: Run) -> None:
+    assert vm.ok("service_active").split() == ["enabled", "active"]
+
+
+def test_state_and_config_folders_exist_with_their_modes(vm: Run) -> None:
+    out = vm.ok("dirs")
+    for line in ("/var/lib/leviath 711 root:root", "/var/lib/leviath/agents 700 root:root",
+                 "/etc/leviath 755 root:root"):
+        assert line in out, out
+
+
+def test_a_member_runs_an_agent_and_sees_its_output(vm: Run) -> None:
+    out = vm.ok("run_id")
+    assert "uid=1000(alice)" in out, out
+
+
+def test_a_member_sees_the_agent_in_lev_ps_and_systemctl_status(vm: Run) -> None:
+    agent_id, _unit = vm.out("long_agent").split()
+    assert agent_id in vm.ok("ps")
+    status = vm.ok("status")
+    assert "Active: active (running)" in status and "leviath.slice" in status, status
+
+
+def test_the_agents_output_is_in_the_journal_under_its_scope(vm: Run) -> None:
+    marker = vm.out("journal_marker").strip()
+    out = vm.ok("journal_root")
+    assert marker and f"MESSAGE={marker}" in out, out
+
+
+def test_the_member_reads_the_agents_log_with_lev_logs(vm: Run) -> None:
+    marker = vm.out("journal_marker").strip()
+    out = vm.ok("lev_logs")
+    assert marker and marker in out, out
+
+
+def test_a_non_member_is_refused_by_polkit(vm: Run) -> None:
+    out = vm.out("nonmember")
+    assert vm.rc("nonmember") != 0, out
+    assert "not authorized" in out, out
+
+
+def _limits(vm: Run) -> dict[str, str]:
+    return dict(ln.split("=", 1) for ln in vm.ok("limits").splitlines() if "=" in ln)
+
+
+def test_the_limits_are_in_the_cgroup_v2_files_under_leviath_slice(vm: Run) -> None:
+    lim = _limits(vm)
+    assert "/leviath.slice/" in lim["cgroup"], lim
+    assert lim["memory.max"] == str(64 * 2**20), lim
+    assert lim["memory.swap.max"] == "0", lim
+    assert lim["pids.max"] == "24", lim
+    assert lim["cpu.weight"] == "50", lim
+    assert lim["cpu.max"] == "50000 100000", lim
+
+
+def test_a_fork_bomb_stops_at_pids_max_and_the_machine_stays_usable(vm: Run) -> None:
+    out = vm.ok("forkbomb")
+    current = int(out.split("pids.current=")[1].split()[0])
+    assert current <= 24, out
+    assert "max " in out and "max 0" not in out, out  # pids.events counted refusals
+    assert "active" in out and "shell=alive" in out, out
+
+
+def test_a_memory_hog_is_killed_inside_its_own_limit(vm: Run) -> None:
+    out = vm.out("memhog")
+    assert vm.rc("memhog") != 0 and "survived" not in out, out
+    after = vm.ok("memhog_after")
+    assert after.splitlines()[0] == "active", after
+
+
+def _probe(vm: Run) -> dict[str, object]:
+    out = vm.ok("escape")
+    result: dict[str, object] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def test_escape_the_users_key_cannot_be_read_by_path_link_or_proc(vm: Run) -> None:
+    inside = _probe(vm)
+    for how in ("key_by_path", "key_via_abs_link", "key_via_rel_link",
+                "key_via_proc1_root", "key_via_proc_self_root", "key_via_daemon_root"):
+        assert str(inside[how]).startswith("err:"), (how, inside[how])
+
+
+def test_escape_no_capabilities_other_home_absent_and_only_own_processes(vm: Run) -> None:
+    inside = _probe(vm)
+    assert inside["CapEff"] == "0000000000000000"
+    assert inside["CapBnd"] == "0000000000000000"
+    assert inside["NoNewPrivs"] == "1"
+    assert inside["other_home"] == "err:ENOENT"
+    assert inside["pids"] == [1, 2]
+    for what in ("mount", "unshare_mnt", "unshare_user", "setns_pid1", "ptrace_pid1"):
+        assert str(inside[what]).startswith("err:"), (what, inside[what])
+    env = inside["env"]
+    assert isinstance(env, dict)
+    assert "GITHUB_TOKEN" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+
+
+def test_throwaway_workdir_mode_works_on_the_real_kernel(vm: Run) -> None:
+    out = vm.ok("throwaway")
+    assert out.strip().splitlines()[-1] == "x", out
+    assert vm.rc("throwaway_after") == 0, "the throwaway write reached the real workdir"
+
+
+def test_the_container_kind_runs_with_podman_on_cgroup_v2(vm: Run) -> None:
+    info = vm.ok("container_image").strip().splitlines()[-1]
+    assert info.endswith(" v2"), info
+    out = vm.ok("container")
+    lines = out.strip().splitlines()
+    assert lines[0] == "1000", out  # the agent runs as alice inside the container
+    assert "0::/" in out, out  # cgroup v2's single hierarchy
+    assert lines[-1] == "no-bob", out  # another user's home is not there
+
+
+def test_agents_survive_systemctl_restart_leviathd(vm: Run) -> None:
+    vm.ok("restart")
+    agent_id, _unit = vm.out("long_agent").split()
+    out = vm.ok("after_restart")
+    rows = json.loads(out[out.index("["):])
+    assert any(r["id"] == agent_id and r["state"] == "running" for r in rows), out
+
+
+def test_agents_survive_a_package_upgrade(vm: Run) -> None:
+    vm.ok("upgrade")
+    agent_id, _unit = vm.out("long_agent").split()
+    out = vm.ok("after_upgrade")
+    assert image.UPGRADE_SUFFIX in out, out
+    rows = json.loads(out[out.index("["):])
+    assert any(r["id"] == agent_id and r["state"] == "running" for r in rows), out
+
+
+def test_purge_leaves_no_unit_polkit_dbus_file_or_state(vm: Run) -> None:
+    vm.ok("purge")
+    left = vm.ok("leftovers").strip()
+    assert left == "", left
+
+
+def test_unit_tests_pass_on_debian13s_python_and_libraries(vm: Run) -> None:
+    out = vm.out("unit_tests")
+    assert vm.rc("unit_tests") == 0, out[-4000:]
+    assert " passed" in out and "skipped" not in out.splitlines()[-1], out[-2000:]
