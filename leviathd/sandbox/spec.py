@@ -628,6 +628,31 @@ def host_read_text(path: str, limit: int = 65536) -> str | None:
         os.close(fd)
 
 
+def host_read_text_as(uid: int, gid: int) -> Callable[[str], str | None]:
+    """host_read_text with `uid`/`gid` as the file-system ids (when root):
+    the user's own files (a workdir's `.git`, the git folder it names, their
+    `.gitconfig`) are read with the user's rights, never root's, so a link
+    planted on the way cannot make root read for them. fsuid is per thread
+    and nothing between the switch and its undoing yields."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+    def read(path: str) -> str | None:
+        if os.geteuid() != 0:
+            return host_read_text(path)
+        old_gid = libc.setfsgid(gid)
+        old_uid = libc.setfsuid(uid)
+        try:
+            return host_read_text(path)
+        finally:
+            libc.setfsuid(old_uid)
+            libc.setfsgid(old_gid)
+
+    return read
+
+
 def host_links() -> dict[str, str]:
     links: dict[str, str] = {}
     for path in SYSTEM_LINK_DIRS:
@@ -653,8 +678,9 @@ def build_spec_on_host(
     execution_id: str,
 ) -> SandboxSpec:
     """`build_spec` with the answers read from this machine, as the current
-    process sees it (the daemon reads the user's own files as the user)."""
-    gitconfig = host_read_text(posixpath.join(user.home, ".gitconfig"))
+    process sees it; the user's own files are read as the user."""
+    read_text = host_read_text_as(user.uid, user.gid)
+    gitconfig = read_text(posixpath.join(user.home, ".gitconfig"))
 
     return build_spec(
         effective,
@@ -663,7 +689,7 @@ def build_spec_on_host(
         execution_id,
         existing=host_exists,
         resolve=host_resolve,
-        read_text=host_read_text,
+        read_text=read_text,
         links=host_links(),
         git_identity=parse_git_identity(gitconfig) if gitconfig else None,
         other_homes=host_other_homes(user),
