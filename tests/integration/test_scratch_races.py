@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -256,11 +257,11 @@ def test_a_workdir_flipped_to_a_link_never_shows_the_links_target(
     assert ran > 0
 
 
-def test_a_git_file_naming_the_home_or_config_is_never_bound(bed: Testbed) -> None:
+def _plant_git_files(bed: Testbed, folder: str, targets: tuple[str, ...]) -> None:
     home = bed.users["alice"].home
-    proj = f"{home}/races/gitproj"
+    proj = f"{home}/races/{folder}"
     bed.run(["mkdir", "-p", proj], user="alice")
-    for target in (home, f"{home}/.config", "~/.config", "../.."):
+    for target in targets:
         # The agent plants the file; the next run in the same folder tries it.
         bed.run(["lev", "run", "--workdir", proj, "--", "sh", "-c",
                  f"printf 'gitdir: {target}\\n' > .git"], user="alice")  # fmt: skip
@@ -271,6 +272,33 @@ def test_a_git_file_naming_the_home_or_config_is_never_bound(bed: Testbed) -> No
         assert bed.read_file(f"{home}/.bashrc") == "# alice rc\n", target
         assert bed.run(["test", "-e", f"{home}/.config/systemd/user/agent.service"],
                        check=False).returncode != 0, target  # fmt: skip
+
+
+def test_a_git_file_naming_the_home_or_config_is_never_bound(bed: Testbed) -> None:
+    home = bed.users["alice"].home
+    _plant_git_files(bed, "gitproj", (home, f"{home}/.config", "~/.config", "../.."))
+
+
+def test_in_a_container_a_git_file_naming_the_home_or_config_is_never_bound(
+    bed: Testbed,
+) -> None:
+    from test_container import BUILD_IMAGE, IMAGE  # the bed's busybox image
+
+    r = bed.run(BUILD_IMAGE, check=False, timeout=300)
+    if r.returncode == 3:
+        if os.environ.get("LEVIATH_REQUIRE_TESTBED", "") not in ("", "0"):
+            pytest.fail(r.stderr.strip(), pytrace=False)
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    bed.write_file("/etc/leviath/config.toml",
+                   f'[sandbox]\nkind = "container"\nimage = "{IMAGE}"\nnetwork = false\n')
+    bed.run(["systemctl", "restart", "leviathd"])
+    try:
+        home = bed.users["alice"].home
+        _plant_git_files(bed, "cgitproj", (f"{home}/.config", home))
+    finally:
+        bed.write_file("/etc/leviath/config.toml", '[sandbox]\nkind = "namespace"\n')
+        bed.run(["systemctl", "restart", "leviathd"])
 
 
 def test_scratch_is_bounded_by_the_configured_size(bed: Testbed) -> None:
