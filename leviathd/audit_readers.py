@@ -73,16 +73,25 @@ class Readers:
             )
         # Held from the check on, before the first await: calls sent all at
         # once run interleaved, and each must see the others' places taken.
+        # The place passes to the reader itself once it is live.
         self._starting[who.uid] += 1
+        place = [who.uid]
         try:
-            return await self._start(who, argv, agent_id=agent_id, follow=follow)
+            return await self._start(who, argv, place, agent_id=agent_id, follow=follow)
         finally:
-            self._starting[who.uid] -= 1
-            if not self._starting[who.uid]:
-                del self._starting[who.uid]
+            self._release(place)
+
+    def _release(self, place: list[int]) -> None:
+        """Give back a place taken in start(), once."""
+        if place:
+            uid = place.pop()
+            self._starting[uid] -= 1
+            if not self._starting[uid]:
+                del self._starting[uid]
 
     async def _start(
-        self, who: Caller, argv: Sequence[str], *, agent_id: str, follow: bool
+        self, who: Caller, argv: Sequence[str], place: list[int], *, agent_id: str,
+        follow: bool,
     ) -> int:
         await self._watch(who.sender)
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
@@ -97,6 +106,7 @@ class Readers:
         finally:
             os.close(write_fd)
         reader = _Reader(proc, who.uid, who.sender, agent_id, follow)
+        self._release(place)
         self._live.add(reader)
         asyncio.get_running_loop().create_task(self._reap(reader))
         if not await self._has_owner(who.sender):
