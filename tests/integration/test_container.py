@@ -511,6 +511,12 @@ def test_lev_stop_ends_the_container_agent_and_removes_its_container(
     agent_id = start(daemon, "sleep", "300")
     row = ps(daemon, agent_id)
     assert cbed.containers(agent_id), "no container while the agent runs"
+    # The workdir is bound from the folder alice's process opened, pinned at a
+    # root-only path, never by its own path.
+    sources = daemon.run(["podman", "inspect", "-f", "{{range .Mounts}}{{.Source}} {{end}}",
+                          cbed.containers(agent_id)[0]]).stdout.split()  # fmt: skip
+    assert f"/run/leviath/containers/pinned/{agent_id}/workdir" in sources, sources
+    assert f"{daemon.users['alice'].home}/cwork" not in sources
     status = daemon.run(["systemctl", "status", "--no-pager", str(row["unit"])]).stdout
     assert "libpod-" in status and "sleep 300" in status
     # lev ps reads MEM and TASKS from the unit: the container's processes
@@ -523,6 +529,13 @@ def test_lev_stop_ends_the_container_agent_and_removes_its_container(
     lev(daemon, "alice", "stop", agent_id)
     assert wait_ended(daemon, agent_id)["state"] == "stopped"
     wait_no_containers(cbed, agent_id)
+    pin = f"/run/leviath/containers/pinned/{agent_id}"
+    for _ in range(50):
+        if daemon.run(["test", "-e", pin], check=False).returncode != 0:
+            break
+        time.sleep(0.2)
+    assert daemon.run(["test", "-e", pin], check=False).returncode != 0, "pin left behind"
+    assert pin not in daemon.run(["cat", "/proc/self/mountinfo"]).stdout
 
 
 def test_a_container_left_when_the_daemon_was_killed_is_removed_when_it_restarts(
