@@ -71,10 +71,30 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 _UNFILTERED = frozenset({"tool", "mcp", "logs"})
 
 
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """`lev run [options] [BLUEPRINT] -- COMMAND...`: what follows the first
+    `--` is the agent's command, left out of parsing, so that options may
+    stand anywhere before it and nothing after it is taken for one."""
+    if "--" not in argv:
+        return argv, None
+    at = argv.index("--")
+    return argv[:at], argv[at + 1:]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    first = next((a for a in argv if not a.startswith("-")), None)
+    command_argv = None
+    if first == "run":
+        argv, command_argv = split_command(argv)
+    args = build_parser(first).parse_args(argv)
+    if command_argv is not None:
+        args.command_argv = command_argv
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    first = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(first).parse_args(argv)
+    args = parse(argv)
     if args.command not in _UNFILTERED and isinstance(sys.stdout, io.TextIOWrapper):
         # Whatever a command prints may hold strings an agent chose.
         sys.stdout = EscapingStream(sys.stdout)

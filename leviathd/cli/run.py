@@ -20,10 +20,15 @@ from leviathd.safetext import NAME_RE, escape
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "run", help="run an agent", usage="lev run [options] (BLUEPRINT | -- COMMAND...)"
+        "run", help="start an agent from a blueprint or a command (attached by default)",
+        usage="lev run [options] (BLUEPRINT | -- COMMAND...)",
+        description="Start an agent as you, fenced. Options go anywhere before `--`: "
+        "lev run reviewer --workdir ~/src/app, lev run --detach -- make test.",
     )
-    p.add_argument("--workdir", "-w", help="the agent's working directory (default: here)")
-    p.add_argument("--detach", "-d", action="store_true", help="print the id and return")
+    p.add_argument("--workdir", "-w", metavar="DIR",
+                   help="the agent's working directory (default: here)")
+    p.add_argument("--detach", "-d", action="store_true",
+                   help="print the agent's id (and its unit on stderr) and return")
     p.add_argument(
         "--workdir-mode", choices=("rw", "ro", "throwaway"), default="rw",
         help="workdir read-write (default), read-only, or under a throwaway layer",
@@ -32,8 +37,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--no-sandbox", action="store_true",
         help="run without a sandbox (needs polkit action org.leviath.agent.run-unsandboxed)",
     )
-    p.add_argument("target", nargs=argparse.REMAINDER, help="a blueprint, or -- and a command")
-    p.set_defaults(func=main)
+    p.add_argument(
+        "blueprint", nargs="?", metavar="BLUEPRINT",
+        help="an installed agent's name (lev add, lev list), or a blueprint folder or file",
+    )
+    # What follows `--` is split off before parsing (main.split_command), so
+    # options may come before or after BLUEPRINT and never reach the command.
+    p.set_defaults(func=main, command_argv=None)
 
 
 def blueprint_file(arg: str) -> Path:
@@ -85,7 +95,7 @@ def _utf8_env() -> dict[str, str]:
 
 
 def build_request(args: argparse.Namespace) -> dict[str, Variant]:
-    target: list[str] = list(args.target)
+    command: list[str] | None = args.command_argv
     workdir = _utf8(os.path.abspath(args.workdir or os.getcwd()), "the workdir")
     req: dict[str, Variant] = {
         "workdir": Variant("s", workdir),
@@ -94,17 +104,25 @@ def build_request(args: argparse.Namespace) -> dict[str, Variant]:
     }
     if args.no_sandbox:
         req["sandbox"] = Variant("s", "none")
-    if target and target[0] == "--":
-        if len(target) < 2:
-            raise InvalidArgument("nothing to run after --")
-        req["command"] = Variant("as", [_utf8(a, "the command") for a in target[1:]])
-    elif len(target) == 1:
-        path = blueprint_file(target[0])
+    if command is not None and args.blueprint is not None:
+        raise InvalidArgument(
+            "give a blueprint or -- and a command, not both "
+            f"(blueprint {escape(args.blueprint, 80)!r})"
+        )
+    if command is not None:
+        if not command:
+            raise InvalidArgument("nothing to run after -- (lev run -- make test)")
+        req["command"] = Variant("as", [_utf8(a, "the command") for a in command])
+    elif args.blueprint is not None:
+        path = blueprint_file(args.blueprint)
         # Read here, as the user: the daemon never opens a path a client names.
         req["blueprint"] = Variant("s", path.read_text())
         req["blueprint_source"] = Variant("s", str(path))
     else:
-        raise InvalidArgument("give a blueprint, or -- and a command (lev run -- make test)")
+        raise InvalidArgument(
+            "nothing to run: give a blueprint (lev run my-agent) or -- and a command "
+            "(lev run -- make test)"
+        )
     return req
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 VENV = "/opt/leviath-dev/venv"
 PACKAGE_DIR = "/usr/lib/leviathd-test"
+EXAMPLES_DIR = "/usr/share/doc/leviathd/examples"
 UNIT_SUFFIXES = (".service", ".slice", ".socket", ".timer", ".target", ".path", ".mount")
 # Console entry points (pyproject's [project.scripts]), as /usr/bin wrappers.
 ENTRY_POINTS = {"lev": "leviathd.cli.main", "leviathd": "leviathd.daemon"}
@@ -90,6 +91,12 @@ def install_project(bed: Testbed, checkout: Path, *, systemd: bool = True) -> No
     bed.write_file(f"{purelib}/00-leviathd-test.pth", PACKAGE_DIR + "\n")
     for name, module in ENTRY_POINTS.items():
         bed.write_file(f"/usr/bin/{name}", _wrapper(module), mode=0o755)
+    # Where the packages put examples/ (dh_installexamples, %doc): the docs
+    # name this path.
+    if (checkout / "examples").is_dir():
+        bed.run(["rm", "-rf", EXAMPLES_DIR])
+        bed.copy_in(checkout / "examples", EXAMPLES_DIR)
+        bed.run(["chmod", "-R", "a+rX,go-w", EXAMPLES_DIR])
 
     installed = destinations(checkout)
     for src, dest in installed:

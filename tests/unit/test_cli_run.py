@@ -1,0 +1,52 @@
+"""`lev run`'s command line: options anywhere before `--`, and messages that
+say what was wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leviathd.cli import run
+from leviathd.cli.main import parse
+from leviathd.errors import InvalidArgument
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--detach", "my-agent", "--workdir", "/src/app"],
+    ["run", "my-agent", "--workdir", "/src/app", "--detach"],
+    ["run", "-w", "/src/app", "-d", "my-agent"],
+])
+def test_options_before_or_after_the_blueprint(argv: list[str]) -> None:
+    args = parse(argv)
+    assert (args.blueprint, args.workdir, args.detach) == ("my-agent", "/src/app", True)
+    assert args.command_argv is None
+
+
+def test_everything_after_the_double_dash_is_the_command() -> None:
+    args = parse(["run", "--detach", "--", "make", "--workdir", "x", "--", "-d"])
+    assert args.blueprint is None and args.workdir is None and args.detach
+    assert args.command_argv == ["make", "--workdir", "x", "--", "-d"]
+
+
+def test_messages_name_what_is_wrong(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="nothing to run: give a blueprint"):
+        run.build_request(parse(["run", "-w", str(tmp_path)]))
+    with pytest.raises(InvalidArgument, match="nothing to run after --"):
+        run.build_request(parse(["run", "--"]))
+    with pytest.raises(InvalidArgument, match="not both"):
+        run.build_request(parse(["run", "my-agent", "--", "id"]))
+    with pytest.raises(SystemExit):
+        parse(["run", "one", "two"])
+
+
+def test_a_blueprint_given_with_options_after_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = tmp_path / "store" / "my-agent"
+    agent.mkdir(parents=True)
+    (agent / "blueprint.toml").write_text('[agent]\nname = "my-agent"\n')
+    monkeypatch.setenv("LEVIATH_AGENT_STORE", str(tmp_path / "store"))
+    req = run.build_request(parse(["run", "my-agent", "--workdir", str(tmp_path)]))
+    assert req["workdir"].value == str(tmp_path)
+    assert "my-agent" in req["blueprint"].value and "command" not in req
