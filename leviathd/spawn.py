@@ -185,25 +185,46 @@ def _child(
         (str(step["label"]), SandboxSpec.from_dict(step["spec"]))
         for step in json.loads(payload)["steps"]
     ]
-    return _supervise(steps, exit_path, identifier, unit, stdio)
+    return _supervise(steps, exit_path, identifier, unit, stdio, user)
 
 
-def _supervise(
-    steps: list[tuple[str, SandboxSpec]], exit_path: str, identifier: str, unit: str,
-    stdio: Stdio,
-) -> int:
-    """Run each step (seed commands, then stages or the command) in turn, in
-    its own fence, stopping at the first that fails; the agent's exit status
-    is the last step's."""
-    agent_id = os.path.basename(exit_path).split(".")[0]
-    # We are in the scope now: journald files these streams under its unit.
-    # Without journald (systemd is not PID 1) both go to the agent's log file.
+def _output_streams(
+    user: UserInfo | None, identifier: str, unit: str, agent_id: str
+) -> tuple[int, int, journal.UserStreams | None]:
+    """Where the agent's stdout and stderr go: streams its user connected
+    (her own journal), else root's streams (the system journal), else,
+    without journald, the agent's log file."""
+    if user is not None and user.uid != 0 and os.path.exists(journal.STDOUT_SOCKET):
+        try:
+            streams = journal.UserStreams.open(
+                user.uid, user.gid,
+                [(identifier, syslog.LOG_INFO), (identifier, syslog.LOG_WARNING)], unit,
+            )
+            return streams.fds[0], streams.fds[1], streams
+        except OSError as exc:
+            journal.record_after_fork(
+                f"agent {agent_id}: output goes to the system journal: {exc}",
+                priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
+            )
     j_out = journal.open_stream(
         identifier, priority=syslog.LOG_INFO, unit=unit, agent_id=agent_id
     )
     j_err = journal.open_stream(
         identifier, priority=syslog.LOG_WARNING, unit=unit, agent_id=agent_id
     )
+    return j_out, j_err, None
+
+
+def _supervise(
+    steps: list[tuple[str, SandboxSpec]], exit_path: str, identifier: str, unit: str,
+    stdio: Stdio, user: UserInfo | None = None,
+) -> int:
+    """Run each step (seed commands, then stages or the command) in turn, in
+    its own fence, stopping at the first that fails; the agent's exit status
+    is the last step's."""
+    agent_id = os.path.basename(exit_path).split(".")[0]
+    # We are in the scope now: journald files these streams under its unit.
+    j_out, j_err, user_streams = _output_streams(user, identifier, unit, agent_id)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -234,6 +255,8 @@ def _supervise(
             break
     if stdio.stdin is not None:
         os.close(stdio.stdin)
+    if user_streams is not None:
+        user_streams.close()
     _write_exit(exit_path, code)
     return code
 

@@ -97,6 +97,115 @@ def open_log_file(agent_id: str) -> int:
     return fd
 
 
+class UserStreams:
+    """The agent's output relayed to journald by a process running as the
+    agent's user inside its scope (the relay), so that journald files it into
+    that user's journal (SplitMode=uid), where plain `journalctl -u UNIT`
+    shows it to her, and to nobody else but admins. journald takes _UID, _PID
+    and the unit from whoever writes each chunk, not from who connected, so
+    the relay must do the writing; the supervisor writes into its pipes.
+
+    The relay holds nothing but those pipes and its streams, and is not
+    dumpable (it changed its ids), so its user cannot reach the supervisor
+    through it; she can kill it, which only costs her her own agent's log."""
+
+    def __init__(self, fds: list[int], pid: int) -> None:
+        self.fds = fds
+        self._pid = pid
+
+    @classmethod
+    def open(cls, uid: int, gid: int, streams: list[tuple[str, int]], unit: str) -> UserStreams:
+        """`streams`: (identifier, priority) each; the write ends come back in
+        that order."""
+        headers = [safetext.stream_header(identifier=i, unit=unit, priority=p)
+                   for i, p in streams]
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in headers]
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the relay
+            code = 1
+            try:
+                code = _relay(uid, gid, headers, [r for r, _w in pipes], ready_w)
+            finally:
+                os._exit(code)
+        os.close(ready_w)
+        for r, _w in pipes:
+            os.close(r)
+        answer = os.read(ready_r, 1)
+        os.close(ready_r)
+        writers = [w for _r, w in pipes]
+        if answer != b"1":
+            for fd in writers:
+                os.close(fd)
+            os.waitpid(pid, 0)
+            raise OSError("could not connect the agent's journal streams as its user")
+        return cls(writers, pid)
+
+    def close(self) -> None:
+        """After the last write: the relay sends what is left and ends."""
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.waitpid(self._pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _relay(uid: int, gid: int, headers: list[bytes], readers: list[int], ready: int) -> int:
+    import fcntl
+    import select
+    import termios
+    import time
+
+    low = 0
+    for fd in sorted({ready, *readers}):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    routes: dict[int, int] = {}
+    try:
+        for header, reader in zip(headers, readers, strict=True):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(STDOUT_SOCKET)
+            sock.shutdown(socket.SHUT_RD)
+            sock.sendall(header)
+            routes[reader] = sock.detach()
+    except OSError:
+        return 1
+    os.write(ready, b"1")
+    os.close(ready)
+    while routes:
+        for fd in select.select(list(routes), [], [])[0]:
+            data = os.read(fd, 65536)
+            if not data:
+                os.close(fd)
+                out = routes.pop(fd)
+                # journald reads the writer's cgroup when it gets to the data:
+                # stay in the scope until it has taken all of it.
+                deadline = time.monotonic() + 2
+                buf = bytearray(4)
+                while time.monotonic() < deadline:
+                    fcntl.ioctl(out, termios.TIOCOUTQ, buf)
+                    if int.from_bytes(buf, "little") == 0:
+                        break
+                    time.sleep(0.01)
+                continue
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(routes[fd], view):]
+            except OSError:
+                pass
+    time.sleep(0.1)
+    return 0
+
+
 def open_stream(identifier: str, *, priority: int, unit: str = "", agent_id: str = "") -> int:
     """What sd_journal_stream_fd() does: a write-only stream whose lines
     journald records with the identity (and so the unit) of the connecting
