@@ -121,6 +121,22 @@ async def serve() -> int:
         on_started=started, on_ended=ended,
     )
     agents.podman_only = not systemd_booted
+
+    def on_file_change() -> None:
+        try:
+            agents.load_machine_config()
+            journal.record(f"{machine_config_path()} changed: reloaded", LEVIATH_EVENT="reload")
+        except LeviathError as exc:
+            journal.record(
+                f"{machine_config_path()} changed but does not load; the old configuration "
+                f"stays in force: {exc}",
+                priority=syslog.LOG_ERR, LEVIATH_EVENT="reload-failed",
+            )
+
+    # Watching before the read and long before READY=1: an edit made the
+    # moment `systemctl restart` returns is then seen, by the read or the watch.
+    watcher = ConfigWatcher(machine_config_path(), on_file_change)
+    watcher.start()
     agents.load_machine_config()
     gate = GateService(bus, agents, state_dir=state_dir())
     gate.install()
@@ -149,19 +165,6 @@ async def serve() -> int:
             log.error("configuration not reloaded, the old one stays in force: %s", exc)
         notify.ready("serving")
 
-    def on_file_change() -> None:
-        try:
-            agents.load_machine_config()
-            journal.record(f"{machine_config_path()} changed: reloaded", LEVIATH_EVENT="reload")
-        except LeviathError as exc:
-            journal.record(
-                f"{machine_config_path()} changed but does not load; the old configuration "
-                f"stays in force: {exc}",
-                priority=syslog.LOG_ERR, LEVIATH_EVENT="reload-failed",
-            )
-
-    watcher = ConfigWatcher(machine_config_path(), on_file_change)
-    watcher.start()
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
@@ -204,7 +207,31 @@ class _JournalPriority(logging.Formatter):
         return "\n".join(f"<{level}>{line}" for line in text.splitlines() or [""])
 
 
-def main() -> int:
+def _arguments(argv: list[str]) -> None:
+    """--help and --version print and exit; the daemon takes no other
+    arguments (its settings are the environment and /etc/leviath)."""
+    import argparse
+
+    from leviathd import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="leviathd",
+        description="The leviathd system service: runs AI agents fenced, one systemd scope "
+        "each, for local users who ask over D-Bus (org.leviath.Manager1). Started by "
+        "systemd (leviathd.service) as root; users drive it with `lev`.",
+        epilog="Environment: LEVIATH_CONFIG (default /etc/leviath/config.toml), "
+        "LEVIATH_STATE_DIR (default /var/lib/leviath). See docs/ and `man lev`.",
+    )
+    parser.add_argument("--version", action="version", version=f"leviathd {__version__}")
+    parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _arguments(sys.argv[1:] if argv is None else argv)
+    if os.geteuid() != 0:
+        print("leviathd: must run as root (it starts agents as their users); it is "
+              "started by systemd: `systemctl start leviathd`", file=sys.stderr)
+        return 1
     fmt = "%(levelname)s %(name)s: %(message)s"
     if os.environ.get("JOURNAL_STREAM"):
         handler = logging.StreamHandler()
@@ -212,9 +239,6 @@ def main() -> int:
         logging.basicConfig(level=logging.INFO, handlers=[handler])
     else:
         logging.basicConfig(level=logging.INFO, format=fmt)
-    if os.geteuid() != 0:
-        print("leviathd: must run as root (it starts agents as their users)", file=sys.stderr)
-        return 1
     try:
         return asyncio.run(serve())
     except LeviathError as exc:

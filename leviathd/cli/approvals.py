@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls.set_defaults(func=run_list)
 
     ap = sub.add_parser("approve", help="answer a held tool call")
-    ap.add_argument("request_id", metavar="ID")
+    ap.add_argument("request_id", metavar="ID", help="the held call's id, from lev approvals")
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--once", dest="answer", action="store_const", const="once",
                        help="let this call run")

@@ -18,15 +18,15 @@ COLUMNS = ("ID", "USER", "AGENT", "STATE", "SANDBOX", "READS", "MEM", "TASKS", "
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    ps = sub.add_parser("ps", help="list agents")
+    ps = sub.add_parser("ps", help="list your agents (everyone's with manage-any)")
     ps.add_argument("--all", "-a", action="store_true", help="include agents that ended")
     ps.add_argument("--json", action="store_true", help="machine-readable output")
     ps.set_defaults(func=ps_main)
     stop = sub.add_parser("stop", help="stop an agent")
-    stop.add_argument("id")
+    stop.add_argument("id", metavar="ID", help="the agent's id (eight hex digits, from lev ps)")
     stop.set_defaults(func=stop_main)
     logs = sub.add_parser("logs", help="show an agent's output (from the journal)")
-    logs.add_argument("id")
+    logs.add_argument("id", metavar="ID", help="the agent's id (eight hex digits, from lev ps)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
     logs.add_argument(
         "--raw", action="store_true",

@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a blueprint folder or file, an installed agent's name, or a started agent's id",
     )
     p.add_argument("--workdir", "-w", help="the workdir to assume (default: here)")
-    p.add_argument("--workdir-mode", choices=("rw", "ro", "throwaway"), default="rw")
+    p.add_argument("--workdir-mode", choices=("rw", "ro", "throwaway"), default="rw",
+                   help="the workdir mode to assume, as for lev run (default rw)")
     p.add_argument("--stage", help="show this stage's sandbox instead of the agent's")
     p.add_argument("--json", action="store_true", help="print the spec as JSON")
     p.set_defaults(func=main)

@@ -47,11 +47,41 @@ COMMAND_MODULES: dict[str, str] = {
 }
 
 
+# How `lev --help` lists the commands; one missing here shows under "other".
+GROUPS: dict[str, tuple[str, ...]] = {
+    "running agents": ("run", "ps", "stop", "logs", "inspect"),
+    "agent store": ("add", "list", "validate"),
+    "policy": ("policy", "approvals", "approve", "audit"),
+    "inside an agent": ("tool", "mcp"),
+}
+
+
+def _grouped(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> str:
+    helps = {a.dest: a.help or "" for a in sub._choices_actions}
+    width = max(map(len, helps), default=0) + 2
+    listed: set[str] = set()
+    out = []
+    for title, names in [*GROUPS.items(), ("other", tuple(helps))]:
+        rows = [n for n in names if n in helps and n not in listed]
+        if rows:
+            out.append(f"{title}:")
+            out += [f"  {n:<{width}}{helps[n]}" for n in rows]
+            out.append("")
+            listed.update(rows)
+    return "\n".join(out)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    from leviathd import __version__
+
     parser = argparse.ArgumentParser(
-        prog="lev", description="Run and inspect fenced AI agents (leviathd)."
+        prog="lev", description="Run and inspect fenced AI agents (leviathd).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="`lev COMMAND --help` tells more; docs/cli.md has them all.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action="version", version=f"lev {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                title="commands")
     wanted = COMMAND_MODULES.get(command or "")
     for name in (wanted,) if wanted else SUBCOMMAND_MODULES:
         try:
@@ -62,6 +92,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    # The commands by what they are for, one line each, instead of argparse's
+    # one alphabet-free list.
+    parser.description = f"{parser.description}\n\n{_grouped(sub)}".rstrip()
+    sub._choices_actions = []
+    sub.help = "one of the commands above"
     return parser
 
 

@@ -43,8 +43,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls.set_defaults(func=run_list)
 
     add = psub.add_parser("add", help="add an [[allowlist]] rule")
-    add.add_argument("tool")
-    add.add_argument("--target", required=True, metavar="GLOB")
+    add.add_argument("tool", help="the tool the rule is for (http_post, ...)")
+    add.add_argument("--target", required=True, metavar="GLOB",
+                     help="where the tool may send: a host, path or name glob (*.example.com)")
     add.add_argument("--max-sensitivity", required=True, metavar="LEVEL",
                      help="public, internal or private")
     add.add_argument("--system", action="store_true",
@@ -53,9 +54,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add.set_defaults(func=run_add)
 
     test = psub.add_parser("test", help="dry-run the gate for one call, printing each step")
-    test.add_argument("tool")
+    test.add_argument("tool", help="the tool to dry-run (read_file, http_post, ...)")
     test.add_argument("--target", default="", metavar="T", help="path, host or name")
-    test.add_argument("--taint", default="public", metavar="LEVEL")
+    test.add_argument("--taint", default="public", metavar="LEVEL",
+                      help="what the agent has read so far: public (default), internal, private")
     test.add_argument("--agent", default="", help="agent name (per-agent tables)")
     test.add_argument("--blueprint", help="blueprint folder or file (declared read paths)")
     test.add_argument("--workdir", default=".", help="the run's workdir (default: here)")

@@ -76,7 +76,7 @@ def register(subparsers: Any) -> None:
         "(~/.local/share/leviath/agents/NAME, or $LEVIATH_AGENT_STORE). An installed "
         "agent is replaced only with --force.",
     )
-    add.add_argument("path", metavar="PATH")
+    add.add_argument("path", metavar="PATH", help="a folder holding blueprint.toml")
     add.add_argument("--force", action="store_true", help="replace an installed agent")
     add.set_defaults(func=_add)
 

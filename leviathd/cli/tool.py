@@ -14,6 +14,10 @@ from typing import Any
 from leviathd.errors import InvalidArgument, LeviathError, Unavailable
 
 DEFAULT_SOCKET = "/run/leviath/broker.sock"
+OUTSIDE_AN_AGENT = (
+    "lev tool and lev mcp work only inside an agent, where they reach its broker "
+    f"({DEFAULT_SOCKET}); try one: lev run -- lev tool --ledger"
+)
 
 
 def broker_socket() -> str:
@@ -30,6 +34,8 @@ class BrokerClient:
             self._sock.connect(self.path)
         except OSError as exc:
             self._sock.close()
+            if "LEVIATH_BROKER" not in os.environ and not os.path.exists(self.path):
+                raise Unavailable(OUTSIDE_AN_AGENT) from None
             raise Unavailable(f"cannot reach the broker at {self.path}: {exc.strerror}") from None
         self._file = self._sock.makefile("rb")
         self._next = 0

@@ -167,7 +167,8 @@ def register(subparsers: Any) -> None:
         "agent's name) against the machine's and your config.toml. Exit status: 0 valid, "
         "1 invalid, 2 valid with warnings when --deny-warnings is given.",
     )
-    p.add_argument("blueprint", metavar="PATH|NAME")
+    p.add_argument("blueprint", metavar="PATH|NAME",
+                   help="an installed agent's name, or a blueprint folder or file (./NAME here)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--deny-warnings", action="store_true", help="exit 2 when there are warnings")
     p.set_defaults(func=_run)
