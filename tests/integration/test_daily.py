@@ -67,3 +67,47 @@ def test_the_owner_reads_her_agents_output_with_journalctl_and_bob_does_not(
     assert row["id"] in events
     logs = bed.run(["lev", "logs", row["id"]], user="alice").stdout
     assert "journal-out-7" in logs and "journal-err-7" in logs
+
+
+def _tasks_max_of_a_new_agent(bed: Testbed) -> str:
+    home = bed.users["alice"].home
+    agent_id = bed.run(["lev", "run", "--detach", "--workdir", f"{home}/work", "--",
+                        "sleep", "30"], user="alice").stdout.strip()
+    rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
+    unit = next(r["unit"] for r in rows if r["id"] == agent_id)
+    tasks = bed.run(["systemctl", "show", "-P", "TasksMax", unit]).stdout.strip()
+    bed.run(["lev", "stop", agent_id], user="alice")
+    return tasks
+
+
+def test_a_config_edit_right_after_a_restart_is_applied(bed: Testbed) -> None:
+    try:
+        for attempt in range(4):
+            bed.write_file("/etc/leviath/config.toml", CONFIG + "[resources]\ntasks_max = 40\n")
+            # The edit in the same shell, the moment `systemctl restart` returns.
+            bed.run("systemctl restart leviathd && cat > /etc/leviath/config.toml.new && "
+                    "mv -f /etc/leviath/config.toml.new /etc/leviath/config.toml",
+                    input=CONFIG + "[resources]\ntasks_max = 41\n")
+            time.sleep(0.5)  # the watch's settle time, not a wait for the daemon
+            assert _tasks_max_of_a_new_agent(bed) == "41", f"attempt {attempt}"
+    finally:
+        bed.write_file("/etc/leviath/config.toml", CONFIG)
+        bed.run(["systemctl", "restart", "leviathd"])
+
+
+def test_leviathd_help_version_and_refusal_as_a_user(bed: Testbed) -> None:
+    r = bed.run(["leviathd", "--help"], user="alice")
+    assert r.stdout.startswith("usage: leviathd")
+    assert bed.run(["leviathd", "--version"], user="alice").stdout.startswith("leviathd ")
+    assert bed.run(["lev", "--version"], user="alice").stdout.startswith("lev ")
+    r = bed.run(["leviathd"], user="alice", check=False, timeout=20)
+    assert r.returncode == 1 and "must run as root" in r.stderr, r
+
+
+def test_lev_tool_and_mcp_outside_an_agent_say_they_work_inside_one(bed: Testbed) -> None:
+    for argv in (["lev", "tool", "read_file", "x"], ["lev", "mcp"]):
+        r = bed.run(argv, user="alice", check=False, input="")
+        assert r.returncode != 0 and "work only inside an agent" in r.stderr, r
+    r = bed.run(["lev", "run", "--", "lev", "tool", "--ledger"], user="alice",
+                cwd=f"{bed.users['alice'].home}/work")
+    assert '"entries"' in r.stdout or "ledger" in r.stdout, r
