@@ -563,7 +563,10 @@ class Agents:
     async def logs(self, who: Caller, agent_id: str, follow: bool) -> int:
         rec = await self._authorize_record(who, agent_id, "read agents' logs")
         follow = follow and rec.running
-        argv = ["journalctl", "--no-pager", "-o", "cat", "--all", f"_SYSTEMD_UNIT={rec.unit}"]
+        # The agent's output streams only: not what else ran in its scope
+        # (a container engine) and wrote to the journal.
+        argv = ["journalctl", "--no-pager", "-o", "cat", "--all", f"_SYSTEMD_UNIT={rec.unit}",
+                f"SYSLOG_IDENTIFIER={safetext.AGENT_IDENTIFIER}"]
         if follow:
             # -f alone starts at the last ten lines; the output is wanted whole.
             argv += ["--follow", "--lines=all"]

@@ -39,6 +39,7 @@ import os
 import posixpath
 import re
 import signal
+import syslog
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -49,7 +50,7 @@ from leviathd.request import refuse_system_workdir
 from leviathd.sandbox import engine as engines
 from leviathd.sandbox import pinned
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
-from leviathd.systemd import absent
+from leviathd.systemd import absent, journal
 from leviathd.systemd.cgroupfs import folders
 
 LABEL_AGENT = "org.leviath.agent"
@@ -633,6 +634,11 @@ async def ensure(
             await _engine_cmd([*eng.base(), "rm", "-f", name])
             raise Unavailable(f"the agent's home in its container: {exc}") from None
         _write_record(name, rec)
+        journal.record(
+            f"agent {agent_id}: {eng.name} started container {name}"
+            + (f": {_tail(err)}" if err.strip() else ""),
+            priority=syslog.LOG_DEBUG, LEVIATH_AGENT=agent_id, LEVIATH_EVENT="container-start",
+        )
     _locks.pop(name, None)
     if started is not None:
         started.add(name)

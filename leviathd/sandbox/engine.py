@@ -58,6 +58,9 @@ class Engine:
             # agent's scope (--cgroup-parent), which systemd cannot express as
             # a unit of its own (scopes have no children units).
             argv += ["--cgroup-manager", "cgroupfs", "--log-level", "error"]
+            # Its events would be journald entries of the agent's scope,
+            # interleaved with the agent's output; the daemon records its own.
+            argv += ["--events-backend", "none"]
             if self.runtime:
                 argv += ["--runtime", self.runtime]
         return argv

@@ -989,3 +989,25 @@ def test_a_blueprint_of_many_stages_costs_one_container(
     names = set(re.findall(rf"leviath-{agent_id}-[0-9a-f]{{12}}", events))
     assert len(names) <= 1, names
     wait_no_containers(cbed, agent_id)
+
+
+def test_lev_logs_of_a_container_agent_shows_only_its_output_and_the_engine_goes_to_debug(
+    cbed: Bed, daemon: Testbed,
+) -> None:
+    agent_id = start(daemon, "sh", "-c", "echo clog-out; echo clog-err >&2")
+    row = wait_ended(daemon, agent_id)
+    deadline = time.monotonic() + 10
+    while True:
+        logs = lev(daemon, "alice", "logs", agent_id).stdout
+        if "clog-err" in logs or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert logs.splitlines() == ["clog-out", "clog-err"], logs
+    # Nothing of the engine's own under the agent's unit, and the daemon
+    # recorded the container at debug priority.
+    unit = daemon.run(["journalctl", "--no-pager", "-o", "json", f"_SYSTEMD_UNIT={row['unit']}"])
+    idents = {json.loads(x).get("SYSLOG_IDENTIFIER") for x in unit.stdout.splitlines()}
+    assert "podman" not in idents, idents
+    debug = daemon.run(["journalctl", "--no-pager", "-o", "cat", "-p", "debug",
+                        f"LEVIATH_AGENT={agent_id}", "LEVIATH_EVENT=container-start"]).stdout
+    assert "started container" in debug, debug
