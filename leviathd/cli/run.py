@@ -9,7 +9,9 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 from dbus_fast import Message, Variant
 
@@ -126,12 +128,30 @@ def build_request(args: argparse.Namespace) -> dict[str, Variant]:
     return req
 
 
+# On a terminal, a start slower than this says what it waits for.
+PROGRESS_AFTER = 1.0
+
+
+async def _shown_if_slow(call: Awaitable[list[Any]]) -> list[Any]:
+    """The daemon's reply to Run/RunAttached; on a terminal, a line on stderr
+    when it takes longer than PROGRESS_AFTER, so a slow start (a container
+    engine starting, a big fence) is not a silent pause."""
+    task = asyncio.ensure_future(call)
+    if not os.isatty(2):
+        return await task
+    done, _ = await asyncio.wait({task}, timeout=PROGRESS_AFTER)
+    if not done:
+        print("lev: waiting for leviathd to start the agent: building its fence (or starting "
+              "its container); nothing is downloaded", file=sys.stderr, flush=True)
+    return await task
+
+
 async def _run(args: argparse.Namespace) -> int:
     req = build_request(args)
     client = await Client.connect()
     try:
         if args.detach:
-            agent_id, unit = await client.call("Run", "a{sv}", [req])
+            agent_id, unit = await _shown_if_slow(client.call("Run", "a{sv}", [req]))
             print(agent_id)
             print(f"unit {unit}", file=sys.stderr)
             return 0
@@ -161,9 +181,9 @@ async def _attached(client: Client, req: dict[str, Variant]) -> int:
 
         prompter = InlinePrompter(client, wanted)
         await prompter.start()
-    agent_id, _unit = await client.call(
+    agent_id, _unit = await _shown_if_slow(client.call(
         "RunAttached", "a{sv}hhh", [req, 0, 1, 2], unix_fds=[0, 1, 2]
-    )
+    ))
     wanted.append(agent_id)
     if agent_id in ended:
         done.set()

@@ -111,3 +111,29 @@ def test_lev_tool_and_mcp_outside_an_agent_say_they_work_inside_one(bed: Testbed
     r = bed.run(["lev", "run", "--", "lev", "tool", "--ledger"], user="alice",
                 cwd=f"{bed.users['alice'].home}/work")
     assert '"entries"' in r.stdout or "ledger" in r.stdout, r
+
+
+def test_lev_run_on_a_terminal_says_what_it_waits_for_when_the_start_is_slow(
+    bed: Testbed,
+) -> None:
+    import subprocess
+
+    pid = bed.run(["systemctl", "show", "-P", "MainPID", "leviathd"]).stdout.strip()
+    work = f"{bed.users['alice'].home}/work"
+    argv = bed.command(["script", "-qec", "lev run -- echo started-ok", "/dev/null"],
+                       user="alice", cwd=work)
+    bed.run(["kill", "-STOP", pid])  # a slow start: the daemon does not answer for 2 s
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        time.sleep(2)
+    finally:
+        bed.run(["kill", "-CONT", pid])
+    out, _ = proc.communicate(timeout=60)
+    text = out.decode(errors="replace")
+    assert "waiting for leviathd to start the agent" in text and "started-ok" in text, text
+    # Not on a pipe, and not when the start is quick.
+    r = bed.run(["lev", "run", "--", "echo", "quick"], user="alice", cwd=work)
+    assert "waiting" not in r.stderr
+    r = bed.run(["script", "-qec", "lev run -- echo quick", "/dev/null"], user="alice", cwd=work)
+    assert "waiting" not in r.stdout and "quick" in r.stdout
