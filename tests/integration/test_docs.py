@@ -1,6 +1,7 @@
 """The commands the docs print run as printed: every `$ ...` line of the
 ```console blocks of README.md, docs/*.md and examples/README.md runs in the
-test bed, as alice, in `~/src/app`, and must exit 0.
+test bed, as alice, in `~/src/app`, and must exit 0; a `# ...` line runs as
+root. A line ending in a backslash goes on on the next.
 
 State the docs take for granted is set up here, before each block:
 - the example blueprints (examples/, installed where the packages put them)
@@ -41,7 +42,7 @@ MAKEFILE = "test:\n\techo tests pass\n"
 @dataclass
 class Block:
     where: str
-    commands: list[str]
+    commands: list[tuple[str | None, str]]  # (user, command line); None is root
     skip: str | None
 
 
@@ -53,12 +54,19 @@ def blocks() -> list[Block]:
             if line.strip() != "```console":
                 continue
             marker = SKIP.search(lines[i - 1]) if i else None
-            commands = []
+            commands: list[tuple[str | None, str]] = []
+            going_on = False
             for body in lines[i + 1:]:
                 if body.startswith("```"):
                     break
-                if body.startswith("$ "):
-                    commands.append(body[2:])
+                if going_on:
+                    user, line = commands[-1]
+                    commands[-1] = (user, line + "\n" + body)
+                elif body.startswith(("$ ", "# ")):
+                    commands.append(("alice" if body[0] == "$" else None, body[2:]))
+                else:
+                    continue
+                going_on = body.endswith("\\")
             found.append(Block(f"{doc.relative_to(REPO)}:{i + 1}", commands,
                                marker.group(1) if marker else None))
     return found
@@ -67,7 +75,8 @@ def blocks() -> list[Block]:
 def test_every_doc_has_its_blocks_found() -> None:
     where = {b.where.split(":")[0] for b in blocks()}
     assert {"README.md", "docs/cli.md", "docs/configuration.md"} <= where
-    assert all(b.commands for b in blocks()), "a console block without a `$ ` line"
+    empty = [b.where for b in blocks() if not b.commands]
+    assert not empty, f"console blocks without a `$ ` or `# ` line: {empty}"
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +98,7 @@ def _prepare(bed: Testbed, block: Block) -> str:
     """Alice's store as the block expects it; the id of a running reviewer."""
     home = bed.users["alice"].home
     bed.run(["rm", "-rf", *(f"{home}/{STORE}/{name}" for name in PREINSTALLED)], user="alice")
-    added = " ".join(c for c in block.commands if c.startswith("lev add "))
+    added = " ".join(c for _u, c in block.commands if c.startswith("lev add "))
     for path in PREINSTALLED.values():
         if path not in added:
             bed.run(["lev", "add", path], user="alice")
@@ -104,10 +113,10 @@ def test_console_block_runs_as_printed(bed: Testbed, block: Block) -> None:
     if block.skip:
         pytest.skip(f"marked in the doc: {block.skip}")
     home = bed.users["alice"].home
-    agent_id = _prepare(bed, block) if any("lev" in c for c in block.commands) else ""
-    for command in block.commands:
-        line = command.replace(EXAMPLE_ID, agent_id) if agent_id else command
-        r = bed.run(line, user="alice", cwd=f"{home}/src/app", check=False, timeout=120)
+    agent_id = _prepare(bed, block)
+    for user, command in block.commands:
+        line = command.replace(EXAMPLE_ID, agent_id)
+        r = bed.run(line, user=user, cwd=f"{home}/src/app", check=False, timeout=120)
         assert r.returncode == 0, (
             f"{block.where}: `$ {command}` (ran as `{line}`) exited {r.returncode}\n"
             f"stdout: {r.stdout}\nstderr: {r.stderr}"
