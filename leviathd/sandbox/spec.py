@@ -51,9 +51,18 @@ AGENT_STATE: tuple[str, ...] = (
     ".gemini",
     ".config/opencode",
     ".local/share/opencode",
+    ".aider",
+    ".aider.conf.yml",
 )
 TOOLCHAINS: tuple[str, ...] = (
     ".local/bin",
+    # What the links in ~/.local/bin lead to: Claude Code's native install,
+    # pipx's venvs, npm's global packages under prefix ~/.local.
+    ".local/share/claude",
+    ".local/share/pipx",
+    ".local/lib/node_modules",
+    ".npm-global",
+    ".opencode/bin",
     ".local/share/mise",
     ".local/share/uv/python",
     ".local/share/uv/tools",
