@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import syslog
 
@@ -165,6 +166,10 @@ def _relay(uid: int, gid: int, headers: list[bytes], readers: list[int], ready: 
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, 1 << 20)
+    # `lev stop` signals every process of the scope: the agent's last words
+    # still get through; the relay ends when the supervisor closes its pipes.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
@@ -202,7 +207,6 @@ def _relay(uid: int, gid: int, headers: list[bytes], readers: list[int], ready: 
                     view = view[os.write(routes[fd], view):]
             except OSError:
                 pass
-    time.sleep(0.1)
     return 0
 
 

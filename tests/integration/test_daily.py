@@ -137,3 +137,28 @@ def test_lev_run_on_a_terminal_says_what_it_waits_for_when_the_start_is_slow(
     assert "waiting" not in r.stderr
     r = bed.run(["script", "-qec", "lev run -- echo quick", "/dev/null"], user="alice", cwd=work)
     assert "waiting" not in r.stdout and "quick" in r.stdout
+
+
+def test_the_journal_relay_is_not_open_to_its_user(bed: Testbed) -> None:
+    """The relay runs as alice in her scope: she must not get at its
+    descriptors or memory (it changed ids, so it is not dumpable)."""
+    home = bed.users["alice"].home
+    agent_id = bed.run(["lev", "run", "--detach", "--workdir", f"{home}/work", "--",
+                        "sleep", "30"], user="alice").stdout.strip()
+    try:
+        rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
+        unit = next(r["unit"] for r in rows if r["id"] == agent_id)
+        found = bed.run(f"grep -l '{unit}' /proc/[0-9]*/cgroup", check=False).stdout.split()
+        pids = [f.split("/")[2] for f in found]
+        uid = str(bed.users["alice"].uid)
+        relays = [p for p in pids
+                  if bed.run(["stat", "-c", "%u", f"/proc/{p}"]).stdout.strip() == uid
+                  and "leviathd" in bed.run(["cat", f"/proc/{p}/cmdline"]).stdout]
+        assert relays, pids
+        for pid in relays:
+            for probe in (f"ls /proc/{pid}/fd", f"head -c1 /proc/{pid}/environ",
+                          f"cat /proc/{pid}/maps"):
+                r = bed.run(probe, user="alice", check=False)
+                assert r.returncode != 0, (probe, r.stdout)
+    finally:
+        bed.run(["lev", "stop", agent_id], user="alice")
