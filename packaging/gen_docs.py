@@ -93,11 +93,13 @@ def man_pages() -> dict[str, str]:
             sp.description or "", ".SH OPTIONS\n" + _options(sp), ["lev(1)"])
     pages["leviathd.8"] = _page(
         "leviathd", 8, "the leviathd service: fenced AI agents, one systemd scope each",
-        "leviathd", "The system service behind \\fBlev\\fR(1). It takes no arguments and is "
-        "started by systemd (\\fBleviathd.service\\fR, or by D\\-Bus activation of "
+        "leviathd [--help] [--version]", "The system service behind lev(1). It takes no "
+        "arguments but --help and --version, refuses to start when not root, and is "
+        "started by systemd (leviathd.service, or by D-Bus activation of "
         "org.leviath.Manager1), runs as root, and owns org.leviath.Manager1 on the system "
         "bus; polkit decides who may do what. Configuration: /etc/leviath/config.toml, "
-        "re-read on \\fBsystemctl reload leviathd\\fR.",
+        "re-read when it changes (watched from before the daemon reports ready) and on "
+        "systemctl reload leviathd.",
         ".SH FILES\n.TP\n/etc/leviath/config.toml\nthe machine's configuration (optional)\n"
         ".TP\n/var/lib/leviath\nagents' records and scratch folders\n"
         ".TP\n/run/leviath\nper-agent broker sockets",

@@ -8,6 +8,7 @@ import importlib
 import io
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from leviathd.cli import text
 from leviathd.cli.text import EscapingStream
@@ -56,7 +57,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _grouped(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> str:
+def _grouped(sub: argparse._SubParsersAction[Any]) -> str:
     helps = {a.dest: a.help or "" for a in sub._choices_actions}
     width = max(map(len, helps), default=0) + 2
     listed: set[str] = set()
@@ -71,17 +72,33 @@ def _grouped(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> str:
     return "\n".join(out)
 
 
+class _LevParser(argparse.ArgumentParser):
+    """`lev --help` lists the commands by group (the epilog) instead of
+    argparse's one flat list; the parser itself, which packaging/gen_docs.py
+    reads for the man pages, keeps every command's help line."""
+
+    def format_help(self) -> str:
+        subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        saved = [a._choices_actions for a in subs]
+        for a in subs:
+            a._choices_actions = []
+        try:
+            return super().format_help()
+        finally:
+            for a, kept in zip(subs, saved, strict=True):
+                a._choices_actions = kept
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from leviathd import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _LevParser(
         prog="lev", description="Run and inspect fenced AI agents (leviathd).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="`lev COMMAND --help` tells more; docs/cli.md has them all.",
     )
     parser.add_argument("--version", action="version", version=f"lev {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
-                                title="commands")
+                                title="commands", help="one of the commands listed below")
     wanted = COMMAND_MODULES.get(command or "")
     for name in (wanted,) if wanted else SUBCOMMAND_MODULES:
         try:
@@ -92,11 +109,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
-    # The commands by what they are for, one line each, instead of argparse's
-    # one alphabet-free list.
-    parser.description = f"{parser.description}\n\n{_grouped(sub)}".rstrip()
-    sub._choices_actions = []
-    sub.help = "one of the commands above"
+    parser.epilog = (f"{_grouped(sub)}\n"
+                     "`lev COMMAND --help` tells more; docs/cli.md has them all.")
     return parser
 
 
