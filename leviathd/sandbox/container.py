@@ -47,7 +47,7 @@ from leviathd import fsat
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.request import refuse_system_workdir
 from leviathd.sandbox import engine as engines
-from leviathd.sandbox import pinned
+from leviathd.sandbox import oci_seccomp, pinned
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
 from leviathd.systemd import absent
 from leviathd.systemd.cgroupfs import folders
@@ -111,6 +111,10 @@ def state_dir() -> str:
 
 def runtime_dir() -> str:
     return os.environ.get("LEVIATH_RUNTIME_DIR", "/run/leviath")
+
+
+def seccomp_dir() -> str:
+    return os.path.join(runtime_dir(), "seccomp")
 
 
 def daemon_instance() -> str:
@@ -274,6 +278,7 @@ def container_options(
         "--network", network,
         "--cap-drop", "all",
         "--security-opt", "no-new-privileges",
+        *oci_seccomp.security_opt(seccomp_dir(), spec.allow_io_uring),
         "--read-only",
         "--user", f"{INIT_UID}:{INIT_GID}",
     ]  # fmt: skip
@@ -594,6 +599,7 @@ async def ensure(
             network=engines.network_mode(spec.network), init=init, workdir_source=source,
         )
     )
+    oci_seccomp.write(seccomp_dir(), spec.allow_io_uring)
     key = config_key(options, image, eng)
     name = container_name(agent_id, key)
     if started is not None and name in started:

@@ -300,7 +300,7 @@ def _agent(spec: SandboxSpec, wfd: int) -> NoReturn:
         os.setsid()
         drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=True)
         os.chdir(spec.workdir)
-        seccomp.install()
+        seccomp.install(allow_io_uring=spec.allow_io_uring)
         for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                     signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)

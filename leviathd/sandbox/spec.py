@@ -205,6 +205,7 @@ class SandboxSpec:
     limits: Mapping[str, int | None] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     scratch_size: int = DEFAULT_SCRATCH_SIZE
+    allow_io_uring: bool = False
 
     @property
     def scratch_home(self) -> str:
@@ -599,6 +600,7 @@ def build_spec(
         },
         notes=tuple(b.notes),
         scratch_size=int(getattr(effective, "scratch_size", None) or DEFAULT_SCRATCH_SIZE),
+        allow_io_uring=bool(getattr(effective, "allow_io_uring", False)),
     )
 
 
