@@ -562,6 +562,19 @@ def test_an_agent_of_the_container_kind_runs_in_its_container_and_it_is_gone_aft
     wait_no_containers(cbed, m.group(1))
 
 
+def test_a_container_agent_started_by_the_daemon_cannot_make_a_user_namespace(
+    cbed: Bed, daemon: Testbed,
+) -> None:
+    # Issue 10 §2 end to end: the daemon writes the profile and podman applies it.
+    script = "unshare -U -r -m true; echo rc=$?; grep Seccomp: /proc/self/status"
+    r = lev(daemon, "alice", "run", "--", "sh", "-c", script, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "rc=1" in r.stdout and "Operation not permitted" in r.stderr, (r.stdout, r.stderr)
+    assert "Seccomp:\t2" in r.stdout
+    profiles = daemon.run("ls /run/leviath/seccomp/").stdout.split()
+    assert profiles and all(p.startswith("seccomp-") for p in profiles), profiles
+
+
 def test_a_container_agent_sees_its_own_tool_broker_socket_and_nothing_else_of_the_daemons(
     cbed: Bed, daemon: Testbed,
 ) -> None:
