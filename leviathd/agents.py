@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from dbus_fast.aio import MessageBus
 
-from leviathd import audit, safetext, spawn
+from leviathd import audit, resource_defaults, safetext, spawn
 from leviathd.audit_readers import Readers
 from leviathd.bus import names, polkit
 from leviathd.bus.caller import Caller
@@ -533,7 +533,10 @@ class Agents:
         state = await self._systemd.unit_state(rec.unit)
         if state is None:
             return {}
-        return {"memory": state.memory_current, "tasks": state.tasks_current}
+        return {
+            "memory": state.memory_current, "tasks": state.tasks_current,
+            "memory_max": state.memory_max, "tasks_max": state.tasks_max,
+        }  # fmt: skip
 
     async def get(self, who: Caller, agent_id: str) -> tuple[AgentRecord, dict[str, int | None]]:
         rec = await self._authorize_record(who, agent_id, "inspect agents")
@@ -610,9 +613,14 @@ def _plan(
 
 def _limits(eff: Effective) -> ScopeLimits:
     r = eff.resources
+    # The machine's defaults where no config set a limit: never an unbounded scope.
+    got = resource_defaults.fill({
+        "memory_max": r.memory_max, "tasks_max": r.tasks_max,
+        "cpu_quota": r.cpu_quota, "cpu_weight": r.cpu_weight,
+    })  # fmt: skip
     return ScopeLimits(
-        memory_max=r.memory_max, tasks_max=r.tasks_max,
-        cpu_quota_percent=r.cpu_quota, cpu_weight=r.cpu_weight,
+        memory_max=got["memory_max"], tasks_max=got["tasks_max"],
+        cpu_quota_percent=got["cpu_quota"], cpu_weight=got["cpu_weight"],
     )
 
 

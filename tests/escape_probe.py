@@ -83,8 +83,12 @@ out["ptrace_pid1"] = attempt(lambda: call(libc.ptrace(16, 1, None, None)))
 
 # Kernel keyring, typing into the controlling terminal, new namespaces by
 # clone: numbers written out here, not taken from the code under test.
-NR = {"x86_64": {"keyctl": 250, "add_key": 248, "request_key": 249, "clone": 56},
-      "aarch64": {"keyctl": 219, "add_key": 217, "request_key": 218, "clone": 220},
+NR = {"x86_64": {"keyctl": 250, "add_key": 248, "request_key": 249, "clone": 56,
+                 "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "ioctl": 16,
+                 "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427},
+      "aarch64": {"keyctl": 219, "add_key": 217, "request_key": 218, "clone": 220,
+                  "bpf": 280, "perf_event_open": 241, "userfaultfd": 282, "ioctl": 29,
+                  "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427},
       }[platform.machine()]
 libc.syscall.restype = ctypes.c_long
 def sys_call(name, *args):
@@ -96,6 +100,28 @@ out["keyctl_join"] = attempt(lambda: sys_call("keyctl", KEYCTL_JOIN_SESSION_KEYR
 out["add_key"] = attempt(lambda: sys_call("add_key", b"user", b"probe", b"x", 1,
                                           KEY_SPEC_PROCESS_KEYRING))
 out["request_key"] = attempt(lambda: sys_call("request_key", b"user", b"probe", None, 0))
+
+# Issue 10: large kernel attack surfaces. Each fails otherwise with another
+# error (or works): bpf EINVAL/EPERM by sysctl, perf_event_open and
+# userfaultfd in user mode work, io_uring_setup works, the others EBADF.
+bpf_attr = ctypes.create_string_buffer(128)
+out["bpf"] = attempt(lambda: sys_call("bpf", 0, bpf_attr, 128))
+perf_attr = ctypes.create_string_buffer(128)
+struct_pe = (1).to_bytes(4, "little") + (128).to_bytes(4, "little") + (1).to_bytes(8, "little")
+ctypes.memmove(perf_attr, struct_pe, len(struct_pe))  # type SOFTWARE, size, TASK_CLOCK
+perf_attr[40] = 0x20  # exclude_kernel
+out["perf_event_open"] = attempt(lambda: sys_call("perf_event_open", perf_attr, 0, -1, -1, 0))
+out["userfaultfd"] = attempt(lambda: sys_call("userfaultfd", 1))  # UFFD_USER_MODE_ONLY
+uring_params = ctypes.create_string_buffer(120)
+out["io_uring_setup"] = attempt(lambda: sys_call("io_uring_setup", 1, uring_params))
+out["io_uring_enter"] = attempt(lambda: sys_call("io_uring_enter", -1, 0, 0, 0, None, 0))
+out["io_uring_register"] = attempt(lambda: sys_call("io_uring_register", -1, 0, None, 0))
+# On /dev/null these say ENOTTY without the filter.
+null_fd = os.open("/dev/null", os.O_RDWR)
+one_char = ctypes.create_string_buffer(b"#")
+out["tioclinux"] = attempt(lambda: sys_call("ioctl", null_fd, 0x541C, one_char))
+out["tiocsti_high_bits"] = attempt(
+    lambda: sys_call("ioctl", null_fd, ctypes.c_ulong(0x1_0000_5412), one_char))
 
 def tiocsti_on_controlling_tty():
     # pty.fork's child is a session leader with the pty as its controlling

@@ -53,7 +53,7 @@ def record_to_variants(rec: AgentRecord, live: dict[str, int | None]) -> dict[st
         out["ended_at"] = Variant("d", rec.ended_at)
     if rec.exit_status is not None:
         out["exit_status"] = Variant("i", rec.exit_status)
-    for key in ("memory", "tasks"):
+    for key in ("memory", "tasks", "memory_max", "tasks_max"):
         value = live.get(key)
         if value is not None:
             out[key] = Variant("t", value)

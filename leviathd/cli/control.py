@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dbus_fast import Variant
@@ -50,6 +51,12 @@ def human_bytes(n: int | None) -> str:
     return str(n)
 
 
+def used_of(used: str, limit: int | None, show: Callable[[int], str]) -> str:
+    """"12.0M/6.0G": use and the scope's limit, as systemd applies it (the
+    config's, or the machine's default), for a running agent."""
+    return used if limit is None else f"{used}/{show(limit)}"
+
+
 def human_age(seconds: float) -> str:
     s = int(max(seconds, 0))
     if s < 120:
@@ -71,8 +78,8 @@ def table_row(a: dict[str, Any], now: float) -> list[str]:
     return [
         a["id"], a["user"], a["agent"], state, sandbox,
         f"{a['reads_granted']}/{a['reads_declared']}",
-        human_bytes(a.get("memory")),
-        str(a["tasks"]) if "tasks" in a else "-",
+        used_of(human_bytes(a.get("memory")), a.get("memory_max"), human_bytes),
+        used_of(str(a["tasks"]) if "tasks" in a else "-", a.get("tasks_max"), str),
         human_age(now - a["started_at"]), a["unit"],
     ]
 

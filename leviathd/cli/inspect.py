@@ -21,6 +21,8 @@ from leviathd.identity import user_info
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
 
 _PLACEHOLDER_ID = "EXECUTION"
+# Issue 10 §4: what network = true means, until a proxied mode exists.
+SHARED_NETWORK = "shares the host network: loopback services and abstract sockets reachable"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -98,7 +100,7 @@ def render(spec: SandboxSpec) -> str:
         f"home        {spec.sandbox_home} (empty, on disk in scratch)",
         f"scratch     {spec.scratch}  ({_PLACEHOLDER_ID} = the run's id)",
         f"namespaces  {', '.join(spec.namespaces) or '(none)'}",
-        f"network     {'host' if spec.network else 'none (only lo)'}",
+        f"network     {SHARED_NETWORK if spec.network else 'none (only lo)'}",
         f"hostname    {spec.hostname}",
     ]
     limits = {k: v for k, v in spec.limits.items() if v is not None}

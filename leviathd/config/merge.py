@@ -13,6 +13,7 @@ The axes, and which direction is "tighter":
   too (the engine is the admin's choice);
 - `network`: only narrows (true -> false); `default_mounts`: only true -> false;
   `on_unavailable`: only warn -> error; `scratch_dir`: the machine's only;
+  `allow_io_uring`: set true by the machine only, turned off by any layer;
 - `mounts`: a subset of the upper layer's, each inside one of its mounts with no more
   access. Exception: when no upper layer has a `[sandbox]` section at all, the lower
   layer may opt in with its own `image` and `mounts` (the spec's rule);
@@ -93,6 +94,7 @@ class Effective:
     on_unavailable: OnUnavailable = DEFAULT_ON_UNAVAILABLE
     scratch_dir: str | None = None
     scratch_size: int | None = None
+    allow_io_uring: bool = False
     resources: Resources = field(default_factory=Resources)
     permissions: dict[str, Permission] = field(default_factory=dict)
     read_paths_declared: list[str] = field(default_factory=list)
@@ -204,6 +206,17 @@ def _tighten_resources(upper: Resources, lower: Resources, where: str, out: _Fin
     return Resources(**values)
 
 
+def _narrow_io_uring(upper: bool, asked: bool, where: str, out: _Findings) -> bool:
+    if asked and not upper:
+        out.add(
+            "warn",
+            "io-uring-ignored",
+            f"{where} allow_io_uring = true is ignored: only the machine config allows io_uring",
+        )
+        return False
+    return asked
+
+
 def _check_tools(names: Iterable[str], where: str, out: _Findings) -> None:
     for name in names:
         if name not in KNOWN_TOOLS:
@@ -260,6 +273,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
     mounts = list(ms.mounts or [])
     default_mounts = True if ms.default_mounts is None else ms.default_mounts
     on_unavailable = ms.on_unavailable or DEFAULT_ON_UNAVAILABLE
+    allow_io_uring = bool(ms.allow_io_uring)
     resources = machine.resources
     perms = _perm_table(machine, agent)
     configured_tools = set(perms)
@@ -361,6 +375,10 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
                 "scratch-dir-ignored",
                 f"{w} [sandbox] scratch_dir and scratch_size are ignored: only the machine "
                 "config sets them",
+            )
+        if us.allow_io_uring is not None:
+            allow_io_uring = _narrow_io_uring(
+                allow_io_uring, us.allow_io_uring, f"{w} [sandbox]", out
             )
         resources = _tighten_resources(resources, user.resources, w, out)
 
@@ -490,6 +508,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         on_unavailable=on_unavailable,
         scratch_dir=ms.scratch_dir,
         scratch_size=ms.scratch_size,
+        allow_io_uring=allow_io_uring,
         resources=resources,
         permissions=perms,
         env_pass=env_pass,
@@ -621,6 +640,11 @@ def _apply_sandbox(
             f"{where('scratch_dir')} scratch_dir and scratch_size are ignored: only the "
             "machine config sets them",
         )
+    if sb.allow_io_uring is not None:
+        allowed = _narrow_io_uring(e.allow_io_uring, sb.allow_io_uring, where("allow_io_uring"),
+                                   out)  # fmt: skip
+        if allowed != e.allow_io_uring:
+            got["allow_io_uring"] = allowed
     if opt_in and ("image" in got or "mounts" in got):
         got["blueprint_sandbox"] = True
     return replace(e, **got)  # type: ignore[arg-type]

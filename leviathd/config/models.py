@@ -290,6 +290,8 @@ class SandboxConfig(_Model):
     on_unavailable: OnUnavailable | None = None
     scratch_dir: AbsolutePath | None = None
     scratch_size: Annotated[int | None, BeforeValidator(parse_size)] = None
+    # io_uring is refused in every sandbox unless the machine config allows it.
+    allow_io_uring: StrictBool | None = None
 
 
 class Resources(_Model):

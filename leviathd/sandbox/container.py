@@ -44,11 +44,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from leviathd import fsat
+from leviathd import fsat, resource_defaults
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.request import refuse_system_workdir
 from leviathd.sandbox import engine as engines
-from leviathd.sandbox import pinned
+from leviathd.sandbox import oci_seccomp, pinned
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
 from leviathd.systemd import absent, journal
 from leviathd.systemd.cgroupfs import folders
@@ -112,6 +112,10 @@ def state_dir() -> str:
 
 def runtime_dir() -> str:
     return os.environ.get("LEVIATH_RUNTIME_DIR", "/run/leviath")
+
+
+def seccomp_dir() -> str:
+    return os.path.join(runtime_dir(), "seccomp")
 
 
 def daemon_instance() -> str:
@@ -275,17 +279,21 @@ def container_options(
         "--network", network,
         "--cap-drop", "all",
         "--security-opt", "no-new-privileges",
+        *oci_seccomp.security_opt(seccomp_dir(), spec.allow_io_uring),
         "--read-only",
         "--user", f"{INIT_UID}:{INIT_GID}",
     ]  # fmt: skip
-    res = effective.resources
-    if res.tasks_max is not None:
-        o += ["--pids-limit", str(res.tasks_max)]
-    if res.memory_max is not None:
+    # The spec's limits: the config's, or the machine's defaults (without
+    # systemd these are the only limits the agent has).
+    tasks_max, memory_max = spec.limits.get("tasks_max"), spec.limits.get("memory_max")
+    cpu_quota = spec.limits.get("cpu_quota")
+    if tasks_max is not None:
+        o += ["--pids-limit", str(tasks_max)]
+    if memory_max is not None:
         # Same value for memory+swap: no swap, as for the scope.
-        o += ["--memory", str(res.memory_max), "--memory-swap", str(res.memory_max)]
-    if res.cpu_quota is not None:
-        o += ["--cpus", f"{res.cpu_quota / 100:.2f}"]
+        o += ["--memory", str(memory_max), "--memory-swap", str(memory_max)]
+    if cpu_quota is not None:
+        o += ["--cpus", f"{cpu_quota / 100:.2f}"]
     for name, (soft, hard) in sorted(ulimits.items()):
         o += ["--ulimit", f"{name}={soft}:{hard}"]
     if spec.uid == INIT_UID:
@@ -295,10 +303,13 @@ def container_options(
     # kernel's tmpfs; podman refuses them (and its "U" would chown to the
     # init's user): `ensure` chowns it once the container runs (own_home).
     owner = "" if engine.name == "podman" else f",uid={spec.uid},gid={spec.gid}"
+    # Sized from the agent's memory limit, as in the namespace kind.
+    shm = resource_defaults.tmpfs_size(spec.limits)
+    size = "" if shm is None else f",size={shm}"
     o += [
-        "--tmpfs", "/tmp:rw,nosuid,nodev,mode=1777",
-        "--tmpfs", f"{home}:rw,nosuid,nodev,mode=0700{owner}",
-    ]  # fmt: skip
+        "--tmpfs", f"/tmp:rw,nosuid,nodev,mode=1777{size}",
+        "--tmpfs", f"{home}:rw,nosuid,nodev,mode=0700{owner}{size}",
+    ] + ([] if shm is None else ["--shm-size", str(shm)])  # fmt: skip
     o += mount_options(spec, engine.name, exists=exists, is_dir=is_dir,
                        workdir_source=workdir_source)  # fmt: skip
     # Last, so they lie over whatever a mount of /etc brought.
@@ -595,6 +606,7 @@ async def ensure(
             network=engines.network_mode(spec.network), init=init, workdir_source=source,
         )
     )
+    oci_seccomp.write(seccomp_dir(), spec.allow_io_uring)
     key = config_key(options, image, eng)
     name = container_name(agent_id, key)
     if started is not None and name in started:

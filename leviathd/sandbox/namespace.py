@@ -43,6 +43,7 @@ import sys
 from collections.abc import Iterator
 from typing import NoReturn
 
+from leviathd import resource_defaults
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.sandbox import scratch, seccomp
 from leviathd.sandbox.privileges import drop_to_user
@@ -300,7 +301,7 @@ def _agent(spec: SandboxSpec, wfd: int) -> NoReturn:
         os.setsid()
         drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=True)
         os.chdir(spec.workdir)
-        seccomp.install()
+        seccomp.install(allow_io_uring=spec.allow_io_uring)
         for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                     signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
@@ -575,7 +576,7 @@ class _Root:
               "newinstance,ptmxmode=0666,mode=620")
         os.symlink("pts/ptmx", f"{host}/ptmx")
         os.mkdir(f"{host}/shm", 0o1777)
-        mount("tmpfs", f"{host}/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+        mount("tmpfs", f"{host}/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777{self.size}")
         for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                            ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
             os.symlink(link, f"{host}/{name}")
@@ -589,8 +590,14 @@ class _Root:
 
     def tmpfs(self, target: str) -> None:
         self.make(target, is_dir=True)
-        mount("tmpfs", self.host(target), "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+        mount("tmpfs", self.host(target), "tmpfs", MS_NOSUID | MS_NODEV, f"mode=755{self.size}")
         self.mounted.append(target)
+
+    @property
+    def size(self) -> str:
+        """`,size=` of the agent's own tmpfs mounts: from its memory limit."""
+        size = resource_defaults.tmpfs_size(self.spec.limits)
+        return "" if size is None else f",size={size}"
 
     def symlink(self, m: Mount) -> None:
         self.make(posixpath.dirname(m.target), is_dir=True)

@@ -21,9 +21,10 @@ import pwd
 import re
 import stat
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from leviathd import resource_defaults
 from leviathd.errors import InvalidArgument
 from leviathd.hidden import HIDDEN_ABSOLUTE, HIDDEN_IN_HOME
 from leviathd.identity import UserInfo
@@ -214,6 +215,7 @@ class SandboxSpec:
     limits: Mapping[str, int | None] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     scratch_size: int = DEFAULT_SCRATCH_SIZE
+    allow_io_uring: bool = False
 
     @property
     def scratch_home(self) -> str:
@@ -608,6 +610,7 @@ def build_spec(
         },
         notes=tuple(b.notes),
         scratch_size=int(getattr(effective, "scratch_size", None) or DEFAULT_SCRATCH_SIZE),
+        allow_io_uring=bool(getattr(effective, "allow_io_uring", False)),
     )
 
 
@@ -691,7 +694,7 @@ def build_spec_on_host(
     read_text = host_read_text_as(user.uid, user.gid)
     gitconfig = read_text(posixpath.join(user.home, ".gitconfig"))
 
-    return build_spec(
+    spec = build_spec(
         effective,
         user,
         request,
@@ -703,3 +706,16 @@ def build_spec_on_host(
         git_identity=parse_git_identity(gitconfig) if gitconfig else None,
         other_homes=host_other_homes(user),
     )
+    return with_default_limits(spec)
+
+
+def with_default_limits(spec: SandboxSpec) -> SandboxSpec:
+    """The spec with this machine's default for each limit no config set
+    (leviathd/resource_defaults.py), and a note saying which."""
+    filled = resource_defaults.fill(spec.limits)
+    unset = [k for k, v in spec.limits.items() if v is None and filled.get(k) is not None]
+    notes = spec.notes
+    if unset:
+        notes += (f"{', '.join(unset)}: not set by any config, so the machine's default "
+                  "applies (docs/configuration.md, limits by default)",)  # fmt: skip
+    return replace(spec, limits=filled, notes=notes)

@@ -40,6 +40,8 @@ class UnitState:
     memory_current: int | None
     tasks_current: int | None
     control_group: str
+    memory_max: int | None = None  # None: infinity
+    tasks_max: int | None = None
 
 
 def scope_properties(
@@ -221,6 +223,8 @@ class SystemdManager:
             active_state=str(unit_props["ActiveState"].value),
             memory_current=_counter(scope_props.get("MemoryCurrent")),
             tasks_current=_counter(scope_props.get("TasksCurrent")),
+            memory_max=_counter(scope_props.get("MemoryMax")),
+            tasks_max=_counter(scope_props.get("TasksMax")),
             control_group=str(scope_props["ControlGroup"].value)
             if "ControlGroup" in scope_props
             else "",

@@ -22,6 +22,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
@@ -264,6 +265,74 @@ def test_a_memory_hog_is_killed_inside_the_container(cbed: Bed) -> None:
     cbed.end(*cbed.agents[-1])
 
 
+# Issue 10 §2: the same refused system calls as the namespace kind, from one
+# table (leviathd/sandbox/seccomp.py REFUSED). The probe is C, built static in
+# the bed (the image has no python); its numbers come from libc's headers.
+SYSCALL_PROBE = (Path(__file__).resolve().parents[1] / "syscall_probe.c").read_text()
+PROBE_DIR = "/srv/cprobe"
+REFUSED_EPERM = (
+    "unshare_user", "unshare_mnt", "clone_newuser", "clone_newnet", "setns", "mount", "umount2",
+    "fsopen", "open_tree", "keyctl", "add_key", "request_key", "bpf", "perf_event_open",
+    "userfaultfd", "open_by_handle_at", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "tiocsti", "tioclinux", "tiocsti_high_bits",
+)  # fmt: skip
+
+
+def syscall_probe(cbed: Bed, cfg: str) -> dict[str, str]:
+    bed = cbed.bed
+    if bed.run(["test", "-x", f"{PROBE_DIR}/probe"], check=False).returncode != 0:
+        bed.run(["mkdir", "-p", PROBE_DIR])
+        bed.write_file(f"{PROBE_DIR}/probe.c", SYSCALL_PROBE)
+        bed.run(["gcc", "-static", "-O1", "-pthread", "-o", f"{PROBE_DIR}/probe",
+                 f"{PROBE_DIR}/probe.c"], timeout=120)  # fmt: skip
+    r, _, _ = cbed.agent([f"{PROBE_DIR}/probe"], cfg)
+    cbed.end(*cbed.agents[-1])
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def probe_config(extra: str = "") -> str:
+    return config(extra=f'mounts = [{{path = "{PROBE_DIR}", access = "read"}}]\n{extra}')
+
+
+@pytest.fixture(scope="module")
+def probed(cbed: Bed) -> dict[str, str]:
+    return syscall_probe(cbed, probe_config())
+
+
+@pytest.mark.parametrize("call", REFUSED_EPERM)
+def test_a_container_agent_is_refused_the_calls_the_namespace_kind_refuses(
+    probed: dict[str, str], call: str,
+) -> None:
+    # With podman's default profile: unshare, mount, keyctl... succeed, the
+    # ioctls say ENOTTY, io_uring says ENOSYS.
+    assert probed[call] == "err:EPERM", (call, probed)
+
+
+def test_clone3_says_enosys_so_that_libc_falls_back_to_clone(probed: dict[str, str]) -> None:
+    assert probed["clone3_newuser"] == "err:ENOSYS", probed
+
+
+def test_ordinary_calls_still_work_in_a_container_agent(probed: dict[str, str]) -> None:
+    for call in ("pipe", "ioctl_fionread", "fork", "thread"):
+        assert probed[call] == "ok", (call, probed)
+    assert probed["ioctl_tcgets_enotty"] == "err:ENOTTY", probed
+
+
+def test_unshare_r_fails_in_a_container_agent_and_a_shell_still_works(cbed: Bed) -> None:
+    r, _, _ = cbed.agent(["sh", "-c", "unshare -U -r -m true; echo rc=$?; "
+                          "ls / >/dev/null && echo ls=ok; echo x | sort | wc -l"])  # fmt: skip
+    cbed.end(*cbed.agents[-1])
+    assert "rc=0" not in r.stdout and "Operation not permitted" in r.stderr, (r.stdout, r.stderr)
+    assert "ls=ok" in r.stdout and r.stdout.rstrip().endswith("1"), r.stdout
+
+
+def test_the_machine_config_may_allow_io_uring_and_nothing_else(cbed: Bed) -> None:
+    got = syscall_probe(cbed, probe_config("allow_io_uring = true"))
+    assert got["io_uring_setup"] == "ok", got
+    assert got["unshare_user"] == got["keyctl"] == "err:EPERM", got
+
+
 def test_network_false_cuts_the_container_off_and_network_true_reaches_the_host(cbed: Bed) -> None:
     port = 18000 + secrets.randbelow(1000)
     server = cbed.bed.run(
@@ -491,6 +560,19 @@ def test_an_agent_of_the_container_kind_runs_in_its_container_and_it_is_gone_aft
     row = ps(daemon, m.group(1))
     assert row["sandbox"] == "container" and row["exit_status"] == 4
     wait_no_containers(cbed, m.group(1))
+
+
+def test_a_container_agent_started_by_the_daemon_cannot_make_a_user_namespace(
+    cbed: Bed, daemon: Testbed,
+) -> None:
+    # Issue 10 §2 end to end: the daemon writes the profile and podman applies it.
+    script = "unshare -U -r -m true; echo rc=$?; grep Seccomp: /proc/self/status"
+    r = lev(daemon, "alice", "run", "--", "sh", "-c", script, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "rc=1" in r.stdout and "Operation not permitted" in r.stderr, (r.stdout, r.stderr)
+    assert "Seccomp:\t2" in r.stdout
+    profiles = daemon.run("ls /run/leviath/seccomp/").stdout.split()
+    assert profiles and all(p.startswith("seccomp-") for p in profiles), profiles
 
 
 def test_a_container_agent_sees_its_own_tool_broker_socket_and_nothing_else_of_the_daemons(

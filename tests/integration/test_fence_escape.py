@@ -186,6 +186,18 @@ def test_the_kernel_keyring_is_out_of_reach(inside: dict[str, Any], call: str) -
     assert inside[call] == "err:EPERM", (call, inside[call])
 
 
+@pytest.mark.parametrize(
+    "call",
+    ["bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
+     "io_uring_register", "tioclinux", "tiocsti_high_bits"],
+)
+def test_large_kernel_surfaces_and_terminal_ioctls_are_refused(
+    inside: dict[str, Any], call: str
+) -> None:
+    # Issue 10 §2: the same table as the container kind's profile.
+    assert inside[call] == "err:EPERM", (call, inside[call])
+
+
 def test_typing_into_the_controlling_terminal_is_refused(inside: dict[str, Any]) -> None:
     # dev.tty.legacy_tiocsti=1 here, so the kernel itself would allow it on
     # the child's own controlling pty: only the filter refuses it.

@@ -5,6 +5,7 @@ joins, and the engine/runtime/ulimit choices. No root, no engine."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 
 import pytest
@@ -63,7 +64,10 @@ def pairs(argv: list[str], flag: str) -> list[str]:
 def test_every_capability_is_dropped_and_privileges_cannot_be_regained() -> None:
     o = options(eff())
     assert pairs(o, "--cap-drop") == ["all"]
-    assert pairs(o, "--security-opt") == ["no-new-privileges"]
+    no_new_privs, profile = pairs(o, "--security-opt")
+    assert no_new_privs == "no-new-privileges"
+    # Issue 10: the machine's seccomp profile, named by a hash of its text.
+    assert re.fullmatch(r"seccomp=/run/leviath/seccomp/seccomp-[0-9a-f]{16}\.json", profile)
     assert "--privileged" not in o and "--cap-add" not in o
 
 

@@ -139,11 +139,14 @@ def test_the_service_installs_as_the_target_of_bus_activation() -> None:
     assert single(activation, "SystemdService") == alias
 
 
-def test_the_slice_sets_no_shared_limit_over_all_agents() -> None:
-    slice_ = unit_entries(UNITS / "leviath.slice")
-    assert "Slice" not in slice_ or not any(
-        k.endswith("Max") or k.startswith("CPU") for k, _ in slice_["Slice"]
-    )
+def test_the_slice_caps_all_agents_together_and_leaves_room_for_the_rest() -> None:
+    # Issue 10 §3: a cap over every agent, relative so it fits any machine.
+    entries = dict(unit_entries(UNITS / "leviath.slice")["Slice"])
+    for key in ("MemoryMax", "TasksMax"):
+        value = entries[key]
+        assert value.endswith("%") and 0 < int(value[:-1]) < 100, (key, value)
+    assert entries["MemorySwapMax"] == "0"
+    assert int(entries["CPUWeight"]) < 100
 
 
 # --- D-Bus policy ------------------------------------------------------------------
