@@ -41,7 +41,7 @@ from leviathd.agents import Agents
 from leviathd.broker.core import AuditRecord, Broker
 from leviathd.broker.limits import Limits
 from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of, runtime_dir
-from leviathd.broker.tools import MAX_READ, ShellRequest
+from leviathd.broker.tools import MAX_READ, CredentialRequest, ShellRequest
 from leviathd.config.merge import MergeResult
 from leviathd.errors import AccessDenied, NotFound, Unavailable
 from leviathd.identity import UserInfo, user_info
@@ -52,6 +52,7 @@ from leviathd.policy.settings import CredentialSpec, PolicySettings
 from leviathd.readpaths import is_inside
 from leviathd.records import AgentRecord, RecordStore
 from leviathd.sandbox.container import cgroup_procs_files
+from leviathd.sandbox.credential_fence import credential_spec
 from leviathd.sandbox.spec import Mount, SandboxSpec
 from leviathd.systemd import journal
 
@@ -101,7 +102,8 @@ def settings_to_json(s: PolicySettings) -> dict[str, Any]:
         "network": s.network,
         "credentials": {
             name: {"command": list(c.command), "secret_file": c.secret_file, "env": c.env,
-                   "secret_command": list(c.secret_command), "from_machine": c.from_machine}
+                   "secret_command": list(c.secret_command), "from_machine": c.from_machine,
+                   "workdir": c.workdir}
             for name, c in s.credentials.items()
         },
         "limits": s.limits.to_json(),
@@ -125,6 +127,7 @@ def settings_from_json(d: Mapping[str, Any]) -> PolicySettings:
             name: CredentialSpec(
                 tuple(c["command"]), c["secret_file"], c["env"],
                 secret_command=tuple(c["secret_command"]), from_machine=bool(c["from_machine"]),
+                workdir="ro" if c.get("workdir") == "ro" else "none",
             )
             for name, c in d["credentials"].items()
         },
@@ -266,6 +269,7 @@ class GateService:
             agent_id=rec.id, user=user, workdir=rec.workdir, settings=settings,
             ledger=ledger or Ledger(settings.budget), approvals=approvals,
             audit=lambda record: self._audit(rec.id, record), shell=self.run_shell,
+            credential=self.run_credential,
         )
         server = BrokerServer(broker, lookup=self.lookup,
                               path=os.path.join(folder, SOCKET_NAME), mode=0o600)
@@ -393,31 +397,50 @@ class GateService:
 
     # -- the shell tool -------------------------------------------------------
 
+    def _agent_spec(self, agent_id: str) -> tuple[_Live, dict[str, Any]]:
+        live = self.live.get(agent_id)
+        if live is None or not live.rec.running:
+            raise Unavailable(f"agent {agent_id} is not running")
+        steps = self._store.load_spec(agent_id)
+        if not steps:
+            raise Unavailable(f"agent {agent_id} has no recorded sandbox spec")
+        return live, dict(steps[-1]["spec"])  # type: ignore[call-overload]
+
     async def run_shell(self, req: ShellRequest) -> Mapping[str, Any]:
         """Run the command in the agent's own scope and sandbox: a child of
         the daemon is moved into the scope (its cgroups), then builds a fresh
         fence from the agent's recorded spec (same mounts, same user, same
         network setting) and runs `sh -c COMMAND` in it."""
-        live = self.live.get(req.agent_id)
-        if live is None or not live.rec.running:
-            raise Unavailable(f"agent {req.agent_id} is not running")
-        steps = self._store.load_spec(req.agent_id)
-        if not steps:
-            raise Unavailable(f"agent {req.agent_id} has no recorded sandbox spec")
-        spec = dict(steps[-1]["spec"])  # type: ignore[call-overload]
+        live, spec = self._agent_spec(req.agent_id)
         if spec.get("kind") not in ("namespace", "none"):
             raise Unavailable(f"shell is not available in a {spec.get('kind')} sandbox yet")
         spec["argv"] = ["/bin/sh", "-c", req.command]
         timeout = min(req.timeout or SHELL_TIMEOUT, SHELL_TIMEOUT)
+        return await self._run_in_scope(live, spec, timeout)
+
+    async def run_credential(self, req: CredentialRequest) -> Mapping[str, Any]:
+        """A credential command in the agent's scope (its limits apply) but in
+        a fence of its own (sandbox/credential_fence.py): never in, nor
+        reading from, a folder the agent can write."""
+        live, agent_spec = self._agent_spec(req.agent_id)
+        spec = credential_spec(agent_spec, req.argv, req.env, workdir=req.workdir)
+        return await self._run_in_scope(live, spec, req.timeout, stdin=req.stdin)
+
+    async def _run_in_scope(
+        self, live: _Live, spec: dict[str, Any], timeout: float, *, stdin: str = ""
+    ) -> Mapping[str, Any]:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "leviathd.gate_shell",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        message: dict[str, Any] = {"unit": live.rec.unit, "spec": spec}
+        if stdin:
+            message["stdin"] = stdin
         try:
             await self._attach(live.rec, proc.pid)
-            proc.stdin.write(json.dumps({"unit": live.rec.unit, "spec": spec}).encode())
+            proc.stdin.write(json.dumps(message).encode())
             await proc.stdin.drain()
             proc.stdin.close()
             out, err = await asyncio.wait_for(
@@ -427,7 +450,7 @@ class GateService:
         except TimeoutError:
             _kill_group(proc.pid)
             await proc.wait()
-            return {"exit_status": 124, "stdout": "", "stderr": f"timed out after {timeout}s",
+            return {"exit_status": 124, "stdout": "", "stderr": f"timed out after {timeout:.0f}s",
                     "timed_out": True}
         except BaseException:
             _kill_group(proc.pid)

@@ -8,6 +8,8 @@ the scope. It then checks that it really sits in the scope named in the spec
 message, puts /dev/null on stdin and runs the command through the same
 launcher as the agent (a fresh fence built from the agent's recorded spec),
 exiting with the command's status. stdout and stderr are the daemon's pipes.
+A credential command (issue 21) comes the same way, with a spec of its own
+(sandbox/credential_fence.py) and its secret as `stdin`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,27 @@ def _in_unit(unit: str) -> bool:
         return any(unit in line.rstrip("\n").split("/") for line in f)
 
 
+# What a credential command may be given on its standard input (its secret):
+# one pipe's worth, written before the command starts, so nothing waits on it.
+MAX_STDIN = 60 * 1024
+
+
+def _stdin(text: object) -> None:
+    """/dev/null on stdin, or a pipe holding `text` (a credential's secret and
+    a newline), closed behind it."""
+    data = text.encode() if isinstance(text, str) else b""
+    if not data:
+        fd = os.open(os.devnull, os.O_RDONLY)
+    elif len(data) > MAX_STDIN:
+        raise SystemExit(f"leviathd shell: stdin larger than {MAX_STDIN} bytes")
+    else:
+        fd, w = os.pipe()
+        os.write(w, data)
+        os.close(w)
+    os.dup2(fd, 0)
+    os.close(fd)
+
+
 def main() -> int:
     payload = sys.stdin.buffer.read()
     if not payload:
@@ -37,9 +60,7 @@ def main() -> int:
         print(f"leviathd shell: not inside {unit}; refusing to run", file=sys.stderr)
         return 125
     spec = SandboxSpec.from_dict(message["spec"])
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    _stdin(message.get("stdin"))
     for sig in _RESET_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     sys.stdout.flush()

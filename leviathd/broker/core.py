@@ -18,6 +18,7 @@ from leviathd.broker.limits import Limits, too_large
 from leviathd.broker.net import AddressRefused
 from leviathd.broker.opener import Opener
 from leviathd.broker.tools import (
+    CredentialRunner,
     FileTools,
     RawJSON,
     RealPathRefused,
@@ -84,6 +85,7 @@ class Broker:
         approvals: ApprovalQueue,
         audit: AuditSink,
         shell: ShellRunner | None = None,
+        credential: CredentialRunner | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.user = user
@@ -91,6 +93,7 @@ class Broker:
         self.approvals = approvals
         self.audit = audit
         self._shell = shell
+        self._credential = credential
         self._opener: Opener | None = None
         # The cgroup of an agent process that called (set by the server from
         # the kernel's word): where the file worker runs, so its cost is the
@@ -218,6 +221,10 @@ class Broker:
         except LeviathError as exc:
             self._record(Call(tool, ""), self.ledger.taint, None, "bad-request", "error", str(exc))
             return _error("invalid", str(exc))
+        except Exception as exc:  # every call ends with a record and a reply
+            why = _unexpected(exc)
+            self._record(Call(tool, ""), self.ledger.taint, None, "bad-request", "error", why)
+            return _error("invalid", why)
         call = d.call
         if d.outcome == "deny":
             self._record(call, d.taint, d.clearance, d.rule, "deny")
@@ -236,6 +243,10 @@ class Broker:
         except OSError as exc:
             self._record(call, d.taint, d.clearance, d.rule, "error", str(exc))
             return _error("failed", f"{exc.filename or tool}: {exc.strerror or exc}")
+        except Exception as exc:  # a record and a named error, never a dropped call
+            why = _unexpected(exc)
+            self._record(call, d.taint, d.clearance, d.rule, "error", why)
+            return _error("failed", why)
         if not isinstance(result, RawJSON):
             result = RawJSON.of(result)
         if result.size > self._budget():
@@ -311,11 +322,13 @@ class Broker:
                 raise NotFound(f"no credential named {name!r} is configured")
             self.start()
             assert self._opener is not None
-            return await run_credential(
+            out = await run_credential(
                 spec, [str(a) for a in args.get("args") or []], opener=self._opener,
                 uid=self.user.uid, gid=self.user.gid, groups=self.user.groups,
-                home=self.user.home, workdir=self.policy.workdir,
-            ), predicted
+                home=self.user.home, agent_id=self.agent_id, runner=self._credential,
+            )
+            _fit_output(out, self._budget())
+            return out, predicted
         if tool == "shell":
             if self._shell is None:
                 raise Unavailable("shell is not available for this agent")
@@ -378,6 +391,12 @@ def _fit_output(out: dict[str, Any], budget: int) -> None:
             if isinstance(text, str) and text:
                 out[key] = text[: len(text) * budget // (2 * size)]
                 out["truncated"] = True
+
+
+def _unexpected(exc: Exception) -> str:
+    """A bounded message for an error no tool named (a bug to fix, but the call
+    still ends with its record and a reply)."""
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def limit_error(exc: LimitExceeded) -> dict[str, Any]:

@@ -4,7 +4,8 @@ The host is resolved once, every address it resolves to is checked, and the
 connection goes to the checked address (Host header and TLS name stay the
 URL's), so a DNS answer that changes between check and connect (rebinding)
 cannot reach an address the check refused. Redirects are followed by hand
-(GET only) and each hop is checked again.
+(GET only), and only within the same scheme, host and port; any other comes
+back to the agent (see `request`).
 """
 
 from __future__ import annotations
@@ -37,10 +38,35 @@ class AddressRefused(AccessDenied):
     pass
 
 
+_V4_COMPATIBLE = ipaddress.ip_network("::/96")
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+
+
+def embedded_ipv4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 form carries and may reach (mapped
+    ::ffff:a.b.c.d, the old compatible ::a.b.c.d, NAT64 64:ff9b::a.b.c.d,
+    6to4, Teredo), or None: each is judged by the IPv4 address inside, so
+    `[::127.0.0.1]` is loopback as 127.0.0.1 is."""
+    if addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    if addr in _V4_COMPATIBLE and int(addr) > 1:
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    if any(addr in net for net in _NAT64):
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    if addr.sixtofour is not None:
+        return addr.sixtofour
+    if addr.teredo is not None:
+        return addr.teredo[1]
+    return None
+
+
 def address_refusal(addr: Address, *, allow_private: bool) -> str | None:
     """Why `addr` may not be contacted, or None."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
+    if isinstance(addr, ipaddress.IPv6Address):
+        inner = embedded_ipv4(addr)
+        if inner is not None:
+            why = address_refusal(inner, allow_private=allow_private)
+            return f"{addr} carries {inner}: {why}" if why is not None else None
     if addr in METADATA:
         return f"{addr} is a cloud metadata address"
     if allow_private:
@@ -117,6 +143,18 @@ class Response:
 _KEPT_HEADERS = ("content-type", "content-length", "location", "last-modified", "etag")
 
 
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an http(s) URL, or None for anything else."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return parts.scheme, parts.hostname.lower(), port
+
+
 def request(
     method: str,
     url: str,
@@ -128,34 +166,56 @@ def request(
     max_bytes: int = MAX_BODY,
     timeout: float = TIMEOUT,
 ) -> Response:
+    """One request. A redirect is followed only to the same scheme, host and
+    port, which the gate already decided on; any other (another host, port
+    or scheme, or a Location that does not parse) comes back to the agent as
+    the 3xx response with its `location`, and reaching it is a new call
+    that the gate decides afresh, with its own audit record (issue 21). Every
+    failure is an InvalidArgument (or AddressRefused), never a bare ValueError."""
+    start = _origin(url)
+    if start is None:
+        raise InvalidArgument(f"not an http(s) URL: {url[:200]!r}")
     for _ in range(MAX_REDIRECTS + 1):
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InvalidArgument(f"not an http(s) URL: {url!r}")
-        host = parts.hostname
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        _, address = resolve_checked(host, port, allow_private=allow_private)[0]
-        cls = _PinnedHTTPS if parts.scheme == "https" else _PinnedHTTP
-        conn = cls(host, port, address, timeout)
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
+        resp, location = _one(method, url, body=body, headers=headers,
+                              allow_private=allow_private, max_bytes=max_bytes, timeout=timeout)
+        if not (follow_redirects and method == "GET" and location):
+            return resp
         try:
-            conn.request(method, path, body=body, headers=dict(headers or {}))
-            resp = conn.getresponse()
-            data = resp.read(max_bytes + 1)
-            kept = {k.lower(): v for k, v in resp.getheaders() if k.lower() in _KEPT_HEADERS}
-            status = resp.status
-        except (OSError, http.client.HTTPException) as exc:
-            raise InvalidArgument(f"{method} {url}: {exc}") from None
-        finally:
-            conn.close()
-        location = kept.get("location")
-        redirect = status in (301, 302, 303, 307, 308) and location
-        if follow_redirects and method == "GET" and redirect and location:
-            url = urljoin(url, location)
-            continue
-        return Response(
-            url, status, kept, data[:max_bytes].decode("utf-8", "replace"), len(data) > max_bytes
-        )
-    raise InvalidArgument(f"too many redirects from {url}")
+            nxt = urljoin(url, location)
+        except ValueError:
+            return resp
+        if _origin(nxt) != start:
+            return resp
+        url = nxt
+    raise InvalidArgument(f"too many redirects from {url[:200]}")
+
+
+def _one(
+    method: str, url: str, *, body: bytes | None, headers: Mapping[str, str] | None,
+    allow_private: bool, max_bytes: int, timeout: float,
+) -> tuple[Response, str | None]:
+    origin = _origin(url)
+    if origin is None:
+        raise InvalidArgument(f"not an http(s) URL: {url[:200]!r}")
+    scheme, host, port = origin
+    parts = urlsplit(url)
+    _, address = resolve_checked(host, port, allow_private=allow_private)[0]
+    cls = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
+    conn = cls(host, port, address, timeout)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    try:
+        conn.request(method, path, body=body, headers=dict(headers or {}))
+        resp = conn.getresponse()
+        data = resp.read(max_bytes + 1)
+        kept = {k.lower(): v[:2000] for k, v in resp.getheaders() if k.lower() in _KEPT_HEADERS}
+        status = resp.status
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise InvalidArgument(f"{method} {url[:200]}: {str(exc)[:300]}") from None
+    finally:
+        conn.close()
+    location = kept.get("location") if status in (301, 302, 303, 307, 308) else None
+    out = Response(url, status, kept, data[:max_bytes].decode("utf-8", "replace"),
+                   len(data) > max_bytes)
+    return out, location

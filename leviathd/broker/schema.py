@@ -166,11 +166,54 @@ def validate(tool: str, args: Mapping[str, Any]) -> None:
             raise InvalidArgument(f"{tool}: argument {p.name!r} must be a {p.type}")
 
 
+_SHOWN_URL = 200
+
+
+def shown_url(url: str) -> str:
+    return repr(url if len(url) <= _SHOWN_URL else url[:_SHOWN_URL] + "…")
+
+
 def host_of(url: str) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port out of range or not a number
+    except ValueError as exc:
+        raise InvalidArgument(f"not a valid URL ({exc}): {shown_url(url)}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidArgument(f"not an http(s) URL: {url!r}")
+        raise InvalidArgument(f"not an http(s) URL: {shown_url(url)}")
+    if port == 0:
+        raise InvalidArgument(f"port 0 in {shown_url(url)}")
+    if any(c in url for c in "\r\n\t\0 "):
+        raise InvalidArgument(f"a URL with spaces or control characters: {shown_url(url)}")
     return parts.hostname.lower()
+
+
+def check_headers(url: str, headers: Mapping[str, str]) -> None:
+    """Refuse headers that would make the request claim another host than the
+    one the gate decided on (a shared front routes by Host: issue 21), HTTP/2
+    pseudo-headers, and anything http.client would choke on or smuggle."""
+    host = host_of(url)
+    for name, value in headers.items():
+        low = name.strip().lower()
+        if not name or name.startswith(":") or low in (":authority", "host"):
+            if low == "host" and _same_host(value, url, host):
+                continue
+            raise InvalidArgument(
+                f"header {name[:40]!r}: the broker sets the host from the URL ({host}); "
+                "a different one is refused"
+            )
+        if any(c in name for c in ":\r\n\0 \t") or any(c in value for c in "\r\n\0"):
+            raise InvalidArgument(f"header {name[:40]!r}: control characters or a bad name")
+        if low in ("content-length", "transfer-encoding", "connection"):
+            raise InvalidArgument(f"header {name[:40]!r} is set by the broker")
+
+
+def _same_host(value: str, url: str, host: str) -> bool:
+    try:
+        given = urlsplit("//" + value.strip())
+        return (given.hostname or "") == host and given.port in (None, urlsplit(url).port)
+    except ValueError:
+        return False
 
 
 def call_for(tool: str, args: Mapping[str, Any], workdir: str) -> Call:
@@ -187,6 +230,7 @@ def call_for(tool: str, args: Mapping[str, Any], workdir: str) -> Call:
         paths = tuple(normalise(p, workdir) for p in raw)
         return Call(tool, " ".join(paths), paths)
     if tool in ("web_fetch", "http_get", "http_post"):
+        check_headers(str(args["url"]), dict(args.get("headers") or {}))
         return Call(tool, host_of(str(args["url"])))
     if tool == "shell":
         return Call(tool, str(args["command"]))

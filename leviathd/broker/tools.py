@@ -13,7 +13,7 @@ import stat
 import subprocess
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from leviathd.broker import net
 from leviathd.broker.limits import Limits, too_large
@@ -22,6 +22,7 @@ from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFou
 from leviathd.policy.readgrant import GrantIndex
 from leviathd.policy.settings import CredentialSpec
 from leviathd.sandbox import privileges
+from leviathd.sandbox.credential_fence import SAFE_PATH
 
 MAX_READ = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK  # NONBLOCK: a FIFO cannot hang us
@@ -377,6 +378,24 @@ def redact(text: str, secret: str) -> str:
     return text.replace(secret, "[redacted]") if secret else text
 
 
+@dataclass(frozen=True)
+class CredentialRequest:
+    """One credential command for the daemon's fence (gate_service.run_credential):
+    `env` is its whole environment but HOME/USER/LOGNAME; `stdin` its secret."""
+
+    agent_id: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    stdin: str
+    workdir: Literal["none", "ro"]
+    timeout: float
+
+
+CredentialRunner = Callable[[CredentialRequest], Awaitable[Mapping[str, Any]]]
+# A secret is handed over in one pipe buffer (gate_shell.MAX_STDIN).
+MAX_SECRET = 60 * 1024 - 1
+
+
 async def run_credential(
     spec: CredentialSpec,
     args: Sequence[str],
@@ -386,18 +405,21 @@ async def run_credential(
     gid: int,
     groups: Sequence[int],
     home: str,
-    workdir: str,
+    agent_id: str,
+    runner: CredentialRunner | None,
     timeout: float = 120.0,
 ) -> dict[str, Any]:
     """Run the configured command with the secret on its standard input (a
     pipe, closed after the secret and a newline), never in its environment
-    or arguments, and guarded from its user (`_guarded`). The secret
-    comes from `secret_file` or `secret_command`: as root for a credential of
-    the machine config (the admin's secret, which the agent's user need not be
-    able to read), as the agent's user for a user's own credential (so a user
-    config cannot point it at a file only root may read). The command runs as
-    the agent's user, outside the sandbox, and the secret is cut out of its
-    output."""
+    or arguments. The secret comes from `secret_file` or `secret_command`:
+    as root for a credential of the machine config (the admin's secret, which
+    the agent's user need not be able to read), as the agent's user for a
+    user's own credential (so a user config cannot point it at a file only
+    root may read). The command runs as the agent's user through `runner`:
+    in the agent's scope, in a fence of its own with a private home and
+    working folder and a scrubbed environment (sandbox/credential_fence.py),
+    with a real gid its user cannot take (see `_guarded`); never here,
+    outside every fence. The secret is cut out of its output."""
     if not spec.command:
         raise Unavailable("credential has no command configured")
     if spec.env:
@@ -406,6 +428,8 @@ async def run_credential(
             "its environment (its user could read it from /proc); the command reads the "
             "secret from its standard input instead (see docs/configuration.md)"
         )
+    if runner is None:
+        raise Unavailable("credential commands need the daemon's fence, which this broker lacks")
     as_root = spec.from_machine and os.geteuid() == 0
     if spec.secret_command:
         secret = await _secret_from_command(
@@ -423,34 +447,21 @@ async def run_credential(
             secret = (await asyncio.to_thread(_read_all, fd)).decode().strip()
         finally:
             os.close(fd)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
-    switch: dict[str, Any] = {}
-    if os.geteuid() == 0:
-        switch = {"preexec_fn": _guarded(uid, gid, groups)}
-    elif uid != os.geteuid():
-        raise Unavailable("the broker must run as root to act for another user")
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *spec.command,
-            *args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=workdir,
-            start_new_session=True,
-            **switch,
-        )
-    except subprocess.SubprocessError:
-        raise Unavailable("cannot drop privileges for the credential command") from None
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(secret.encode() + b"\n"), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise InvalidArgument(f"credential command timed out after {timeout:.0f}s") from None
+    if len(secret.encode()) > MAX_SECRET:
+        raise InvalidArgument(f"the credential's secret is larger than {MAX_SECRET} bytes")
+    env = {
+        "PATH": SAFE_PATH,
+        "LANG": "C.UTF-8",
+        # git reads no /etc/gitconfig, asks no one, and takes nothing from the
+        # agent's folders (the fence shows none of them but a read-only workdir).
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+    }
+    out = await runner(CredentialRequest(
+        agent_id, (*spec.command, *args), env, secret + "\n", spec.workdir, timeout,
+    ))
     return {
-        "exit_status": proc.returncode,
-        "stdout": redact(out[:MAX_READ].decode("utf-8", "replace"), secret),
-        "stderr": redact(err[:MAX_READ].decode("utf-8", "replace"), secret),
+        "exit_status": int(out.get("exit_status", -1)),
+        "stdout": redact(str(out.get("stdout", ""))[:MAX_READ], secret),
+        "stderr": redact(str(out.get("stderr", ""))[:MAX_READ], secret),
     }

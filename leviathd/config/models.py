@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -381,6 +381,9 @@ class CredentialConfig(_Model):
     secret_file: AbsolutePath | None = None
     secret_command: Argv | None = None
     env: EnvName | None = None
+    # "ro": the command's fence shows the agent's workdir read-only; "none"
+    # (default): nothing of it. It never runs in it (docs/security-model.md).
+    workdir: Literal["none", "ro"] = "none"
 
     @model_validator(mode="after")
     def _one_source(self) -> CredentialConfig:

@@ -32,6 +32,8 @@ class CredentialSpec:
     env: str = ""
     secret_command: tuple[str, ...] = ()
     from_machine: bool = False
+    # Whether its fence shows the agent's workdir (read-only) or nothing of it.
+    workdir: Literal["none", "ro"] = "none"
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class PolicySettings:
                 tuple(str(a) for a in command), str(secret_file or ""), str(env or ""),
                 secret_command=tuple(str(a) for a in secret_command or ()),
                 from_machine=machine_creds.get(name) == spec,
+                workdir="ro" if str(getattr(spec, "workdir", "none")) == "ro" else "none",
             )
         on_exceed = str(getattr(taint, "on_exceed", "ask"))
         return cls(

@@ -299,7 +299,7 @@ def _pid1(spec: SandboxSpec, wfd: int, workdir_fd: int | None) -> NoReturn:
 def _agent(spec: SandboxSpec, wfd: int) -> NoReturn:
     try:
         os.setsid()
-        drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=True)
+        drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=True, real_gid=spec.real_gid)
         os.chdir(spec.workdir)
         seccomp.install(allow_io_uring=spec.allow_io_uring)
         for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
@@ -589,8 +589,12 @@ class _Root:
         self.mounted.append(target)
 
     def tmpfs(self, target: str) -> None:
+        # The user's own, empty and seen by nothing outside this fence: the
+        # private home and working folder of a credential command.
         self.make(target, is_dir=True)
-        mount("tmpfs", self.host(target), "tmpfs", MS_NOSUID | MS_NODEV, f"mode=755{self.size}")
+        spec = self.spec
+        mount("tmpfs", self.host(target), "tmpfs", MS_NOSUID | MS_NODEV,
+              f"mode=700,uid={spec.uid},gid={spec.gid}{self.size or ',size=64m'}")
         self.mounted.append(target)
 
     @property

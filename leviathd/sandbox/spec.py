@@ -216,6 +216,9 @@ class SandboxSpec:
     notes: tuple[str, ...] = ()
     scratch_size: int = DEFAULT_SCRATCH_SIZE
     allow_io_uring: bool = False
+    # A real gid the user cannot take, for a command its own user must not
+    # read or ptrace (a credential command: broker/tools.py `_guarded`).
+    real_gid: int | None = None
 
     @property
     def scratch_home(self) -> str:

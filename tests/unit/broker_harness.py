@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 
 from leviathd.broker.core import AuditRecord, Broker
 from leviathd.broker.server import BrokerServer, cgroup_of
-from leviathd.broker.tools import ShellRunner
+from leviathd.broker.tools import CredentialRequest, CredentialRunner, ShellRunner
 from leviathd.identity import UserInfo
 from leviathd.policy.approvals import ApprovalQueue, PendingRequest
 from leviathd.policy.ledger import Ledger
@@ -67,6 +68,7 @@ def running_broker(
     user: UserInfo | None = None,
     mode: int = 0o600,
     shell: ShellRunner | None = None,
+    credential: CredentialRunner | None = None,
     budget: int | None = None,
 ) -> Iterator[Running]:
     own_cgroup = cgroup_of(os.getpid())
@@ -87,7 +89,7 @@ def running_broker(
                               on_request=asked.append)
     broker = Broker(agent_id=AGENT, user=u, workdir=workdir, settings=settings,
                     ledger=Ledger(budget or settings.budget), approvals=approvals,
-                    audit=audit.append, shell=shell)
+                    audit=audit.append, shell=shell, credential=credential)
     server = BrokerServer(broker, lookup=lookup, path=socket_path, mode=mode)
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
     running = Running(broker, server, loop, audit, asked)
@@ -99,6 +101,18 @@ def running_broker(
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+async def direct_credential(req: CredentialRequest) -> dict[str, Any]:
+    """A stand-in for the daemon's fenced runner (gate_service.run_credential,
+    tested in the bed): the command as is, in an empty folder, with the
+    request's environment and the secret on stdin."""
+    with tempfile.TemporaryDirectory() as cwd:
+        proc = await asyncio.create_subprocess_exec(
+            *req.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={**req.env, "HOME": cwd}, cwd=cwd)
+        out, err = await proc.communicate(req.stdin.encode())
+    return {"exit_status": proc.returncode, "stdout": out.decode(), "stderr": err.decode()}
 
 
 def call(path: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from broker_harness import AGENT, Running, call, running_broker
+from broker_harness import AGENT, Running, call, direct_credential, running_broker
 
 from leviathd.broker.tools import ShellRequest
 from leviathd.policy.approvals import Answer
@@ -98,7 +98,7 @@ def test_the_credential_tool_hides_the_secret_and_labels_output_private(
                              "API_TOKEN")
     settings = PolicySettings(credentials={"api": spec, "old": retired})
     with running_broker(home=home, workdir=work, settings=settings,
-                        socket_path=str(tmp_path / "b.sock")) as b:
+                        socket_path=str(tmp_path / "b.sock"), credential=direct_credential) as b:
         assert call(b.path, "credential", {"name": "nope"})["error"]["code"] == "failed"
         # A credential that still asks for the secret in a variable is refused.
         reply = call(b.path, "credential", {"name": "old"})
@@ -112,6 +112,20 @@ def test_the_credential_tool_hides_the_secret_and_labels_output_private(
         assert reply["label"] == "private" and reply["taint"] == "private"
 
 
+def test_without_the_daemons_fence_a_credential_command_does_not_run(tmp_path: Path) -> None:
+    home, work = _dirs(tmp_path)
+    secret_file = tmp_path / "token"
+    secret_file.write_text("s3cr3t-t0ken\n")
+    mark = tmp_path / "ran"
+    spec = CredentialSpec(("/bin/sh", "-c", f"touch {mark}"), str(secret_file), "API_TOKEN")
+    settings = PolicySettings(credentials={"api": spec})
+    with running_broker(home=home, workdir=work, settings=settings,
+                        socket_path=str(tmp_path / "b.sock")) as b:
+        reply = call(b.path, "credential", {"name": "api"})
+        assert not reply["ok"] and "fence" in reply["error"]["message"]
+    assert not mark.exists()
+
+
 def test_a_credential_secret_can_come_from_a_command_whose_failure_shows_no_output(
     tmp_path: Path,
 ) -> None:
@@ -123,7 +137,7 @@ def test_a_credential_secret_can_come_from_a_command_whose_failure_shows_no_outp
     # Taint off: the first call's Private output would hold the second.
     settings = PolicySettings(credentials={"ok": ok, "bad": bad}, taint_enabled=False)
     with running_broker(home=home, workdir=work, settings=settings,
-                        socket_path=str(tmp_path / "b.sock")) as b:
+                        socket_path=str(tmp_path / "b.sock"), credential=direct_credential) as b:
         reply = call(b.path, "credential", {"name": "ok"})
         assert reply["ok"], reply
         assert reply["result"]["stdout"] == "auth=[redacted]\n"

@@ -62,18 +62,25 @@ def server() -> Iterator[str]:
 
 @pytest.mark.parametrize("addr", ["127.0.0.1", "::1", "10.1.2.3", "192.168.0.1", "172.16.0.1",
                                   "169.254.1.1", "fe80::1", "fd00::1", "100.64.0.1", "0.0.0.0",
-                                  "::ffff:127.0.0.1", "224.0.0.1"])
+                                  "::ffff:127.0.0.1", "224.0.0.1",
+                                  # issue 21: IPv4 inside IPv6 (compatible, NAT64, 6to4)
+                                  "::127.0.0.1", "64:ff9b::7f00:1", "64:ff9b::a00:1",
+                                  "2002:7f00:1::1", "64:ff9b:1::7f00:1"])
 def test_non_public_addresses_are_refused_by_default(addr: str) -> None:
     assert net.address_refusal(ipaddress.ip_address(addr), allow_private=False) is not None
 
 
-@pytest.mark.parametrize("addr", ["169.254.169.254", "fd00:ec2::254", "::ffff:169.254.169.254"])
+@pytest.mark.parametrize("addr", ["169.254.169.254", "fd00:ec2::254", "::ffff:169.254.169.254",
+                                  "::169.254.169.254", "64:ff9b::a9fe:a9fe"])
 def test_metadata_addresses_are_refused_even_with_private_allowed(addr: str) -> None:
     assert net.address_refusal(ipaddress.ip_address(addr), allow_private=True) is not None
 
 
 def test_public_addresses_pass() -> None:
     assert net.address_refusal(ipaddress.ip_address("93.184.216.34"), allow_private=False) is None
+    # A NAT64 form of a public address is that public address.
+    nat64 = ipaddress.ip_address("64:ff9b::5db8:d822")
+    assert net.address_refusal(nat64, allow_private=False) is None
 
 
 def _dirs(tmp_path: Path) -> tuple[str, str]:
@@ -108,10 +115,11 @@ def test_loopback_is_allowed_with_the_config_flag(tmp_path: Path, server: str) -
     assert ("POST", "/in", server.removeprefix("http://"), b"payload") in _Handler.seen
 
 
-def test_a_redirect_is_checked_again_at_every_hop(server: str) -> None:
+def test_a_redirect_is_followed_on_the_same_host_only(server: str) -> None:
     assert net.request("GET", server + "/hop", allow_private=True).body == "hello from loopback"
-    with pytest.raises(net.AddressRefused):
-        net.request("GET", server + "/to-metadata", allow_private=True)
+    # Another host (here the metadata address) comes back to the agent, unfollowed.
+    resp = net.request("GET", server + "/to-metadata", allow_private=True)
+    assert resp.status == 302 and resp.headers["location"].startswith("http://169.254.169.254/")
 
 
 def test_the_connection_goes_to_the_checked_address_not_a_fresh_lookup(server: str) -> None:
