@@ -29,6 +29,7 @@ from leviathd.broker.tools import (
 )
 from leviathd.errors import LeviathError, LimitExceeded, NotFound, Unavailable
 from leviathd.identity import UserInfo
+from leviathd.policy import filelabels
 from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
 from leviathd.policy.gate import ApprovalView, Call, Decision, decide
 from leviathd.policy.labels import Sensitivity
@@ -268,21 +269,46 @@ class Broker:
         return max(0, self.limits.reply_max_bytes - ENVELOPE)
 
     def _settle_label(self, files: FileTools, predicted: Sensitivity) -> Sensitivity:
-        """The label of a file call, from what was really opened."""
+        """The label of a file call, from what was really opened: a read
+        outside the workdir is Private; a file carries the label kept with it
+        (policy/filelabels.py: any agent's, from before any restart) or, on a
+        file system that keeps none, the one this broker remembers."""
         taint = self.ledger.taint
-        for key in files.writes:
+        for key, kept in files.writes:
             if taint > Sensitivity.INTERNAL:
                 self._tainted_files[key] = max(taint, self._tainted_files.get(key, taint))
-            else:
+            elif kept is None or kept <= Sensitivity.INTERNAL:
                 self._tainted_files.pop(key, None)  # rewritten with cleaner data
         if not files.reads:
             return predicted
         label = Sensitivity.INTERNAL
-        for real, key in files.reads:
+        for real, key, kept in files.reads:
             if not is_inside(real, self.policy.workdir):
                 label = max(label, Sensitivity.PRIVATE)
             label = max(label, self._tainted_files.get(key, Sensitivity.PUBLIC))
+            if kept is not None:
+                label = max(label, kept)
         return label
+
+    def _workdir_fd(self) -> int | None:
+        if self._opener is None:
+            return None
+        try:
+            return self._opener.open(self.policy.workdir, os.O_RDONLY | os.O_DIRECTORY)
+        except (OSError, LeviathError):
+            return None
+
+    def _workdir_mark(self) -> Sensitivity:
+        self.start()
+        fd = self._workdir_fd()
+        if fd is None:
+            return Sensitivity.PUBLIC
+        try:
+            return filelabels.dir_mark(fd) or Sensitivity.PUBLIC
+        except OSError:
+            return Sensitivity.PUBLIC
+        finally:
+            os.close(fd)
 
     async def _run(
         self, tool: str, args: Mapping[str, Any], predicted: Sensitivity
@@ -294,6 +320,7 @@ class Broker:
                 self.start()
                 assert self._opener is not None
                 files = FileTools(self._opener, self.policy.grant, self.limits)
+                files.taint = self.ledger.taint
                 try:
                     result = await self.in_pool(
                         _file_call, files, tool, args, workdir, self._budget()
@@ -338,8 +365,10 @@ class Broker:
                              int(timeout) if timeout is not None else None)
             ))
             _fit_output(out, self._budget())
-            # The shell can read back anything the agent wrote while tainted.
-            return out, max([predicted, *self._tainted_files.values()])
+            # The shell can read back anything written in the workdir while
+            # tainted, by this agent or any other, before any restart.
+            mark = await self.in_pool(self._workdir_mark)
+            return out, max([predicted, mark, *self._tainted_files.values()])
         raise Unavailable(f"{tool} is not implemented")  # the gate refuses unknown tools
 
     # -- the agent's view of its ledger ---------------------------------

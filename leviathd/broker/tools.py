@@ -19,6 +19,8 @@ from leviathd.broker import net
 from leviathd.broker.limits import Limits, too_large
 from leviathd.broker.opener import Opener, OpenFailed
 from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound, Unavailable
+from leviathd.policy import filelabels
+from leviathd.policy.labels import Sensitivity
 from leviathd.policy.readgrant import GrantIndex
 from leviathd.policy.settings import CredentialSpec
 from leviathd.sandbox import privileges
@@ -85,9 +87,12 @@ class FileTools:
         self.index = index
         self.limits = limits or Limits()
         # What this call touched, for the broker's labels: (real path, inode
-        # key) of every file or directory read, inode keys of files written.
-        self.reads: list[tuple[str, tuple[int, int]]] = []
-        self.writes: list[tuple[int, int]] = []
+        # key, label kept with the file) of every file or directory read;
+        # (inode key, label now kept or None) of files written.
+        self.reads: list[tuple[str, tuple[int, int], Sensitivity | None]] = []
+        self.writes: list[tuple[tuple[int, int], Sensitivity | None]] = []
+        # The agent's taint when the call started: what a write carries.
+        self.taint = Sensitivity.PUBLIC
 
     def _refused(self, path: str, verb: str) -> RealPathRefused:
         # One message whatever is (or is not) behind the path: the agent must
@@ -124,10 +129,11 @@ class FileTools:
             st = os.fstat(fd)
             if not directory and not stat.S_ISREG(st.st_mode):
                 raise InvalidArgument(f"{shown(path)}: not a regular file")
+            kept = filelabels.read_label(fd)
         except BaseException:
             os.close(fd)
             raise
-        self.reads.append((real, (st.st_dev, st.st_ino)))
+        self.reads.append((real, (st.st_dev, st.st_ino), kept))
         return fd, real, content
 
     def _read_entry(self, path: str, max_bytes: int, budget: int) -> list[bytes]:
@@ -227,8 +233,23 @@ class FileTools:
         except BaseException:
             os.close(fd)
             raise
-        self.writes.append((st.st_dev, st.st_ino))
         return fd, real
+
+    def _written(self, fd: int, *, whole: bool) -> None:
+        st = os.fstat(fd)
+        kept = filelabels.label_written(fd, self.taint, whole=whole)
+        self.writes.append(((st.st_dev, st.st_ino), kept))
+        if self.taint > Sensitivity.INTERNAL:
+            # The shell reads any file of the workdir: the folder keeps the
+            # highest label written in it.
+            try:
+                dfd = self.opener.open(self.index.workdir, os.O_RDONLY | os.O_DIRECTORY)
+            except OpenFailed:
+                return
+            try:
+                filelabels.raise_dir_mark(dfd, self.taint)
+            finally:
+                os.close(dfd)
 
     def write_file(self, path: str, content: str) -> RawJSON:
         fd, real = self._open_write(path, os.O_WRONLY | os.O_CREAT)
@@ -236,6 +257,7 @@ class FileTools:
             data = content.encode()
             os.ftruncate(fd, 0)
             _write_all(fd, data)
+            self._written(fd, whole=True)
         finally:
             os.close(fd)
         return RawJSON.of({"path": real, "bytes": len(data)})
@@ -247,6 +269,8 @@ class FileTools:
         limit = self.limits.edit_max_bytes
         try:
             reply = self.opener.edit(fd, old, new, replace_all, limit)
+            if reply.get("ok"):
+                self._written(fd, whole=False)
         finally:
             os.close(fd)
         if reply.get("ok"):

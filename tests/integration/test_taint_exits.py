@@ -281,3 +281,42 @@ def test_a_credential_sees_the_workdir_only_read_only_when_it_says_so(
     assert lines[0] == home and lines[1] == "small"
     assert "Read-only" in lines[2]
     assert bed.run(["test", "-e", f"{home}/xw/written"], check=False).returncode != 0
+
+
+# ------------------------------------------------------------ 4. file labels
+
+
+def test_a_file_written_while_private_stays_private_across_a_restart_and_agents(
+    bed: Testbed,
+) -> None:
+    first = _start(bed)
+    try:
+        _private(first, bed)
+        rc, _out, err = first.call("lev tool write_file carried.txt granted-copy")
+        assert rc == 0, err
+        # The agent cannot strip what root keeps with the file.
+        rc, _out, _err = first.call(
+            "python3 -c \"import os; os.removexattr('carried.txt', 'trusted.leviath.label')\"")
+        assert rc != 0
+    finally:
+        lev(bed, "alice", "stop", first.id, check=False)
+    bed.run(["systemctl", "restart", "leviathd"])
+    second = _start(bed)
+    try:
+        assert second.taint() == "public"
+        rc, out, err = second.call("lev tool read_file carried.txt")
+        assert rc == 0 and out == "granted-copy", err
+        assert second.taint() == "private"
+    finally:
+        lev(bed, "alice", "stop", second.id, check=False)
+    third = _start(bed)
+    try:
+        rc, out, err = third.call("lev tool shell cat carried.txt")
+        assert rc == 0 and "granted-copy" in out, err
+        assert third.taint() == "private"
+    finally:
+        lev(bed, "alice", "stop", third.id, check=False)
+        xw = f"{bed.users['alice'].home}/xw"
+        bed.run(["rm", "-f", f"{xw}/carried.txt"])
+        bed.run(["python3", "-c", f"import os; os.removexattr({xw!r}, 'trusted.leviath.dirty')"],
+                check=False)
