@@ -50,6 +50,7 @@ from leviathd.config.models import (
     Sensitivity,
     TaintPolicy,
 )
+from leviathd.policy.labels import DEFAULT_CLEARANCE
 from leviathd.readpaths import ReadPathError, active_patterns, parse_pattern
 
 Level = Literal["error", "warn", "note"]
@@ -215,6 +216,11 @@ def _narrow_io_uring(upper: bool, asked: bool, where: str, out: _Findings) -> bo
         )
         return False
     return asked
+
+
+def _default_clearance(tool: str) -> Sensitivity | None:
+    level = DEFAULT_CLEARANCE.get(tool)
+    return Sensitivity(str(level)) if level is not None else None
 
 
 def _check_tools(names: Iterable[str], where: str, out: _Findings) -> None:
@@ -413,7 +419,9 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
                 on_exceed = ut.on_exceed
         clearance = dict(taint.clearance)
         for tool, sens in ut.clearance.items():
-            cur = clearance.get(tool)
+            # Against the machine's effective value: its own setting, or the
+            # built-in default it relies on (issue 21 §7).
+            cur = clearance.get(tool) or _default_clearance(tool)
             if cur is not None and sens.rank > cur.rank:
                 out.add(
                     "warn",

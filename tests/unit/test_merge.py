@@ -397,6 +397,15 @@ def test_blueprint_env_and_seed_pass_through() -> None:
     assert r.agent.command == ["run"]
 
 
+def test_a_user_cannot_raise_a_clearance_the_machine_leaves_at_its_default() -> None:
+    # Issue 21 §7: http_get's default is internal; the machine sets nothing.
+    r = resolve(cfg(""), cfg('[taint]\nclearance = { http_get = "private", shell = "public" }'),
+                None, "a")
+    assert r.agent.taint.clearance == {"shell": Sensitivity.PUBLIC}
+    assert codes(r) == ["taint-overruled"]
+    assert "http_get = 'private' is above the machine's 'internal'" in r.findings[0].message
+
+
 def test_a_user_cannot_shrink_the_taint_ledger_below_the_default() -> None:
     r = resolve(cfg(""), cfg("[taint]\nbudget = 2\napproval_timeout = 9999"), None, "a")
     assert r.agent.taint.budget == 32
