@@ -51,6 +51,7 @@ from leviathd.config.models import (
     TaintPolicy,
 )
 from leviathd.policy.labels import DEFAULT_CLEARANCE
+from leviathd.policy.shellrule import ShellPattern
 from leviathd.readpaths import ReadPathError, active_patterns, parse_pattern
 
 Level = Literal["error", "warn", "note"]
@@ -223,6 +224,20 @@ def _default_clearance(tool: str) -> Sensitivity | None:
     return Sensitivity(str(level)) if level is not None else None
 
 
+def _check_rules(rules: Iterable[AllowRule], where: str, out: _Findings) -> None:
+    """What the allowlist will make of each rule, said where the rule is."""
+    for rule in rules:
+        if rule.tool == "*":
+            out.add("warn", "allowlist-star",
+                    f"{where}: tool = '*' is not a tool: this rule matches nothing; "
+                    "write one rule per tool")
+        elif rule.tool == "shell":
+            try:
+                ShellPattern(rule.target)
+            except ValueError as exc:
+                out.add("warn", "allowlist-shell", f"{where}: {exc}; this rule matches nothing")
+
+
 def _check_tools(names: Iterable[str], where: str, out: _Findings) -> None:
     for name in names:
         if name not in KNOWN_TOOLS:
@@ -309,7 +324,9 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
     for name, table in machine.agent_tool_permissions.items():
         _check_tools(table, f"machine config [agent_tool_permissions.{name}]", out)
     _check_tools(mt.clearance, "machine config [taint.clearance]", out)
-    _check_tools((r.tool for r in machine.allowlist), "machine config [[allowlist]]", out)
+    _check_tools((r.tool for r in machine.allowlist if r.tool != "*"),
+                 "machine config [[allowlist]]", out)
+    _check_rules(machine.allowlist, "machine config [[allowlist]]", out)
 
     if user is not None:
         w = "user config"
@@ -482,7 +499,8 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
                 f"{w} [taint] enabled = false is ignored: the machine config turns it on",
             )
         allowlist += list(user.allowlist)
-        _check_tools((r.tool for r in user.allowlist), f"{w} [[allowlist]]", out)
+        _check_tools((r.tool for r in user.allowlist if r.tool != "*"), f"{w} [[allowlist]]", out)
+        _check_rules(user.allowlist, f"{w} [[allowlist]]", out)
 
         usec = user.security
         grants += list(usec.read_paths)

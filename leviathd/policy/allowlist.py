@@ -6,6 +6,8 @@ compiled: exact targets in a dict, `*suffix` and `prefix*` globs by their
 literal part, and only the remaining globs go through one combined regex.
 Globs: `*` matches any run of characters (dots and slashes included), `?`
 one character; everything else is literal; hosts compare case-insensitively.
+`shell` rules are the exception: they match a parsed command line
+(policy/shellrule.py). A rule for tool `*` is no rule: it matches nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 from leviathd.errors import InvalidArgument
 from leviathd.policy.labels import Sensitivity
+from leviathd.policy.shellrule import ShellPattern
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,18 @@ class Allowlist:
     def __init__(self, rules: Sequence[AllowRule]) -> None:
         self.rules = tuple(rules)
         self._by_tool: dict[str, _ToolIndex] = {}
+        # shell rules match the parsed command line (policy/shellrule.py).
+        self._shell: list[tuple[ShellPattern, AllowRule]] = []
         for rule in self.rules:
+            if rule.tool == "shell":
+                try:
+                    self._shell.append((ShellPattern(rule.target), rule))
+                except ValueError:
+                    pass  # matches nothing; the config check reports it
+                continue
+            if rule.tool == "*":
+                # Not a tool: such a rule matches nothing (config check says so).
+                continue
             index = self._by_tool.setdefault(rule.tool, _ToolIndex())
             glob = rule.target.lower()
             stars = glob.count("*")
@@ -114,15 +128,18 @@ class Allowlist:
     def find(self, tool: str, target: str, taint: Sensitivity) -> AllowRule | None:
         """The first rule (in config order) for `tool` whose glob matches
         `target` and whose max_sensitivity covers `taint`."""
+        if tool == "shell":
+            for pattern, rule in self._shell:
+                if rule.max_sensitivity >= taint and pattern.matches(target):
+                    return rule
+            return None
         best: AllowRule | None = None
-        lowered = target.lower()
-        for key in (tool, "*"):
-            index = self._by_tool.get(key)
-            if index is None:
-                continue
-            for rule in index.candidates(lowered, taint):
-                if rule.max_sensitivity >= taint and (best is None or rule.index < best.index):
-                    best = rule
+        index = self._by_tool.get(tool)
+        if index is None:
+            return None
+        for rule in index.candidates(target.lower(), taint):
+            if rule.max_sensitivity >= taint and (best is None or rule.index < best.index):
+                best = rule
         return best
 
 

