@@ -58,14 +58,14 @@ target = "git status*"
 max_sensitivity = "private"
 
 [credentials.push]
-command = ["sh", "-c", "git ls-remote origin >/dev/null 2>&1; echo pushed"]
+command = ["sh", "-c", \
+  "read -r PUSH_TOKEN; export PUSH_TOKEN; git ls-remote origin >/dev/null 2>&1; echo pushed"]
 secret_file = "/etc/leviath/push.key"
-env = "PUSH_TOKEN"
 
 [credentials.where]
-command = ["sh", "-c", "cat /proc/self/cgroup; pwd; echo HOME=$HOME; env | sort; ls ~ | wc -l"]
+command = ["sh", "-c", \
+  "read -r t; cat /proc/self/cgroup; pwd; echo HOME=$HOME; echo got=$t; env | sort; ls ~ | wc -l"]
 secret_file = "/etc/leviath/push.key"
-env = "PUSH_TOKEN"
 """
 
 # The ro credential needs the new key: added once the old-code runs are done
@@ -74,7 +74,6 @@ CONFIG_RO = """
 [credentials.look]
 command = ["sh", "-c", "pwd; cat \\"$0\\"/small.txt; touch \\"$0\\"/written 2>&1 | head -1"]
 secret_file = "/etc/leviath/push.key"
-env = "PUSH_TOKEN"
 workdir = "ro"
 """
 
@@ -244,7 +243,7 @@ def test_every_malformed_call_ends_with_one_record_and_a_named_error(
 def test_a_credential_command_reads_nothing_the_agent_planted(bed: Testbed, agent: Agent) -> None:
     """The issue's attack: a git config in the workdir points `origin` at a
     script; the credential's `git ls-remote origin` would run it with the
-    secret in its environment."""
+    secret in its environment (the command exports what it read on stdin)."""
     rc, _out, err = agent.call(f"""
         git init -q . && git config protocol.ext.allow always &&
         git remote add origin 'ext::sh x.sh' &&
@@ -272,7 +271,7 @@ def test_a_credential_command_runs_in_the_agents_scope_with_a_private_home(
     assert f"{home}" in lines and f"HOME={home}" in lines  # cwd: the private home
     assert lines[-1].strip() == "0"  # an empty home, not the agent's
     assert "GIT_CONFIG_NOSYSTEM=1" in lines
-    assert "PUSH_TOKEN=[redacted]" in lines
+    assert "got=[redacted]" in lines
     assert not any(line.startswith("LEVIATH_") for line in lines)  # nothing inherited
 
 

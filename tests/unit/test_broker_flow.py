@@ -117,7 +117,7 @@ def test_without_the_daemons_fence_a_credential_command_does_not_run(tmp_path: P
     secret_file = tmp_path / "token"
     secret_file.write_text("s3cr3t-t0ken\n")
     mark = tmp_path / "ran"
-    spec = CredentialSpec(("/bin/sh", "-c", f"touch {mark}"), str(secret_file), "API_TOKEN")
+    spec = CredentialSpec(("/bin/sh", "-c", f"touch {mark}"), str(secret_file))
     settings = PolicySettings(credentials={"api": spec})
     with running_broker(home=home, workdir=work, settings=settings,
                         socket_path=str(tmp_path / "b.sock")) as b:
