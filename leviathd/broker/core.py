@@ -203,13 +203,14 @@ class Broker:
             self._record(call, taint, d.clearance, d.rule, "ask")
             answer = await self.approvals.ask(
                 kind=d.ask_kind, tool=tool, target=call.target, taint=taint,
-                clearance=d.clearance, rule=d.rule,
+                clearance=d.clearance, rule=d.rule, detail=schema.describe(tool, args),
+                scope=call.approval_key,
             )
             if answer is Answer.DENY:
                 return Decision("deny", f"{d.rule}:refused-by-person-or-timeout", d.steps,
                                 call, taint, d.clearance, d.label)
             if answer is Answer.ONCE:
-                view = OnceApproval(view, d.ask_kind, tool, call.target, taint)
+                view = OnceApproval(view, d.ask_kind, tool, call.approval_key, taint)
         raise Unavailable("approval loop did not settle")  # pragma: no cover
 
     async def call(self, tool: str, args: Mapping[str, Any]) -> dict[str, Any]:

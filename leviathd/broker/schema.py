@@ -188,6 +188,37 @@ def host_of(url: str) -> str:
     return parts.hostname.lower()
 
 
+def port_of(url: str) -> int:
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+_DETAIL_MAX = 1500
+
+
+def describe(tool: str, args: Mapping[str, Any]) -> str:
+    """What a held call would do, for the person answering: a web call's
+    method, full URL, port, body size and the headers the agent set. Bounded;
+    the client escapes it when it prints it."""
+    if tool not in ("web_fetch", "http_get", "http_post"):
+        return ""
+    url = str(args.get("url", ""))
+    method = "POST" if tool == "http_post" else "GET"
+    try:
+        port = str(port_of(url))
+    except ValueError:
+        port = "?"
+    parts = [f"{method} {url[:1000]}", f"port {port}"]
+    if tool == "http_post":
+        parts.append(f"body {len(str(args.get('body', '')).encode())} bytes")
+    headers = dict(args.get("headers") or {})
+    if headers:
+        shown = ", ".join(f"{k[:40]}: {str(v)[:80]}" for k, v in list(headers.items())[:10])
+        more = f" (+{len(headers) - 10} more)" if len(headers) > 10 else ""
+        parts.append(f"headers {shown}{more}")
+    return "; ".join(parts)[:_DETAIL_MAX]
+
+
 def check_headers(url: str, headers: Mapping[str, str]) -> None:
     """Refuse headers that would make the request claim another host than the
     one the gate decided on (a shared front routes by Host: issue 21), HTTP/2
@@ -230,8 +261,10 @@ def call_for(tool: str, args: Mapping[str, Any], workdir: str) -> Call:
         paths = tuple(normalise(p, workdir) for p in raw)
         return Call(tool, " ".join(paths), paths)
     if tool in ("web_fetch", "http_get", "http_post"):
-        check_headers(str(args["url"]), dict(args.get("headers") or {}))
-        return Call(tool, host_of(str(args["url"])))
+        url = str(args["url"])
+        check_headers(url, dict(args.get("headers") or {}))
+        host = host_of(url)
+        return Call(tool, host, scope=f"{host}:{port_of(url)}")
     if tool == "shell":
         return Call(tool, str(args["command"]))
     if tool == "credential":

@@ -42,6 +42,8 @@ def request_to_variants(req: PendingRequest, user: str) -> dict[str, Variant]:
         "clearance": Variant("s", str(req.clearance) if req.clearance is not None else "-"),
         "rule": Variant("s", req.rule),
         "created": Variant("d", req.created),
+        "detail": Variant("s", req.detail),
+        "scope": Variant("s", req.scope),
     }
 
 

