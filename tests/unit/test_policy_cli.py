@@ -39,6 +39,33 @@ def test_policy_add_appends_a_rule_keeping_the_rest_of_the_file(configs: Path) -
     assert '[[allowlist]]\ntool = "http_post"\ntarget = "*.example.com"' in text
 
 
+def test_policy_add_refuses_a_catch_all_for_a_tool_that_sends_data_out_unless_forced(
+    configs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 21 §8: `*` and `*.com` were taken silently.
+    for target in ("*", "**"):
+        args = _parse(["policy", "add", "http_post", "--target", target,
+                       "--max-sensitivity", "private"])
+        with pytest.raises(InvalidArgument, match="matches every target"):
+            args.func(args)
+    assert not configs.exists()
+    args = _parse(["policy", "add", "http_post", "--target", "*", "--max-sensitivity",
+                   "private", "--force"])
+    assert args.func(args) == 0
+    assert "warning" in capsys.readouterr().err
+    args = _parse(["policy", "add", "http_get", "--target", "*.com", "--max-sensitivity",
+                   "internal"])
+    assert args.func(args) == 0
+    assert "top-level domain" in capsys.readouterr().err
+    args = _parse(["policy", "add", "http_get", "--target", "*.example.com",
+                   "--max-sensitivity", "internal"])
+    assert args.func(args) == 0
+    assert capsys.readouterr().err == ""
+    # A tool that sends nothing out may have one (it only matters above clearance).
+    args = _parse(["policy", "add", "read_file", "--target", "*", "--max-sensitivity", "public"])
+    assert args.func(args) == 0
+
+
 def test_policy_add_refuses_an_edit_that_would_not_parse(configs: Path) -> None:
     configs.parent.mkdir()
     configs.write_text("[[allowlist]]\ntool = \"x\"\n")  # already broken: missing keys
