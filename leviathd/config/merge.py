@@ -19,7 +19,8 @@ The axes, and which direction is "tighter":
   layer may opt in with its own `image` and `mounts` (the spec's rule);
 - resources: only lower (None, "infinity", is the loosest);
 - tool permissions: only stricter, allow < ask < deny; a blueprint may pre-allow
-  `web_search` and `web_fetch` only where the user's configs set neither tool;
+  `web_fetch` only where the user's configs do not set it (the spec's
+  `web_search` is not a tool of leviathd);
 - taint: enabled only on, on_exceed only stricter, clearances only lower, a larger
   ledger budget and a shorter approval timeout, private addresses only off;
 - read paths: a pattern is active only when the blueprint declares it and a config
@@ -108,7 +109,6 @@ class Effective:
     taint: TaintSettings = field(default_factory=TaintSettings)
     allowlist: list[AllowRule] = field(default_factory=list)
     credentials: dict[str, CredentialConfig] = field(default_factory=dict)
-    credential_store: str | None = None
     command: list[str] = field(default_factory=list)
     # True when the image and mounts came from the blueprint's own opt-in (no [sandbox]
     # in any config); shown by `lev validate` and `lev inspect`.
@@ -224,6 +224,14 @@ def _default_clearance(tool: str) -> Sensitivity | None:
     return Sensitivity(str(level)) if level is not None else None
 
 
+def _check_credential_store(value: str | None, where: str, out: _Findings) -> None:
+    # Parsed so that old files load; nothing ever read it (issue 21 §8).
+    if value is not None:
+        out.add("warn", "credential-store-ignored",
+                f"{where}: credential_store is not a setting of leviathd and is ignored; "
+                "secrets come from each [credentials.NAME] secret_file or secret_command")
+
+
 def _check_rules(rules: Iterable[AllowRule], where: str, out: _Findings) -> None:
     """What the allowlist will make of each rule, said where the rule is."""
     for rule in rules:
@@ -317,8 +325,8 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
     env_pass = list(sec.env_pass)
     env_withhold = list(sec.env_withhold)
     credentials = dict(machine.credentials)
-    credential_store = sec.credential_store
     allowlist = list(machine.allowlist)
+    _check_credential_store(sec.credential_store, "machine config [security]", out)
 
     _check_tools(machine.tool_permissions, "machine config [tool_permissions]", out)
     for name, table in machine.agent_tool_permissions.items():
@@ -510,7 +518,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         hidden += [h for h in usec.hidden_paths if h not in hidden]
         env_pass += [e for e in usec.env_pass if e not in env_pass]
         env_withhold += [e for e in usec.env_withhold if e not in env_withhold]
-        credential_store = usec.credential_store or credential_store
+        _check_credential_store(usec.credential_store, f"{w} [security]", out)
         for name, cred in user.credentials.items():
             if name in credentials:
                 out.add(
@@ -543,7 +551,6 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         taint=taint,
         allowlist=allowlist,
         credentials=credentials,
-        credential_store=credential_store,
     )
     return _Base(
         eff=eff,
@@ -703,7 +710,7 @@ def _apply_permissions(
                 "warn",
                 "permission-overruled",
                 f"blueprint [permissions] {tool} = 'allow' is not applied: your config "
-                "sets web_search or web_fetch, so your settings govern both",
+                "sets web_fetch, so your setting governs it",
                 f'add {tool} = "allow" to [tool_permissions] to allow it',
             )
         else:
@@ -711,8 +718,8 @@ def _apply_permissions(
                 "note",
                 "permission-not-applied",
                 f"blueprint [permissions] {tool} = 'allow' is not applied: a blueprint "
-                "may only tighten permissions (pre-allowing only web_search and "
-                f"web_fetch); {tool} follows your config",
+                "may only tighten permissions (pre-allowing only web_fetch); "
+                f"{tool} follows your config",
             )
     return perms
 

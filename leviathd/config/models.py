@@ -38,15 +38,17 @@ KNOWN_TOOLS: frozenset[str] = frozenset(
         "edit_file",
         "shell",
         "web_fetch",
-        "web_search",
         "http_get",
         "http_post",
         "credential",
     }
 )
 
-# The tools a blueprint may pre-allow when the user configured neither (see merge.py).
-PRE_ALLOWABLE_TOOLS: frozenset[str] = frozenset({"web_search", "web_fetch"})
+# The tools a blueprint may pre-allow when the user configured none of them
+# (see merge.py). The spec names web_search too; leviathd has no such tool
+# (issue 21: removed rather than offered unimplemented), so it is an unknown
+# tool like any other name.
+PRE_ALLOWABLE_TOOLS: frozenset[str] = frozenset({"web_fetch"})
 
 
 class _Model(BaseModel):
@@ -342,6 +344,8 @@ class BrokerConfig(_Model):
 class SecurityConfig(_Model):
     read_paths: list[ReadPathPattern] = Field(default_factory=list)
     allow_blueprint_read_paths: StrictBool | None = None
+    # Never implemented: still parsed so old files load, ignored with a
+    # credential-store-ignored finding (config/merge.py).
     credential_store: str | None = None
     hidden_paths: list[MountPath] = Field(default_factory=list)
     env_pass: list[EnvPattern] = Field(default_factory=list)

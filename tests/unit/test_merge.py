@@ -240,18 +240,25 @@ def test_permissions_only_get_stricter() -> None:
     assert "shell = 'allow' is looser than your config's 'ask'" in f.message
 
 
-def test_a_blueprint_may_pre_allow_web_search_and_web_fetch_where_the_user_set_neither() -> None:
-    r = run("", '[permissions]\nweb_search = "allow"\nweb_fetch = "allow"')
-    assert r.agent.permissions == {"web_search": Permission.ALLOW, "web_fetch": Permission.ALLOW}
+def test_a_blueprint_may_pre_allow_web_fetch_where_the_user_did_not_set_it() -> None:
+    r = run("", '[permissions]\nweb_fetch = "allow"')
+    assert r.agent.permissions == {"web_fetch": Permission.ALLOW}
     assert "permission-overruled" not in codes(r)
 
 
-def test_the_web_exception_ends_once_the_user_configures_either_web_tool() -> None:
-    r = run('[tool_permissions]\nweb_fetch = "ask"', '[permissions]\nweb_search = "allow"')
-    assert "web_search" not in r.agent.permissions
+def test_the_web_exception_ends_once_the_user_configures_web_fetch() -> None:
+    r = run('[tool_permissions]\nweb_fetch = "ask"', '[permissions]\nweb_fetch = "allow"')
+    assert r.agent.permissions["web_fetch"] is Permission.ASK
     assert "permission-overruled" in codes(r)
-    r = run('[tool_permissions]\nweb_search = "deny"', '[permissions]\nweb_search = "allow"')
-    assert r.agent.permissions["web_search"] is Permission.DENY
+
+
+def test_web_search_is_not_a_tool() -> None:
+    # Issue 21 §8: it was accepted in configs, pre-allowable, and refused by the gate.
+    r = run('[tool_permissions]\nweb_search = "allow"', "")
+    assert codes(r) == ["unknown-tool"]  # and the gate refuses unknown tools
+    r = run("", '[permissions]\nweb_search = "allow"')
+    assert "web_search" not in r.agent.permissions
+    assert codes(r) == ["unknown-tool", "permission-not-applied"]
 
 
 def test_a_blueprint_cannot_pre_allow_any_other_tool() -> None:
