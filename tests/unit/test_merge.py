@@ -252,6 +252,11 @@ def test_the_web_exception_ends_once_the_user_configures_web_fetch() -> None:
     assert "permission-overruled" in codes(r)
 
 
+def test_credential_store_is_ignored_and_said_so() -> None:
+    r = run('[security]\ncredential_store = "keyring"', "", '[security]\ncredential_store = "x"')
+    assert codes(r) == ["credential-store-ignored", "credential-store-ignored"]
+
+
 def test_web_search_is_not_a_tool() -> None:
     # Issue 21 §8: it was accepted in configs, pre-allowable, and refused by the gate.
     r = run('[tool_permissions]\nweb_search = "allow"', "")
