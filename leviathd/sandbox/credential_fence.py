@@ -64,9 +64,10 @@ def credential_spec(
             # never the layer the agent writes.
             mounts.append({"kind": "bind", "target": m["target"], "source": m["source"],
                            "readonly": True, "why": why + " (read-only for a credential)"})
-        for m in agent_spec["mounts"]:
-            if m.get("kind") == "mask":
-                mounts.append(dict(m))
+    # Hidden paths inside what is shown stay covered, as in the agent's fence.
+    for m in agent_spec["mounts"]:
+        if m.get("kind") == "mask":
+            mounts.append(dict(m))
     full_env = {**env, "HOME": home, "USER": str(agent_spec["user"]),
                 "LOGNAME": str(agent_spec["user"])}
     namespaces = sorted(set(agent_spec.get("namespaces", ())) - {"net"})
