@@ -255,9 +255,15 @@ class FileTools:
         fd, real = self._open_write(path, os.O_WRONLY | os.O_CREAT)
         try:
             data = content.encode()
+            # A label goes on before the data it covers, so no reader ever
+            # sees tainted content unlabelled; it comes off only after.
+            raised = self.taint > Sensitivity.INTERNAL
+            if raised:
+                self._written(fd, whole=True)
             os.ftruncate(fd, 0)
             _write_all(fd, data)
-            self._written(fd, whole=True)
+            if not raised:
+                self._written(fd, whole=True)
         finally:
             os.close(fd)
         return RawJSON.of({"path": real, "bytes": len(data)})
@@ -268,9 +274,9 @@ class FileTools:
         fd, real = self._open_write(path, os.O_RDWR)
         limit = self.limits.edit_max_bytes
         try:
+            # An edit keeps the higher of the old and new label: set before.
+            self._written(fd, whole=False)
             reply = self.opener.edit(fd, old, new, replace_all, limit)
-            if reply.get("ok"):
-                self._written(fd, whole=False)
         finally:
             os.close(fd)
         if reply.get("ok"):
