@@ -409,3 +409,23 @@ def test_an_approval_shows_the_whole_call_and_a_session_answer_covers_that_port_
         lev(bed, "alice", "stop", a.id, check=False)
         bed.write_file("/etc/leviath/config.toml", CONFIG + CONFIG_RO)
         time.sleep(1.5)
+
+
+# ------------------------------------------------- 8. loopback in IPv6 forms
+
+
+def test_loopback_written_as_ipv6_is_refused_as_loopback(bed: Testbed) -> None:
+    bed.write_file("/etc/leviath/config.toml",
+                   CONFIG.replace("allow_private_addresses = true",
+                                  "allow_private_addresses = false") + CONFIG_RO)
+    time.sleep(1.5)  # inotify: applies to the next agent
+    a = _start(bed)
+    try:
+        for host in ("[::127.0.0.1]", "[64:ff9b::7f00:1]", "[::ffff:127.0.0.1]"):
+            rc, _out, err = a.call(f"lev tool http_get http://{host}:{PORT}/v6form")
+            assert rc != 0 and "denied" in err and "loopback" in err, (host, err)
+        assert not [h for h in hits(bed) if "v6form" in h]
+    finally:
+        lev(bed, "alice", "stop", a.id, check=False)
+        bed.write_file("/etc/leviath/config.toml", CONFIG + CONFIG_RO)
+        time.sleep(1.5)
