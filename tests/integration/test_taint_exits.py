@@ -77,6 +77,10 @@ secret_file = "/etc/leviath/push.key"
 workdir = "ro"
 """
 
+# LEVIATH_TEST_OLD_CODE=1: for running these attacks against the code before
+# issue 21, whose daemon refuses the unknown key.
+EXTRA = "" if os.environ.get("LEVIATH_TEST_OLD_CODE") else CONFIG_RO
+
 SERVER = f"""
 import http.server
 
@@ -133,8 +137,7 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     hosts = bed.read_file("/etc/hosts")
     bed.write_file("/etc/hosts", hosts + "\n127.0.0.1 allowed.test evil.test\n")
     old_config = bed.run(["cat", "/etc/leviath/config.toml"], check=False).stdout
-    old_code = os.environ.get("LEVIATH_TEST_OLD_CODE")
-    bed.write_file("/etc/leviath/config.toml", CONFIG + ("" if old_code else CONFIG_RO))
+    bed.write_file("/etc/leviath/config.toml", CONFIG + EXTRA)
     bed.write_file("/etc/leviath/push.key", SECRET + "\n", mode=0o600)
     bed.write_file("/root/xsrv.py", SERVER)
     bed.run(["rm", "-f", "/root/hits.log"])
@@ -376,7 +379,7 @@ def test_an_approval_shows_the_whole_call_and_a_session_answer_covers_that_port_
 ) -> None:
     bed.write_file("/etc/leviath/config.toml",
                    CONFIG.replace('on_exceed = "deny"', 'on_exceed = "ask"\napproval_timeout = 8')
-                   + CONFIG_RO)
+                   + EXTRA)
     time.sleep(1.5)  # inotify: applies to the next agent
     a = _start(bed)
     try:
@@ -407,7 +410,7 @@ def test_an_approval_shows_the_whole_call_and_a_session_answer_covers_that_port_
         assert rc == 0 and "posted" in out, err
     finally:
         lev(bed, "alice", "stop", a.id, check=False)
-        bed.write_file("/etc/leviath/config.toml", CONFIG + CONFIG_RO)
+        bed.write_file("/etc/leviath/config.toml", CONFIG + EXTRA)
         time.sleep(1.5)
 
 
@@ -417,7 +420,7 @@ def test_an_approval_shows_the_whole_call_and_a_session_answer_covers_that_port_
 def test_loopback_written_as_ipv6_is_refused_as_loopback(bed: Testbed) -> None:
     bed.write_file("/etc/leviath/config.toml",
                    CONFIG.replace("allow_private_addresses = true",
-                                  "allow_private_addresses = false") + CONFIG_RO)
+                                  "allow_private_addresses = false") + EXTRA)
     time.sleep(1.5)  # inotify: applies to the next agent
     a = _start(bed)
     try:
@@ -427,5 +430,5 @@ def test_loopback_written_as_ipv6_is_refused_as_loopback(bed: Testbed) -> None:
         assert not [h for h in hits(bed) if "v6form" in h]
     finally:
         lev(bed, "alice", "stop", a.id, check=False)
-        bed.write_file("/etc/leviath/config.toml", CONFIG + CONFIG_RO)
+        bed.write_file("/etc/leviath/config.toml", CONFIG + EXTRA)
         time.sleep(1.5)
