@@ -432,3 +432,31 @@ def test_loopback_written_as_ipv6_is_refused_as_loopback(bed: Testbed) -> None:
         lev(bed, "alice", "stop", a.id, check=False)
         bed.write_file("/etc/leviath/config.toml", CONFIG + EXTRA)
         time.sleep(1.5)
+
+
+def test_another_users_agent_reads_the_label_too(bed: Testbed) -> None:
+    """alice's agent, private, writes into a team folder; bob's agent, in the
+    same folder, reads the file: it is private for bob as well."""
+    team = "/srv/team-labels"
+    bed.run(f"mkdir -p {team}/.req && chmod 1777 {team} {team}/.req")
+    bed.run(["sh", "-c", f"cat > {team}/loop.sh && chmod 644 {team}/loop.sh"], input=LOOP)
+    h = bed.users["bob"].home
+    bed.run(f"mkdir -p {h}/xbp && cat > {h}/xbp/blueprint.toml", user="bob", input=BLUEPRINT)
+    agents: list[Agent] = []
+    try:
+        for user in ("alice", "bob"):
+            home = bed.users[user].home
+            out = lev(bed, user, "run", "--detach", f"{home}/xbp", cwd=team).stdout.strip()
+            agents.append(Agent(bed, user, out, team))
+        alice, bob = agents
+        _private(alice, bed)
+        rc, _out, err = alice.call("lev tool write_file shared-copy.txt granted-copy")
+        assert rc == 0, err
+        assert bob.taint() == "public"
+        rc, out, err = bob.call("lev tool read_file shared-copy.txt")
+        assert rc == 0 and out == "granted-copy", err
+        assert bob.taint() == "private"
+    finally:
+        for a in agents:
+            lev(bed, a.user, "stop", a.id, check=False)
+        bed.run(["rm", "-rf", team])
