@@ -423,7 +423,11 @@ class GateService:
         a fence of its own (sandbox/credential_fence.py): never in, nor
         reading from, a folder the agent can write."""
         live, agent_spec = self._agent_spec(req.agent_id)
-        spec = credential_spec(agent_spec, req.argv, req.env, workdir=req.workdir)
+        private = ""
+        if agent_spec.get("kind") == "none":
+            private = _credential_home(req.agent_id)
+        spec = credential_spec(agent_spec, req.argv, req.env, workdir=req.workdir,
+                               private_dir=private)
         return await self._run_in_scope(live, spec, req.timeout, stdin=req.stdin)
 
     async def _run_in_scope(
@@ -525,6 +529,29 @@ def _prepare_folder(agent_id: str, user: UserInfo) -> None:
             fsat.remove_tree_at(fd, name)
     finally:
         os.close(fd)
+
+
+CREDENTIAL_HOME = "credential-home"
+
+
+def _credential_home(agent_id: str) -> str:
+    """An empty folder of root's, 0755, in the agent's own root-owned folder:
+    the home and working folder of a `kind = "none"` agent's credential
+    commands, where nobody but root can put anything."""
+    with _dir(agent_dir(agent_id)) as afd:
+        _own_root(afd, agent_dir(agent_id), 0o750)
+        st = fsat.lstat_at(afd, CREDENTIAL_HOME)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            fsat.unlink_at(afd, CREDENTIAL_HOME)
+        fsat.mkdir_at(afd, CREDENTIAL_HOME, 0o755, exist_ok=True)
+        fd = fsat.open_dir_at(afd, CREDENTIAL_HOME)
+    try:
+        fsat.set_owner_mode(fd, os.geteuid(), os.getegid(), 0o755)
+        for name in os.listdir(fd):
+            fsat.remove_tree_at(fd, name)
+    finally:
+        os.close(fd)
+    return os.path.join(agent_dir(agent_id), CREDENTIAL_HOME)
 
 
 def _own_root(fd: int, path: str, mode: int) -> None:

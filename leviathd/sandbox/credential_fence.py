@@ -35,17 +35,35 @@ def credential_spec(
     env: Mapping[str, str],
     *,
     workdir: CredentialWorkdir,
+    private_dir: str = "",
 ) -> dict[str, Any]:
     """The spec (as a dict, for `SandboxSpec.from_dict`) of one credential
     command's fence. `env` is the whole environment besides HOME, USER and
-    LOGNAME: nothing of the agent's is inherited."""
-    if agent_spec.get("kind") != "namespace":
-        raise Unavailable(
-            f"credential commands run in a namespace fence of their own; this agent's sandbox "
-            f"is {agent_spec.get('kind')!r}"
-        )
+    LOGNAME: nothing of the agent's is inherited.
+
+    An agent of `kind = "none"` has no fence to derive one from, and neither
+    does its command get one: it runs as the agent does, on the host, but
+    with `private_dir` (an empty folder of root's, which no user can write)
+    as its home and working folder, so no file the agent planted is read as
+    its configuration."""
+    kind = agent_spec.get("kind")
     if workdir not in CREDENTIAL_WORKDIRS:
         raise Unavailable(f"credential workdir {workdir!r} is not one of none, ro")
+    gid = int(agent_spec["gid"])
+    # exec keeps a process whose real and effective gids differ out of reach
+    # of its own user's /proc and ptrace (broker/tools.py `_guarded`).
+    real_gid = NOGROUP if gid != NOGROUP else NOGROUP - 1
+    if kind == "none" and private_dir:
+        spec = dict(agent_spec)
+        spec.update(argv=list(argv), workdir=private_dir, real_gid=real_gid, notes=[],
+                    env={**env, "HOME": private_dir, "USER": str(agent_spec["user"]),
+                         "LOGNAME": str(agent_spec["user"])})
+        return spec
+    if kind != "namespace":
+        raise Unavailable(
+            f"credential commands run in a namespace fence of their own, or beside a "
+            f"kind = \"none\" agent; this agent's sandbox is {kind!r}"
+        )
     home = str(agent_spec["home"])
     mounts: list[dict[str, Any]] = []
     for m in agent_spec["mounts"]:
@@ -72,11 +90,8 @@ def credential_spec(
                 "LOGNAME": str(agent_spec["user"])}
     namespaces = sorted(set(agent_spec.get("namespaces", ())) - {"net"})
     spec = dict(agent_spec)
-    gid = int(agent_spec["gid"])
     spec.update(
-        # exec keeps a process whose real and effective gids differ out of
-        # reach of its own user's /proc and ptrace (broker/tools.py `_guarded`).
-        real_gid=NOGROUP if gid != NOGROUP else NOGROUP - 1,
+        real_gid=real_gid,
         argv=list(argv), env=full_env, workdir=home, mounts=mounts, network=True,
         namespaces=namespaces, notes=[],
         hostname=(str(agent_spec.get("hostname", "leviath")) + "-cred")[-64:],

@@ -17,7 +17,10 @@ def run(spec: SandboxSpec) -> int:
     if os.getpid() != os.getsid(0):
         os.setsid()
     os.chdir(spec.workdir)
-    drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=False)
+    # real_gid is set for a credential command (credential_fence.py), which
+    # gets no_new_privs as every command started for a user outside an agent.
+    guarded = spec.real_gid is not None
+    drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=guarded, real_gid=spec.real_gid)
     try:
         os.execvpe(spec.argv[0], list(spec.argv), dict(spec.env))
     except OSError as exc:

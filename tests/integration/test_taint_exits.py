@@ -460,3 +460,25 @@ def test_another_users_agent_reads_the_label_too(bed: Testbed) -> None:
         for a in agents:
             lev(bed, a.user, "stop", a.id, check=False)
         bed.run(["rm", "-rf", team])
+
+
+def test_beside_an_unsandboxed_agent_a_credential_command_reads_nothing_planted(
+    bed: Testbed,
+) -> None:
+    home = bed.users["dave"].home
+    bed.run(f"""
+        set -e
+        rm -rf {home}/nw && mkdir -p {home}/nw && cd {home}/nw
+        git init -q . && git config protocol.ext.allow always
+        git remote add origin 'ext::sh x.sh'
+        printf '%s\\n' 'echo "$PUSH_TOKEN" > {home}/nw/leaked.txt' > x.sh
+    """, user="dave")
+    def credential(name: str) -> str:
+        # One run each: the first one's Private output would hold the second.
+        return bed.run(["lev", "run", "--no-sandbox", "--", "lev", "tool", "credential", name],
+                       user="dave", cwd=f"{home}/nw").stdout
+
+    assert "pushed" in credential("push")
+    assert bed.run(["test", "-e", f"{home}/nw/leaked.txt"], check=False).returncode != 0
+    assert "/credential-home" in credential("where")  # its folder and home: root's, empty
+    bed.run(["rm", "-rf", f"{home}/nw"])

@@ -65,7 +65,15 @@ def test_workdir_ro_shows_the_workdir_read_only_and_keeps_its_masks() -> None:
     assert spec["workdir"] == HOME
 
 
-@pytest.mark.parametrize("kind", ["none", "container"])
-def test_only_a_namespace_agent_can_run_credential_commands(kind: str) -> None:
+def test_beside_a_kind_none_agent_it_runs_in_roots_empty_folder() -> None:
+    private = "/run/leviath/agents/a/credential-home"
+    spec = credential_spec(agent_spec("none"), ["x"], {"PATH": "/usr/bin"}, workdir="none",
+                           private_dir=private)
+    assert spec["workdir"] == private and spec["env"]["HOME"] == private
+    assert "LEVIATH_BROKER" not in spec["env"] and spec["real_gid"] == NOGROUP
+
+
+@pytest.mark.parametrize("kind, private", [("none", ""), ("container", "/x")])
+def test_no_other_agent_can_run_credential_commands(kind: str, private: str) -> None:
     with pytest.raises(Unavailable):
-        credential_spec(agent_spec(kind), ["x"], {}, workdir="none")
+        credential_spec(agent_spec(kind), ["x"], {}, workdir="none", private_dir=private)
