@@ -9,16 +9,18 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import secrets
 import syslog
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from dbus_fast.aio import MessageBus
 
-from leviathd import audit, resource_defaults, safetext, spawn
+from leviathd import audit, listing, orphans, resource_defaults, safetext, spawn
 from leviathd.audit_readers import Readers
 from leviathd.bus import names, polkit
 from leviathd.bus.caller import Caller
@@ -37,6 +39,7 @@ from leviathd.userfiles import read_user_file
 
 SLICE = "leviath.slice"
 unit_name = safetext.unit_name
+log = logging.getLogger(__name__)
 
 
 Emit = Callable[..., None]
@@ -406,7 +409,7 @@ class Agents:
     def _new_id(self) -> str:
         while True:
             agent_id = secrets.token_hex(4)
-            if agent_id not in self.records:
+            if agent_id not in self.records and not self._store.known(agent_id):
                 return agent_id
 
     # --- the end of an agent -----------------------------------------------
@@ -473,26 +476,126 @@ class Agents:
                     await hook(rec)
             self._store.drop_exit(agent_id)
             asyncio.get_running_loop().call_later(1.0, self.readers.end_agent, agent_id)
+            # Ended records live on disk (and in the store's small index).
+            self.records.pop(agent_id, None)
+            self.apply_retention(uid=rec.uid)
         finally:
             self._finalizing.discard(agent_id)
 
     async def recover(self) -> None:
         """After a (re)start: adopt agents whose scope and supervisor still
-        live, close the records of those that ended while we were away, and
-        sweep scratch folders nobody owns."""
-        for rec in self._store.load_all():
+        live, close the records of those that ended while we were away, list
+        scopes of ours that have no usable record, and sweep scratch folders
+        nobody owns. A record that cannot be read never stops this."""
+        scan = self._store.scan()
+        for name, moved_to, why in scan.bad:
+            journal.record(
+                f"agent record {self._store.dir / name} cannot be read ({why}); moved aside to "
+                f"{moved_to or '(could not move it)'}; its agent, if its scope still runs, is "
+                "listed as unknown",
+                priority=syslog.LOG_WARNING, LEVIATH_EVENT="record-bad",
+            )
+        for rec in scan.records:
+            if not rec.active:
+                self._store.index_ended(rec)
+                continue
             self.records[rec.id] = rec
-            if not rec.running:
+            if rec.state is AgentState.UNKNOWN:
                 continue
             if _supervisor_alive(rec):
                 self._watch(rec)
             else:
                 await self._finalize(rec.id)
-        live = {r.id for r in self.records.values() if r.running}
+        try:
+            await self.reconcile()
+        except Exception as exc:  # systemd unreachable: keep what the records say
+            journal.record(
+                f"could not list leviath scopes from systemd: {exc}",
+                priority=syslog.LOG_ERR, LEVIATH_EVENT="reconcile-failed",
+            )
+            # Without the scope list, no scratch folder is known to be free.
+            return
+        self.apply_retention()
+        self._sweep_scratch()
+        with contextlib.suppress(Exception):
+            await container.sweep({r.id for r in self.records.values() if r.active})
+
+    def _sweep_scratch(self) -> None:
+        live = {r.id for r in self.records.values() if r.active}
         for folder in self._scratch_dirs():
             scratch.sweep(folder, live)
-        with contextlib.suppress(Exception):
-            await container.sweep(live)
+
+    async def reconcile(self) -> None:
+        """Every live leviath scope is an agent we list: those without a
+        record become `unknown` ones; unknown ones whose scope is gone end
+        (state lost) and their scratch goes."""
+        if self.podman_only:
+            return
+        scopes = await orphans.live_scopes(self._bus, SLICE)
+        live_ids: set[str] = set()
+        for unit in scopes:
+            parsed = orphans.parse_unit(unit)
+            if parsed is None:
+                continue
+            user_part, agent_part, agent_id = parsed
+            live_ids.add(agent_id)
+            if agent_id in self.records:
+                continue
+            state = await self._systemd.unit_state(unit)
+            uids = orphans.process_uids(state.control_group) if state is not None else None
+            who = orphans.owner(user_part, uids or Counter())
+            if who is None:
+                # Whose it is cannot be told: only admins (manage-any) see it.
+                who = (0, "root")
+            rec = orphans.unknown_record(unit, who[0], who[1], agent_part, agent_id)
+            self.records[agent_id] = rec
+            self._store.save(rec)
+            journal.record(
+                f"scope {unit} runs without a usable record: listed as agent {agent_id} of "
+                f"{who[1]} in state unknown",
+                priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id, LEVIATH_UNIT=unit,
+                LEVIATH_EVENT="record-unknown",
+            )
+        ended = [r for r in self.records.values()
+                 if r.state is AgentState.UNKNOWN and r.id not in live_ids]
+        for rec in ended:
+            rec.state = AgentState.LOST
+            rec.ended_at = time.time()
+            self._store.save(rec)
+            self.records.pop(rec.id, None)
+            journal.record(
+                f"agent {rec.id} (record unknown) of {rec.user} ended: its scope is gone",
+                LEVIATH_AGENT=rec.id, LEVIATH_UNIT=rec.unit, LEVIATH_EVENT="end",
+            )
+            self._on_ended(rec.id, -1, rec.state.value)
+        if ended:
+            self._sweep_scratch()
+
+    def apply_retention(self, *, uid: int | None = None) -> None:
+        """Forget ended agents past the machine config's [records] policy."""
+        policy = self.machine_config.records
+        for agent_id in self._store.expired(
+            keep_days=policy.keep_days, max_per_user=policy.max_per_user,
+            now=time.time(), uid=uid,
+        ):
+            if agent_id not in self.records:
+                self._store.forget(agent_id)
+
+    async def maintain(self, *, every: float = 5.0, retention_every: float = 3600.0) -> None:
+        """Runs for the daemon's life: notices unknown agents' scopes ending
+        and applies retention by age."""
+        loop = asyncio.get_running_loop()
+        next_retention = loop.time() + retention_every
+        while True:
+            await asyncio.sleep(every)
+            try:
+                if any(r.state is AgentState.UNKNOWN for r in self.records.values()):
+                    await self.reconcile()
+                if loop.time() >= next_retention:
+                    next_retention = loop.time() + retention_every
+                    self.apply_retention()
+            except Exception:
+                log.exception("record maintenance failed; trying again later")
 
     def _scratch_dirs(self) -> list[str]:
         dirs = {self._scratch_default}
@@ -503,8 +606,15 @@ class Agents:
 
     # --- queries and control -----------------------------------------------
 
-    async def _authorize_record(self, who: Caller, agent_id: str, what: str) -> AgentRecord:
+    def lookup(self, agent_id: str) -> AgentRecord | None:
+        """A running agent from memory, an ended one from disk."""
         rec = self.records.get(agent_id)
+        if rec is None and agent_id in self._store.ended:
+            rec = self._store.load(agent_id)
+        return rec
+
+    async def _authorize_record(self, who: Caller, agent_id: str, what: str) -> AgentRecord:
+        rec = self.lookup(agent_id)
         if rec is None:
             raise NotFound(f"no agent with id {agent_id!r}")
         if rec.uid == who.uid:
@@ -517,10 +627,11 @@ class Agents:
 
     async def stop(self, who: Caller, agent_id: str) -> None:
         rec = await self._authorize_record(who, agent_id, "stop agents")
-        if not rec.running:
+        if not rec.active:
             return
-        rec.stop_requested = True
-        self._store.save(rec)
+        if rec.running:
+            rec.stop_requested = True
+            self._store.save(rec)
         journal.record(
             f"agent {agent_id} stop requested by uid {who.uid}",
             LEVIATH_AGENT=agent_id, LEVIATH_EVENT="stop", LEVIATH_BY_UID=who.uid,
@@ -528,7 +639,7 @@ class Agents:
         await self._systemd.stop_unit(rec.unit)
 
     async def _live(self, rec: AgentRecord) -> dict[str, int | None]:
-        if not rec.running:
+        if not rec.active:
             return {}
         state = await self._systemd.unit_state(rec.unit)
         if state is None:
@@ -543,17 +654,33 @@ class Agents:
         return rec, await self._live(rec)
 
     async def list(
-        self, who: Caller, *, include_ended: bool
-    ) -> list[tuple[AgentRecord, dict[str, int | None]]]:
+        self, who: Caller, *, include_ended: bool, cursor: str = "",
+        limit: int = listing.DEFAULT_ROWS, budget: int = listing.REPLY_BUDGET,
+    ) -> tuple[list[tuple[AgentRecord, dict[str, int | None]]], str]:
+        """One page: agents that run (oldest first), then, with include_ended,
+        ended ones (most recent first), at most `limit` rows and about `budget`
+        bytes. Returns the rows and the cursor of the next page ("" at the end)."""
         everyone = await polkit.is_authorized(self._bus, who, names.ACTION_MANAGE_ANY)
-        rows = []
-        for rec in sorted(self.records.values(), key=lambda r: r.started_at):
-            if not everyone and rec.uid != who.uid:
+        after = listing.parse_cursor(cursor)
+        keys: list[tuple[listing.Key, str]] = [
+            (listing.running_key(r.started_at, r.id), r.id) for r in self.records.values()
+            if r.active and (everyone or r.uid == who.uid)
+        ]
+        if include_ended:
+            keys += [
+                (listing.ended_key(e.ended_at, e.id), e.id) for e in self._store.ended.values()
+                if everyone or e.uid == who.uid
+            ]
+        keys = sorted(k for k in keys if after is None or k[0] > after)
+        page = listing.Page(limit=limit, budget=budget)
+        for key, agent_id in keys:
+            rec = self.records.get(agent_id) if key[0] == 0 else self._store.load(agent_id)
+            if rec is None:
                 continue
-            if not include_ended and not rec.running:
-                continue
-            rows.append((rec, await self._live(rec)))
-        return rows
+            if not page.add(key, rec):
+                break
+        rows = [(rec, await self._live(rec)) for rec in page.records]
+        return rows, page.next_cursor
 
     async def inspect(self, who: Caller, agent_id: str) -> str:
         """The sandbox spec of each of the agent's steps, as JSON."""

@@ -145,6 +145,7 @@ async def serve() -> int:
     bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate))
     await agents.recover()
     await gate.recover()
+    maintenance = asyncio.get_running_loop().create_task(agents.maintain())
 
     if not await own_name(bus):
         log.error("could not own %s: is another leviathd running?", BUS_NAME)
@@ -183,6 +184,7 @@ async def serve() -> int:
             "restarts it", priority=syslog.LOG_ERR, LEVIATH_EVENT="bus-lost",
         )
     notify.stopping()
+    maintenance.cancel()
     watcher.close()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(gate.close(), timeout=5)

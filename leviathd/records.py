@@ -7,7 +7,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -22,6 +25,9 @@ class AgentState(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"
     LOST = "lost"
+    # A scope of ours that systemd runs but whose record could not be read:
+    # listed and stoppable, never forgotten while the scope lives.
+    UNKNOWN = "unknown"
 
 
 class AgentRecord(BaseModel):
@@ -50,13 +56,45 @@ class AgentRecord(BaseModel):
     def running(self) -> bool:
         return self.state is AgentState.RUNNING
 
+    @property
+    def active(self) -> bool:
+        """Its scope may still run: running, or known only from systemd."""
+        return self.state in (AgentState.RUNNING, AgentState.UNKNOWN)
+
+
+_ID = re.compile(r"[0-9a-f]{8}")
+_RECORD_NAME = re.compile(r"([0-9a-f]{8})\.json")
+# A record is a few KB; anything much larger was not written by us.
+MAX_RECORD_BYTES = 1 << 20
+BAD_DIR = "bad"
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What the daemon keeps in memory of an ended agent: enough to page
+    through `lev ps --all` and to apply retention; the rest stays on disk."""
+
+    id: str
+    uid: int
+    ended_at: float
+
+
+@dataclass
+class Scan:
+    records: list[AgentRecord] = field(default_factory=list)
+    # (file name, where it went, why)
+    bad: list[tuple[str, str, str]] = field(default_factory=list)
+
 
 class RecordStore:
     """One JSON file per agent in `<state>/agents/`, written atomically; the
-    supervisor's exit record sits beside it as `<id>.exit`."""
+    supervisor's exit record sits beside it as `<id>.exit`. Ended agents are
+    indexed (`ended`), not held: their records are read back when asked for."""
 
     def __init__(self, state_dir: str) -> None:
         self.dir = Path(state_dir) / "agents"
+        self.ended: dict[str, Ended] = {}
+        self._by_uid: dict[int, dict[str, float]] = {}
 
     def ensure(self) -> None:
         # Root's and 0700 (it says who ran what); the folders above keep their
@@ -84,8 +122,14 @@ class RecordStore:
         return str(self.dir / f"{agent_id}.exit")
 
     def save(self, record: AgentRecord) -> None:
+        # fsat.atomic_write_at: temp file, fsync, rename, fsync of the folder:
+        # after a crash or a power cut the file is the old one or the new one.
         with self._fd() as fd:
             fsat.atomic_write_at(fd, f"{record.id}.json", record.model_dump_json().encode())
+        if record.active:
+            self._unindex(record.id)
+        elif record.ended_at is not None:
+            self.index_ended(record)
 
     def save_spec(self, agent_id: str, steps: list[tuple[str, dict[str, object]]]) -> None:
         """What the agent sees, step by step, for `lev inspect ID`."""
@@ -95,31 +139,105 @@ class RecordStore:
 
     def load_spec(self, agent_id: str) -> list[dict[str, object]] | None:
         try:
-            data = json.loads((self.dir / f"{agent_id}.spec.json").read_text())
+            data = json.loads((self.dir / f"{agent_id}.spec.json").read_bytes())
         except (OSError, ValueError):
             return None
         return data if isinstance(data, list) else None
 
+    def load(self, agent_id: str) -> AgentRecord | None:
+        """One record from disk (an ended agent's), or None if it is gone or bad."""
+        if not _ID.fullmatch(agent_id):
+            return None
+        try:
+            with self._fd() as fd:
+                return _parse(fd, f"{agent_id}.json", agent_id)
+        except (OSError, ValueError):
+            return None
+
+    def known(self, agent_id: str) -> bool:
+        return agent_id in self.ended or (self.dir / f"{agent_id}.json").exists()
+
     def forget(self, agent_id: str) -> None:
-        """Remove every file of an agent that never started."""
+        """Remove every file of an agent (one that never started, or one past
+        retention)."""
         with self._fd() as fd:
             for suffix in (".json", ".spec.json", ".exit"):
                 fsat.unlink_at(fd, f"{agent_id}{suffix}")
+        self._unindex(agent_id)
 
-    def load_all(self) -> list[AgentRecord]:
-        records = []
-        for path in sorted(self.dir.glob("*.json")):
-            if path.name.endswith(".spec.json"):
-                continue
+    # --- the index of ended agents -------------------------------------------
+
+    def index_ended(self, rec: AgentRecord) -> None:
+        ended_at = rec.ended_at if rec.ended_at is not None else rec.started_at
+        self.ended[rec.id] = Ended(rec.id, rec.uid, ended_at)
+        self._by_uid.setdefault(rec.uid, {})[rec.id] = ended_at
+
+    def _unindex(self, agent_id: str) -> None:
+        entry = self.ended.pop(agent_id, None)
+        if entry is not None:
+            mine = self._by_uid.get(entry.uid, {})
+            mine.pop(agent_id, None)
+            if not mine:
+                self._by_uid.pop(entry.uid, None)
+
+    def expired(self, *, keep_days: int, max_per_user: int, now: float,
+                uid: int | None = None) -> list[str]:
+        """Ended agents past retention: too old, or beyond a user's count
+        (oldest first). With `uid`, only that user's count is looked at."""
+        horizon = now - keep_days * 86400
+        out = [e.id for e in self.ended.values() if e.ended_at < horizon]
+        gone = set(out)
+        uids = [uid] if uid is not None else list(self._by_uid)
+        for u in uids:
+            mine = {i: t for i, t in self._by_uid.get(u, {}).items() if i not in gone}
+            if len(mine) > max_per_user:
+                oldest = sorted(mine, key=lambda i: (mine[i], i))
+                out += oldest[: len(mine) - max_per_user]
+        return out
+
+    # --- start-up ------------------------------------------------------------
+
+    def scan(self) -> Scan:
+        """Every record on disk. A file that cannot be read as a record (not
+        UTF-8, empty, not JSON, not a record, another agent's id) is moved
+        aside into `bad/` and reported; it never stops the daemon."""
+        result = Scan()
+        try:
+            dfd = fsat.open_dir(str(self.dir))
+        except FileNotFoundError:
+            return result
+        try:
+            for name in sorted(os.listdir(dfd)):
+                m = _RECORD_NAME.fullmatch(name)
+                if m is None:
+                    continue
+                try:
+                    result.records.append(_parse(dfd, name, m.group(1)))
+                except FileNotFoundError:
+                    continue
+                except (OSError, ValueError) as exc:
+                    why = _why(exc)
+                    result.bad.append((name, self._move_aside(dfd, name), why))
+        finally:
+            os.close(dfd)
+        return result
+
+    def _move_aside(self, dfd: int, name: str) -> str:
+        dest = f"{name}.{int(time.time())}"
+        try:
+            fsat.mkdir_at(dfd, BAD_DIR, 0o700, exist_ok=True)
+            bad = fsat.open_dir_at(dfd, BAD_DIR)
             try:
-                records.append(AgentRecord.model_validate_json(path.read_text()))
-            except (OSError, ValidationError):
-                continue
-        return records
+                fsat.rename_at(dfd, name, bad, dest)
+            finally:
+                os.close(bad)
+        except OSError:
+            return ""
+        return str(self.dir / BAD_DIR / dest)
 
     def read_exit(self, agent_id: str) -> tuple[int, float] | None:
         try:
-            data = json.loads(Path(self.exit_path(agent_id)).read_text())
+            data = json.loads(Path(self.exit_path(agent_id)).read_bytes())
             return int(data["exit_status"]), float(data["ended_at"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -127,3 +245,21 @@ class RecordStore:
     def drop_exit(self, agent_id: str) -> None:
         with self._fd() as fd:
             fsat.unlink_at(fd, f"{agent_id}.exit")
+
+
+def _parse(dir_fd: int, name: str, agent_id: str) -> AgentRecord:
+    data = fsat.read_at(dir_fd, name, MAX_RECORD_BYTES)
+    if not data.strip():
+        raise ValueError("empty")
+    rec = AgentRecord.model_validate_json(data)
+    if rec.id != agent_id:
+        raise ValueError(f"holds the record of another id ({rec.id[:16]!r})")
+    return rec
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8"
+    if isinstance(exc, ValidationError):
+        return f"not a valid record ({exc.error_count()} errors)"
+    return str(exc)[:200]

@@ -12,13 +12,14 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.constants import PropertyAccess
 from dbus_fast.service import ServiceInterface
 
-from leviathd import __version__
+from leviathd import __version__, listing
 from leviathd.agents import Agents
 from leviathd.bus import bounds
 from leviathd.bus import caller as bus_caller
 from leviathd.bus.compat import DBusSignature, dbus_method, dbus_property, dbus_signal
 from leviathd.bus.errors import translated
 from leviathd.bus.names import MANAGER_IFACE
+from leviathd.errors import InvalidArgument
 from leviathd.records import AgentRecord
 from leviathd.request import RunInput
 from leviathd.spawn import Stdio
@@ -31,6 +32,20 @@ Fd = Annotated[int, DBusSignature("h")]
 UInt = Annotated[int, DBusSignature("u")]
 Int = Annotated[int, DBusSignature("i")]
 IdAndUnit = Annotated[list[str], DBusSignature("ss")]
+RowsAndCursor = Annotated[list[Any], DBusSignature("aa{sv}s")]
+_OPTIONS = frozenset({"all", "cursor", "limit"})
+
+
+def _option(options: dict[str, Variant], key: str, signature: str, default: Any) -> Any:
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise InvalidArgument(f"unknown option (known: {', '.join(sorted(_OPTIONS))})")
+    value = options.get(key)
+    if value is None:
+        return default
+    if value.signature != signature:
+        raise InvalidArgument(f"option {key} must have type {signature}")
+    return value.value
 
 
 def record_to_variants(rec: AgentRecord, live: dict[str, int | None]) -> dict[str, Variant]:
@@ -115,11 +130,28 @@ class ManagerInterface(ServiceInterface):
     @dbus_method()
     @translated
     async def List(self, all_agents: Bool) -> VarDictList:
-        """The caller's agents (everyone's with org.leviath.agent.manage-any);
-        running ones only unless all_agents."""
+        """The caller's agents (everyone's with org.leviath.agent.manage-any):
+        those running, and with all_agents the most recently ended ones, as
+        many as fit in one page (ListPage has the rest)."""
         who = await bus_caller.current(self._bus)
-        rows = await self._agents.list(who, include_ended=all_agents)
+        rows, _cursor = await self._agents.list(who, include_ended=all_agents)
         return [record_to_variants(rec, live) for rec, live in rows]
+
+    @dbus_method()
+    @translated
+    async def ListPage(self, options: VarDict) -> RowsAndCursor:
+        """One page of List. Options: all (b), cursor (s: "" for the first
+        page, else the one the previous page returned), limit (u, at most
+        1000). Returns the rows and the next cursor ("" after the last page).
+        No reply exceeds 256 KiB."""
+        all_agents = _option(options, "all", "b", False)
+        cursor = bounds.text(_option(options, "cursor", "s", ""), 64, "cursor")
+        limit = _option(options, "limit", "u", listing.DEFAULT_ROWS)
+        who = await bus_caller.current(self._bus)
+        rows, next_cursor = await self._agents.list(
+            who, include_ended=bool(all_agents), cursor=str(cursor), limit=int(limit)
+        )
+        return [[record_to_variants(rec, live) for rec, live in rows], next_cursor]
 
     @dbus_method()
     @translated

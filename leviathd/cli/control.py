@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -92,18 +93,38 @@ def format_table(rows: list[list[str]]) -> str:
     )
 
 
+# A page of a few hundred rows per reply: the daemon bounds each reply, and
+# `lev ps --all` asks page after page until the last.
+MAX_PAGES = 10_000
+
+
 async def _ps(args: argparse.Namespace) -> int:
     client = await Client.connect()
+    agents: list[Any] = []
     try:
-        (agents,) = await client.call("List", "b", [args.all])
+        cursor = ""
+        for _ in range(MAX_PAGES):
+            options = {"all": Variant("b", bool(args.all)), "cursor": Variant("s", cursor)}
+            rows, cursor = await client.call("ListPage", "a{sv}", [options])
+            agents += rows
+            if not cursor:
+                break
     finally:
         client.close()
     items = [plain(a) for a in agents]
-    if args.json:
-        print(json.dumps(items, indent=2))
-        return 0
-    now = time.time()
-    print(format_table([list(COLUMNS)] + [table_row(a, now) for a in items]))
+    try:
+        if args.json:
+            print(json.dumps(items, indent=2))
+            sys.stdout.flush()
+            return 0
+        now = time.time()
+        print(format_table([list(COLUMNS)] + [table_row(a, now) for a in items]))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `lev ps | head`: the reader has all it wanted. Point stdout at
+        # /dev/null so that the interpreter's final flush does not complain.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
     return 0
 
 

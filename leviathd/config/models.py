@@ -396,6 +396,15 @@ class CredentialConfig(_Model):
         return self
 
 
+class RecordsConfig(_Model):
+    """Retention of ended agents' records (machine config only): an ended agent
+    is forgotten once it ended more than keep_days ago, or once its user has
+    more than max_per_user ended agents (the oldest go first)."""
+
+    keep_days: Annotated[StrictInt, Field(ge=0, le=36500)] = 30
+    max_per_user: Annotated[StrictInt, Field(ge=0, le=1_000_000)] = 1000
+
+
 class Config(_Model):
     """A machine or user config.toml. Every section is optional."""
 
@@ -409,6 +418,7 @@ class Config(_Model):
     allowlist: list[AllowRule] = Field(default_factory=list)
     credentials: dict[Name, CredentialConfig] = Field(default_factory=dict)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    records: RecordsConfig = Field(default_factory=RecordsConfig)
 
 
 # -------------------------------------------------------------------------- blueprint
