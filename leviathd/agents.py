@@ -98,6 +98,9 @@ class Agents:
         self._signal_to: dict[str, str] = {}
         # Set by the daemon where systemd is not PID 1: podman alone fences.
         self.podman_only = False
+        # Set by the daemon when the machine config did not load at start:
+        # then no agent starts (cleared by the first good load).
+        self.config_problem: str | None = None
         # Extension points for other parts (the broker, containers).
         # spec_extensions: each step's spec passes through these before it is
         # recorded and released (e.g. to bind the agent's broker socket in).
@@ -117,6 +120,7 @@ class Agents:
             self.machine_config = config_load.load_config(self._machine_path)
         else:
             self.machine_config = Config()
+        self.config_problem = None
 
     async def reload(self, who: Caller) -> None:
         await polkit.require(self._bus, who, names.ACTION_CONFIG_MANAGE, "reload the configuration")
@@ -152,6 +156,8 @@ class Agents:
 
     async def run(self, who: Caller, req: RunInput, stdio: spawn.Stdio) -> AgentRecord:
         try:
+            if self.config_problem:
+                raise ConfigError(self.config_problem)
             return await self._run(who, req, stdio)
         finally:
             # The supervisor has its own copies; ours must not leak.

@@ -4,6 +4,7 @@ daemon's: their scopes are systemd's, so they outlive a restart."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -18,12 +19,14 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 
 from leviathd.agents import Agents
 from leviathd.bus import caller, writer
+from leviathd.bus.bounded import BoundedBus
 from leviathd.bus.compat import many_fds
 from leviathd.bus.manager_iface import ManagerInterface
 from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
+from leviathd.config import load as config_load
 from leviathd.config_watch import ConfigWatcher
-from leviathd.errors import LeviathError
+from leviathd.errors import ConfigError, LeviathError
 from leviathd.gate_service import GateService
 from leviathd.records import RecordStore
 from leviathd.systemd import absent, journal, notify
@@ -57,6 +60,8 @@ async def own_name(bus: MessageBus, *, patience: float = 5.0) -> bool:
 # Exit status when the bus connection is lost: a failure, so that systemd
 # restarts the daemon (Restart=) and the agents are adopted by the next one.
 EXIT_BUS_LOST = 75
+# `leviathd --check-config` on a machine config that does not load (EX_CONFIG).
+EXIT_CONFIG = 78
 
 
 async def connect(*, patience: float = 10.0) -> MessageBus:
@@ -66,7 +71,7 @@ async def connect(*, patience: float = 10.0) -> MessageBus:
     deadline = loop.time() + patience
     while True:
         try:
-            bus = MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True)
+            bus = BoundedBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True)
             return await many_fds(bus).connect()
         except OSError as exc:
             if loop.time() >= deadline:
@@ -137,7 +142,19 @@ async def serve() -> int:
     # moment `systemctl restart` returns is then seen, by the read or the watch.
     watcher = ConfigWatcher(machine_config_path(), on_file_change)
     watcher.start()
-    agents.load_machine_config()
+    try:
+        agents.load_machine_config()
+    except ConfigError as exc:
+        # Serve anyway, in the strictest mode there is: no agent starts (so no
+        # setting can be looser than the admin meant), while running agents
+        # can still be listed and stopped. Exiting instead would leave every
+        # `lev` call waiting out a 25 s activation timeout: systemd does not
+        # report a failed start to the bus daemon.
+        agents.config_problem = (
+            f"the machine configuration does not load, so no agent starts until it is "
+            f"fixed: {exc}"
+        )
+        log.error("%s", agents.config_problem)
     gate = GateService(bus, agents, state_dir=state_dir())
     gate.install()
     iface = ManagerInterface(bus, agents)
@@ -151,7 +168,10 @@ async def serve() -> int:
         log.error("could not own %s: is another leviathd running?", BUS_NAME)
         return 1
     running = sum(1 for r in agents.records.values() if r.running)
-    notify.ready(f"serving; {running} agents running")
+    if agents.config_problem:
+        notify.ready(f"NOT STARTING AGENTS: {agents.config_problem}"[:400])
+    else:
+        notify.ready(f"serving; {running} agents running")
     journal.record(f"leviathd ready, {running} agents adopted", LEVIATH_EVENT="ready")
 
     loop = asyncio.get_running_loop()
@@ -164,7 +184,10 @@ async def serve() -> int:
             log.info("configuration reloaded")
         except LeviathError as exc:
             log.error("configuration not reloaded, the old one stays in force: %s", exc)
-        notify.ready("serving")
+        if agents.config_problem:
+            notify.ready(f"NOT STARTING AGENTS: {agents.config_problem}"[:400])
+        else:
+            notify.ready("serving")
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -209,11 +232,23 @@ class _JournalPriority(logging.Formatter):
         return "\n".join(f"<{level}>{line}" for line in text.splitlines() or [""])
 
 
-def _arguments(argv: list[str]) -> None:
-    """--help and --version print and exit; the daemon takes no other
-    arguments (its settings are the environment and /etc/leviath)."""
-    import argparse
+def check_config() -> int:
+    """`leviathd --check-config` (ExecReload= runs it before SIGHUP): a broken
+    file fails `systemctl reload` visibly instead of being ignored."""
+    path = machine_config_path()
+    try:
+        if os.path.exists(path):
+            config_load.load_config(path)
+    except ConfigError as exc:
+        print(f"leviathd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
 
+
+def _arguments(argv: list[str]) -> argparse.Namespace:
+    """--help and --version print and exit; --check-config checks the machine
+    config and exits; the daemon takes no other arguments (its settings are
+    the environment and /etc/leviath)."""
     from leviathd import __version__
 
     parser = argparse.ArgumentParser(
@@ -225,11 +260,16 @@ def _arguments(argv: list[str]) -> None:
         "LEVIATH_STATE_DIR (default /var/lib/leviath). See docs/ and `man lev`.",
     )
     parser.add_argument("--version", action="version", version=f"leviathd {__version__}")
-    parser.parse_args(argv)
+    parser.add_argument("--check-config", action="store_true",
+                        help="check the machine config (exit 78 with the file and line if it "
+                        "does not load) and exit; `systemctl reload` runs it first")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    _arguments(sys.argv[1:] if argv is None else argv)
+    args = _arguments(sys.argv[1:] if argv is None else argv)
+    if args.check_config:
+        return check_config()
     if os.geteuid() != 0:
         print("leviathd: must run as root (it starts agents as their users); it is "
               "started by systemd: `systemctl start leviathd`", file=sys.stderr)

@@ -3,13 +3,14 @@ caller's bus name, so polkit, not this daemon, decides who that is."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
 from leviathd.bus.caller import Caller
-from leviathd.errors import AccessDenied
+from leviathd.errors import AccessDenied, LeviathError
 
 log = logging.getLogger(__name__)
 
@@ -20,18 +21,27 @@ AUTHORITY_IFACE = "org.freedesktop.PolicyKit1.Authority"
 _ABSENT = {
     "org.freedesktop.DBus.Error.ServiceUnknown",
     "org.freedesktop.DBus.Error.NameHasNoOwner",
-    "org.freedesktop.DBus.Error.NoReply",
-    "org.freedesktop.DBus.Error.TimedOut",
     "org.freedesktop.DBus.Error.Spawn.ChildExited",
     "org.freedesktop.DBus.Error.Spawn.ServiceNotFound",
 }
+# Errors that mean "polkit did not answer this time": under load the bus
+# refuses more pending replies (LimitsExceeded), and a polkit restart drops
+# the calls in flight (NoReply). Asked once more; then the caller is refused
+# with the truth, not "not authorized".
+_TRANSIENT = {
+    "org.freedesktop.DBus.Error.LimitsExceeded",
+    "org.freedesktop.DBus.Error.NoReply",
+    "org.freedesktop.DBus.Error.TimedOut",
+    "org.freedesktop.DBus.Error.Disconnected",
+}
+RETRY_DELAY = 0.25
 
 
-async def is_authorized(
-    bus: MessageBus, caller: Caller, action: str, *, interactive: bool = False
-) -> bool:
-    if caller.is_root:
-        return True
+class AuthorizationUnavailable(LeviathError):
+    dbus_name = "org.leviath.Error.AuthorizationUnavailable"
+
+
+async def _check(bus: MessageBus, caller: Caller, action: str, interactive: bool) -> Message:
     subject = ("system-bus-name", {"name": Variant("s", caller.sender)})
     reply = await bus.call(
         Message(
@@ -44,7 +54,27 @@ async def is_authorized(
         )
     )
     if reply is None:
-        return False
+        raise AuthorizationUnavailable("polkit did not answer; try again")
+    return reply
+
+
+async def is_authorized(
+    bus: MessageBus, caller: Caller, action: str, *, interactive: bool = False
+) -> bool:
+    """Fails closed: False when polkit says no or is absent; raises
+    AuthorizationUnavailable when it did not answer (twice)."""
+    if caller.is_root:
+        return True
+    reply = await _check(bus, caller, action, interactive)
+    if reply.message_type is MessageType.ERROR and reply.error_name in _TRANSIENT:
+        log.warning("polkit did not answer (%s); asking once more", reply.error_name)
+        await asyncio.sleep(RETRY_DELAY)
+        reply = await _check(bus, caller, action, interactive)
+        if reply.message_type is MessageType.ERROR and reply.error_name in _TRANSIENT:
+            log.error("polkit did not answer twice (%s): refusing", reply.error_name)
+            raise AuthorizationUnavailable(
+                f"polkit did not answer ({reply.error_name}); try again"
+            )
     if reply.message_type is MessageType.ERROR:
         if reply.error_name in _ABSENT:
             log.warning("polkit is not reachable (%s): only root is allowed", reply.error_name)

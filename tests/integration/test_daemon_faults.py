@@ -1,0 +1,173 @@
+"""Faults an admin or a load brings (issue 17 §4, §7, §8): polkit under load,
+a broken config at start and at reload, `lev ps | head`, an oversized
+PolicyAdd."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+CONFIG_PATH = "/etc/leviath/config.toml"
+CONFIG = """
+[sandbox]
+kind = "none"
+"""
+BROKEN = """
+[sandbox]
+kind = "none
+"""
+PY = "/opt/leviath-dev/venv/bin/python"
+
+
+@pytest.fixture(scope="module")
+def bed(testbed: Testbed) -> Iterator[Testbed]:
+    testbed.write_file(CONFIG_PATH, CONFIG)
+    testbed.run(["systemctl", "restart", "leviathd"])
+    for user in ("alice", "dave"):
+        testbed.run(["mkdir", "-p", "work"], user=user)
+    yield testbed
+    restore(testbed)
+
+
+def restore(bed: Testbed) -> None:
+    bed.write_file(CONFIG_PATH, CONFIG)
+    bed.run(["systemctl", "reset-failed", "leviathd"], check=False)
+    bed.run(["systemctl", "restart", "leviathd"])
+
+
+def prop(bed: Testbed, name: str) -> str:
+    return bed.run(["systemctl", "show", "-P", name, "leviathd"]).stdout.strip()
+
+
+def test_a_broken_config_at_start_refuses_runs_at_once_and_says_where(bed: Testbed) -> None:
+    try:
+        bed.write_file(CONFIG_PATH, BROKEN)
+        bed.run(["systemctl", "restart", "leviathd"], check=False, timeout=30)
+        time.sleep(1)
+        # No crash loop, and the reason where an admin looks.
+        assert prop(bed, "NRestarts") == "0"
+        status = bed.run(["systemctl", "status", "--no-pager", "-n", "20", "leviathd"],
+                         check=False).stdout
+        assert f"{CONFIG_PATH}:3" in status, status
+        # `lev` is answered at once: runs are refused with the reason, the
+        # rest works.
+        t0 = time.monotonic()
+        r = bed.run(["lev", "run", "--detach", "--", "true"], user="alice", check=False,
+                    cwd=f"{bed.users['alice'].home}/work", timeout=60)
+        assert r.returncode != 0 and f"{CONFIG_PATH}:3" in r.stderr, r.stderr
+        assert time.monotonic() - t0 < 10
+        bed.run(["lev", "ps"], user="alice", timeout=10)
+        # Fixed: agents start again without a restart.
+        bed.write_file(CONFIG_PATH, CONFIG)
+        bed.run(["systemctl", "reload", "leviathd"])
+        bed.run(["lev", "run", "--", "true"], user="alice",
+                cwd=f"{bed.users['alice'].home}/work", timeout=60)
+    finally:
+        restore(bed)
+
+
+def test_a_reload_with_a_broken_file_fails_visibly(bed: Testbed) -> None:
+    pid = prop(bed, "MainPID")
+    try:
+        bed.write_file(CONFIG_PATH, BROKEN)
+        r = bed.run(["systemctl", "reload", "leviathd"], check=False, timeout=30)
+        assert r.returncode != 0, "reload of a broken file reported success"
+        assert prop(bed, "MainPID") == pid and prop(bed, "ActiveState") == "active"
+        journal = bed.run(["journalctl", "-u", "leviathd", "-n", "30", "-o", "cat"]).stdout
+        assert f"{CONFIG_PATH}:3" in journal
+    finally:
+        restore(bed)
+
+
+SEED = r"""
+import json, os, sys, time
+uid = int(sys.argv[1])
+now = time.time() - 600
+for n in range(1500):
+    aid = "beef%04x" % n
+    rec = {"id": aid, "uid": uid, "user": "alice", "agent": "old", "command": ["true"],
+           "workdir": "/home/alice/work", "unit": "leviath-alice-old-%s.scope" % aid,
+           "sandbox": "none", "started_at": now + n, "ended_at": now + n + 1,
+           "exit_status": 0, "state": "exited"}
+    with open("/var/lib/leviath/agents/%s.json" % aid, "w") as f:
+        json.dump(rec, f)
+"""
+
+
+def test_lev_ps_into_head_prints_no_traceback(bed: Testbed) -> None:
+    bed.run([PY, "-c", SEED, str(bed.users["alice"].uid)])
+    bed.run(["systemctl", "restart", "leviathd"])
+    try:
+        r = bed.run("lev ps --all --json | head -c 100 >/dev/null", user="alice",
+                    cwd=f"{bed.users['alice'].home}/work")
+        assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    finally:
+        bed.run("rm -f /var/lib/leviath/agents/beef*")
+        bed.run(["systemctl", "restart", "leviathd"])
+
+
+POLICY_ADD = r"""
+import asyncio
+from dbus_fast import BusType, Message
+from dbus_fast.aio import MessageBus
+
+async def main():
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    reply = await bus.call(Message(
+        destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+        interface="org.leviath.Policy1", member="PolicyAdd", signature="sss",
+        body=["web_fetch", "https://" + "a" * (1 << 20), "public"]))
+    print(reply.error_name, len(str(reply.body[0])))
+
+asyncio.run(main())
+"""
+
+
+def test_policy_add_refuses_a_megabyte_target(bed: Testbed) -> None:
+    before = bed.read_file(CONFIG_PATH)
+    try:
+        out = bed.run([PY, "-c", POLICY_ADD]).stdout.split()
+        assert out[0] == "org.leviath.Error.InvalidArgument", out
+        assert int(out[1]) < 1000
+        assert bed.read_file(CONFIG_PATH) == before
+    finally:
+        restore(bed)
+
+
+RUNS = r"""
+import asyncio, os, sys
+from dbus_fast import BusType, Message, Variant
+from dbus_fast.aio import MessageBus
+
+async def main():
+    buses = [await MessageBus(bus_type=BusType.SYSTEM).connect() for _ in range(5)]
+    request = {"command": Variant("as", ["true"]), "workdir": Variant("s", os.getcwd())}
+    def run(bus):
+        return bus.call(Message(
+            destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+            interface="org.leviath.Manager1", member="Run", signature="a{sv}",
+            body=[request]))
+    replies = await asyncio.gather(*(run(b) for b in buses for _ in range(30)))
+    names = {}
+    for r in replies:
+        key = r.error_name or "ok"
+        names[key] = names.get(key, 0) + 1
+    print(json.dumps(names))
+
+import json
+asyncio.run(main())
+"""
+
+
+def test_150_concurrent_runs_are_never_refused_as_not_authorized(bed: Testbed) -> None:
+    r = bed.run([PY, "-c", RUNS], user="alice", cwd=f"{bed.users['alice'].home}/work",
+                timeout=300)
+    outcome = json.loads(r.stdout)
+    assert "org.leviath.Error.AccessDenied" not in outcome, outcome
+    assert outcome.get("ok", 0) >= 140, outcome
