@@ -123,6 +123,9 @@ def test_a_bus_restart_brings_the_daemon_back_with_its_agents(bed: Testbed) -> N
         rows = json.loads(lev(bed, "alice", "ps", "--json", timeout=30).stdout)
         assert [r["state"] for r in rows if r["id"] == agent] == ["running"], rows
         assert before  # the old daemon is gone or reconnected; either way it serves
+        # The loss is an error where admins look for errors.
+        errors = bed.run(["journalctl", "-u", "leviathd", "-p", "err", "-o", "cat"]).stdout
+        assert "lost the system bus connection" in errors, errors[-2000:]
         # And it keeps serving: a new agent starts and is listed.
         other = lev(bed, "alice", "run", "--detach", "--", "sleep", "300").stdout.strip()
         lev(bed, "alice", "stop", other)
