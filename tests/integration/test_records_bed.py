@@ -112,6 +112,20 @@ for n in range(count):
         json.dump(rec, f)
 """
 
+FORGET_ENDED = r"""
+import json, os, sys
+d = "/var/lib/leviath/agents"
+for name in os.listdir(d):
+    if not name.endswith(".json") or name.endswith(".spec.json"):
+        continue
+    try:
+        rec = json.load(open(os.path.join(d, name)))
+    except ValueError:
+        continue
+    if rec.get("uid") == int(sys.argv[1]) and rec.get("state") != "running":
+        os.unlink(os.path.join(d, name))
+"""
+
 PAGE = r"""
 import asyncio
 from dbus_fast import BusType, Message, Variant
@@ -162,6 +176,9 @@ def test_list_pages_stay_under_256_kib_and_lev_ps_all_pages_through(bed: Testbed
 def test_retention_forgets_old_and_surplus_ended_agents(bed: Testbed) -> None:
     uid = str(bed.users["alice"].uid)
     try:
+        # Only the seeded agents are alice's ended ones (earlier tests ended others).
+        bed.run(["systemctl", "stop", "leviathd"])
+        bed.run([PY, "-c", FORGET_ENDED, uid])
         configure(bed, "[records]\nkeep_days = 2\nmax_per_user = 5\n")
         # 10 agents that ended three days ago: all past keep_days.
         bed.run([PY, "-c", SEED, uid, "10", str(3 * 86400)])
@@ -171,15 +188,12 @@ def test_retention_forgets_old_and_surplus_ended_agents(bed: Testbed) -> None:
         bed.run([PY, "-c", SEED, uid, "10", "600"])
         bed.run(["systemctl", "restart", "leviathd"])
         left = bed.run(f"ls {AGENTS} | grep '^5eed.*json$'", check=False).stdout.split()
-        # alice's other ended agents (earlier tests) count too; the newest stay.
-        assert 0 < len(left) <= 5
-        assert left == [f"5eed{n:04x}.json" for n in range(10 - len(left), 10)], left
-        assert len(ended_of(bed, "alice")) == 5
+        assert left == [f"5eed{n:04x}.json" for n in range(5, 10)], left
+        assert sorted(ended_of(bed, "alice")) == [f"5eed{n:04x}" for n in range(5, 10)]
         lev(bed, "alice", "run", "--", "true")
         time.sleep(1)
         ended = ended_of(bed, "alice")
-        assert len(ended) == 5, ended
-        assert f"5eed{10 - len(left):04x}" not in ended
+        assert len(ended) == 5 and "5eed0005" not in ended, ended
     finally:
         bed.run(f"rm -f {AGENTS}/5eed*", check=False)
         configure(bed)
