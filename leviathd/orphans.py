@@ -24,6 +24,8 @@ from leviathd.sandbox.container import cgroup_procs_files
 _UNIT = re.compile(r"leviath-([A-Za-z0-9_.]+)-([A-Za-z0-9_.]+)-([0-9a-f]{8})\.scope")
 _LIVE_STATES = ("active", "activating", "deactivating", "reloading")
 MAX_SCOPES = 100_000
+# What the lost record said it ran is gone; clients have always had a command.
+UNKNOWN_COMMAND = "(unknown: the record was lost)"
 
 
 def parse_unit(name: str) -> tuple[str, str, str] | None:
@@ -97,7 +99,8 @@ def owner(user_in_name: str, uids: Counter[int]) -> tuple[int, str] | None:
 
 def unknown_record(unit: str, uid: int, user: str, agent: str, agent_id: str) -> AgentRecord:
     return AgentRecord(
-        id=agent_id, uid=uid, user=user, agent=agent, command=[], workdir="", unit=unit,
+        id=agent_id, uid=uid, user=user, agent=agent, command=[UNKNOWN_COMMAND], workdir="",
+        unit=unit,
         sandbox="unknown", marks=["record-lost"], started_at=time.time(),
         state=AgentState.UNKNOWN,
     )

@@ -111,7 +111,9 @@ async def _ps(args: argparse.Namespace) -> int:
                 break
     finally:
         client.close()
-    items = [plain(a) for a in agents]
+    # Pages come running agents first, then ended ones newest first; shown
+    # as ever, by start, the newest last.
+    items = sorted((plain(a) for a in agents), key=lambda a: float(a.get("started_at", 0)))
     try:
         if args.json:
             print(json.dumps(items, indent=2))
