@@ -171,3 +171,40 @@ def test_150_concurrent_runs_are_never_refused_as_not_authorized(bed: Testbed) -
     outcome = json.loads(r.stdout)
     assert "org.leviath.Error.AccessDenied" not in outcome, outcome
     assert outcome.get("ok", 0) >= 140, outcome
+
+
+def test_a_polkit_restart_with_agents_running_refuses_no_one(bed: Testbed) -> None:
+    """issue 17 §5: polkitd restarts under a running agent and during calls;
+    no call is refused as "not authorized" and the agent stays listed."""
+    import threading
+
+    work = f"{bed.users['alice'].home}/work"
+    agent = bed.run(["lev", "run", "--detach", "--", "sleep", "300"], user="alice",
+                    cwd=work).stdout.strip()
+    try:
+        pid = prop(bed, "MainPID")
+        errors: list[str] = []
+        stop = time.monotonic() + 6
+
+        def calls() -> None:
+            while time.monotonic() < stop:
+                r = bed.run(["lev", "run", "--detach", "--", "true"], user="alice", cwd=work,
+                            check=False, timeout=60)
+                if r.returncode != 0:
+                    errors.append(r.stderr.strip())
+
+        threads = [threading.Thread(target=calls) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for _ in range(2):
+            time.sleep(1)
+            bed.run(["systemctl", "restart", "polkit"])
+        for t in threads:
+            t.join()
+        assert not [e for e in errors if "not authorized" in e], errors
+        assert prop(bed, "MainPID") == pid
+        rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice", cwd=work).stdout)
+        assert agent in {row["id"] for row in rows}
+        bed.run(["lev", "run", "--", "true"], user="alice", cwd=work)
+    finally:
+        bed.run(["lev", "stop", agent], user="alice", cwd=work, check=False)
