@@ -55,6 +55,10 @@ def test_a_broken_config_at_start_refuses_runs_at_once_and_says_where(bed: Testb
         status = bed.run(["systemctl", "status", "--no-pager", "-n", "20", "leviathd"],
                          check=False).stdout
         assert f"{CONFIG_PATH}:3" in status, status
+        # At error priority (Python's logging goes through stderr with sd-daemon
+        # level prefixes), where `journalctl -p err` finds it.
+        errors = bed.run(["journalctl", "-u", "leviathd", "-p", "err", "-o", "cat"]).stdout
+        assert "configuration does not load" in errors, errors[-2000:]
         # `lev` is answered at once: runs are refused with the reason, the
         # rest works.
         t0 = time.monotonic()
