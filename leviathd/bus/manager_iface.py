@@ -159,7 +159,8 @@ class ManagerInterface(ServiceInterface):
         agent_id = bounds.agent_id(agent_id)
         who = await bus_caller.current(self._bus)
         rec, live = await self._agents.get(who, agent_id)
-        return record_to_variants(rec, live)
+        # As in List: a record with a huge command line is sent cut short.
+        return record_to_variants(listing.trimmed(rec), live)
 
     @dbus_method()
     @translated
