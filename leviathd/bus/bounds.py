@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from leviathd.errors import InvalidArgument, LeviathError
+from leviathd.errors import Busy, InvalidArgument
 
 AGENT_ID = re.compile(r"[0-9a-f]{8}")
 REQUEST_ID = re.compile(r"[0-9a-f]{16}")
@@ -21,10 +21,6 @@ REQUEST_ID = re.compile(r"[0-9a-f]{16}")
 PER_CALLER = 32
 TOTAL = 512
 EXCERPT = 80
-
-
-class LimitsExceeded(LeviathError):
-    dbus_name = "org.leviath.Error.LimitsExceeded"
 
 
 def agent_id(value: object) -> str:
@@ -65,9 +61,9 @@ class InFlight:
 
     def enter(self, sender: str) -> None:
         if self._count >= self.total:
-            raise LimitsExceeded("leviathd is busy (too many calls in flight); try again")
+            raise Busy("leviathd is busy (too many calls in flight); try again")
         if self._by_sender[sender] >= self.per_caller:
-            raise LimitsExceeded(
+            raise Busy(
                 f"too many calls in flight from this connection (at most {self.per_caller})"
             )
         self._by_sender[sender] += 1
