@@ -28,6 +28,7 @@ from leviathd.config import load as config_load
 from leviathd.config_watch import ConfigWatcher
 from leviathd.errors import ConfigError, LeviathError
 from leviathd.gate_service import GateService
+from leviathd.proxy.service import ProxyService
 from leviathd.records import RecordStore
 from leviathd.systemd import absent, journal, notify
 from leviathd.systemd.manager import SystemdManager
@@ -157,11 +158,14 @@ async def serve() -> int:
         log.error("%s", agents.config_problem)
     gate = GateService(bus, agents, state_dir=state_dir())
     gate.install()
+    proxy = ProxyService(agents, gate, state_dir=state_dir())
+    proxy.install()
     iface = ManagerInterface(bus, agents)
     bus.export(OBJECT_PATH, iface)
     bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate))
     await agents.recover()
     await gate.recover()
+    await proxy.recover()
     maintenance = asyncio.get_running_loop().create_task(agents.maintain())
 
     if not await own_name(bus):
@@ -211,6 +215,7 @@ async def serve() -> int:
     watcher.close()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(gate.close(), timeout=5)
+        await asyncio.wait_for(proxy.close(), timeout=5)
     bus.disconnect()
     return EXIT_BUS_LOST if lost else 0
 

@@ -11,7 +11,9 @@ The axes, and which direction is "tighter":
 - sandbox kind: none < namespace < container, only up; a blueprint's `engine` is always
   discarded (the engine binary runs on the host, as root, before any prompt); a user's
   too (the engine is the admin's choice);
-- `network`: only narrows (true -> false); `default_mounts`: only true -> false;
+- `network`: only narrows (true -> "proxy" -> false); `[proxy]`: each layer's
+  allow list and ports must all pass, deny lists add up, clearances only lower;
+  `default_mounts`: only true -> false;
   `on_unavailable`: only warn -> error; `scratch_dir`: the machine's only;
   `allow_io_uring`: set true by the machine only, turned off by any layer;
 - `mounts`: a subset of the upper layer's, each inside one of its mounts with no more
@@ -45,6 +47,7 @@ from leviathd.config.models import (
     Mount,
     OnUnavailable,
     Permission,
+    ProxyConfig,
     Resources,
     SandboxConfig,
     SandboxKind,
@@ -82,6 +85,55 @@ class TaintSettings:
     allow_private_addresses: bool = False
 
 
+Network = bool | Literal["proxy"]
+_NET_RANK: dict[object, int] = {False: 0, "proxy": 1, True: 2}
+
+
+def net_rank(value: Network) -> int:
+    """true > "proxy" > false: a lower layer may only move down."""
+    return _NET_RANK[value]
+
+
+def _net_text(value: Network) -> str:
+    return '"proxy"' if value == "proxy" else str(value).lower()
+
+
+@dataclass(frozen=True)
+class ProxyRules:
+    """The merged `[proxy]` of every layer (see leviathd/proxy/policy.py).
+    `allow`: one tuple per layer that set allow_domains, all must match;
+    `ports`: None means the default ports."""
+
+    allow: tuple[tuple[str, ...], ...] = ()
+    deny: tuple[str, ...] = ()
+    ports: tuple[int, ...] | None = None
+    clearance: tuple[tuple[str, Sensitivity], ...] = ()
+    max_connections: int | None = None
+
+
+def narrow_proxy(rules: ProxyRules, layer: ProxyConfig) -> ProxyRules:
+    """`rules` narrowed by one more layer: by construction nothing loosens."""
+    clearance = dict(rules.clearance)
+    for pattern, sens in layer.clearance.items():
+        cur = clearance.get(pattern)
+        clearance[pattern] = sens if cur is None or sens.rank < cur.rank else cur
+    ports = rules.ports
+    if layer.ports is not None:
+        mine = tuple(sorted(set(layer.ports)))
+        ports = mine if ports is None else tuple(p for p in ports if p in mine)
+    cap = rules.max_connections
+    if layer.max_connections is not None:
+        cap = layer.max_connections if cap is None else min(cap, layer.max_connections)
+    return ProxyRules(
+        allow=rules.allow + ((tuple(layer.allow_domains),) if layer.allow_domains is not None
+                             else ()),
+        deny=tuple(dict.fromkeys((*rules.deny, *layer.deny_domains))),
+        ports=ports,
+        clearance=tuple(sorted(clearance.items())),
+        max_connections=cap,
+    )
+
+
 @dataclass(frozen=True)
 class Effective:
     """What one agent (or one stage) actually gets. `scratch_dir` None means the default
@@ -91,7 +143,7 @@ class Effective:
     kind: SandboxKind = DEFAULT_KIND
     engine: Engine = DEFAULT_ENGINE
     image: str | None = None
-    network: bool = True
+    network: Network = True
     mounts: list[Mount] = field(default_factory=list)
     default_mounts: bool = True
     on_unavailable: OnUnavailable = DEFAULT_ON_UNAVAILABLE
@@ -110,6 +162,7 @@ class Effective:
     allowlist: list[AllowRule] = field(default_factory=list)
     credentials: dict[str, CredentialConfig] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
+    proxy: ProxyRules = field(default_factory=ProxyRules)
     # True when the image and mounts came from the blueprint's own opt-in (no [sandbox]
     # in any config); shown by `lev validate` and `lev inspect`.
     blueprint_sandbox: bool = False
@@ -298,7 +351,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
     kind = ms.kind or DEFAULT_KIND
     engine = ms.engine or DEFAULT_ENGINE
     image = ms.image
-    network = True if ms.network is None else ms.network
+    network: Network = True if ms.network is None else ms.network
     mounts = list(ms.mounts or [])
     default_mounts = True if ms.default_mounts is None else ms.default_mounts
     on_unavailable = ms.on_unavailable or DEFAULT_ON_UNAVAILABLE
@@ -327,6 +380,9 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
     credentials = dict(machine.credentials)
     allowlist = list(machine.allowlist)
     _check_credential_store(sec.credential_store, "machine config [security]", out)
+    proxy = narrow_proxy(ProxyRules(), machine.proxy)
+    if user is not None:
+        proxy = narrow_proxy(proxy, user.proxy)
 
     _check_tools(machine.tool_permissions, "machine config [tool_permissions]", out)
     for name, table in machine.agent_tool_permissions.items():
@@ -371,12 +427,12 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
             if us.mounts is not None:
                 mounts = _narrow_mounts(list(us.mounts), mounts, f"{w} [sandbox]", out)
         if us.network is not None:
-            if us.network and not network:
+            if net_rank(us.network) > net_rank(network):
                 out.add(
                     "warn",
                     "network-overruled",
-                    f"{w} [sandbox] network = true is ignored: the machine config turns "
-                    "the network off",
+                    f"{w} [sandbox] network = {_net_text(us.network)} is ignored: the machine "
+                    f"config sets network = {_net_text(network)}",
                 )
             else:
                 network = us.network
@@ -551,6 +607,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         taint=taint,
         allowlist=allowlist,
         credentials=credentials,
+        proxy=proxy,
     )
     return _Base(
         eff=eff,
@@ -772,6 +829,7 @@ def resolve(
     granted = active_patterns(declared, base.grants + base.agent_grants, allow_all=base.allow_all)
     _check_tools(blueprint.permissions, "blueprint [permissions]", out)
     permissions = _apply_permissions(base, blueprint.permissions, out)
+    proxy = narrow_proxy(base.eff.proxy, blueprint.proxy)
     resources = _tighten_resources(base.eff.resources, blueprint.resources, "blueprint", out)
 
     def effective(
@@ -792,6 +850,7 @@ def resolve(
             allowlist=list(fenced.allowlist),
             credentials=dict(fenced.credentials),
             command=list(command),
+            proxy=proxy,
         )
 
     top, origin = _overlay(blueprint.sandbox, None, "")

@@ -286,7 +286,9 @@ class SandboxConfig(_Model):
     kind: SandboxKind | None = None
     engine: Engine | None = None
     image: str | None = None
-    network: StrictBool | None = None
+    # true: the host's network; "proxy": only lo, out through the daemon's
+    # gated proxy (leviathd/proxy); false: only lo.
+    network: StrictBool | Literal["proxy"] | None = None
     mounts: list[Mount] | None = None
     default_mounts: StrictBool | None = None
     on_unavailable: OnUnavailable | None = None
@@ -365,6 +367,33 @@ class TaintConfig(_Model):
     allow_private_addresses: StrictBool | None = None
 
 
+_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+_DOMAIN = re.compile(rf"^(\*\.)?({_LABEL}\.)*{_LABEL}$")
+
+
+def _domain(value: str) -> str:
+    v = value.strip().lower().rstrip(".")
+    if len(v) > 253 or not _DOMAIN.match(v):
+        raise ValueError(f"not a domain name or *.domain pattern: {value!r}")
+    return v
+
+
+DomainPattern = Annotated[str, AfterValidator(_domain)]
+
+
+class ProxyConfig(_Model):
+    """`[proxy]`: the policy of `network = "proxy"` (leviathd/proxy). Each layer
+    (machine, user, blueprint) only narrows: a connection must pass every
+    layer's `allow_domains` and `ports`, any layer's `deny_domains` refuses it,
+    and the lowest `clearance` of any matching pattern applies."""
+
+    allow_domains: list[DomainPattern] | None = None
+    deny_domains: list[DomainPattern] = Field(default_factory=list)
+    ports: list[Annotated[StrictInt, Field(ge=1, le=65535)]] | None = None
+    clearance: dict[DomainPattern, Sensitivity] = Field(default_factory=dict)
+    max_connections: Annotated[StrictInt, Field(ge=1, le=4096)] | None = None
+
+
 class AllowRule(_Model):
     """`[[allowlist]]`: `tool` may send to `target` (a glob) data up to `max_sensitivity`."""
 
@@ -419,6 +448,7 @@ class Config(_Model):
     credentials: dict[Name, CredentialConfig] = Field(default_factory=dict)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     records: RecordsConfig = Field(default_factory=RecordsConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
 
 
 # -------------------------------------------------------------------------- blueprint
@@ -464,6 +494,7 @@ class Blueprint(_Model):
     permissions: dict[str, Permission] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
     env: Annotated[dict[str, str], AfterValidator(_env_table)] = Field(default_factory=dict)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
 
     @model_validator(mode="after")
     def _has_something_to_run(self) -> Blueprint:

@@ -190,13 +190,50 @@ def run(spec: SandboxSpec, *, workdir_fd: int | None = None) -> int:
 
 
 def _run(spec: SandboxSpec, workdir_fd: int | None) -> int:
+    relay = 0
     try:
-        unshare(_namespace_flags(spec))
-        if not spec.network:
+        flags = _namespace_flags(spec)
+        if spec.proxy:
+            # The network namespace first, so the relay to the daemon's proxy
+            # lives in it but outside the agent's PID namespace.
+            unshare(CLONE_NEWNET)
+            _loopback_up()
+            relay = _start_relay(spec)
+            flags &= ~CLONE_NEWNET
+        unshare(flags)
+        if not spec.network and not spec.proxy:
             _loopback_up()
         _check(_libc.sethostname(_b(spec.hostname), len(spec.hostname.encode())), "sethostname")
     except (FenceError, OSError) as exc:
+        _stop_relay(relay)
         raise Unavailable(f"cannot build the namespace fence: {exc}") from exc
+    try:
+        return _run_pid1(spec, workdir_fd)
+    finally:
+        _stop_relay(relay)
+
+
+def _start_relay(spec: SandboxSpec) -> int:
+    from leviathd.proxy import forwarder
+
+    runtime = os.environ.get("LEVIATH_RUNTIME_DIR", "/run/leviath")
+    path = os.path.join(runtime, "agents", spec.execution_id, forwarder.SOCKET_NAME)
+    sock = forwarder.listen()
+    try:
+        return forwarder.start(sock, path, spec.uid, spec.gid, spec.groups)
+    finally:
+        sock.close()
+
+
+def _stop_relay(pid: int) -> None:
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _run_pid1(spec: SandboxSpec, workdir_fd: int | None) -> int:
 
     rfd, wfd = os.pipe2(os.O_CLOEXEC)
     sys.stdout.flush()

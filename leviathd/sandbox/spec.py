@@ -132,7 +132,7 @@ class EffectiveLike(Protocol):
     def kind(self) -> str: ...
 
     @property
-    def network(self) -> bool: ...
+    def network(self) -> bool | str: ...
 
     @property
     def mounts(self) -> Sequence[MountRequest]: ...
@@ -219,6 +219,9 @@ class SandboxSpec:
     # A real gid the user cannot take, for a command its own user must not
     # read or ptrace (a credential command: broker/tools.py `_guarded`).
     real_gid: int | None = None
+    # network = "proxy": `network` is False (only lo) and the launcher starts
+    # the forwarder to the daemon's proxy in the new network namespace.
+    proxy: bool = False
 
     @property
     def scratch_home(self) -> str:
@@ -574,9 +577,11 @@ def build_spec(
     ordered = sorted(b.mounts, key=lambda m: _depth(m.target))
 
     kind = str(effective.kind)
+    # Only `true` is the host's network: "proxy" (truthy) must never be read as it.
+    host_network = effective.network is True
     namespaces: tuple[str, ...] = ()
     if kind == "namespace":
-        namespaces = ("ipc", "mnt", "pid", "uts") + (() if effective.network else ("net",))
+        namespaces = ("ipc", "mnt", "pid", "uts") + (() if host_network else ("net",))
     env = build_environment(
         request.env,
         user,
@@ -601,7 +606,7 @@ def build_spec(
         mounts=tuple(ordered),
         hidden=tuple(b.hidden),
         namespaces=tuple(sorted(namespaces)),
-        network=effective.network,
+        network=host_network,
         scratch=scratch,
         hostname=f"leviath-{execution_id}"[:64],
         execution_id=execution_id,
@@ -614,6 +619,7 @@ def build_spec(
         notes=tuple(b.notes),
         scratch_size=int(getattr(effective, "scratch_size", None) or DEFAULT_SCRATCH_SIZE),
         allow_io_uring=bool(getattr(effective, "allow_io_uring", False)),
+        proxy=effective.network == "proxy",
     )
 
 

@@ -1,0 +1,379 @@
+"""One agent's proxy, in the daemon's event loop.
+
+It listens on `proxy.sock` in the agent's own runtime folder; the forwarder
+in the agent's network namespace (leviathd/proxy/forwarder.py) relays every
+TCP connection made to 127.0.0.1:3128 there. The first byte tells the
+protocol: 0x05 is SOCKS5 (CONNECT only, no authentication), anything else an
+HTTP/1.x request: CONNECT host:port for a tunnel, or a plain-http request in
+absolute form (`GET http://host/path`), sent on as one request with
+`Connection: close`.
+
+For each connection: the peer must be a process of this agent's scope; the
+policy decides (leviathd/proxy/policy.py) against the live taint of the
+agent's ledger, and may hold it for a person through the broker's approval
+queue; the name is resolved here, on the host, every answer is checked, and
+the connection goes to a checked address (a name whose answer changes
+between check and connect cannot reach a refused address). One audit record
+per connection (decision, then bytes each way) goes through leviathd/audit.py.
+
+Memory is bounded: at most `max_connections` at once per agent (and the
+daemon's descriptor budget over all agents), a request head of at most
+MAX_HEAD bytes, and relays that read at most CHUNK bytes before the other
+side has taken the last ones (drain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from leviathd import fsat
+from leviathd.broker.core import AuditRecord
+from leviathd.broker.limits import descriptor_budget
+from leviathd.broker.server import identify
+from leviathd.errors import AccessDenied, LimitExceeded
+from leviathd.policy.approvals import Answer, ApprovalQueue
+from leviathd.policy.labels import Sensitivity
+from leviathd.proxy import policy
+from leviathd.proxy.policy import Decision, ProxySettings
+
+MAX_HEAD = 16384
+CHUNK = 65536
+HANDSHAKE_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 15.0
+TOOL = "network"
+
+_open_total = 0
+
+
+class Refused(Exception):
+    """The connection is not made; the message goes to the audit record."""
+
+    def __init__(self, rule: str, reason: str, *, status: int = 403, socks: int = 2) -> None:
+        super().__init__(reason)
+        self.rule = rule
+        self.status = status
+        self.socks = socks
+
+
+@dataclass
+class _Conn:
+    host: str = "-"
+    port: int = 0
+    sent: int = 0
+    received: int = 0
+    taint: Sensitivity = Sensitivity.PUBLIC
+    decision: Decision | None = None
+
+
+@dataclass(frozen=True)
+class Agent:
+    """What the proxy needs to know of its agent, from the gate."""
+
+    id: str
+    user: str
+    uid: int
+    gid: int
+    taint: Callable[[], Sensitivity]
+    approvals: Callable[[], ApprovalQueue | None]
+    is_own: Callable[[str], bool]  # a peer's cgroup path belongs to this agent
+
+
+class ProxyServer:
+    def __init__(self, agent: Agent, settings: ProxySettings, path: str,
+                 audit: Callable[[AuditRecord], None]) -> None:
+        self.agent = agent
+        self.settings = settings
+        self.path = path
+        self._audit = audit
+        self._server: asyncio.AbstractServer | None = None
+        self._open = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        folder, name = os.path.split(self.path)
+        dfd = fsat.open_dir(folder)
+        try:
+            owner = os.geteuid() == 0
+            sock = fsat.bind_unix_at(dfd, name, mode=0o600,
+                                     uid=self.agent.uid if owner else None,
+                                     gid=self.agent.gid if owner else None)
+        finally:
+            os.close(dfd)
+        extra: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._serve, sock=sock, limit=MAX_HEAD, **extra)
+        except BaseException:
+            sock.close()
+            raise
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(OSError):
+            dfd = fsat.open_dir(os.path.dirname(self.path))
+            try:
+                fsat.unlink_at(dfd, os.path.basename(self.path))
+            finally:
+                os.close(dfd)
+
+    # -- one connection -------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        global _open_total
+        task = asyncio.current_task()
+        sock = writer.get_extra_info("socket")
+        try:
+            peer = identify(sock)
+            if not self.agent.is_own(peer.cgroup) or peer.uid != self.agent.uid:
+                raise AccessDenied("not this agent")
+        except (AccessDenied, OSError):
+            writer.close()
+            return
+        if self._open >= self.settings.max_connections or _open_total >= descriptor_budget():
+            self._record(_Conn(), "deny", "max_connections",
+                         f"{self._open} connections open (limit max_connections = "
+                         f"{self.settings.max_connections})")
+            await _http_error(writer, 429, "too many connections")
+            return
+        self._open += 1
+        _open_total += 1
+        if task is not None:
+            self._tasks.add(task)
+        conn = _Conn()
+        try:
+            await self._handle(reader, writer, conn)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._open -= 1
+            _open_total -= 1
+            if task is not None:
+                self._tasks.discard(task)
+            writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      conn: _Conn) -> None:
+        socks = False
+        try:
+            first = await asyncio.wait_for(reader.readexactly(1), HANDSHAKE_TIMEOUT)
+            socks = first == b"\x05"
+            if socks:
+                conn.host, conn.port = await asyncio.wait_for(_socks_head(reader, writer),
+                                                              HANDSHAKE_TIMEOUT)
+                head = b""
+            else:
+                conn.host, conn.port, head = await asyncio.wait_for(
+                    _http_head(first, reader), HANDSHAKE_TIMEOUT)
+            up_r, up_w = await self._connect(conn)
+        except Refused as exc:
+            self._record(conn, "deny", exc.rule, str(exc))
+            if socks:
+                await _socks_reply(writer, exc.socks)
+            else:
+                await _http_error(writer, exc.status, str(exc))
+            return
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError,
+                asyncio.LimitOverrunError, ValueError):
+            return  # the agent went away or spoke nonsense; nothing was connected
+        try:
+            if socks:
+                await _socks_reply(writer, 0)
+            elif head:
+                up_w.write(head)
+                conn.sent += len(head)
+            else:
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await asyncio.gather(self._pump(reader, up_w, conn, "sent"),
+                                 self._pump(up_r, writer, conn, "received"))
+        finally:
+            up_w.close()
+            d = conn.decision
+            self._record(conn, "allow", d.rule if d else "allowed",
+                         f"sent {conn.sent} bytes, received {conn.received} bytes")
+
+    async def _connect(
+        self, conn: _Conn
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host = policy.normalize_host(conn.host)
+        if host is None or not 0 < conn.port < 65536:
+            raise Refused("bad-target", "not a host name or address and port", status=400,
+                          socks=4)
+        conn.host = host
+        conn.taint = self.agent.taint()
+        decision = policy.decide(self.settings, host, conn.port, conn.taint)
+        if decision.outcome == "ask":
+            decision = await self._ask(conn, decision)
+        conn.decision = decision
+        if decision.outcome != "allow":
+            raise Refused(decision.rule, decision.reason)
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, conn.port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            raise Refused("resolve", f"cannot resolve {host}: {exc}", status=502,
+                          socks=4) from None
+        addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
+        why = policy.check_addresses(addrs, allow_private=self.settings.allow_private)
+        if why is not None:
+            raise Refused("address", f"refusing {host}: {why}")
+        if not addrs:
+            raise Refused("resolve", f"{host} resolved to nothing", status=502, socks=4)
+        last: Exception | None = None
+        for ip in addrs:
+            try:
+                # The checked address itself, never the name again.
+                return await asyncio.wait_for(
+                    asyncio.open_connection(ip, conn.port, limit=CHUNK), CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as exc:
+                last = exc
+        raise Refused("connect", f"cannot connect to {host}:{conn.port}: {last}", status=502,
+                      socks=5)
+
+    async def _ask(self, conn: _Conn, decision: Decision) -> Decision:
+        approvals = self.agent.approvals()
+        target = f"{conn.host}:{conn.port}"
+        if approvals is None:
+            return Decision("deny", decision.rule, decision.reason + " (no one to ask)",
+                            decision.clearance)
+        if approvals.session.taint_approved(TOOL, target, conn.taint):
+            return Decision("allow", "approved-for-session", decision.reason,
+                            decision.clearance)
+        try:
+            answer = await approvals.ask(kind="taint", tool=TOOL, target=target,
+                                         taint=conn.taint, clearance=decision.clearance,
+                                         rule=decision.rule)
+        except LimitExceeded as exc:
+            return Decision("deny", "max_pending_approvals", str(exc), decision.clearance)
+        if answer is Answer.DENY:
+            return Decision("deny", "refused-by-person-or-timeout", decision.reason,
+                            decision.clearance)
+        return Decision("allow", f"approved-{answer.value}", decision.reason, decision.clearance)
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                    conn: _Conn, counter: str) -> None:
+        try:
+            while data := await src.read(CHUNK):
+                dst.write(data)
+                setattr(conn, counter, getattr(conn, counter) + len(data))
+                # Backpressure: nothing more is read until the other side took it.
+                await dst.drain()
+            if dst.can_write_eof():
+                dst.write_eof()
+        except (ConnectionError, OSError):
+            with contextlib.suppress(OSError):
+                dst.close()
+
+    def _record(self, conn: _Conn, outcome: str, rule: str, detail: str) -> None:
+        clearance = conn.decision.clearance if conn.decision else None
+        self._audit(AuditRecord(
+            agent=self.agent.id, user=self.agent.user, uid=self.agent.uid, tool=TOOL,
+            target=f"{conn.host}:{conn.port}"[:300], taint=str(conn.taint),
+            clearance=str(clearance) if clearance is not None else "-", rule=rule,
+            outcome=outcome, detail=detail[:500], at=time.time(),
+        ))
+
+
+# -- the protocols ------------------------------------------------------------
+
+
+async def _socks_head(reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> tuple[str, int]:
+    n = (await reader.readexactly(1))[0]
+    methods = await reader.readexactly(n)
+    if 0 not in methods:
+        writer.write(b"\x05\xff")
+        await writer.drain()
+        raise ValueError("no acceptable SOCKS method")
+    writer.write(b"\x05\x00")
+    await writer.drain()
+    ver, cmd, _rsv, atyp = await reader.readexactly(4)
+    if ver != 5:
+        raise ValueError("not SOCKS5")
+    if atyp == 1:
+        host = str(ipaddress.IPv4Address(await reader.readexactly(4)))
+    elif atyp == 4:
+        host = str(ipaddress.IPv6Address(await reader.readexactly(16)))
+    elif atyp == 3:
+        length = (await reader.readexactly(1))[0]
+        host = (await reader.readexactly(length)).decode("ascii", "replace")
+    else:
+        raise Refused("bad-target", "unknown SOCKS address type", socks=8)
+    port = struct.unpack("!H", await reader.readexactly(2))[0]
+    if cmd != 1:
+        raise Refused("socks-command", "only SOCKS5 CONNECT is supported", socks=7)
+    return host, port
+
+
+async def _socks_reply(writer: asyncio.StreamWriter, code: int) -> None:
+    with contextlib.suppress(ConnectionError, OSError):
+        writer.write(bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0]))
+        await writer.drain()
+
+
+_HOP = (b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive")
+
+
+async def _http_head(first: bytes, reader: asyncio.StreamReader) -> tuple[str, int, bytes]:
+    """(host, port, request to send upstream; empty for CONNECT)."""
+    raw = first + await reader.readuntil(b"\r\n\r\n")
+    if len(raw) > MAX_HEAD:
+        raise Refused("bad-request", "request head too large", status=431)
+    lines = raw[:-4].split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        raise Refused("bad-request", "not an HTTP/1.x proxy request", status=400)
+    method, target, version = parts
+    if method == b"CONNECT":
+        host, port = _split_host_port(target.decode("ascii", "replace"), 443)
+        return host, port, b""
+    text = target.decode("ascii", "replace")
+    if not text.lower().startswith("http://"):
+        raise Refused("bad-request", "only http:// URLs and CONNECT are proxied", status=400)
+    rest = text[7:]
+    authority, _, path = rest.partition("/")
+    authority = authority.rpartition("@")[2]
+    host, port = _split_host_port(authority, 80)
+    kept = [h for h in lines[1:] if h.split(b":", 1)[0].strip().lower() not in _HOP]
+    head = b"\r\n".join([method + b" /" + path.encode() + b" " + version, *kept,
+                         b"Connection: close"]) + b"\r\n\r\n"
+    return host, port, head
+
+
+def _split_host_port(authority: str, default: int) -> tuple[str, int]:
+    if authority.startswith("["):
+        host, _, rest = authority[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif authority.count(":") == 1:
+        host, _, port_text = authority.partition(":")
+    else:
+        host, port_text = authority, ""
+    try:
+        port = int(port_text) if port_text else default
+    except ValueError:
+        raise Refused("bad-target", f"bad port in {authority[:100]!r}", status=400) from None
+    return host, port
+
+
+async def _http_error(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+    body = f"leviathd proxy: {message}\n".encode("utf-8", "replace")[:1000]
+    with contextlib.suppress(ConnectionError, OSError):
+        writer.write(f"HTTP/1.1 {status} Refused\r\nContent-Type: text/plain\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                     + body)
+        await writer.drain()
+        writer.close()

@@ -1,0 +1,175 @@
+"""`network = "proxy"` in the agent life cycle.
+
+- A spec extension sets the proxy variables (HTTP_PROXY, HTTPS_PROXY,
+  ALL_PROXY, NO_PROXY and their lowercase forms; git's http.proxy through
+  GIT_CONFIG_*) in a proxied step's environment. The launcher starts the
+  forwarder (leviathd/proxy/forwarder.py) for such a step.
+- A start hook, after the gate's (the proxy reads the gate's live ledger and
+  approval queue for the agent), opens `proxy.sock` in the agent's runtime
+  folder when any step of the agent is proxied, and keeps its settings in
+  `$LEVIATH_STATE_DIR/proxy/<id>.json`, so `recover()` serves an adopted
+  agent with the policy it started with after a daemon restart.
+- An end hook closes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import syslog
+from dataclasses import replace
+
+from leviathd import audit, fsat
+from leviathd.agents import Agents
+from leviathd.broker.core import AuditRecord
+from leviathd.config.merge import MergeResult
+from leviathd.gate_service import GateService, agent_dir
+from leviathd.identity import UserInfo, user_info
+from leviathd.policy.approvals import ApprovalQueue
+from leviathd.policy.labels import SHELL_TOOL, Sensitivity, clearance_for
+from leviathd.proxy import forwarder, policy
+from leviathd.proxy.server import Agent, ProxyServer
+from leviathd.records import AgentRecord
+from leviathd.sandbox.spec import SandboxSpec
+from leviathd.systemd import journal
+
+URL = f"http://{forwarder.HOST}:{forwarder.PORT}"
+NO_PROXY = "localhost,127.0.0.1,::1"
+
+
+def proxy_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for name, value in (("HTTP_PROXY", URL), ("HTTPS_PROXY", URL),
+                        ("ALL_PROXY", f"socks5h://{forwarder.HOST}:{forwarder.PORT}"),
+                        ("NO_PROXY", NO_PROXY)):
+        env[name] = env[name.lower()] = value
+    return env
+
+
+def _git_env(env: dict[str, str]) -> dict[str, str]:
+    """http.proxy for git, added after any GIT_CONFIG_* the environment has."""
+    try:
+        n = int(env.get("GIT_CONFIG_COUNT", "0"))
+    except ValueError:
+        n = 0
+    return {**env, "GIT_CONFIG_COUNT": str(n + 1), f"GIT_CONFIG_KEY_{n}": "http.proxy",
+            f"GIT_CONFIG_VALUE_{n}": URL}
+
+
+def _proxied(merged: MergeResult) -> bool:
+    return any(e.network == "proxy" for e in (merged.agent, *merged.stages.values()))
+
+
+class ProxyService:
+    def __init__(self, agents: Agents, gate: GateService, *, state_dir: str) -> None:
+        self._agents = agents
+        self._gate = gate
+        self._snapshots = os.path.join(state_dir, "proxy")
+        self.live: dict[str, ProxyServer] = {}
+
+    def install(self) -> None:
+        """After gate.install(): the hooks run in order, the gate's first."""
+        self._agents.spec_extensions.append(self.extend_spec)
+        self._agents.start_hooks.append(self.on_start)
+        self._agents.end_hooks.append(self.on_end)
+
+    def extend_spec(self, spec: SandboxSpec) -> SandboxSpec:
+        if not spec.proxy:
+            return spec
+        if spec.kind != "namespace":
+            # A container's engine gives it no network at all ("none"): the
+            # forwarder is the namespace launcher's.
+            return replace(spec, proxy=False, notes=(
+                *spec.notes, f'network = "proxy" is not available in a {spec.kind} sandbox '
+                "yet: it runs with no network"))
+        return replace(spec, env=_git_env({**spec.env, **proxy_env()}))
+
+    async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
+        if not _proxied(merged):
+            return
+        eff = merged.agent
+        taint = eff.taint
+        settings = policy.from_effective(
+            eff, taint_enabled=taint.enabled, on_exceed=str(taint.on_exceed.value),
+            shell_clearance=clearance_for(SHELL_TOOL, taint.clearance, network=True),
+            allow_private=taint.allow_private_addresses,
+        )
+        self._save(rec.id, settings)
+        await self._open(rec, user, settings)
+
+    async def on_end(self, rec: AgentRecord) -> None:
+        server = self.live.pop(rec.id, None)
+        if server is not None:
+            await server.close()
+        with contextlib.suppress(OSError):
+            fd = fsat.open_dir(self._snapshots)
+            try:
+                fsat.unlink_at(fd, f"{rec.id}.json")
+            finally:
+                os.close(fd)
+
+    async def recover(self) -> None:
+        """After gate.recover(): proxies for adopted agents that had one."""
+        running = {r.id: r for r in self._agents.records.values() if r.running}
+        with contextlib.suppress(OSError):
+            names = os.listdir(self._snapshots)
+            for name in names:
+                agent_id = name.split(".")[0]
+                rec = running.get(agent_id)
+                if rec is None or agent_id in self.live:
+                    continue
+                try:
+                    with open(os.path.join(self._snapshots, name), encoding="utf-8") as f:
+                        settings = policy.ProxySettings.from_json(json.load(f))
+                    await self._open(rec, user_info(rec.uid), settings)
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    journal.record(f"agent {agent_id}: no network proxy after the restart: "
+                                   f"{exc}", priority=syslog.LOG_WARNING,
+                                   LEVIATH_AGENT=agent_id, LEVIATH_EVENT="proxy-lost")
+            fd = fsat.open_dir(self._snapshots)
+            try:
+                for name in names:
+                    if name.split(".")[0] not in running:
+                        with contextlib.suppress(OSError):
+                            fsat.unlink_at(fd, name)
+            finally:
+                os.close(fd)
+
+    async def close(self) -> None:
+        for server in list(self.live.values()):
+            await server.close()
+        self.live.clear()
+
+    async def _open(self, rec: AgentRecord, user: UserInfo, settings: policy.ProxySettings
+                    ) -> None:
+        gate = self._gate
+
+        def taint() -> Sensitivity:
+            live = gate.live.get(rec.id)
+            # No broker (it failed to come back after a restart): assume the worst.
+            return live.broker.ledger.taint if live is not None else Sensitivity.PRIVATE
+
+        def approvals() -> ApprovalQueue | None:
+            live = gate.live.get(rec.id)
+            return live.broker.approvals if live is not None else None
+
+        agent = Agent(id=rec.id, user=user.name, uid=user.uid, gid=user.gid, taint=taint,
+                      approvals=approvals, is_own=lambda cg: gate.lookup(cg) == rec.id)
+        server = ProxyServer(agent, settings,
+                             os.path.join(agent_dir(rec.id), forwarder.SOCKET_NAME),
+                             self._audit)
+        await server.start()
+        self.live[rec.id] = server
+
+    def _audit(self, record: AuditRecord) -> None:
+        live = self._gate.live.get(record.agent)
+        audit.WRITER.tool(record, taint_after=str(live.broker.ledger.taint)
+                          if live is not None else "-")
+
+    def _save(self, agent_id: str, settings: policy.ProxySettings) -> None:
+        fd = fsat.open_dir(self._snapshots, create_mode=0o700)
+        try:
+            fsat.atomic_write_at(fd, f"{agent_id}.json", json.dumps(settings.to_json()).encode())
+        finally:
+            os.close(fd)
