@@ -1,0 +1,267 @@
+"""network = "proxy" end to end (issue 12): real agents in namespace
+sandboxes, whose own commands (curl, git) reach servers only through the
+daemon's proxy.
+
+The servers: a web server in a network namespace the test makes
+(`ip netns` + a veth pair, 10.77.0.2, "outside"), named in the bed's
+/etc/hosts as allowed.test, internal.test, denied.test; and one on the bed's
+loopback (the host's own services, which the agent must never reach). The
+bed's config sets [taint] allow_private_addresses = true so the proxy may
+reach 10.77.0.2 (a private address); loopback, link-local and metadata
+addresses stay refused whatever that flag says, which loop.test (127.0.0.1)
+and meta.test (169.254.169.254) show."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from test_gate_bed import LOOP, Agent, lev
+from testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+LOOPBACK_PORT = 18441
+OUTSIDE = "10.77.0.2"
+
+BLUEPRINT = """
+[agent]
+name = "proxytest"
+description = "runs the test's commands"
+command = ["sh", "loop.sh"]
+
+[read_paths]
+allow = ["~/shared"]
+"""
+
+CONFIG = """
+[sandbox]
+kind = "namespace"
+network = "proxy"
+
+[agent_read_paths.proxytest]
+allow = ["~/shared"]
+
+[taint]
+enabled = true
+on_exceed = "{on_exceed}"
+budget = 4
+approval_timeout = 8
+allow_private_addresses = true
+
+[proxy]
+deny_domains = ["denied.test"]
+ports = [80, 443]
+
+[proxy.clearance]
+"allowed.test" = "private"
+"internal.test" = "internal"
+"""
+
+HOSTS = f"""127.0.0.1 localhost
+{OUTSIDE} allowed.test internal.test denied.test
+127.0.0.1 loop.test
+169.254.169.254 meta.test
+"""
+
+
+def curl(url: str, *extra: str) -> str:
+    return f"curl -fsS --max-time 10 {' '.join(extra)} {url}"
+
+
+@pytest.fixture(scope="module")
+def bed(testbed: Testbed) -> Iterator[Testbed]:
+    bed = testbed
+    h = bed.users["alice"].home
+    bed.run(f"""
+        set -e
+        mkdir -p {h}/pw/.req {h}/pbp {h}/shared
+        cat > {h}/pbp/blueprint.toml
+        printf 'granted text\\n' > {h}/shared/doc.txt
+        printf 'small\\n' > {h}/pw/small.txt
+    """, user="alice", input=BLUEPRINT)
+    bed.run(["sh", "-c", "cat > loop.sh"], user="alice", cwd=f"{h}/pw", input=LOOP)
+    bed.write_file("/etc/hosts", HOSTS)
+    bed.run(f"""
+        set -e
+        ip netns del lvout 2>/dev/null || true
+        ip netns add lvout
+        ip link add lvh type veth peer name lvs netns lvout
+        ip addr add 10.77.0.1/24 dev lvh
+        ip link set lvh up
+        ip netns exec lvout ip addr add {OUTSIDE}/24 dev lvs
+        ip netns exec lvout ip link set lvs up
+        ip netns exec lvout ip link set lo up
+        rm -rf /srv/www && mkdir -p /srv/www /srv/loop
+        printf 'hello from outside\\n' > /srv/www/hello.txt
+        printf 'host loopback secret\\n' > /srv/loop/index.html
+        git init -q --bare /srv/www/repo.git
+        git init -q /tmp/src && cd /tmp/src && printf 'x\\n' > f
+        git add f && git -c user.name=t -c user.email=t@t commit -qm one
+        git push -q /srv/www/repo.git HEAD:master
+        git -C /srv/www/repo.git update-server-info
+    """)
+    outside = subprocess.Popen(bed.command(
+        ["ip", "netns", "exec", "lvout", "python3", "-m", "http.server", "80", "--bind",
+         OUTSIDE, "--directory", "/srv/www"]))
+    loopback = subprocess.Popen(bed.command(
+        ["python3", "-m", "http.server", str(LOOPBACK_PORT), "--bind", "127.0.0.1",
+         "--directory", "/srv/loop"]))
+    configure(bed, "deny")
+    bed.run(["sh", "-c", f"for i in $(seq 50); do curl -fs http://{OUTSIDE}/hello.txt && "
+             f"curl -fs http://127.0.0.1:{LOOPBACK_PORT}/ && exit 0; sleep 0.1; done; exit 1"])
+    yield bed
+    outside.kill()
+    loopback.kill()
+    outside.wait()
+    loopback.wait()
+    bed.run(["ip", "netns", "del", "lvout"], check=False)
+
+
+def configure(bed: Testbed, on_exceed: str) -> None:
+    bed.write_file("/etc/leviath/config.toml", CONFIG.format(on_exceed=on_exceed))
+    bed.run(["systemctl", "restart", "leviathd"])
+
+
+def start(bed: Testbed) -> Agent:
+    home = bed.users["alice"].home
+    workdir = f"{home}/pw"
+    out = lev(bed, "alice", "run", "--detach", f"{home}/pbp", cwd=workdir).stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{8}", out), out
+    return Agent(bed, "alice", out, workdir)
+
+
+@pytest.fixture(scope="module")
+def agent(bed: Testbed) -> Iterator[Agent]:
+    a = start(bed)
+    yield a
+    lev(bed, "alice", "stop", a.id, check=False)
+
+
+def records(bed: Testbed, agent_id: str) -> list[dict[str, str]]:
+    out = bed.run(["journalctl", "--no-pager", "-o", "json", f"LEVIATH_AGENT={agent_id}",
+                   "LEVIATH_TOOL=network"]).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_only_lo_exists_and_the_proxy_is_in_the_environment(agent: Agent) -> None:
+    rc, out, err = agent.call("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
+                              "echo $HTTP_PROXY $https_proxy $ALL_PROXY; git config http.proxy")
+    assert rc == 0, err
+    assert out.split() == ["lo", "http://127.0.0.1:3128", "http://127.0.0.1:3128",
+                           "socks5h://127.0.0.1:3128", "http://127.0.0.1:3128"]
+
+
+def test_an_allowed_domain_works_through_the_proxy(agent: Agent) -> None:
+    rc, out, err = agent.call(curl("http://allowed.test/hello.txt"))
+    assert rc == 0 and out == "hello from outside\n", err
+
+
+def test_connect_and_socks5_work(agent: Agent) -> None:
+    rc, out, err = agent.call(curl("http://allowed.test/hello.txt", "-p"))
+    assert rc == 0 and out == "hello from outside\n", err
+    rc, out, err = agent.call(curl("http://allowed.test/hello.txt",
+                                   "--proxy socks5h://127.0.0.1:3128"))
+    assert rc == 0 and out == "hello from outside\n", err
+
+
+def test_git_clone_over_http_works(agent: Agent) -> None:
+    rc, _out, err = agent.call("rm -rf c && git clone -q http://allowed.test/repo.git c "
+                               "&& cat c/f")
+    assert rc == 0 and _out == "x\n", err
+
+
+def test_a_denied_domain_and_a_port_not_allowed_are_refused(agent: Agent) -> None:
+    rc, out, err = agent.call(curl("http://denied.test/hello.txt"))
+    assert rc != 0 and "hello" not in out, err
+    rc, out, err = agent.call(curl("http://allowed.test:8080/hello.txt"))
+    assert rc != 0 and "hello" not in out, err
+
+
+def test_direct_connections_fail(agent: Agent) -> None:
+    """The attacker's side: without the proxy nothing leaves, and the host's
+    loopback services are out of reach whatever way is tried."""
+    for url in (f"http://{OUTSIDE}/hello.txt", f"http://127.0.0.1:{LOOPBACK_PORT}/"):
+        rc, out, _err = agent.call(curl(url, "--noproxy '*'"))
+        assert rc != 0 and "hello" not in out and "secret" not in out
+    rc, out, _err = agent.call(curl(f"http://127.0.0.1:{LOOPBACK_PORT}/"))
+    assert rc != 0 and "secret" not in out
+
+
+@pytest.mark.parametrize("name", ["loop.test", "meta.test", "127.0.0.1", "169.254.169.254"])
+def test_loopback_and_metadata_addresses_are_refused_after_resolution(
+    agent: Agent, name: str
+) -> None:
+    port = f":{LOOPBACK_PORT}" if name.startswith(("loop", "127")) else ""
+    rc, out, _err = agent.call(curl(f"http://{name}{port}/", "-p"))
+    assert rc != 0 and "secret" not in out
+
+
+def test_every_connection_is_an_audit_record(bed: Testbed, agent: Agent) -> None:
+    assert agent.call(curl("http://allowed.test/hello.txt"))[0] == 0
+    assert agent.call(curl("http://denied.test/hello.txt"))[0] != 0
+    time.sleep(0.5)
+    rows = records(bed, agent.id)
+    allowed = [r for r in rows if r["LEVIATH_TARGET"] == "allowed.test:80"
+               and r["LEVIATH_OUTCOME"] == "allow"]
+    assert allowed and re.search(r"received [1-9]\d* bytes", allowed[-1]["LEVIATH_DETAIL"])
+    denied = [r for r in rows if r["LEVIATH_TARGET"] == "denied.test:80"]
+    assert denied and denied[-1]["LEVIATH_OUTCOME"] == "deny"
+    assert denied[-1]["LEVIATH_RULE"] == "deny-domain"
+    shown = lev(bed, "alice", "audit", agent.id).stdout
+    assert re.search(r"network\s+denied\.test:80\s+deny", shown), shown
+
+
+def test_private_data_cannot_leave_to_an_internal_domain_until_evicted(
+    bed: Testbed, agent: Agent
+) -> None:
+    home = bed.users["alice"].home
+    assert agent.call(curl("http://internal.test/hello.txt"))[0] == 0
+    rc, _out, err = agent.call(f"lev tool read_file {home}/shared/doc.txt")
+    assert rc == 0, err
+    assert agent.taint() == "private"
+    rc, out, _err = agent.call(curl("http://internal.test/hello.txt"))
+    assert rc != 0 and "hello" not in out
+    # allowed.test is cleared for private data.
+    rc, out, err = agent.call(curl("http://allowed.test/hello.txt"))
+    assert rc == 0 and "hello" in out, err
+    rc, out, err = agent.call("lev tool --ledger")
+    ids = [str(e["id"]) for e in json.loads(out)["entries"] if e["label"] == "private"]
+    assert ids, out
+    assert agent.call(f"lev tool --evict {' '.join(ids)}")[0] == 0
+    rc, out, err = agent.call(curl("http://internal.test/hello.txt"))
+    assert rc == 0 and "hello" in out, err
+    rows = [r for r in records(bed, agent.id) if r["LEVIATH_TARGET"] == "internal.test:80"]
+    assert [r["LEVIATH_OUTCOME"] for r in rows][-3:] == ["allow", "deny", "allow"]
+    assert rows[-2]["LEVIATH_RULE"] == "taint-exceeds-clearance"
+
+
+def test_ask_holds_the_connection_until_approved_once(bed: Testbed) -> None:
+    from test_gate_bed import pending
+
+    configure(bed, "ask")
+    a = start(bed)
+    home = bed.users["alice"].home
+    try:
+        assert a.call(f"lev tool read_file {home}/shared/doc.txt")[0] == 0
+        n = a.submit(curl("http://internal.test/hello.txt", "--max-time 20"))
+        row = pending(bed, "alice", a.id)
+        assert row["tool"] == "network" and row["target"] == "internal.test:80"
+        time.sleep(0.3)
+        assert not a.done(n)
+        lev(bed, "alice", "approve", row["id"], "--once")
+        rc, out, err = a.result(n)
+        assert rc == 0 and "hello" in out, err
+        # Once is once: the next connection asks again.
+        n = a.submit(curl("http://internal.test/hello.txt", "--max-time 20"))
+        row = pending(bed, "alice", a.id)
+        lev(bed, "alice", "approve", row["id"], "--deny")
+        rc, out, _err = a.result(n)
+        assert rc != 0 and "hello" not in out
+    finally:
+        lev(bed, "alice", "stop", a.id, check=False)
+        configure(bed, "deny")
