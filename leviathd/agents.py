@@ -329,6 +329,11 @@ class Agents:
         for _label, step_eff, _argv in plan:
             kind, step_marks = self._choose_kind(step_eff, req, probe)
             kinds.append(kind)
+            # `lev ps` shows a network other than the host's (the default).
+            if kind == "namespace" and step_eff.network == "proxy":
+                step_marks = [*step_marks, "net:proxy"]
+            elif kind != "none" and step_eff.network is not True:
+                step_marks = [*step_marks, "net:none"]
             marks += [m for m in step_marks if m not in marks]
         return _Prepared(user, merged, command, agent_name, plan, kinds, marks)
 

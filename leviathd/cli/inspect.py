@@ -100,7 +100,9 @@ def render(spec: SandboxSpec) -> str:
         f"home        {spec.sandbox_home} (empty, on disk in scratch)",
         f"scratch     {spec.scratch}  ({_PLACEHOLDER_ID} = the run's id)",
         f"namespaces  {', '.join(spec.namespaces) or '(none)'}",
-        f"network     {SHARED_NETWORK if spec.network else 'none (only lo)'}",
+        "network     " + (SHARED_NETWORK if spec.network else
+                             "proxy (only lo; out through the daemon's proxy at 127.0.0.1:3128)"
+                             if spec.proxy else "none (only lo)"),
         f"hostname    {spec.hostname}",
     ]
     limits = {k: v for k, v in spec.limits.items() if v is not None}

@@ -694,12 +694,12 @@ def _apply_sandbox(
         else:
             got["mounts"] = _narrow_mounts(list(sb.mounts), e.mounts, where("mounts"), out)
     if sb.network is not None:
-        if sb.network and not e.network:
+        if net_rank(sb.network) > net_rank(e.network):
             out.add(
                 "warn",
                 "network-overruled",
-                f"{where('network')} network = true is overruled: your config turns the "
-                "network off",
+                f"{where('network')} network = {_net_text(sb.network)} is overruled: your "
+                f"config sets network = {_net_text(e.network)}",
             )
         else:
             got["network"] = sb.network

@@ -148,6 +148,11 @@ def records(bed: Testbed, agent_id: str) -> list[dict[str, str]]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+def test_lev_ps_shows_the_network_mode(bed: Testbed, agent: Agent) -> None:
+    out = lev(bed, "alice", "ps").stdout
+    assert re.search(rf"{agent.id}.*namespace \(net:proxy\)", out), out
+
+
 def test_only_lo_exists_and_the_proxy_is_in_the_environment(agent: Agent) -> None:
     rc, out, err = agent.call("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
                               "echo $HTTP_PROXY $https_proxy $ALL_PROXY; git config http.proxy")

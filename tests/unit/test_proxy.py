@@ -1,0 +1,211 @@
+"""network = "proxy": the merge (tighten-only), the policy's decisions, the
+address checks, and the daemon-side server's limits on a real unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+from pathlib import Path
+
+import pytest
+from test_merge import cfg, codes, run
+
+from leviathd.broker.core import AuditRecord
+from leviathd.config.merge import resolve
+from leviathd.policy.labels import Sensitivity
+from leviathd.proxy import policy, service
+from leviathd.proxy.policy import ProxySettings, decide
+from leviathd.proxy.server import Agent, ProxyServer
+from leviathd.sandbox.spec import SandboxSpec
+
+# ---------------------------------------------------------------- the merge
+
+
+def test_network_tightens_true_then_proxy_then_false() -> None:
+    r = run('[sandbox]\nnetwork = "proxy"', "[sandbox]\nnetwork = true",
+            stages='[stages.s]\ncommand = ["x"]\n[stages.s.sandbox]\nnetwork = false\n')
+    assert r.agent.network == "proxy" and "network-overruled" in codes(r)
+    assert r.stages["s"].network is False
+    r = run("[sandbox]\nnetwork = false", user='[sandbox]\nnetwork = "proxy"')
+    assert r.agent.network is False and "network-overruled" in codes(r)
+    r = run("", '[sandbox]\nnetwork = "proxy"')
+    assert r.agent.network == "proxy" and "network-overruled" not in codes(r)
+
+
+def test_proxy_rules_only_narrow_over_the_layers() -> None:
+    machine = ('[proxy]\nallow_domains = ["*.example.com"]\nports = [443, 80]\n'
+               'max_connections = 10\n[proxy.clearance]\n"a.example.com" = "internal"\n')
+    user = ('[proxy]\nallow_domains = ["a.example.com", "evil.test"]\nports = [443, 8080]\n'
+            'deny_domains = ["b.example.com"]\nmax_connections = 99\n'
+            '[proxy.clearance]\n"a.example.com" = "private"\n')
+    r = resolve(cfg(machine), cfg(user), None, "a")
+    s = policy.from_effective(r.agent, taint_enabled=True, on_exceed="deny",
+                              shell_clearance=Sensitivity.INTERNAL, allow_private=False)
+    assert s.ports == (443,) and s.max_connections == 10
+    assert decide(s, "a.example.com", 443, Sensitivity.PUBLIC).outcome == "allow"
+    # evil.test: the user allows it, the machine does not.
+    assert decide(s, "evil.test", 443, Sensitivity.PUBLIC).rule == "not-allowed-domain"
+    assert decide(s, "b.example.com", 443, Sensitivity.PUBLIC).rule == "deny-domain"
+    assert decide(s, "a.example.com", 80, Sensitivity.PUBLIC).rule == "port"
+    # The user's higher clearance does not raise the machine's.
+    assert decide(s, "a.example.com", 443, Sensitivity.PRIVATE).outcome == "deny"
+
+
+# ---------------------------------------------------------------- decisions
+
+
+def test_wildcards_match_below_the_domain_only() -> None:
+    assert policy.matches("*.example.com", "a.b.example.com")
+    assert not policy.matches("*.example.com", "example.com")
+    assert not policy.matches("*.example.com", "badexample.com")
+    assert not policy.matches("example.com", "a.example.com")
+
+
+def test_taint_above_a_domains_clearance_follows_on_exceed() -> None:
+    s = ProxySettings(taint_enabled=True, on_exceed="ask",
+                      clearance=(("docs.test", Sensitivity.PRIVATE),))
+    assert decide(s, "other.test", 443, Sensitivity.INTERNAL).outcome == "allow"
+    assert decide(s, "other.test", 443, Sensitivity.PRIVATE).outcome == "ask"
+    assert decide(s, "docs.test", 443, Sensitivity.PRIVATE).outcome == "allow"
+    deny = ProxySettings(taint_enabled=True, on_exceed="deny")
+    assert decide(deny, "x.test", 443, Sensitivity.PRIVATE).rule == "taint-exceeds-clearance"
+    off = ProxySettings(taint_enabled=False)
+    assert decide(off, "x.test", 443, Sensitivity.PRIVATE).outcome == "allow"
+
+
+@pytest.mark.parametrize("host", ["", "a..b", "a b", "x" * 300, "ex\u00e4mple.com", "a/b"])
+def test_names_that_are_no_host_are_refused(host: str) -> None:
+    assert policy.normalize_host(host) is None
+
+
+def test_host_names_are_compared_normalized() -> None:
+    assert policy.normalize_host("Example.COM.") == "example.com"
+    assert policy.normalize_host("[::1]") == "::1"
+
+
+@pytest.mark.parametrize("ip", ["127.0.0.1", "::1", "169.254.169.254", "fd00:ec2::254",
+                                "169.254.1.1", "fe80::1", "0.0.0.0", "::ffff:127.0.0.1",
+                                "224.0.0.1"])
+def test_loopback_link_local_and_metadata_are_refused_even_with_private_allowed(ip: str) -> None:
+    assert policy.address_refusal(ipaddress.ip_address(ip), allow_private=True) is not None
+
+
+def test_private_addresses_need_the_machines_flag() -> None:
+    addr = ipaddress.ip_address("10.1.2.3")
+    assert policy.address_refusal(addr, allow_private=False) is not None
+    assert policy.address_refusal(addr, allow_private=True) is None
+    assert policy.address_refusal(ipaddress.ip_address("93.184.216.34"),
+                                  allow_private=False) is None
+    # One refused answer refuses the name.
+    assert policy.check_addresses(["93.184.216.34", "127.0.0.1"], allow_private=False)
+
+
+def test_settings_survive_their_json() -> None:
+    s = ProxySettings(allow=(("a.test", "*.b.test"),), deny=("c.test",), ports=(443,),
+                      clearance=(("a.test", Sensitivity.PRIVATE),), max_connections=3,
+                      taint_enabled=True, on_exceed="deny",
+                      default_clearance=Sensitivity.PUBLIC, allow_private=True)
+    assert ProxySettings.from_json(s.to_json()) == s
+
+
+# ---------------------------------------------------------------- environment
+
+
+def _spec(**kw: object) -> SandboxSpec:
+    base: dict[str, object] = dict(
+        kind="namespace", argv=("x",), env={"GIT_CONFIG_COUNT": "1",
+                                            "GIT_CONFIG_KEY_0": "a.b", "GIT_CONFIG_VALUE_0": "c"},
+        workdir="/w", workdir_mode="rw", uid=1, gid=1, groups=(), user="u", home="/h",
+        sandbox_home="/h", mounts=(), hidden=(), namespaces=(), network=False, scratch="/s",
+        hostname="h", execution_id="0123abcd", proxy=True)
+    base.update(kw)
+    return SandboxSpec(**base)  # type: ignore[arg-type]
+
+
+def test_a_proxied_step_gets_the_proxy_variables_and_gits_setting() -> None:
+    svc = service.ProxyService.__new__(service.ProxyService)
+    env = svc.extend_spec(_spec()).env
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        assert env[name] == "http://127.0.0.1:3128"
+    assert env["ALL_PROXY"] == "socks5h://127.0.0.1:3128"
+    assert env["GIT_CONFIG_COUNT"] == "2" and env["GIT_CONFIG_KEY_0"] == "a.b"
+    assert env["GIT_CONFIG_KEY_1"] == "http.proxy"
+    assert "HTTP_PROXY" not in svc.extend_spec(_spec(proxy=False)).env
+    # A container has no forwarder: no network at all, and it says so.
+    spec = svc.extend_spec(_spec(kind="container"))
+    assert not spec.proxy and "HTTP_PROXY" not in spec.env and spec.notes
+
+
+# ---------------------------------------------------------------- the server
+
+
+def _server(tmp_path: Path, settings: ProxySettings, seen: list[AuditRecord]) -> ProxyServer:
+    agent = Agent(id="0123abcd", user="u", uid=os.getuid(), gid=os.getgid(),
+                  taint=lambda: Sensitivity.PUBLIC, approvals=lambda: None,
+                  is_own=lambda _cg: True)
+    return ProxyServer(agent, settings, str(tmp_path / "proxy.sock"), seen.append)
+
+
+async def _exchange(path: str, data: bytes) -> bytes:
+    r, w = await asyncio.open_unix_connection(path)
+    try:
+        w.write(data)
+        return await asyncio.wait_for(r.read(), 5)
+    except ConnectionResetError:
+        return b""
+    finally:
+        w.close()
+
+
+def test_the_connection_cap_holds_and_refusals_are_audited(tmp_path: Path) -> None:
+    seen: list[AuditRecord] = []
+
+    async def go() -> None:
+        srv = _server(tmp_path, ProxySettings(max_connections=2), seen)
+        await srv.start()
+        path = str(tmp_path / "proxy.sock")
+        held = [await asyncio.open_unix_connection(path) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        assert b" 429 " in await _exchange(path, b"")
+        for _r, w in held:
+            w.close()
+        await asyncio.sleep(0.1)
+        out = await _exchange(path, b"CONNECT example.com:25 HTTP/1.1\r\n\r\n")
+        assert b" 403 " in out and b"port 25" in out
+        out = await _exchange(path, b"CONNECT 127.0.0.1:443 HTTP/1.1\r\n\r\n")
+        assert b" 403 " in out and b"loopback" in out
+        # SOCKS5 CONNECT to 169.254.169.254:80 (address type 1).
+        out = await _exchange(path, b"\x05\x01\x00\x05\x01\x00\x01\xa9\xfe\xa9\xfe\x00\x50")
+        assert out[:2] == b"\x05\x00" and out[2:4] == b"\x05\x02"
+        # SOCKS5 BIND is not offered.
+        out = await _exchange(path, b"\x05\x01\x00\x05\x02\x00\x01\x01\x01\x01\x01\x00\x50")
+        assert out[2:4] == b"\x05\x07"
+        # An oversized head is dropped without reading on.
+        out = await _exchange(path, b"GET http://x/ HTTP/1.1\r\n" + b"X: y\r\n" * 5000)
+        assert out == b""
+        await srv.close()
+
+    asyncio.run(go())
+    outcomes = [(r.outcome, r.rule) for r in seen]
+    assert ("deny", "max_connections") in outcomes
+    assert ("deny", "address") in outcomes
+    assert all(r.tool == "network" for r in seen)
+
+
+def test_a_foreign_peer_is_dropped(tmp_path: Path) -> None:
+    seen: list[AuditRecord] = []
+
+    async def go() -> None:
+        srv = _server(tmp_path, ProxySettings(), seen)
+        srv.agent = Agent(id="x", user="u", uid=os.getuid(), gid=os.getgid(),
+                          taint=lambda: Sensitivity.PUBLIC, approvals=lambda: None,
+                          is_own=lambda _cg: False)
+        await srv.start()
+        out = await _exchange(str(tmp_path / "proxy.sock"),
+                              b"CONNECT example.com:443 HTTP/1.1\r\n\r\n")
+        assert out == b""
+        await srv.close()
+
+    asyncio.run(go())
+    assert seen == []
