@@ -197,6 +197,30 @@ def test_direct_connections_fail(agent: Agent) -> None:
     assert rc != 0 and "secret" not in out
 
 
+ABSTRACT = """
+import socket, time
+s = socket.socket(socket.AF_UNIX)
+s.bind("\\0leviath-proxy-test")
+s.listen()
+time.sleep(3600)
+"""
+
+
+def test_a_host_abstract_unix_socket_is_out_of_reach(bed: Testbed, agent: Agent) -> None:
+    bed.write_file("/root/abstract.py", ABSTRACT)
+    listener = subprocess.Popen(bed.command(["python3", "/root/abstract.py"]))
+    try:
+        probe = ("python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); "
+                 "s.connect(\"\\0leviath-proxy-test\"); print(\"reached\")'")
+        bed.run(["sh", "-c", f"for i in $(seq 50); do {probe} && exit 0; sleep 0.1; done; "
+                 "exit 1"])  # the host reaches it
+        rc, out, err = agent.call(probe)
+        assert rc != 0 and "reached" not in out and "refused" in err.lower(), err
+    finally:
+        listener.kill()
+        listener.wait()
+
+
 @pytest.mark.parametrize("name", ["loop.test", "meta.test", "127.0.0.1", "169.254.169.254"])
 def test_loopback_and_metadata_addresses_are_refused_after_resolution(
     agent: Agent, name: str
