@@ -69,6 +69,18 @@ HOSTS = f"""127.0.0.1 localhost
 """
 
 
+TLS_SERVER = f"""
+import http.server, ssl
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("/srv/tls.pem", "/srv/tls.key")
+srv = http.server.HTTPServer(("{OUTSIDE}", 443), http.server.SimpleHTTPRequestHandler)
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+import os
+os.chdir("/srv/www")
+srv.serve_forever()
+"""
+
+
 def curl(url: str, *extra: str) -> str:
     return f"curl -fsS --max-time 10 {' '.join(extra)} {url}"
 
@@ -104,10 +116,21 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
         git add f && git -c user.name=t -c user.email=t@t commit -qm one
         git push -q /srv/www/repo.git HEAD:master
         git -C /srv/www/repo.git update-server-info
+        cd /srv && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=testca \
+            -keyout ca.key -out ca.pem 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -subj /CN=allowed.test -keyout tls.key \
+            -out tls.csr 2>/dev/null
+        printf 'subjectAltName=DNS:allowed.test,DNS:internal.test\n' > san.ext
+        openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+            -extfile san.ext -out tls.pem 2>/dev/null
+        install -m 644 ca.pem {h}/pw/ca.pem
     """)
+    bed.write_file("/srv/tls.py", TLS_SERVER)
     outside = subprocess.Popen(bed.command(
         ["ip", "netns", "exec", "lvout", "python3", "-m", "http.server", "80", "--bind",
          OUTSIDE, "--directory", "/srv/www"]))
+    tls = subprocess.Popen(bed.command(["ip", "netns", "exec", "lvout", "python3",
+                                        "/srv/tls.py"]))
     loopback = subprocess.Popen(bed.command(
         ["python3", "-m", "http.server", str(LOOPBACK_PORT), "--bind", "127.0.0.1",
          "--directory", "/srv/loop"]))
@@ -115,10 +138,9 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     bed.run(["sh", "-c", f"for i in $(seq 50); do curl -fs http://{OUTSIDE}/hello.txt && "
              f"curl -fs http://127.0.0.1:{LOOPBACK_PORT}/ && exit 0; sleep 0.1; done; exit 1"])
     yield bed
-    outside.kill()
-    loopback.kill()
-    outside.wait()
-    loopback.wait()
+    for proc in (outside, tls, loopback):
+        proc.kill()
+        proc.wait()
     bed.run(["ip", "netns", "del", "lvout"], check=False)
 
 
@@ -164,6 +186,16 @@ def test_only_lo_exists_and_the_proxy_is_in_the_environment(agent: Agent) -> Non
 def test_an_allowed_domain_works_through_the_proxy(agent: Agent) -> None:
     rc, out, err = agent.call(curl("http://allowed.test/hello.txt"))
     assert rc == 0 and out == "hello from outside\n", err
+
+
+def test_https_works_through_connect(agent: Agent) -> None:
+    rc, out, err = agent.call(curl("https://allowed.test/hello.txt", "--cacert ca.pem"))
+    assert rc == 0 and out == "hello from outside\n", err
+
+
+def test_the_shell_tools_fence_has_its_own_way_out(agent: Agent) -> None:
+    rc, out, err = agent.call("lev tool shell 'curl -fsS http://allowed.test/hello.txt'")
+    assert rc == 0 and "hello from outside" in out, err
 
 
 def test_connect_and_socks5_work(agent: Agent) -> None:
@@ -267,6 +299,16 @@ def test_private_data_cannot_leave_to_an_internal_domain_until_evicted(
     rows = [r for r in records(bed, agent.id) if r["LEVIATH_TARGET"] == "internal.test:80"]
     assert [r["LEVIATH_OUTCOME"] for r in rows][-3:] == ["allow", "deny", "allow"]
     assert rows[-2]["LEVIATH_RULE"] == "taint-exceeds-clearance"
+
+
+def test_an_adopted_agent_keeps_its_proxy_after_a_daemon_restart(
+    bed: Testbed, agent: Agent
+) -> None:
+    bed.run(["systemctl", "restart", "leviathd"])
+    rc, out, err = agent.call(curl("http://allowed.test/hello.txt"))
+    assert rc == 0 and "hello" in out, err
+    rc, out, _err = agent.call(curl("http://denied.test/hello.txt"))
+    assert rc != 0 and "hello" not in out
 
 
 def test_ask_holds_the_connection_until_approved_once(bed: Testbed) -> None:
