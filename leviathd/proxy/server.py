@@ -210,6 +210,8 @@ class ProxyServer:
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         host = policy.normalize_host(conn.host)
         if host is None or not 0 < conn.port < 65536:
+            # The agent chose this text: only a bounded, escaped form is recorded.
+            conn.host = ascii(conn.host[:100])
             raise Refused("bad-target", "not a host name or address and port", status=400,
                           socks=4)
         conn.host = host

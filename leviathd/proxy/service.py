@@ -77,6 +77,10 @@ class ProxyService:
     def extend_spec(self, spec: SandboxSpec) -> SandboxSpec:
         if not spec.proxy:
             return spec
+        if spec.kind == "none":
+            return replace(spec, proxy=False, notes=(
+                *spec.notes, 'network = "proxy" has no effect unsandboxed: the agent has '
+                "the host's network"))
         if spec.kind != "namespace":
             # A container's engine gives it no network at all ("none"): the
             # forwarder is the namespace launcher's.

@@ -178,6 +178,9 @@ def test_the_connection_cap_holds_and_refusals_are_audited(tmp_path: Path) -> No
         # SOCKS5 CONNECT to 169.254.169.254:80 (address type 1).
         out = await _exchange(path, b"\x05\x01\x00\x05\x01\x00\x01\xa9\xfe\xa9\xfe\x00\x50")
         assert out[:2] == b"\x05\x00" and out[2:4] == b"\x05\x02"
+        # A name with control characters is recorded escaped.
+        out = await _exchange(path, b"CONNECT \x1b[2Jbad:443 HTTP/1.1\r\n\r\n")
+        assert b" 400 " in out
         # SOCKS5 BIND is not offered.
         out = await _exchange(path, b"\x05\x01\x00\x05\x02\x00\x01\x01\x01\x01\x01\x00\x50")
         assert out[2:4] == b"\x05\x07"
@@ -191,6 +194,8 @@ def test_the_connection_cap_holds_and_refusals_are_audited(tmp_path: Path) -> No
     assert ("deny", "max_connections") in outcomes
     assert ("deny", "address") in outcomes
     assert all(r.tool == "network" for r in seen)
+    assert not any("\x1b" in r.target for r in seen)
+    assert any("\\x1b" in r.target for r in seen)
 
 
 def test_a_foreign_peer_is_dropped(tmp_path: Path) -> None:
