@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from leviathd.broker.net import METADATA, Address
+from leviathd.broker.net import METADATA, Address, embedded_ipv4
 from leviathd.policy.labels import Sensitivity
 
 DEFAULT_PORTS = (22, 80, 443)
@@ -166,8 +166,12 @@ def address_refusal(addr: Address, *, allow_private: bool) -> str | None:
     loopback and link-local are refused even with allow_private_addresses:
     the proxy runs on the host, whose loopback is the one thing the agent's
     own network namespace keeps it from."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
+    if isinstance(addr, ipaddress.IPv6Address):
+        # ::ffff:a.b.c.d, ::a.b.c.d, NAT64 and the like reach the IPv4 address inside.
+        inner = embedded_ipv4(addr)
+        if inner is not None:
+            why = address_refusal(inner, allow_private=allow_private)
+            return f"{addr} carries {inner}: {why}" if why is not None else None
     if addr in METADATA:
         return f"{addr} is a cloud metadata address"
     if addr.is_loopback:

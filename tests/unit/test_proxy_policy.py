@@ -86,7 +86,8 @@ def test_host_names_are_compared_normalized() -> None:
 
 @pytest.mark.parametrize("ip", ["127.0.0.1", "::1", "169.254.169.254", "fd00:ec2::254",
                                 "169.254.1.1", "fe80::1", "0.0.0.0", "::ffff:127.0.0.1",
-                                "224.0.0.1"])
+                                "224.0.0.1", "::127.0.0.1", "64:ff9b::7f00:1",
+                                "::ffff:169.254.169.254"])
 def test_loopback_link_local_and_metadata_are_refused_even_with_private_allowed(ip: str) -> None:
     assert policy.address_refusal(ipaddress.ip_address(ip), allow_private=True) is not None
 
