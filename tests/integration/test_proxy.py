@@ -301,6 +301,29 @@ def test_private_data_cannot_leave_to_an_internal_domain_until_evicted(
     assert rows[-2]["LEVIATH_RULE"] == "taint-exceeds-clearance"
 
 
+@pytest.mark.xfail(strict=True, reason="issue 12 'taint survives the workdir' for files the "
+                   "agent's own processes write is the taint branch's (issue 21): not built here")
+def test_private_data_laundered_through_a_file_the_agent_wrote_itself_stays_private(
+    bed: Testbed, agent: Agent
+) -> None:
+    home = bed.users["alice"].home
+    rc, _out, err = agent.call(f"lev tool read_file {home}/shared/doc.txt > laundered.json")
+    assert rc == 0, err
+    rc, out, err = agent.call("lev tool --ledger")
+    ids = [str(e["id"]) for e in json.loads(out)["entries"] if e["label"] == "private"]
+    assert agent.call(f"lev tool --evict {' '.join(ids)}")[0] == 0
+    assert agent.call("lev tool read_file laundered.json")[0] == 0
+    try:
+        assert agent.taint() == "private"
+        rc, out, _err = agent.call(curl("http://internal.test/hello.txt"))
+        assert rc != 0 and "hello" not in out
+    finally:
+        rc, out, err = agent.call("lev tool --ledger")
+        ids = [str(e["id"]) for e in json.loads(out)["entries"] if e["label"] == "private"]
+        if ids:
+            agent.call(f"lev tool --evict {' '.join(ids)}")
+
+
 def test_an_adopted_agent_keeps_its_proxy_after_a_daemon_restart(
     bed: Testbed, agent: Agent
 ) -> None:
