@@ -183,6 +183,18 @@ def test_only_lo_exists_and_the_proxy_is_in_the_environment(agent: Agent) -> Non
                            "socks5h://127.0.0.1:3128", "http://127.0.0.1:3128"]
 
 
+def test_the_agents_user_outside_the_agent_cannot_use_its_proxy(bed: Testbed, agent: Agent) -> None:
+    """The socket is alice's (she may connect), but the daemon serves only
+    processes of the agent's own scope: her host shell is not the agent, and
+    its taint and policy are not hers to borrow or to spend."""
+    probe = (f"import socket; s = socket.socket(socket.AF_UNIX); "
+             f"s.connect('/run/leviath/agents/{agent.id}/proxy.sock'); "
+             "s.sendall(b'CONNECT allowed.test:80 HTTP/1.1\\r\\n\\r\\n'); "
+             "print(repr(s.recv(100)))")
+    r = bed.run(["python3", "-c", probe], user="alice", check=False)
+    assert "200" not in r.stdout and r.stdout.strip() in ("b''", ""), r.stdout + r.stderr
+
+
 def test_an_allowed_domain_works_through_the_proxy(agent: Agent) -> None:
     rc, out, err = agent.call(curl("http://allowed.test/hello.txt"))
     assert rc == 0 and out == "hello from outside\n", err
