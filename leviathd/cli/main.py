@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "leviathd.cli.inspect",
     "leviathd.cli.approvals",
     "leviathd.cli.audit",
+    "leviathd.cli.connect",
 )
 
 
@@ -45,6 +46,7 @@ COMMAND_MODULES: dict[str, str] = {
     "approvals": "leviathd.cli.approvals",
     "approve": "leviathd.cli.approvals",
     "audit": "leviathd.cli.audit",
+    "connect": "leviathd.cli.connect",
 }
 
 
@@ -53,7 +55,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "running agents": ("run", "ps", "stop", "logs", "inspect"),
     "agent store": ("add", "list", "validate"),
     "policy": ("policy", "approvals", "approve", "audit"),
-    "inside an agent": ("tool", "mcp"),
+    "inside an agent": ("tool", "mcp", "connect"),
 }
 
 

@@ -47,14 +47,21 @@ def proxy_env() -> dict[str, str]:
     return env
 
 
+# git over ssh: ssh has no proxy variable; `lev connect` is its way out.
+SSH_COMMAND = "ssh -o ProxyCommand='lev connect %h %p'"
+
+
 def _git_env(env: dict[str, str]) -> dict[str, str]:
-    """http.proxy for git, added after any GIT_CONFIG_* the environment has."""
+    """http.proxy and core.sshCommand for git, after any GIT_CONFIG_* the
+    environment has."""
     try:
         n = int(env.get("GIT_CONFIG_COUNT", "0"))
     except ValueError:
         n = 0
-    return {**env, "GIT_CONFIG_COUNT": str(n + 1), f"GIT_CONFIG_KEY_{n}": "http.proxy",
-            f"GIT_CONFIG_VALUE_{n}": URL}
+    return {**env, "GIT_CONFIG_COUNT": str(n + 2),
+            f"GIT_CONFIG_KEY_{n}": "http.proxy", f"GIT_CONFIG_VALUE_{n}": URL,
+            f"GIT_CONFIG_KEY_{n + 1}": "core.sshCommand",
+            f"GIT_CONFIG_VALUE_{n + 1}": SSH_COMMAND}
 
 
 def _proxied(merged: MergeResult) -> bool:

@@ -218,6 +218,18 @@ def test_connect_and_socks5_work(agent: Agent) -> None:
     assert rc == 0 and out == "hello from outside\n", err
 
 
+def test_lev_connect_is_a_tcp_connection_through_the_proxy(agent: Agent) -> None:
+    """ssh's ProxyCommand for git over ssh (there is no sshd in the bed: the
+    same path is shown with HTTP over the raw connection)."""
+    rc, out, err = agent.call("git config core.sshCommand; printf 'GET /hello.txt HTTP/1.0\\r\\n"
+                              "Host: allowed.test\\r\\n\\r\\n' | lev connect allowed.test 80")
+    assert rc == 0, err
+    assert out.startswith("ssh -o ProxyCommand='lev connect %h %p'\n") and out.endswith(
+        "hello from outside\n"), out
+    rc, out, err = agent.call("printf x | lev connect denied.test 80")
+    assert rc != 0 and "refused by the proxy" in err and "deny_domains" in err, err
+
+
 def test_git_clone_over_http_works(agent: Agent) -> None:
     rc, _out, err = agent.call("rm -rf c && git clone -q http://allowed.test/repo.git c "
                                "&& cat c/f")

@@ -130,8 +130,10 @@ def test_a_proxied_step_gets_the_proxy_variables_and_gits_setting() -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         assert env[name] == "http://127.0.0.1:3128"
     assert env["ALL_PROXY"] == "socks5h://127.0.0.1:3128"
-    assert env["GIT_CONFIG_COUNT"] == "2" and env["GIT_CONFIG_KEY_0"] == "a.b"
+    assert env["GIT_CONFIG_COUNT"] == "3" and env["GIT_CONFIG_KEY_0"] == "a.b"
     assert env["GIT_CONFIG_KEY_1"] == "http.proxy"
+    assert env["GIT_CONFIG_KEY_2"] == "core.sshCommand"
+    assert "lev connect %h %p" in env["GIT_CONFIG_VALUE_2"]
     assert "HTTP_PROXY" not in svc.extend_spec(_spec(proxy=False)).env
     # A container has no forwarder: no network at all, and it says so.
     spec = svc.extend_spec(_spec(kind="container"))
