@@ -20,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     StrictBool,
     StrictInt,
     model_validator,
@@ -280,6 +281,13 @@ class Mount(_Model):
     access: Access = Access.READ
 
 
+def _network(value: object) -> bool | Literal["proxy"] | None:
+    # One message for the three values (a union would report one error per member).
+    if value is None or isinstance(value, bool) or value == "proxy":
+        return value  # type: ignore[return-value]
+    raise ValueError(f'must be true, false or "proxy"; got {value!r}')
+
+
 class SandboxConfig(_Model):
     """`[sandbox]`, in a config, a blueprint or a blueprint's stage. None = not set here."""
 
@@ -288,7 +296,7 @@ class SandboxConfig(_Model):
     image: str | None = None
     # true: the host's network; "proxy": only lo, out through the daemon's
     # gated proxy (leviathd/proxy); false: only lo.
-    network: StrictBool | Literal["proxy"] | None = None
+    network: Annotated[bool | Literal["proxy"] | None, PlainValidator(_network)] = None
     mounts: list[Mount] | None = None
     default_mounts: StrictBool | None = None
     on_unavailable: OnUnavailable | None = None

@@ -66,7 +66,7 @@ CONFIG_CASES = [
         f"{SRC}:2: tool_permissions.shell: must be 'allow', 'ask' or 'deny', not 'maybe'",
     ),
     ("[taint]\nbudget = 0\n", f"{SRC}:2: taint.budget: input should be greater than or equal to 1"),
-    ('[sandbox]\nnetwork = "no"\n', f"{SRC}:2: sandbox.network: input should be a valid boolean"),
+    ('[sandbox]\nnetwork = "no"\n', f'{SRC}:2: sandbox.network: must be true, false or "proxy"'),
     ('[sandbox]\nscratch_dir = "tmp"\n', f"{SRC}:2: sandbox.scratch_dir: must be an absolute path"),
     ('[sandbox]\nmounts = "~/x"\n', f"{SRC}:2: sandbox.mounts: must be an array"),
     ("sandbox = 3\n", f"{SRC}:1: sandbox: must be a table"),
