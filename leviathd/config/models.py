@@ -284,7 +284,7 @@ class Mount(_Model):
 def _network(value: object) -> bool | Literal["proxy"] | None:
     # One message for the three values (a union would report one error per member).
     if value is None or isinstance(value, bool) or value == "proxy":
-        return value  # type: ignore[return-value]
+        return value
     raise ValueError(f'must be true, false or "proxy"; got {value!r}')
 
 
