@@ -19,6 +19,7 @@ scratch tmpfs in a mount namespace of its own (sandbox/scratch.py)."""
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import resource
@@ -92,6 +93,10 @@ def fork_held(
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
+        # The daemon's objects are shared with it copy-on-write: a garbage
+        # collection here would write to every one of them (their GC
+        # headers) and copy the pages, megabytes per agent (issue 18).
+        gc.freeze()
         code = 1
         try:
             # The daemon's descriptors (its bus connection above all) must not

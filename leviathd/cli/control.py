@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
-from dbus_fast import Variant
-
-from leviathd.cli.client import Client
 from leviathd.cli.text import OutputFilter, field
+from leviathd.cli.wire import SyncClient, Variant
+
+# typing imports re; mypy reads any TYPE_CHECKING as true (issue 18: start-up).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable
+    from typing import Any
 
 COLUMNS = ("ID", "USER", "AGENT", "STATE", "SANDBOX", "READS", "MEM", "TASKS", "AGE", "UNIT")
 
@@ -98,14 +98,14 @@ def format_table(rows: list[list[str]]) -> str:
 MAX_PAGES = 10_000
 
 
-async def _ps(args: argparse.Namespace) -> int:
-    client = await Client.connect()
+def ps_main(args: argparse.Namespace) -> int:
+    client = SyncClient()
     agents: list[Any] = []
     try:
         cursor = ""
         for _ in range(MAX_PAGES):
             options = {"all": Variant("b", bool(args.all)), "cursor": Variant("s", cursor)}
-            rows, cursor = await client.call("ListPage", "a{sv}", [options])
+            rows, cursor = client.call("ListPage", "a{sv}", [options])
             agents += rows
             if not cursor:
                 break
@@ -116,6 +116,8 @@ async def _ps(args: argparse.Namespace) -> int:
     items = sorted((plain(a) for a in agents), key=lambda a: float(a.get("started_at", 0)))
     try:
         if args.json:
+            import json
+
             print(json.dumps(items, indent=2))
             sys.stdout.flush()
             return 0
@@ -130,30 +132,36 @@ async def _ps(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _stop(args: argparse.Namespace) -> int:
-    client = await Client.connect()
+def stop_main(args: argparse.Namespace) -> int:
+    client = SyncClient()
     try:
-        await client.call("Stop", "s", [args.id])
+        client.call("Stop", "s", [args.id])
     finally:
         client.close()
     return 0
 
 
-async def _logs(args: argparse.Namespace) -> int:
+def _logs(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     # The agent wrote these bytes: on a terminal, escape sequences in them
     # would act on the reader's screen, so they are shown escaped unless
     # asked for (like journalctl --all).
     screen = None if args.raw else OutputFilter()
-
-    def write(chunk: bytes) -> None:
-        out.write(chunk if screen is None else screen.feed(chunk))
-        out.flush()
-
-    client = await Client.connect()
+    client = SyncClient()
     try:
-        (index,), fds = await client.call_with_fds("Logs", "sb", [args.id, args.follow])
-        await client.drain(fds[index], write)
+        (index,), fds = client.call_with_fds("Logs", "sb", [args.id, args.follow])
+        fd = fds[index]
+        for other in fds:
+            if other != fd:
+                os.close(other)
+        # The connection stays open while we read: the daemon ends the
+        # reader behind the pipe when it goes.
+        try:
+            while chunk := os.read(fd, 65536):
+                out.write(chunk if screen is None else screen.feed(chunk))
+                out.flush()
+        finally:
+            os.close(fd)
     finally:
         client.close()
     if screen is not None:
@@ -162,16 +170,8 @@ async def _logs(args: argparse.Namespace) -> int:
     return 0
 
 
-def ps_main(args: argparse.Namespace) -> int:
-    return asyncio.run(_ps(args))
-
-
-def stop_main(args: argparse.Namespace) -> int:
-    return asyncio.run(_stop(args))
-
-
 def logs_main(args: argparse.Namespace) -> int:
     try:
-        return asyncio.run(_logs(args))
+        return _logs(args)
     except BrokenPipeError:
         return 0

@@ -3,16 +3,18 @@ registers itself; this file only dispatches and turns errors into one line."""
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import io
 import sys
-from collections.abc import Sequence
-from typing import Any
 
-from leviathd.cli import text
-from leviathd.cli.text import EscapingStream
-from leviathd.errors import LeviathError
+# typing imports re; mypy reads any TYPE_CHECKING as true. Imports are made
+# where a command needs them: a short command's wall time is mostly the
+# interpreter's start-up and its imports (issue 18; test_cli_imports keeps
+# the lists of `lev tool`, `lev run` and `lev ps` honest).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+    from typing import Any
+
 
 # Each module exposes `register(subparsers) -> None`; the parser it adds sets
 # `func(args) -> int` as its default.
@@ -74,27 +76,35 @@ def _grouped(sub: argparse._SubParsersAction[Any]) -> str:
     return "\n".join(out)
 
 
-class _LevParser(argparse.ArgumentParser):
-    """`lev --help` lists the commands by group (the epilog) instead of
-    argparse's one flat list; the parser itself, which packaging/gen_docs.py
-    reads for the man pages, keeps every command's help line."""
+def _lev_parser_class() -> type[argparse.ArgumentParser]:
+    import argparse
 
-    def format_help(self) -> str:
-        subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
-        saved = [a._choices_actions for a in subs]
-        for a in subs:
-            a._choices_actions = []
-        try:
-            return super().format_help()
-        finally:
-            for a, kept in zip(subs, saved, strict=True):
-                a._choices_actions = kept
+    class _LevParser(argparse.ArgumentParser):
+        """`lev --help` lists the commands by group (the epilog) instead of
+        argparse's one flat list; the parser itself, which packaging/gen_docs.py
+        reads for the man pages, keeps every command's help line."""
+
+        def format_help(self) -> str:
+            subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            saved = [a._choices_actions for a in subs]
+            for a in subs:
+                a._choices_actions = []
+            try:
+                return super().format_help()
+            finally:
+                for a, kept in zip(subs, saved, strict=True):
+                    a._choices_actions = kept
+
+    return _LevParser
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    import argparse
+    import importlib
+
     from leviathd import __version__
 
-    parser = _LevParser(
+    parser = _lev_parser_class()(
         prog="lev", description="Run and inspect fenced AI agents (leviathd).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -133,6 +143,11 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    from leviathd.cli import fastargs
+
+    fast: Any = fastargs.parse(argv)
+    if fast is not None:
+        return fast  # type: ignore[no-any-return]
     first = next((a for a in argv if not a.startswith("-")), None)
     command_argv = None
     if first == "run":
@@ -145,6 +160,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["tool"]:
+        from leviathd.cli import toolfast
+
+        try:
+            fast = toolfast.main(argv[1:])
+        except KeyboardInterrupt:
+            return 130
+        if fast is not None:
+            return fast
+    import io
+
+    from leviathd.cli import text
+    from leviathd.cli.text import EscapingStream
+    from leviathd.errors import LeviathError
+
     args = parse(argv)
     if args.command not in _UNFILTERED and isinstance(sys.stdout, io.TextIOWrapper):
         # Whatever a command prints may hold strings an agent chose.

@@ -4,20 +4,27 @@ with its status, and Ctrl-C stops it."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
+import select
 import signal
 import sys
-from collections.abc import Awaitable
-from pathlib import Path
-from typing import Any
 
-from dbus_fast import Message, Variant
-
-from leviathd.cli.client import Client
+from leviathd.cli.wire import Slow, SyncClient, Variant
 from leviathd.errors import InvalidArgument, NotFound
-from leviathd.safetext import NAME_RE, escape
+
+# typing imports re; mypy reads any TYPE_CHECKING as true (issue 18: start-up).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Awaitable
+    from pathlib import Path
+    from typing import Any
+
+    from leviathd.cli.client import Client
+
+# How often an attached run asks after its agent when no end signal came (a
+# missed signal, say the daemon restarted, must not hang us).
+POLL_SECONDS = 5
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,6 +61,10 @@ def blueprint_file(arg: str) -> Path:
     blueprint name rules) is only ever the installed agent, so a folder of
     that name planted in the current directory is never picked up; a folder
     here is given as a path, `./NAME`."""
+    from pathlib import Path
+
+    from leviathd.safetext import NAME_RE, escape
+
     if NAME_RE.match(arg):
         store = Path(
             os.environ.get("LEVIATH_AGENT_STORE")
@@ -78,6 +89,8 @@ def _utf8(value: str, what: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
+        from leviathd.safetext import escape
+
         raise InvalidArgument(f"{what} is not valid UTF-8: {escape(value, 200)}") from None
     return value
 
@@ -107,6 +120,8 @@ def build_request(args: argparse.Namespace) -> dict[str, Variant]:
     if args.no_sandbox:
         req["sandbox"] = Variant("s", "none")
     if command is not None and args.blueprint is not None:
+        from leviathd.safetext import escape
+
         raise InvalidArgument(
             "give a blueprint or -- and a command, not both "
             f"(blueprint {escape(args.blueprint, 80)!r})"
@@ -136,6 +151,8 @@ async def _shown_if_slow(call: Awaitable[list[Any]]) -> list[Any]:
     """The daemon's reply to Run/RunAttached; on a terminal, a line on stderr
     when it takes longer than PROGRESS_AFTER, so a slow start (a container
     engine starting, a big fence) is not a silent pause."""
+    import asyncio
+
     task = asyncio.ensure_future(call)
     if not os.isatty(2):
         return await task
@@ -146,21 +163,110 @@ async def _shown_if_slow(call: Awaitable[list[Any]]) -> list[Any]:
     return await task
 
 
-async def _run(args: argparse.Namespace) -> int:
+def _progress() -> Slow | None:
+    """On a terminal, say so when the daemon takes over PROGRESS_AFTER to
+    start the agent (once, however often a Busy start is asked again)."""
+    if not os.isatty(2):
+        return None
+    said: list[bool] = []
+
+    def say() -> None:
+        if not said:
+            said.append(True)
+            print("lev: waiting for leviathd to start the agent: building its fence (or "
+                  "starting its container); nothing is downloaded", file=sys.stderr, flush=True)
+
+    return (PROGRESS_AFTER, say)
+
+
+def _run(args: argparse.Namespace) -> int:
     req = build_request(args)
-    client = await Client.connect()
+    if not args.detach and os.isatty(0):
+        # On a terminal the agent's held tool calls are asked about here,
+        # which needs the event loop; the short paths below do not.
+        import asyncio
+
+        return asyncio.run(_run_prompting(req))
+    client = SyncClient()
     try:
         if args.detach:
-            agent_id, unit = await _shown_if_slow(client.call("Run", "a{sv}", [req]))
+            agent_id, unit = client.call_when_free("Run", "a{sv}", [req], on_slow=_progress())
             print(agent_id)
             print(f"unit {unit}", file=sys.stderr)
             return 0
-        return await _attached(client, req)
+        return _attached_sync(client, req)
     finally:
         client.close()
 
 
-async def _attached(client: Client, req: dict[str, Variant]) -> int:
+def _attached_sync(client: SyncClient, req: dict[str, Variant]) -> int:
+    client.add_signal_match("AgentEnded")
+    agent_id, _unit = client.call_when_free(
+        "RunAttached", "a{sv}hhh", [req, 0, 1, 2], unix_fds=[0, 1, 2], on_slow=_progress()
+    )
+    # Ctrl-C and SIGTERM stop the agent (once) and we go on waiting for its
+    # end; the handlers only wake the wait below.
+    interrupted: list[int] = []
+    rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    old_wakeup = signal.set_wakeup_fd(wfd)
+    handlers = {
+        sig: signal.signal(sig, lambda signum, _frame: interrupted.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    client.conn.wakeup = rfd
+    stop_sent = False
+    try:
+        while True:
+            if interrupted and not stop_sent:
+                stop_sent = True
+                client.call("Stop", "s", [agent_id])
+            msg = client.conn.next_signal(POLL_SECONDS)
+            if msg is None:
+                if select.select([rfd], [], [], 0)[0]:
+                    while True:
+                        try:
+                            if not os.read(rfd, 512):
+                                break
+                        except BlockingIOError:
+                            break
+                    continue
+                (info,) = client.call("Get", "s", [agent_id])
+                if info["state"].value != "running":
+                    status = int(info["exit_status"].value) if "exit_status" in info else 1
+                    break
+                continue
+            if client.from_daemon(msg, "AgentEnded") and msg.body[0] == agent_id:
+                status = int(msg.body[1])
+                break
+    finally:
+        client.conn.wakeup = None
+        signal.set_wakeup_fd(old_wakeup)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        os.close(rfd)
+        os.close(wfd)
+    return status if status >= 0 else 1
+
+
+async def _run_prompting(req: dict[str, Variant]) -> int:
+    from dbus_fast import Variant as DVariant
+
+    from leviathd.cli.client import Client
+
+    client = await Client.connect()
+    try:
+        return await _attached(
+            client, {k: DVariant(v.signature, v.value) for k, v in req.items()}
+        )
+    finally:
+        client.close()
+
+
+async def _attached(client: Client, req: dict[str, Any]) -> int:
+    import asyncio
+
+    from dbus_fast import Message
+
     ended: dict[str, int] = {}
     done = asyncio.Event()
     wanted: list[str] = []
@@ -213,4 +319,4 @@ async def _attached(client: Client, req: dict[str, Variant]) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    return asyncio.run(_run(args))
+    return _run(args)

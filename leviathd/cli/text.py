@@ -12,7 +12,11 @@ from __future__ import annotations
 import codecs
 import io
 import unicodedata
-from typing import BinaryIO, TextIO
+
+# typing imports re; mypy reads any TYPE_CHECKING as true (issue 18: start-up).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import BinaryIO, TextIO
 
 # Format characters that reorder or hide text on screen (bidi overrides,
 # isolates, zero-width joiners): as misleading as a cursor move.

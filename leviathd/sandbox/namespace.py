@@ -10,7 +10,13 @@ One linear story, as in bubblewrap:
     pin every source by file descriptor (what is mounted is what was checked);
     mount a fresh tmpfs and build the root from the spec's table, in order;
     remount it read-only; pivot_root; detach the old root; set the hostname;
-    fork the agent, then drop to the user itself and reap until the agent ends
+    then, where the host has catatonit (podman's init: a small C program that
+    reaps, forwards signals and exits with its child's status), prepare the
+    agent as below in this process and exec catatonit (a sealed copy the
+    user may run but not read, so PID 1 stays non-dumpable: see
+    _sealed_init), which runs the command: PID 1 holds a few hundred KB
+    instead of a Python interpreter's megabytes (issue 18). Without catatonit: fork the agent, then drop to
+    the user itself and reap until the agent ends
   the agent
     new session, drop to the user with no capabilities and no_new_privs,
     chdir to the workdir, a seccomp filter (no new namespaces, no mounts,
@@ -284,9 +290,75 @@ def _fail(wfd: int, message: str) -> NoReturn:
     os._exit(127)
 
 
+INIT_CANDIDATES = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit")
+_MAX_INIT_BYTES = 16 << 20
+_MFD_EXEC = 0x10  # kernels with vm.memfd_noexec want it said; older ones refuse it
+
+
+def _sealed_init() -> int | None:
+    """A sealed copy of the host's catatonit in a memfd, root's, mode 0711.
+    The agent's user may exec it but not read it, so the kernel makes the
+    process non-dumpable at exec: the agent (same uid) cannot ptrace or
+    freeze its PID 1, nor open /proc/1/exe or /proc/1/mem. (Run from the
+    host's file, which anyone may read, PID 1 would be dumpable.)"""
+    for path in INIT_CANDIDATES:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+                continue  # not a system file: not run as anyone's PID 1
+            data = os.read(fd, _MAX_INIT_BYTES)
+        finally:
+            os.close(fd)
+        flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+        try:
+            mfd = os.memfd_create("leviath-init", flags | _MFD_EXEC)
+        except OSError:
+            mfd = os.memfd_create("leviath-init", flags)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(mfd, view) :]
+            os.fchmod(mfd, 0o711)
+            fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK
+                        | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)  # fmt: skip
+        except OSError:
+            os.close(mfd)
+            return None
+        return mfd
+    return None
+
+
+def _command_missing(argv0: str, env: dict[str, str]) -> int:
+    """0 when execvp would find argv0 (as the agent's user, in its PATH);
+    else the status a shell gives: 127 not found, 126 not executable. Asked
+    before catatonit runs the command, which would say only 1."""
+    if "/" in argv0:
+        candidates = [argv0]
+    else:  # an empty PATH entry is the current folder, as for execvp
+        folders = env.get("PATH", os.defpath).split(":")
+        candidates = [posixpath.join(folder or ".", argv0) for folder in folders]
+    found = False
+    for path in candidates:
+        if os.path.isfile(path):
+            if os.access(path, os.X_OK):
+                return 0
+            found = True
+    return 126 if found else 127
+
+
 def _pid1(spec: SandboxSpec, wfd: int, workdir_fd: int | None) -> NoReturn:
+    init: int | None = None
     try:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # Read from the host's root, before the fence's is built.
+        try:
+            init = _sealed_init()
+        except OSError:
+            init = None
         unshare(CLONE_NEWNS)
         # Nothing mounted from here on may propagate back to the host.
         mount(None, "/", None, MS_REC | MS_PRIVATE, None)
@@ -298,6 +370,8 @@ def _pid1(spec: SandboxSpec, wfd: int, workdir_fd: int | None) -> NoReturn:
     except BaseException as exc:  # anything at all: report it, never fall through
         _fail(wfd, f"{type(exc).__name__}: {exc}")
 
+    if init is not None:
+        _agent(spec, wfd, init)  # never returns
     agent = os.fork()
     if agent == 0:
         _agent(spec, wfd)  # never returns
@@ -333,21 +407,40 @@ def _pid1(spec: SandboxSpec, wfd: int, workdir_fd: int | None) -> NoReturn:
     os._exit(code)
 
 
-def _agent(spec: SandboxSpec, wfd: int) -> NoReturn:
+def _agent(spec: SandboxSpec, wfd: int, init: int | None = None) -> NoReturn:
+    """Prepare and exec the agent's command; with `init`, this is PID 1 and
+    execs init with the command (init forks and execs it, as this user,
+    under the same filter, in this session)."""
     try:
         os.setsid()
         drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=True, real_gid=spec.real_gid)
+        if init is not None:
+            # As PID 1: the change of credentials cleared the parent-death
+            # signal; killing the launcher must still end the namespace.
+            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.chdir(spec.workdir)
         seccomp.install(allow_io_uring=spec.allow_io_uring)
         for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                     signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
-        os.closerange(3, wfd)
-        os.closerange(wfd + 1, 65536)
+        keep = sorted({wfd} | ({init} if init is not None else set()))
+        low = 3
+        for fd in keep:
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 65536)
     except BaseException as exc:
         _fail(wfd, f"preparing the agent: {exc}")
     os.close(wfd)
     try:
+        if init is not None:
+            missing = _command_missing(spec.argv[0], dict(spec.env))
+            if missing:
+                raise OSError(errno.ENOENT if missing == 127 else errno.EACCES,
+                              os.strerror(errno.ENOENT if missing == 127 else errno.EACCES))
+            # PR_SET_PDEATHSIG survives this exec (init is not set-uid): the
+            # launcher's death still takes the namespace down.
+            os.execve(init, ["catatonit", "--", *spec.argv], dict(spec.env))
         os.execvpe(spec.argv[0], list(spec.argv), dict(spec.env))
     except OSError as exc:
         print(f"leviathd: cannot run {spec.argv[0]}: {exc.strerror}", file=sys.stderr)

@@ -391,6 +391,36 @@ def test_a_setuid_binary_does_not_raise_privileges(world: World, inside: dict[st
     assert inside["suid_euid"] == str(NOBODY)
 
 
+@pytest.mark.skipif(
+    not any(os.path.exists(p) for p in namespace.INIT_CANDIDATES), reason="no catatonit here"
+)
+def test_pid1_is_a_sealed_catatonit_the_agent_can_neither_read_nor_trace(world: World) -> None:
+    """Issue 18: PID 1 is catatonit, not a Python process. Run from the
+    host's file (readable by all) it was dumpable, and the probe's ptrace of
+    PID 1 succeeded and froze it (seen: test_mount_unshare_setns_and_ptrace_fail
+    hung); the sealed copy is exec-only for the agent's user."""
+    script = (
+        "cat /proc/1/comm; "
+        "ls -l /proc/1/exe >/dev/null 2>&1 && echo EXE-READABLE; "
+        "cat /proc/1/maps >/dev/null 2>&1 && echo MAPS-READABLE; "
+        "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+        "print(\"PTRACE\", l.ptrace(16, 1, None, None), ctypes.get_errno())'; "
+        "exit 7"
+    )
+    done = world.launch(world.spec(("/bin/sh", "-c", script)))
+    assert done.returncode == 7, done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[0].startswith("memfd:leviath"), done.stdout
+    assert "EXE-READABLE" not in done.stdout and "MAPS-READABLE" not in done.stdout
+    assert "PTRACE -1 1" in done.stdout  # EPERM
+
+
+def test_a_missing_command_ends_with_127_and_says_so(world: World) -> None:
+    done = world.launch(world.spec(("no-such-command-here",)))
+    assert done.returncode == 127
+    assert "cannot run no-such-command-here" in done.stderr
+
+
 def test_mount_unshare_setns_and_ptrace_fail(inside: dict[str, Any]) -> None:
     assert inside["mount"] == "err:EPERM"
     assert inside["unshare_mnt"] == "err:EPERM"

@@ -1,0 +1,222 @@
+"""Runs as root inside the test bed (see bench/table.py, bench/scale.py):
+measurements that need the bed's /proc and cgroups.
+
+    probe.py mem UNIT...        PSS and tasks of each agent's own processes
+                                (all but the agent's command), and leviathd's PSS
+    probe.py daemon             leviathd's main PID PSS
+    probe.py starts N CMD USER...  N concurrent `lev run --detach -- CMD` (split
+                                over USERs, each in ~USER/work); wall time to
+                                all returned, failures (first lines of stderr)
+    probe.py list USER ROUNDS   `lev ps` and a bare `busctl call ... List` as USER
+    probe.py stopall USER...    stop every agent of USERs at once; wall time
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+CGROOT = Path("/sys/fs/cgroup")
+
+
+def rollup(pid: int) -> dict[str, int]:
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines()[1:]:
+        key, _, rest = line.partition(":")
+        if rest.strip().endswith("kB"):
+            out[key] = int(rest.split()[0])
+    return out
+
+
+def pss_kib(pid: int) -> int:
+    return rollup(pid).get("Pss", 0)
+
+
+def private_kib(pid: int) -> int:
+    r = rollup(pid)
+    return r.get("Private_Clean", 0) + r.get("Private_Dirty", 0)
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def unit_pids(unit: str) -> list[int]:
+    cg = subprocess.run(
+        ["systemctl", "show", "-P", "ControlGroup", unit], capture_output=True, text=True
+    ).stdout.strip()
+    if not cg:
+        return []
+    pids: list[int] = []
+    # cgroup v2, or the named systemd hierarchy of a hybrid (v1) host.
+    bases = [CGROOT / sub / cg.lstrip("/") for sub in ("", "unified", "systemd")]
+    base = next((b for b in bases if (b / "cgroup.procs").exists()), bases[0])
+    for procs in base.rglob("cgroup.procs"):
+        try:
+            pids += [int(p) for p in procs.read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def daemon_pss() -> int:
+    """leviathd's private memory (what it alone holds; its PSS falls as
+    supervisors forked from it share its pages)."""
+    pid = subprocess.run(
+        ["systemctl", "show", "-P", "MainPID", "leviathd"], capture_output=True, text=True
+    ).stdout.strip()
+    return private_kib(int(pid)) if pid and pid != "0" else 0
+
+
+def mem(units: list[str]) -> dict[str, object]:
+    own_pss: list[int] = []
+    own_private: list[int] = []
+    own_procs: list[int] = []
+    payload_pss: list[int] = []
+    names: dict[str, int] = {}
+    for unit in units:
+        pids = unit_pids(unit)
+        mine = [p for p in pids if comm(p) != "sleep"]
+        for p in mine:
+            names[comm(p)] = names.get(comm(p), 0) + 1
+        own_pss.append(sum(pss_kib(p) for p in mine))
+        own_private.append(sum(private_kib(p) for p in mine))
+        own_procs.append(len(mine))
+        payload_pss.append(sum(pss_kib(p) for p in pids if comm(p) == "sleep"))
+    n = max(len(units), 1)
+    return {
+        "agents": len(units),
+        "own_pss_kib_per_agent": sum(own_pss) / n,
+        "own_private_kib_per_agent": sum(own_private) / n,
+        "own_procs_per_agent": sum(own_procs) / n,
+        "payload_pss_kib_per_agent": sum(payload_pss) / n,
+        "own_process_names": names,
+        "daemon_pss_kib": daemon_pss(),
+    }
+
+
+def as_user(user: str, argv: list[str]) -> tuple[list[str], str]:
+    pw = pwd.getpwnam(user)
+    return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
+            "--reset-env", "--", "env", f"HOME={pw.pw_dir}", f"USER={user}",
+            "PATH=/usr/local/bin:/usr/bin:/bin", *argv], pw.pw_dir  # fmt: skip
+
+
+def starts(n: int, cmd: str, users: list[str]) -> dict[str, object]:
+    procs = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        user = users[i % len(users)]
+        argv, home = as_user(user, ["lev", "run", "--detach", "--workdir", f"{home_of(user)}/work",
+                                    "--", *cmd.split()])  # fmt: skip
+        procs.append(subprocess.Popen(argv, cwd=home, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    errors: dict[str, int] = {}
+    ids = []
+    each = []
+    for p in procs:
+        out, err = p.communicate()
+        each.append(time.perf_counter() - t0)
+        if p.returncode != 0:
+            key = (err.strip().splitlines() or ["?"])[-1][:160]
+            errors[key] = errors.get(key, 0) + 1
+        else:
+            ids.append(out.strip())
+    return {"n": n, "wall_s": max(each), "p50_return_s": statistics.median(each),
+            "failed": n - len(ids), "errors": errors}  # fmt: skip
+
+
+def home_of(user: str) -> str:
+    return pwd.getpwnam(user).pw_dir
+
+
+def timed(argv: list[str], cwd: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def list_cost(user: str, rounds: int) -> dict[str, float]:
+    peers = {
+        "lev ps": ["lev", "ps"],
+        "busctl List": ["busctl", "--system", "call", "org.leviath.Manager1",
+                        "/org/leviath/Manager1", "org.leviath.Manager1", "List", "b", "false"],
+        "busctl GetId (bus floor)": ["busctl", "--system", "call", "org.freedesktop.DBus",
+                                     "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetId"],
+    }  # fmt: skip
+    samples: dict[str, list[float]] = {k: [] for k in peers}
+    for _ in range(rounds):
+        for k, argv in peers.items():
+            full, home = as_user(user, argv)
+            samples[k].append(timed(full, home))
+    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+
+
+def stopall(users: list[str]) -> dict[str, object]:
+    t0 = time.perf_counter()
+
+    def stop_user(user: str) -> int:
+        argv, home = as_user(user, ["lev", "ps", "--json"])
+        items = json.loads(subprocess.run(argv, cwd=home, capture_output=True, text=True,
+                                          check=True).stdout)  # fmt: skip
+        mine = [a["id"] for a in items if a.get("user") == user]
+
+        def stop(agent_id: str) -> None:
+            full, _h = as_user(user, ["lev", "stop", agent_id])
+            subprocess.run(full, cwd=home, capture_output=True)
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(stop, mine))
+        return len(mine)
+
+    with ThreadPoolExecutor(len(users)) as pool:
+        stopped = sum(pool.map(stop_user, users))
+    wall = time.perf_counter() - t0
+    # Nothing left behind: no agent scope still loaded (a stopped scope
+    # takes a moment to go; up to 60 s is waited for).
+    while True:
+        units = subprocess.run(
+            ["systemctl", "list-units", "--no-legend", "--plain", "--all", "leviath-*.scope"],
+            capture_output=True, text=True,
+        ).stdout
+        left = [ln.split()[0] for ln in units.splitlines() if ln.strip()]
+        if not left or time.perf_counter() - t0 > wall + 60:
+            break
+        time.sleep(0.5)
+    return {"stopped": stopped, "wall_s": wall, "units_left": left[:10],
+            "all_gone_s": time.perf_counter() - t0,
+            "units_left_count": len(left), "pid_count": len(os.listdir("/proc"))}  # fmt: skip
+
+
+def main() -> None:
+    what = sys.argv[1]
+    if what == "mem":
+        print(json.dumps(mem(sys.argv[2:])))
+    elif what == "daemon":
+        print(json.dumps({"daemon_pss_kib": daemon_pss()}))
+    elif what == "starts":
+        print(json.dumps(starts(int(sys.argv[2]), sys.argv[3], sys.argv[4:])))
+    elif what == "list":
+        print(json.dumps(list_cost(sys.argv[2], int(sys.argv[3]))))
+    elif what == "stopall":
+        print(json.dumps(stopall(sys.argv[2:])))
+    else:
+        raise SystemExit(f"unknown probe {what}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""cli/wire.py (lev's blocking D-Bus client) and cli/toolfast.py (lev tool's
+fast path) agree byte for byte with what they replace: dbus-fast's
+marshaller and broker.schema / json."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import dbus_fast
+import pytest
+from dbus_fast import Variant as DVariant
+
+from leviathd.broker.schema import TOOL_SPECS, args_from_positional
+from leviathd.cli import toolfast, wire
+from leviathd.errors import InvalidArgument
+
+SIG = "a{sv}hhhasa{ss}ba(yv)tdxnqyoga{sas}"
+
+
+def body(variant: Any) -> list[Any]:
+    return [
+        {"workdir": variant("s", "/w ü"), "env": variant("a{ss}", {"A": "b", "": ""}),
+         "n": variant("i", -3), "l": variant("aa{sv}", [{"x": variant("t", 1)}])},
+        0, 1, 2, ["x", ""], {}, True, [[1, variant("u", 7)]], 2**40, 1.5, -(2**40), -2, 65535,
+        255, "/org/x", "a{sv}", {"k": ["a", "b"], "": []},
+    ]  # fmt: skip
+
+
+def test_a_method_call_is_encoded_as_dbus_fast_encodes_it() -> None:
+    ours = wire.encode(wire.Message(
+        wire.METHOD_CALL, serial=5, path="/org/leviath/Manager1", interface="org.x.Y",
+        member="RunAttached", destination="org.leviath.Manager1", signature=SIG,
+        body=body(wire.Variant), unix_fds=[0, 1, 2],
+    ))  # fmt: skip
+    theirs = dbus_fast.Message(
+        destination="org.leviath.Manager1", path="/org/leviath/Manager1", interface="org.x.Y",
+        member="RunAttached", signature=SIG, body=body(DVariant), unix_fds=[0, 1, 2], serial=5,
+    )._marshall(negotiate_unix_fd=True)
+    assert ours == bytes(theirs)
+
+
+def test_messages_from_dbus_fast_are_read_back_with_their_descriptors() -> None:
+    msg = dbus_fast.Message(
+        message_type=dbus_fast.MessageType.METHOD_RETURN, reply_serial=5, signature=SIG,
+        body=body(DVariant), unix_fds=[7, 8, 9], serial=9,
+    )
+    data = bytes(msg._marshall(negotiate_unix_fd=True))
+    buf, fds = bytearray(data * 2), [30, 31, 32, 40, 41, 42]
+    # Incomplete: nothing is taken yet.
+    assert wire.parse(bytearray(data[:-1]), [30]) is None
+    first = wire.parse(buf, fds)
+    assert first is not None and first.type == wire.METHOD_RETURN and first.reply_serial == 5
+    assert first.body == body(wire.Variant) and first.unix_fds == [30, 31, 32]
+    second = wire.parse(buf, fds)
+    assert second is not None and second.unix_fds == [40, 41, 42] and buf == bytearray()
+
+
+def test_malformed_messages_raise_instead_of_reading_past_their_end() -> None:
+    msg = dbus_fast.Message(
+        message_type=dbus_fast.MessageType.METHOD_RETURN, reply_serial=5, signature="as",
+        body=[["abc"]], serial=9,
+    )
+    data = bytearray(msg._marshall(False))
+    # The string's length says more than the message holds.
+    data[-8:-4] = (10**6).to_bytes(4, "little")
+    with pytest.raises(wire.WireError):
+        wire.parse(data, [])
+    with pytest.raises(wire.WireError):
+        wire.parse(bytearray(b"x" * 32), [])
+
+
+def test_the_fast_tool_table_is_the_brokers() -> None:
+    got = {
+        name: (tuple(spec.positional), spec.variadic,
+               next((p.type for p in spec.params if p.name == spec.variadic), None))
+        for name, spec in TOOL_SPECS.items()
+    }  # fmt: skip
+    assert got == toolfast.POSITIONAL
+
+
+@pytest.mark.parametrize("name", [*TOOL_SPECS, "no_such_tool"])
+@pytest.mark.parametrize("values", [[], ["a"], ["a", "b"], ["a", "b", "c", "d"]])
+def test_fast_positional_arguments_match_the_schema(name: str, values: list[str]) -> None:
+    try:
+        expected: dict[str, Any] | None = args_from_positional(name, values)
+    except InvalidArgument:
+        expected = None
+    assert toolfast.positional_args(name, values) == expected
+
+
+@pytest.mark.parametrize("value", [
+    {"op": "call", "tool": "x", "args": {"path": "é \n \" \\ \udcff", "n": [1, True, None]}},
+    {}, [], "", 0, -5, False,
+])  # fmt: skip
+def test_fast_json_round_trips_as_json_does(value: Any) -> None:
+    text = toolfast.dumps(value)
+    assert json.loads(text) == value
+    assert toolfast.loads(json.dumps(value)) == value
+    for bad in ("", "{", '{"a": 1} x', "[1,]"):
+        with pytest.raises(ValueError):
+            toolfast.loads(bad)
