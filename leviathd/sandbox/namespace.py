@@ -15,8 +15,9 @@ One linear story, as in bubblewrap:
     agent as below in this process and exec catatonit (a sealed copy the
     user may run but not read, so PID 1 stays non-dumpable: see
     _sealed_init), which runs the command: PID 1 holds a few hundred KB
-    instead of a Python interpreter's megabytes (issue 18). Without catatonit: fork the agent, then drop to
-    the user itself and reap until the agent ends
+    instead of a Python interpreter's megabytes (issue 18). Without
+    catatonit: fork the agent, then drop to the user itself and reap until
+    the agent ends
   the agent
     new session, drop to the user with no capabilities and no_new_privs,
     chdir to the workdir, a seccomp filter (no new namespaces, no mounts,
