@@ -88,11 +88,13 @@ def mem(units: list[str]) -> dict[str, object]:
     own_procs: list[int] = []
     payload_pss: list[int] = []
     names: dict[str, int] = {}
+    name_pss: dict[str, int] = {}
     for unit in units:
         pids = unit_pids(unit)
         mine = [p for p in pids if comm(p) != "sleep"]
         for p in mine:
             names[comm(p)] = names.get(comm(p), 0) + 1
+            name_pss[comm(p)] = name_pss.get(comm(p), 0) + pss_kib(p)
         own_pss.append(sum(pss_kib(p) for p in mine))
         own_private.append(sum(private_kib(p) for p in mine))
         own_procs.append(len(mine))
@@ -105,6 +107,8 @@ def mem(units: list[str]) -> dict[str, object]:
         "own_procs_per_agent": sum(own_procs) / n,
         "payload_pss_kib_per_agent": sum(payload_pss) / n,
         "own_process_names": names,
+        # PSS of one process of each name, on average
+        "pss_kib_by_name": {k: round(v / names[k]) for k, v in name_pss.items()},
         "daemon_pss_kib": daemon_pss(),
     }
 

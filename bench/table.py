@@ -148,6 +148,7 @@ def main() -> int:
             f"({mem.get('own_private_kib_per_agent', 0) / 1024:.1f} MB private), "
             f"{mem['own_procs_per_agent']:.1f} procs {mem['own_process_names']}",
             f"`sleep` itself {mem['payload_pss_kib_per_agent'] / 1024:.2f} MB", "")  # fmt: skip
+        row("  PSS of one process, by name", str(mem["pss_kib_by_name"]) + " KiB", "", "")
         row("  daemon's own private memory growth per agent", f"{growth:.0f} KiB", "", "")
         if got["failed"]:
             print(f"  ({got['failed']} starts failed: {got['errors']})")
