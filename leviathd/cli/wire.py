@@ -28,7 +28,10 @@ SYSTEM_BUS = "/run/dbus/system_bus_socket"
 # The spec's limits: a message is at most 128 MiB, an array 64 MiB.
 MAX_MESSAGE = 128 * 1024 * 1024
 MAX_FDS = 16
-BUSY = "org.leviath.Error.Busy"
+# Refusals that say "try again" and leave nothing started: the user's
+# requests being prepared are at their bound (issue 22), or polkit did not
+# answer the daemon (issue 17).
+TRY_AGAIN = frozenset({"org.leviath.Error.Busy", "org.leviath.Error.AuthorizationUnavailable"})
 # Signals of the daemon's kept while a call waits for its reply (AgentEnded
 # of other agents of ours); the oldest go first.
 MAX_KEPT_SIGNALS = 4096
@@ -505,8 +508,9 @@ class SyncClient:
         self, member: str, signature: str = "", body: list[Any] | None = None,
         unix_fds: list[int] | None = None, on_slow: Slow | None = None,
     ) -> list[Any]:  # fmt: skip
-        """call(), asked again while the daemon answers Busy: many starts sent
-        at once by one user then queue here instead of failing. Backs off
+        """call(), asked again while the daemon answers Busy or
+        AuthorizationUnavailable: many starts sent at once then queue here
+        instead of failing. Backs off
         with jitter up to a second, for BUSY_PATIENCE seconds in all."""
         import random
         import time
@@ -517,7 +521,7 @@ class SyncClient:
             try:
                 return self.call(member, signature, body, unix_fds, on_slow=on_slow)
             except DaemonError as exc:
-                if exc.name != BUSY or time.monotonic() + delay > deadline:
+                if exc.name not in TRY_AGAIN or time.monotonic() + delay > deadline:
                     raise
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 1.0)
