@@ -190,10 +190,6 @@ step leftovers sh -c '
     find /usr /etc /var -xdev -name "*leviath*" ! -name "leviath-vmtest.service" 2>/dev/null | sed "s/^/found: /"
     true'
 
-# --- the unit tests, on Debian 13's python3 and libraries
-mkdir -p /root/src && cp -r "$H/src/." /root/src/
-step unit_tests sh -c 'cd /root/src && python3 -m pytest -q -p no:cacheprovider tests/unit'
-
 echo "$(($(date +%s) - start))" >"$R/inside_seconds.out"
 echo done >"$R/done.out"
 sync
