@@ -29,6 +29,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import image
 import qemu
+import rpm
 
 T = TypeVar("T")
 pytestmark = pytest.mark.vm
@@ -43,6 +44,8 @@ class Run:
     boot: qemu.Boot | None
     timings: dict[str, float] = field(default_factory=dict)
     lintian: str = ""
+    rpm: Path | None = None
+    rpm_error: str = ""
     unit: tuple[int, str] = (-1, "")
 
     @property
@@ -109,8 +112,13 @@ def vm() -> Iterator[Run]:
         machine = machine_f.result()
         run.lintian = lintian_f.result()
         unit_f = pool.submit(timed, "unit_tests", image.unit_tests)
+        rpm_f = pool.submit(timed, "rpm", lambda: rpm.build(share / "rpmbuild"))
         run.boot = qemu.run(machine, share, TIMEOUT)
         run.unit = unit_f.result()
+        try:
+            run.rpm = rpm_f.result()
+        except Exception as exc:  # judged by the RPM tests, not by the VM's
+            run.rpm_error = str(exc)
     tm = run.timings
     summary = (f"Debian 13 VM: accel {run.boot.accel}, image {tm['image']:.0f}s, "
                f"build root+debs {tm['build_debs']:.0f}s, unit tests {tm['unit_tests']:.0f}s, "
@@ -161,6 +169,23 @@ def test_lintian_reports_no_errors_or_warnings(vm: Run) -> None:
 def test_lintian_accepts_the_maintainer_address(vm: Run) -> None:
     bad = [ln for ln in vm.lintian.splitlines() if any(t in ln for t in PLACEHOLDER_TAGS)]
     assert not bad, bad
+
+
+def _rpm(vm: Run) -> Path:
+    assert vm.rpm is not None, vm.rpm_error
+    return vm.rpm
+
+
+def test_the_rpm_builds_and_rpmlint_reports_nothing(vm: Run) -> None:
+    rc, out = rpm.rpmlint(_rpm(vm))
+    assert rc == 0 and " 0 errors, 0 warnings" in out, out
+
+
+def test_the_rpm_ships_the_same_files_as_the_deb(vm: Run) -> None:
+    (deb,) = vm.share.glob("leviathd_*.deb")
+    in_deb = rpm.comparable(rpm.deb_regular_files(deb))
+    in_rpm = rpm.comparable(rpm.regular_files(_rpm(vm)))
+    assert in_deb == in_rpm, (sorted(in_deb - in_rpm), sorted(in_rpm - in_deb))
 
 
 def test_the_service_is_enabled_and_active_after_install(vm: Run) -> None:
