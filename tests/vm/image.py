@@ -258,7 +258,7 @@ def unit_tests() -> tuple[int, str]:
     root = build_root()
     _in_root(root, "cd /build/leviathd && { python3 --version; dpkg-query -W python3-dbus-fast "
              "python3-pydantic python3-pystemd python3-prctl; python3 -m pytest -q "
-             "-p no:cacheprovider --durations=5 tests/unit; } >/build/unit.log 2>&1; "
+             "-p no:cacheprovider -rs --durations=5 tests/unit; } >/build/unit.log 2>&1; "
              "echo $? >/build/unit.rc")
     return (int((root / "build/unit.rc").read_text()),
             (root / "build/unit.log").read_text(errors="replace"))

@@ -329,4 +329,7 @@ def test_unit_tests_pass_on_debian13s_python_and_libraries(vm: Run) -> None:
     assert out.startswith("Python 3.13"), out[:500]
     assert "python3-dbus-fast\t2.44" in out and "python3-pydantic\t2.10" in out, out[:500]
     assert rc == 0, out[-4000:]
-    assert " passed" in out and "skipped" not in out.strip().splitlines()[-1], out[-2000:]
+    assert " passed" in out, out[-2000:]
+    # The one allowed skip: the rules file's syntax check wants node, not in Debian's root.
+    skips = [ln for ln in out.splitlines() if ln.startswith("SKIPPED")]
+    assert all("node is not installed" in ln for ln in skips), skips
