@@ -13,24 +13,36 @@ exec >"$H/inside.log" 2>&1
 export LANG=C.UTF-8 PATH=/usr/sbin:/usr/bin:/sbin:/bin
 start=$(date +%s)
 
-# step NAME CMD...: run CMD, record its status and output (both streams).
+# What the machine was doing, for a step that did not end in time.
+diagnose() {
+    {
+        echo "== ps"; ps -eo pid,ppid,user,stat,etime,args --forest
+        echo "== units"; systemctl list-units --no-pager 'leviath*'
+        echo "== journal"; journalctl -b --no-pager -n 150
+    } >"$R/diag_$1.out" 2>&1
+}
+# step NAME CMD...: run CMD (at most STEP_TIMEOUT seconds), record its status
+# and output (both streams).
+STEP_TIMEOUT=300
 step() {
     local name=$1 t0 rc
     shift
     t0=$(date +%s)
-    "$@" >"$R/$name.out" 2>&1 </dev/null
+    timeout -k 10 "$STEP_TIMEOUT" "$@" >"$R/$name.out" 2>&1 </dev/null
     rc=$?
     echo "$rc" >"$R/$name.rc"
     echo "step $name: rc=$rc in $(($(date +%s) - t0))s"
+    [ "$rc" != 124 ] || diagnose "$name"
 }
 # as USER CMD: a login shell of USER in ~/work (lev refuses the whole home).
 as() {
     local user=$1
     shift
-    runuser -l "$user" -c "cd ~/work && $*"
+    timeout -k 10 "$STEP_TIMEOUT" runuser -l "$user" -c "cd ~/work && $*"
 }
 ps_json() { as alice "lev ps --all --json"; }
 unit_of() {  # unit_of ID: the agent's scope, from lev ps
+    echo "unit_of $1" >&2
     ps_json | python3 -c "import json,sys; print(next(r['unit'] for r in json.load(sys.stdin) if r['id']=='$1'))"
 }
 cgroup_of() { echo "/sys/fs/cgroup$(systemctl show -P ControlGroup "$1")"; }
