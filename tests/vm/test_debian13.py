@@ -32,9 +32,12 @@ import qemu
 import rpm
 
 T = TypeVar("T")
-pytestmark = pytest.mark.vm
-REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = float(os.environ.get("LEVIATH_VM_TIMEOUT", "2400"))
+# The session fixture builds, boots and waits for the whole run: give the first
+# test (which pays for it) the VM's own limit plus the image build, not
+# pytest-timeout's default of 600 s.
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(TIMEOUT + 1800)]
+REPO = Path(__file__).resolve().parents[2]
 KEEP = os.environ.get("LEVIATH_VM_KEEP")  # keep the share folder for a look
 
 
