@@ -142,9 +142,19 @@ as alice "lev stop $lim" >/dev/null 2>&1
 
 step forkbomb_start as alice "lev run --detach -- bash -c 'while :; do sleep 600 & done'"
 fb=$(tail -n 1 "$R/forkbomb_start.out")
-fb_cg=$(cgroup_of "$(unit_of "$fb")")
-sleep 15
-step forkbomb sh -c "echo pids.current=\$(cat $fb_cg/pids.current); grep max $fb_cg/pids.events; systemctl is-active leviathd; as_alice=\$(runuser -l alice -c 'echo alive'); echo shell=\$as_alice"
+# The scope's cgroup straight from lev's output: the bomb may not live long
+# (its own supervisor cannot fork either), so sampling starts at once.
+fb_cg=/sys/fs/cgroup/leviath.slice/$(sed -n 's/^unit //p' "$R/forkbomb_start.out")
+step forkbomb sh -c "
+    peak=0; ev=
+    for i in \$(seq 40); do
+        c=\$(cat $fb_cg/pids.current 2>/dev/null) || break
+        [ \$c -gt \$peak ] && peak=\$c
+        ev=\$(grep max $fb_cg/pids.events)
+        sleep 0.5
+    done
+    echo peak=\$peak; echo events=\$ev
+    systemctl is-active leviathd; echo shell=\$(runuser -l alice -c 'echo alive')"
 as alice "lev stop $fb" >/dev/null 2>&1
 step memhog as alice "lev run -- python3 -c 'b = bytearray(400 * 2**20); print(\"survived\", len(b))'"
 step memhog_after sh -c 'systemctl is-active leviathd; journalctl -k --no-pager | grep -ci "memory cgroup out of memory" || true'
