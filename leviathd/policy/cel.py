@@ -1,0 +1,536 @@
+"""A small, safe evaluator for a subset of CEL (Common Expression Language).
+
+Why not a CEL package from PyPI (bench/cel_bench.py, docs/configuration.md
+"Policy rules"): Debian 13 ships neither `cel-python` nor
+`common-expression-language`; `cel-python` pulls a dozen more packages into
+a root daemon (lark, pendulum, jmespath, google-re2, pyyaml, typer, rich...)
+and `common-expression-language` is a compiled Rust extension that Debian
+would have to build with its crates; neither bounds the cost of one
+evaluation. A rule here only needs comparisons, boolean logic, string tests
+and field access, so this module parses that subset into a tree once (at
+config load) and walks it with a step budget.
+
+The subset: literals (int, string, true, false, null, [lists]); names;
+`a.b` and `a["b"]` (maps) and `a[0]` (lists); `! -` `* / %` `+ -`
+`== != < <= > >= in` `&&` `||` `c ? x : y`; functions `size(x)`, `rank(level)`
+and the methods `s.startsWith(t)`, `s.endsWith(t)`, `s.contains(t)`,
+`s.lower()`, `s.glob(pattern)`, `x.size()`. No macros, no loops, no regular
+expressions (Python's re has no bound on backtracking), nothing that reaches
+outside the values it is given.
+
+Bounds: the source text, the nesting depth and the number of nodes are
+limited at compile time (a bad or oversized rule is refused at load with
+its column); every evaluation has a step budget in which each node costs one
+step and each string it builds costs one step per 64 characters.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_SOURCE = 4096
+MAX_DEPTH = 32
+MAX_NODES = 512
+MAX_STEPS = 20_000
+MAX_STRING = 1 << 20  # no rule builds a string longer than this
+
+LEVELS = ("public", "internal", "private")
+
+
+class CelError(Exception):
+    """A compile error (with a 1-based column) or a run-time error."""
+
+    def __init__(self, message: str, column: int = 0) -> None:
+        super().__init__(f"col {column}: {message}" if column else message)
+        self.column = column
+        self.reason = message
+
+
+# ------------------------------------------------------------------ lexer
+
+_PUNCT = ("&&", "||", "==", "!=", "<=", ">=", "(", ")", "[", "]", ".", ",", "?", ":",
+          "!", "-", "+", "*", "/", "%", "<", ">")
+_KEYWORDS = {"true": True, "false": False, "null": None}
+_RESERVED = frozenset({"as", "break", "const", "continue", "else", "for", "function", "if",
+                       "import", "let", "loop", "package", "namespace", "return", "var",
+                       "void", "while"})
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "0": "\0"}
+
+
+@dataclass(frozen=True)
+class _Tok:
+    kind: str  # int, str, name, op, end
+    value: Any
+    col: int
+
+
+def _lex(src: str) -> list[_Tok]:
+    toks: list[_Tok] = []
+    i, n = 0, len(src)
+    while i < n:
+        c = src[i]
+        col = i + 1
+        if c in " \t\r\n":
+            i += 1
+            continue
+        if c.isascii() and (c.isalpha() or c == "_"):
+            j = i + 1
+            while j < n and src[j].isascii() and (src[j].isalnum() or src[j] == "_"):
+                j += 1
+            word = src[i:j]
+            if word in _RESERVED:
+                raise CelError(f"{word!r} is a reserved word", col)
+            toks.append(_Tok("lit", _KEYWORDS[word], col) if word in _KEYWORDS
+                        else _Tok("name", word, col))
+            i = j
+            continue
+        if c.isdigit():
+            j = i
+            while j < n and src[j].isdigit():
+                j += 1
+            if j - i > 18:
+                raise CelError("integer literal too long", col)
+            toks.append(_Tok("lit", int(src[i:j]), col))
+            i = j
+            continue
+        if c in "\"'":
+            j, out = i + 1, []
+            while True:
+                if j >= n or src[j] == "\n":
+                    raise CelError("unterminated string", col)
+                ch = src[j]
+                if ch == c:
+                    break
+                if ch == "\\":
+                    if j + 1 >= n or src[j + 1] not in _ESCAPES:
+                        raise CelError("unknown escape in string", j + 1)
+                    out.append(_ESCAPES[src[j + 1]])
+                    j += 2
+                    continue
+                out.append(ch)
+                j += 1
+            toks.append(_Tok("lit", "".join(out), col))
+            i = j + 1
+            continue
+        for p in _PUNCT:
+            if src.startswith(p, i):
+                toks.append(_Tok("op", p, col))
+                i += len(p)
+                break
+        else:
+            raise CelError(f"unexpected character {c!r}", col)
+    toks.append(_Tok("end", None, n + 1))
+    return toks
+
+
+# ------------------------------------------------------------------ tree
+
+# A node is a tuple: (op, col, *children). Plain tuples keep evaluation fast.
+Node = tuple[Any, ...]
+
+_METHODS = {"startsWith": 1, "endsWith": 1, "contains": 1, "lower": 0, "glob": 1, "size": 0}
+_FUNCTIONS = {"size": 1, "rank": 1}
+
+
+class _Parser:
+    def __init__(self, src: str) -> None:
+        self.toks = _lex(src)
+        self.i = 0
+        self.depth = 0
+        self.nodes = 0
+
+    def peek(self) -> _Tok:
+        return self.toks[self.i]
+
+    def take(self) -> _Tok:
+        t = self.toks[self.i]
+        self.i += 1
+        return t
+
+    def accept(self, op: str) -> bool:
+        t = self.peek()
+        if t.kind == "op" and t.value == op:
+            self.i += 1
+            return True
+        return False
+
+    def expect(self, op: str) -> None:
+        if not self.accept(op):
+            t = self.peek()
+            got = "the end" if t.kind == "end" else repr(t.value)
+            raise CelError(f"expected {op!r}, found {got}", t.col)
+
+    def node(self, *parts: Any) -> Node:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise CelError(f"expression too large (more than {MAX_NODES} nodes)", parts[1])
+        return parts
+
+    def enter(self, col: int) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise CelError(f"expression nested too deeply (more than {MAX_DEPTH} levels)", col)
+
+    def parse(self) -> Node:
+        tree = self.expr()
+        t = self.peek()
+        if t.kind != "end":
+            raise CelError(f"unexpected {t.value!r}", t.col)
+        return tree
+
+    def expr(self) -> Node:
+        col = self.peek().col
+        self.enter(col)
+        cond = self.binary(0)
+        if self.accept("?"):
+            yes = self.expr()
+            self.expect(":")
+            no = self.expr()
+            cond = self.node("?:", col, cond, yes, no)
+        self.depth -= 1
+        return cond
+
+    _LEVELS: tuple[tuple[str, ...], ...] = (
+        ("||",), ("&&",), ("==", "!=", "<", "<=", ">", ">=", "in"), ("+", "-"), ("*", "/", "%"),
+    )
+
+    def binary(self, level: int) -> Node:
+        if level == len(self._LEVELS):
+            return self.unary()
+        left = self.binary(level + 1)
+        ops = self._LEVELS[level]
+        while True:
+            t = self.peek()
+            op = t.value if t.kind in ("op", "name") else None
+            if op not in ops:
+                return left
+            self.i += 1
+            right = self.binary(level + 1)
+            left = self.node(op, t.col, left, right)
+        # unreachable
+
+    def unary(self) -> Node:
+        t = self.peek()
+        if t.kind == "op" and t.value in ("!", "-"):
+            self.i += 1
+            self.enter(t.col)
+            operand = self.unary()
+            self.depth -= 1
+            return self.node("neg" if t.value == "-" else "!", t.col, operand)
+        return self.member()
+
+    def member(self) -> Node:
+        tree = self.primary()
+        while True:
+            t = self.peek()
+            if self.accept("."):
+                name = self.take()
+                if name.kind != "name":
+                    raise CelError("expected a field or method name after '.'", name.col)
+                if self.accept("("):
+                    args = self.args(")")
+                    want = _METHODS.get(name.value)
+                    if want is None:
+                        raise CelError(f"unknown method {name.value!r}", name.col)
+                    if len(args) != want:
+                        raise CelError(f"{name.value}() takes {want} argument(s)", name.col)
+                    tree = self.node("call", name.col, name.value, tree, *args)
+                else:
+                    tree = self.node("field", name.col, tree, name.value)
+            elif self.accept("["):
+                self.enter(t.col)
+                key = self.expr()
+                self.depth -= 1
+                self.expect("]")
+                tree = self.node("index", t.col, tree, key)
+            else:
+                return tree
+
+    def args(self, close: str) -> list[Node]:
+        out: list[Node] = []
+        if self.accept(close):
+            return out
+        while True:
+            out.append(self.expr())
+            if self.accept(close):
+                return out
+            self.expect(",")
+
+    def primary(self) -> Node:
+        t = self.take()
+        if t.kind == "lit":
+            return self.node("lit", t.col, t.value)
+        if t.kind == "name":
+            if self.accept("("):
+                want = _FUNCTIONS.get(t.value)
+                if want is None:
+                    raise CelError(f"unknown function {t.value!r}", t.col)
+                args = self.args(")")
+                if len(args) != want:
+                    raise CelError(f"{t.value}() takes {want} argument(s)", t.col)
+                return self.node("fn", t.col, t.value, *args)
+            return self.node("var", t.col, t.value)
+        if t.kind == "op" and t.value == "(":
+            inner = self.expr()
+            self.expect(")")
+            return inner
+        if t.kind == "op" and t.value == "[":
+            self.enter(t.col)
+            items = self.args("]")
+            self.depth -= 1
+            return self.node("list", t.col, *items)
+        got = "the end of the expression" if t.kind == "end" else repr(t.value)
+        raise CelError(f"unexpected {got}", t.col)
+
+
+# ------------------------------------------------------------------ program
+
+
+@dataclass(frozen=True)
+class Program:
+    source: str
+    tree: Node
+    names: frozenset[str]
+
+    def evaluate(self, env: Mapping[str, Any], *, max_steps: int = MAX_STEPS) -> Any:
+        return _Eval(env, max_steps).run(self.tree)
+
+
+def compile_expr(source: str, names: Sequence[str] = ()) -> Program:
+    """Parse once; raises CelError with a column. `names`: when given, the
+    only variables the expression may use (a typo is a load error, not a
+    deny at run time)."""
+    if len(source) > MAX_SOURCE:
+        raise CelError(f"expression longer than {MAX_SOURCE} characters", MAX_SOURCE)
+    parser = _Parser(source)
+    tree = parser.parse()
+    # A chain `a && b && c ...` is shallow to parse but as deep as a nest to
+    # walk: the tree's own depth is what evaluation recurses on.
+    if (depth := _depth(tree)) > MAX_DEPTH * 2:
+        raise CelError(f"expression nested too deeply ({depth} levels, at most {MAX_DEPTH * 2})",
+                       1)
+    used = _names(tree)
+    if names:
+        for name, col in used:
+            if name not in names:
+                raise CelError(f"unknown variable {name!r}; known: {', '.join(names)}", col)
+    return Program(source, tree, frozenset(n for n, _ in used))
+
+
+def _depth(tree: Node) -> int:
+    deepest = 0
+    stack = [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        stack.extend((c, d + 1) for c in node[2:] if isinstance(c, tuple))
+    return deepest
+
+
+def _names(tree: Node) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if node[0] == "var":
+            out.append((node[2], node[1]))
+        elif node[0] != "lit":
+            stack.extend(c for c in node[2:] if isinstance(c, tuple))
+    return sorted(out, key=lambda x: x[1])
+
+
+def _type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, Mapping):
+        return "map"
+    if isinstance(v, (list, tuple)):
+        return "list"
+    return type(v).__name__
+
+
+class _Eval:
+    def __init__(self, env: Mapping[str, Any], max_steps: int) -> None:
+        self.env = env
+        self.left = max_steps
+
+    def cost(self, n: int = 1) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise CelError("evaluation ran over its step budget")
+
+    def run(self, node: Node) -> Any:
+        self.cost()
+        op = node[0]
+        col = node[1]
+        if op == "lit":
+            return node[2]
+        if op == "var":
+            try:
+                return self.env[node[2]]
+            except KeyError:
+                raise CelError(f"no variable {node[2]!r}", col) from None
+        if op == "&&" or op == "||":
+            return self.logic(op, node)
+        if op == "?:":
+            cond = self.run(node[2])
+            if not isinstance(cond, bool):
+                raise CelError(f"condition is {_type(cond)}, not bool", col)
+            return self.run(node[3] if cond else node[4])
+        if op == "!":
+            v = self.run(node[2])
+            if not isinstance(v, bool):
+                raise CelError(f"'!' needs a bool, not {_type(v)}", col)
+            return not v
+        if op == "neg":
+            v = self.run(node[2])
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise CelError(f"'-' needs an int, not {_type(v)}", col)
+            return -v
+        if op == "field":
+            base = self.run(node[2])
+            if not isinstance(base, Mapping):
+                raise CelError(f"no field {node[3]!r} on {_type(base)}", col)
+            if node[3] not in base:
+                raise CelError(f"no such key {node[3]!r}", col)
+            return base[node[3]]
+        if op == "index":
+            return self.index(self.run(node[2]), self.run(node[3]), col)
+        if op == "list":
+            return tuple(self.run(c) for c in node[2:])
+        if op == "call":
+            return self.method(node[2], self.run(node[3]), [self.run(c) for c in node[4:]], col)
+        if op == "fn":
+            return self.function(node[2], self.run(node[3]), col)
+        return self.binop(op, self.run(node[2]), self.run(node[3]), col)
+
+    def logic(self, op: str, node: Node) -> bool:
+        # CEL's commutative logic: `false && error` and `error && false` are
+        # both false; an error stands only when the other side cannot decide.
+        short = op == "||"
+        err: CelError | None = None
+        for child in (node[2], node[3]):
+            try:
+                v = self.run(child)
+            except CelError as exc:
+                if "step budget" in exc.reason:
+                    raise
+                err = exc
+                continue
+            if not isinstance(v, bool):
+                err = CelError(f"{op!r} needs bools, not {_type(v)}", node[1])
+                continue
+            if v is short:
+                return short
+        if err is not None:
+            raise err
+        return not short
+
+    def index(self, base: Any, key: Any, col: int) -> Any:
+        if isinstance(base, Mapping):
+            if key not in base:
+                raise CelError(f"no such key {key!r}"[:200], col)
+            return base[key]
+        if isinstance(base, (list, tuple)):
+            if isinstance(key, bool) or not isinstance(key, int):
+                raise CelError(f"list index is {_type(key)}, not int", col)
+            if not 0 <= key < len(base):
+                raise CelError(f"index {key} out of range", col)
+            return base[key]
+        raise CelError(f"cannot index {_type(base)}", col)
+
+    def string(self, v: Any) -> Any:
+        if isinstance(v, str):
+            if len(v) > MAX_STRING:
+                raise CelError(f"string longer than {MAX_STRING} characters")
+            self.cost(len(v) // 64)
+        return v
+
+    def method(self, name: str, recv: Any, args: list[Any], col: int) -> Any:
+        if name == "size":
+            return self.function("size", recv, col)
+        if not isinstance(recv, str):
+            raise CelError(f"{name}() needs a string, not {_type(recv)}", col)
+        self.string(recv)
+        if name == "lower":
+            return recv.lower()
+        arg = args[0]
+        if not isinstance(arg, str):
+            raise CelError(f"{name}() needs a string argument, not {_type(arg)}", col)
+        self.string(arg)
+        if name == "startsWith":
+            return recv.startswith(arg)
+        if name == "endsWith":
+            return recv.endswith(arg)
+        if name == "contains":
+            return arg in recv
+        # glob: fnmatch's translation has no nested repeats, so no runaway
+        # backtracking; the pattern is bounded like any string here.
+        if len(arg) > 1024:
+            raise CelError("glob pattern longer than 1024 characters", col)
+        return fnmatch.fnmatchcase(recv, arg)
+
+    def function(self, name: str, arg: Any, col: int) -> Any:
+        if name == "size":
+            if isinstance(arg, (str, list, tuple, Mapping)):
+                return len(arg)
+            raise CelError(f"size() of {_type(arg)}", col)
+        # rank: the order of a sensitivity level, so rules can compare levels.
+        if isinstance(arg, str) and arg in LEVELS:
+            return LEVELS.index(arg)
+        raise CelError(f"rank() needs one of {', '.join(LEVELS)}", col)
+
+    def binop(self, op: str, a: Any, b: Any, col: int) -> Any:
+        ta, tb = _type(a), _type(b)
+        if op == "==":
+            return ta == tb and a == b
+        if op == "!=":
+            return not (ta == tb and a == b)
+        if op == "in":
+            if isinstance(b, Mapping):
+                return a in b if ta in ("string", "int") else False
+            if isinstance(b, (list, tuple)):
+                self.cost(len(b))
+                return any(_type(x) == ta and x == a for x in b)
+            raise CelError(f"'in' needs a list or map, not {tb}", col)
+        if ta != tb or ta not in ("int", "string") or (op in ("*", "/", "%", "-")
+                                                        and ta != "int"):
+            raise CelError(f"no operator {op!r} for {ta} and {tb}", col)
+        if op == "<":
+            return a < b
+        if op == "<=":
+            return a <= b
+        if op == ">":
+            return a > b
+        if op == ">=":
+            return a >= b
+        if op == "+":
+            if ta == "string":
+                if len(a) + len(b) > MAX_STRING:
+                    raise CelError(f"string longer than {MAX_STRING} characters", col)
+                return self.string(a + b)
+            return _int64(a + b, col)
+        if op == "-":
+            return _int64(a - b, col)
+        if op == "*":
+            return _int64(a * b, col)
+        if b == 0:
+            raise CelError("division by zero", col)
+        # CEL truncates toward zero, like C.
+        q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
+        return q if op == "/" else a - q * b
+
+
+def _int64(v: int, col: int) -> int:
+    if not -(1 << 63) <= v < (1 << 63):
+        raise CelError("integer overflow", col)
+    return v
