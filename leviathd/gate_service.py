@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import json
 import os
 import signal
@@ -48,6 +49,7 @@ from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import Answer, ApprovalQueue, PendingRequest
 from leviathd.policy.labels import Sensitivity
 from leviathd.policy.ledger import Entry, Ledger
+from leviathd.policy.rules import RuleSpec
 from leviathd.policy.settings import CredentialSpec, PolicySettings
 from leviathd.readpaths import is_inside
 from leviathd.records import AgentRecord, RecordStore
@@ -107,6 +109,8 @@ def settings_to_json(s: PolicySettings) -> dict[str, Any]:
             for name, c in s.credentials.items()
         },
         "limits": s.limits.to_json(),
+        "rules": [{"name": r.name, "when": r.when, "decision": r.decision, "reason": r.reason,
+                   "layer": r.layer} for r in s.rules],
     }
 
 
@@ -132,7 +136,23 @@ def settings_from_json(d: Mapping[str, Any]) -> PolicySettings:
             for name, c in d["credentials"].items()
         },
         limits=Limits.from_json(d.get("limits")),
+        rules=tuple(RuleSpec(**r) for r in d.get("rules") or ()),
     )
+
+
+def _agent_facts(rec: AgentRecord, user: UserInfo, settings: PolicySettings) -> dict[str, Any]:
+    """The agent as policy rules see it (docs/configuration.md, "Policy rules")."""
+    groups = []
+    for gid in user.groups:
+        try:
+            groups.append(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            groups.append(str(gid))
+    # The stage is "" for now: one broker serves all of an agent's stages and
+    # is not told when one ends (docs/configuration.md says so).
+    return {"id": rec.id, "blueprint": rec.agent, "stage": "", "user": rec.user,
+            "uid": rec.uid, "groups": tuple(groups), "sandbox": rec.sandbox,
+            "network": settings.network}
 
 
 # ------------------------------------------------------------------ service
@@ -269,7 +289,7 @@ class GateService:
             agent_id=rec.id, user=user, workdir=rec.workdir, settings=settings,
             ledger=ledger or Ledger(settings.budget), approvals=approvals,
             audit=lambda record: self._audit(rec.id, record), shell=self.run_shell,
-            credential=self.run_credential,
+            credential=self.run_credential, agent_facts=_agent_facts(rec, user, settings),
         )
         server = BrokerServer(broker, lookup=self.lookup,
                               path=os.path.join(folder, SOCKET_NAME), mode=0o600)

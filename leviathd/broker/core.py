@@ -31,7 +31,7 @@ from leviathd.errors import LeviathError, LimitExceeded, NotFound, Unavailable
 from leviathd.identity import UserInfo
 from leviathd.policy import filelabels
 from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
-from leviathd.policy.gate import ApprovalView, Call, Decision, decide
+from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide
 from leviathd.policy.labels import Sensitivity
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
@@ -87,8 +87,11 @@ class Broker:
         audit: AuditSink,
         shell: ShellRunner | None = None,
         credential: CredentialRunner | None = None,
+        agent_facts: Mapping[str, Any] | None = None,
     ) -> None:
         self.agent_id = agent_id
+        # What policy rules see of the agent (gate.Facts).
+        self.agent_facts: Mapping[str, Any] = agent_facts or {"id": agent_id, "user": user.name}
         self.user = user
         self.ledger = ledger
         self.approvals = approvals
@@ -196,7 +199,8 @@ class Broker:
         view: ApprovalView = self.approvals.session
         for _ in range(3):  # at most a permission ask and a taint ask
             taint = self.ledger.taint
-            d = decide(self.policy, call, taint, view)
+            facts = self._facts(args) if self.policy.rules else Facts()
+            d = decide(self.policy, call, taint, view, facts)
             if d.outcome != "ask":
                 return d
             assert d.ask_kind is not None
@@ -212,6 +216,10 @@ class Broker:
             if answer is Answer.ONCE:
                 view = OnceApproval(view, d.ask_kind, tool, call.approval_key, taint)
         raise Unavailable("approval loop did not settle")  # pragma: no cover
+
+    def _facts(self, args: Mapping[str, Any]) -> Facts:
+        ledger = tuple((e.tool, e.target, str(e.label)) for e in self.ledger.entries())
+        return Facts(args=args, agent=self.agent_facts, ledger=ledger)
 
     async def call(self, tool: str, args: Mapping[str, Any]) -> dict[str, Any]:
         """Run one tool call; returns the JSON-able reply (ok or error)."""

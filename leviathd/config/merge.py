@@ -47,6 +47,7 @@ from leviathd.config.models import (
     Mount,
     OnUnavailable,
     Permission,
+    PolicyRule,
     ProxyConfig,
     Resources,
     SandboxConfig,
@@ -55,6 +56,7 @@ from leviathd.config.models import (
     TaintPolicy,
 )
 from leviathd.policy.labels import DEFAULT_CLEARANCE
+from leviathd.policy.rules import RuleSpec
 from leviathd.policy.shellrule import ShellPattern
 from leviathd.readpaths import ReadPathError, active_patterns, parse_pattern
 
@@ -160,6 +162,7 @@ class Effective:
     hidden_paths: list[str] = field(default_factory=list)
     taint: TaintSettings = field(default_factory=TaintSettings)
     allowlist: list[AllowRule] = field(default_factory=list)
+    rules: list[RuleSpec] = field(default_factory=list)
     credentials: dict[str, CredentialConfig] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
     proxy: ProxyRules = field(default_factory=ProxyRules)
@@ -299,6 +302,20 @@ def _check_rules(rules: Iterable[AllowRule], where: str, out: _Findings) -> None
                 out.add("warn", "allowlist-shell", f"{where}: {exc}; this rule matches nothing")
 
 
+def _layer_rules(rules: Iterable[PolicyRule], layer: str, where: str,
+                 out: _Findings) -> list[RuleSpec]:
+    """Tighten-only: a user's or a blueprint's rule may ask or deny, never allow."""
+    kept = []
+    for rule in rules:
+        if rule.decision == "allow" and layer != "machine":
+            out.add("warn", "rule-overruled",
+                    f"{where} {rule.name!r}: decision = \"allow\" is ignored: only the machine "
+                    "config's rules may allow; a user's or a blueprint's may ask or deny")
+            continue
+        kept.append(RuleSpec(rule.name, rule.when, rule.decision, rule.reason, layer))
+    return kept
+
+
 def _check_tools(names: Iterable[str], where: str, out: _Findings) -> None:
     for name in names:
         if name not in KNOWN_TOOLS:
@@ -379,6 +396,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
     env_withhold = list(sec.env_withhold)
     credentials = dict(machine.credentials)
     allowlist = list(machine.allowlist)
+    rules = _layer_rules(machine.rules, "machine", "machine config [[rules]]", out)
     _check_credential_store(sec.credential_store, "machine config [security]", out)
     proxy = narrow_proxy(ProxyRules(), machine.proxy)
     if user is not None:
@@ -563,6 +581,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
                 f"{w} [taint] enabled = false is ignored: the machine config turns it on",
             )
         allowlist += list(user.allowlist)
+        rules += _layer_rules(user.rules, "user", f"{w} [[rules]]", out)
         _check_tools((r.tool for r in user.allowlist if r.tool != "*"), f"{w} [[allowlist]]", out)
         _check_rules(user.allowlist, f"{w} [[allowlist]]", out)
 
@@ -606,6 +625,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         hidden_paths=hidden,
         taint=taint,
         allowlist=allowlist,
+        rules=rules,
         credentials=credentials,
         proxy=proxy,
     )
@@ -831,6 +851,7 @@ def resolve(
     permissions = _apply_permissions(base, blueprint.permissions, out)
     proxy = narrow_proxy(base.eff.proxy, blueprint.proxy)
     resources = _tighten_resources(base.eff.resources, blueprint.resources, "blueprint", out)
+    blueprint_rules = _layer_rules(blueprint.rules, "blueprint", "blueprint [[rules]]", out)
 
     def effective(
         sandbox: SandboxConfig, origin: Mapping[str, str], command: list[str]
@@ -848,6 +869,7 @@ def resolve(
             env_withhold=list(fenced.env_withhold),
             hidden_paths=list(fenced.hidden_paths),
             allowlist=list(fenced.allowlist),
+            rules=[*fenced.rules, *blueprint_rules],
             credentials=dict(fenced.credentials),
             command=list(command),
             proxy=proxy,

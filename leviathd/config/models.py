@@ -410,6 +410,29 @@ class AllowRule(_Model):
     max_sensitivity: Sensitivity
 
 
+def _rule_when(value: str) -> str:
+    # Compiled here so a bad rule is refused at load with its file and line
+    # (the column is the expression's own); the daemon compiles it again.
+    from leviathd.policy.cel import CelError
+    from leviathd.policy.rules import compile_rule
+
+    try:
+        compile_rule(value)
+    except CelError as exc:
+        raise ValueError(f"rule does not compile: {exc}") from None
+    return value
+
+
+class PolicyRule(_Model):
+    """`[[rules]]`: when the CEL condition `when` holds for a call, `decision`
+    (allow, deny or ask) with `reason` (docs/configuration.md)."""
+
+    name: Name
+    when: Annotated[str, AfterValidator(_rule_when)]
+    decision: Literal["allow", "deny", "ask"]
+    reason: Annotated[str, Field(max_length=200)] = ""
+
+
 class CredentialConfig(_Model):
     """`[credentials.NAME]`: the command the credential tool runs (`command`, the agent
     adds arguments) and where the secret comes from (exactly one of `secret_file`, an
@@ -453,6 +476,7 @@ class Config(_Model):
     agent_tool_permissions: dict[str, dict[str, Permission]] = Field(default_factory=dict)
     taint: TaintConfig = Field(default_factory=TaintConfig)
     allowlist: list[AllowRule] = Field(default_factory=list)
+    rules: Annotated[list[PolicyRule], Field(max_length=256)] = Field(default_factory=list)
     credentials: dict[Name, CredentialConfig] = Field(default_factory=dict)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     records: RecordsConfig = Field(default_factory=RecordsConfig)
@@ -503,6 +527,7 @@ class Blueprint(_Model):
     resources: Resources = Field(default_factory=Resources)
     env: Annotated[dict[str, str], AfterValidator(_env_table)] = Field(default_factory=dict)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    rules: Annotated[list[PolicyRule], Field(max_length=256)] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _has_something_to_run(self) -> Blueprint:

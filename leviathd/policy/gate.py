@@ -7,11 +7,13 @@ normalised; the broker re-checks the real path of every opened file.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 from leviathd.policy.labels import READ_TOOLS, WRITE_TOOLS, Sensitivity, label_for
 from leviathd.policy.permissions import permission_for
+from leviathd.policy.rules import RuleResult, environment, evaluate
 from leviathd.policy.settings import CompiledPolicy
 from leviathd.readpaths import is_inside
 
@@ -55,6 +57,21 @@ class Decision:
     ask_kind: AskKind | None = None
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What policy rules see besides the call and the taint: the call's
+    arguments, the agent (a map: id, blueprint, stage, user, uid, groups,
+    sandbox, network) and its ledger's (tool, target, label) entries."""
+
+    args: Mapping[str, Any] = field(default_factory=dict)
+    agent: Mapping[str, Any] = field(default_factory=dict)
+    ledger: tuple[tuple[str, str, str], ...] = ()
+    now: float | None = None
+
+
+NO_FACTS = Facts()
+
+
 class ApprovalView(Protocol):
     def permission_approved(self, tool: str) -> bool: ...
 
@@ -82,6 +99,7 @@ def decide(
     call: Call,
     taint: Sensitivity,
     approvals: ApprovalView = NO_APPROVALS,
+    facts: Facts = NO_FACTS,
 ) -> Decision:
     steps: list[Step] = []
     tool = call.tool
@@ -99,6 +117,20 @@ def decide(
     if perm.source == "unknown-tool":
         steps.append(Step("permission", "deny", f"{tool!r} is not a known tool (fail closed)"))
         return done("deny", "unknown-tool")
+    # 1a. Policy rules (docs/configuration.md): a deny ends it here; an ask is
+    # put after the path checks; an allow counts like an allowlist entry.
+    ruled: RuleResult | None = None
+    if policy.rules:
+        env = environment(tool=tool, target=call.target, args=facts.args, paths=call.paths,
+                          taint=str(taint), agent=facts.agent, ledger=facts.ledger,
+                          now=facts.now)
+        ruled = evaluate(policy.rules, env)
+        if ruled is None:
+            steps.append(Step("rules", "none", f"none of {len(policy.rules)} rules matched"))
+        else:
+            steps.append(Step("rules", ruled.decision, f"{ruled.rule}: {ruled.reason}"))
+            if ruled.decision == "deny":
+                return done("deny", ruled.rule)
     steps.append(Step("permission", perm.permission, f"{tool} = {perm.permission} ({perm.source})"))
     if perm.permission == "deny":
         return done("deny", f"permission:{tool}=deny")
@@ -132,6 +164,11 @@ def decide(
     else:
         steps.append(Step("read-path", "n/a", f"{tool} reads no host paths"))
 
+    if ruled is not None and ruled.decision == "ask":
+        if not approvals.taint_approved(tool, call.approval_key, taint):
+            return done("ask", ruled.rule, "taint")
+        steps.append(Step("approval", "allow", f"{ruled.rule} approved by a person"))
+
     # 3. Taint against clearance, for tools that can send data out.
     settings = policy.settings
     if clearance is None:
@@ -149,6 +186,9 @@ def decide(
         steps.append(Step("allowlist", "allow", rule.describe()))
         return done("allow", f"allowlist#{rule.index}")
     steps.append(Step("allowlist", "none", f"no allowlist rule covers {tool} → {call.target!r}"))
+    if ruled is not None and ruled.decision == "allow":
+        steps.append(Step("rules", "allow", f"{ruled.rule} allows it above clearance"))
+        return done("allow", ruled.rule)
     if approvals.taint_approved(tool, call.approval_key, taint):
         steps.append(Step("approval", "allow", "approved by a person for this session"))
         return done("allow", "session-approval")

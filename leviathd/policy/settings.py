@@ -13,6 +13,7 @@ from leviathd.policy.allowlist import Allowlist, compile_allowlist
 from leviathd.policy.labels import Sensitivity, clearance_for
 from leviathd.policy.permissions import KNOWN_TOOLS, Permission, compile_permissions
 from leviathd.policy.readgrant import GrantIndex, build_index
+from leviathd.policy.rules import CompiledRule, RuleSpec, compile_rules
 
 OnExceed = Literal["allow", "deny", "ask"]
 
@@ -52,6 +53,9 @@ class PolicySettings:
     credentials: Mapping[str, CredentialSpec] = field(default_factory=dict)
     # The broker's limits: from the machine config's [broker] only.
     limits: Limits = field(default_factory=Limits)
+    # [[rules]] of the machine, then the user, then the blueprint (tighten-only:
+    # the merge dropped the lower layers' allow rules).
+    rules: Sequence[RuleSpec] = ()
 
     @classmethod
     def from_effective(cls, eff: Any, machine: Any = None) -> PolicySettings:
@@ -90,7 +94,20 @@ class PolicySettings:
             network=bool(getattr(eff, "network", True)),
             credentials=creds,
             limits=Limits.from_config(getattr(machine, "broker", None)),
+            rules=tuple(_rule_specs(getattr(eff, "rules", None) or ())),
         )
+
+
+def _rule_specs(rules: Sequence[Any]) -> list[RuleSpec]:
+    out = []
+    for r in rules:
+        decision = str(getattr(r, "decision", "deny"))
+        out.append(RuleSpec(
+            name=str(getattr(r, "name", "")), when=str(getattr(r, "when", "")),
+            decision=decision if decision in ("allow", "ask") else "deny",  # type: ignore[arg-type]
+            reason=str(getattr(r, "reason", "")), layer=str(getattr(r, "layer", "machine")),
+        ))
+    return out
 
 
 class CompiledPolicy:
@@ -108,6 +125,7 @@ class CompiledPolicy:
         self.workdir = self.grant.workdir
         self.rejected_read_paths = self.grant.grants.rejected
         self.allowlist: Allowlist = compile_allowlist(settings.allowlist)
+        self.rules: tuple[CompiledRule, ...] = compile_rules(settings.rules)
         self.clearances: dict[str, Sensitivity | None] = {
             tool: clearance_for(tool, settings.clearance, network=settings.network)
             for tool in KNOWN_TOOLS
