@@ -28,7 +28,7 @@ from leviathd.config.load import (
 )
 from leviathd.config.merge import resolve
 from leviathd.errors import InvalidArgument
-from leviathd.policy.gate import decide
+from leviathd.policy.gate import Facts, decide
 from leviathd.policy.labels import DEFAULT_CLEARANCE, READ_TOOLS, WRITE_TOOLS, Sensitivity
 from leviathd.policy.permissions import KNOWN_TOOLS, permission_for
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("policy", help="list, add to and dry-run the tool policy")
     psub = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
 
-    ls = psub.add_parser("list", help="permissions, clearances and allowlist in force")
+    ls = psub.add_parser("list", help="permissions, clearances, allowlist and rules in force")
     ls.add_argument("--agent", help="show the tables for this agent name")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=run_list)
@@ -88,8 +88,11 @@ def run_list(args: argparse.Namespace) -> int:
     taint = {"enabled": s.taint_enabled, "on_exceed": s.on_exceed, "budget": s.budget,
              "approval_timeout": s.approval_timeout,
              "allow_private_addresses": s.allow_private_addresses}
+    policy_rules = [{"layer": r.layer, "name": r.name, "decision": r.decision, "when": r.when,
+                     "reason": r.reason} for r in s.rules]
     if args.json:
-        print(json.dumps({"tools": rows, "allowlist": rules, "taint": taint}, indent=2))
+        print(json.dumps({"tools": rows, "allowlist": rules, "taint": taint,
+                          "rules": policy_rules}, indent=2))
         return 0
     print(f"{'TOOL':<12} {'PERMISSION':<10} {'CLEARANCE':<10} SOURCE")
     for r in rows:
@@ -102,6 +105,12 @@ def run_list(args: argparse.Namespace) -> int:
     for i, rule in enumerate(rules, start=1):
         print(f"allowlist #{i}: {rule['tool']} → {rule['target']!r} up to "
               f"{rule['max_sensitivity']}")
+    print()
+    if not policy_rules:
+        print("rules: (none)")
+    for pr in policy_rules:
+        reason = f"  ({pr['reason']})" if pr["reason"] else ""
+        print(f"rule {pr['layer']}:{pr['name']}: {pr['decision']} when {pr['when']}{reason}")
     return 0
 
 
@@ -269,9 +278,36 @@ def run_test(args: argparse.Namespace) -> int:
         from leviathd.policy.gate import Call
 
         call = Call(tool, target)
-    d = decide(policy, call, taint)
+    # What rules see of an agent that is not running: who would run it, and
+    # which blueprint; the rest of its map is empty and its ledger too.
+    bp_name = args.agent or (Path(args.blueprint).name if args.blueprint else "")
+    facts = Facts(agent={"id": "", "blueprint": bp_name, "stage": "", "user": _user(),
+                         "uid": os.getuid(), "groups": _groups(), "sandbox": "",
+                         "network": s.network})
+    d = decide(policy, call, taint, facts=facts)
     print(f"{tool} → {call.target or '-'} with taint {taint}")
     for i, step in enumerate(d.steps, start=1):
         print(f"  {i}. {step.check:<10} {step.result:<9} {step.detail}")
     print(f"decision: {d.outcome.upper()} (rule {d.rule}); output would be labelled {d.label}")
     return 0 if d.outcome == "allow" else (2 if d.outcome == "ask" else 1)
+
+
+def _user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def _groups() -> tuple[str, ...]:
+    import grp
+
+    out = []
+    for gid in os.getgroups():
+        try:
+            out.append(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            out.append(str(gid))
+    return tuple(out)

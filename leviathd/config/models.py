@@ -23,6 +23,8 @@ from pydantic import (
     PlainValidator,
     StrictBool,
     StrictInt,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -410,27 +412,30 @@ class AllowRule(_Model):
     max_sensitivity: Sensitivity
 
 
-def _rule_when(value: str) -> str:
-    # Compiled here so a bad rule is refused at load with its file and line
-    # (the column is the expression's own); the daemon compiles it again.
-    from leviathd.policy.cel import CelError
-    from leviathd.policy.rules import compile_rule
-
-    try:
-        compile_rule(value)
-    except CelError as exc:
-        raise ValueError(f"rule does not compile: {exc}") from None
-    return value
-
-
 class PolicyRule(_Model):
     """`[[rules]]`: when the CEL condition `when` holds for a call, `decision`
     (allow, deny or ask) with `reason` (docs/configuration.md)."""
 
     name: Name
-    when: Annotated[str, AfterValidator(_rule_when)]
+    when: str
     decision: Literal["allow", "deny", "ask"]
     reason: Annotated[str, Field(max_length=200)] = ""
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str, info: ValidationInfo) -> str:
+        # Compiled here so a bad rule is refused at load with its file, line
+        # and name (the column is the expression's own); the daemon compiles
+        # it again from the snapshot.
+        from leviathd.policy.cel import CelError
+        from leviathd.policy.rules import compile_rule
+
+        try:
+            compile_rule(value)
+        except CelError as exc:
+            name = info.data.get("name", "?")
+            raise ValueError(f"rule {name!r} does not compile: {exc}") from None
+        return value
 
 
 class CredentialConfig(_Model):

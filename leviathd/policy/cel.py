@@ -282,7 +282,7 @@ class _Parser:
             items = self.args("]")
             self.depth -= 1
             return self.node("list", t.col, *items)
-        got = "the end of the expression" if t.kind == "end" else repr(t.value)
+        got = "end of expression" if t.kind == "end" else repr(t.value)
         raise CelError(f"unexpected {got}", t.col)
 
 

@@ -53,7 +53,7 @@ def test_the_subset_evaluates_as_cel_does(expr: str, value: object) -> None:
 
 
 @pytest.mark.parametrize(("when", "col", "what"), [
-    ('call.tool == "read_file" &&', 28, "unexpected the end"),
+    ('call.tool == "read_file" &&', 28, "unexpected end of expression"),
     ('call.tool = "x"', 11, "unexpected character"),
     ('call.target.matches("x.*")', 13, "unknown method 'matches'"),
     ('tool == "x"', 1, "unknown variable 'tool'"),
@@ -73,7 +73,7 @@ def test_a_bad_rule_in_a_config_names_the_file_the_line_and_the_rule() -> None:
         parse_config(text, SRC)
     msg = str(info.value)
     assert msg.startswith(f"{SRC}:8: rules[1].when:"), msg
-    assert "col 13" in msg and "does not compile" in msg
+    assert "rule 'bad' does not compile: col 13" in msg
 
 
 def test_a_deeply_nested_expression_is_refused_at_load() -> None:
