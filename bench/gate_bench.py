@@ -1,5 +1,5 @@
 """Gate decision time with 1,000 read-path patterns and 1,000 allowlist
-rules (p50/p99), and the broker's read_file round trip against a direct
+rules and 100 policy rules (p50/p99), and the broker's read_file round trip against a direct
 read of the same 4 KiB file, same run, ratio printed.
 
     PYTHONPATH=. /opt/leviath-dev/venv/bin/python bench/gate_bench.py
@@ -21,12 +21,15 @@ from leviathd.broker.server import BrokerServer, cgroup_of
 from leviathd.cli.tool import BrokerClient
 from leviathd.identity import UserInfo
 from leviathd.policy.approvals import ApprovalQueue
-from leviathd.policy.gate import Call, decide
+from leviathd.policy.gate import Call, Facts, decide
 from leviathd.policy.labels import Sensitivity
 from leviathd.policy.ledger import Ledger
+from leviathd.policy.rules import RuleSpec
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 
 HOME = "/home/bench"
+FACTS = Facts(args={"path": "x"}, agent={"id": "a", "user": "bench", "groups": ("bench",)},
+              ledger=tuple(("read_file", f"/w/f{i}", "internal") for i in range(32)))
 WORK = "/srv/bench/work"
 
 
@@ -70,15 +73,36 @@ def allow_rules(n: int = 1000) -> list[dict[str, str]]:
     return out
 
 
+def policy_rules(n: int = 100) -> list[RuleSpec]:
+    """90% name their tool first (the index skips them for other tools), 10% not."""
+    out = []
+    for i in range(n):
+        r = i % 10
+        if r < 5:
+            when = f'call.tool == "http_post" && call.target.endsWith(".bad{i}.example")'
+            decision = "deny"
+        elif r < 8:
+            when = f'call.tool == "read_file" && call.target.startsWith("/secret{i}/")'
+            decision = "deny"
+        elif r < 9:
+            when = f'call.tool in ["shell", "http_get"] && call.target.contains("x{i}")'
+            decision = "ask"
+        else:
+            when = f'agent.user == "mallory{i}" && rank(taint) >= rank("internal")'
+            decision = "deny"
+        out.append(RuleSpec(f"r{i}", when, decision))  # type: ignore[arg-type]
+    return out
+
+
 def pct(samples: list[int], q: float) -> float:
     s = sorted(samples)
     return s[min(len(s) - 1, int(q * len(s)))] / 1000.0
 
 
-def bench_gate() -> None:
+def bench_gate(n_rules: int = 100) -> None:
     t0 = time.perf_counter()
     settings = PolicySettings(read_paths=read_patterns(), allowlist=allow_rules(),
-                              taint_enabled=True)
+                              taint_enabled=True, rules=policy_rules(n_rules))
     policy = CompiledPolicy(settings, home=HOME, workdir=WORK)
     compile_ms = (time.perf_counter() - t0) * 1000
     rng = random.Random(1)
@@ -86,11 +110,11 @@ def bench_gate() -> None:
 
     def read(path: str) -> Callable[[], object]:
         call = Call("read_file", path, (path,))
-        return lambda: decide(policy, call, Sensitivity.PUBLIC)
+        return lambda: decide(policy, call, Sensitivity.PUBLIC, facts=FACTS)
 
     def post(host: str) -> Callable[[], object]:
         call = Call("http_post", host)
-        return lambda: decide(policy, call, X)
+        return lambda: decide(policy, call, X, facts=FACTS)
 
     cases: dict[str, list[Callable[[], object]]] = {
         "read inside workdir": [read(f"{WORK}/src/m{i}.py") for i in range(50)],
@@ -107,7 +131,8 @@ def bench_gate() -> None:
     for fns in cases.values():  # warm up
         for fn in fns:
             fn()
-    print(f"gate: 1,000 read-path patterns + 1,000 allowlist rules, compiled in "
+    print(f"gate: 1,000 read-path patterns + 1,000 allowlist rules + {n_rules} policy rules, "
+          "compiled in "
           f"{compile_ms:.0f} ms")
     print(f"  {'case':<28} {'p50 µs':>8} {'p99 µs':>8}")
     everything: list[int] = []
@@ -179,6 +204,7 @@ def bench_broker() -> None:
 
 
 if __name__ == "__main__":
-    bench_gate()
+    bench_gate(0)
+    bench_gate(100)
     print("broker: read_file of a 4 KiB workdir file, one connection, sequential calls")
     bench_broker()

@@ -27,7 +27,7 @@ step and each string it builds costs one step per 64 characters.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,9 +294,13 @@ class Program:
     source: str
     tree: Node
     names: frozenset[str]
+    nodes: int
+    fn: Fn
 
     def evaluate(self, env: Mapping[str, Any], *, max_steps: int = MAX_STEPS) -> Any:
-        return _Eval(env, max_steps).run(self.tree)
+        budget = _Budget(max_steps)
+        budget.cost(self.nodes)
+        return self.fn(env, budget)
 
 
 def compile_expr(source: str, names: Sequence[str] = ()) -> Program:
@@ -317,7 +321,7 @@ def compile_expr(source: str, names: Sequence[str] = ()) -> Program:
         for name, col in used:
             if name not in names:
                 raise CelError(f"unknown variable {name!r}; known: {', '.join(names)}", col)
-    return Program(source, tree, frozenset(n for n, _ in used))
+    return Program(source, tree, frozenset(n for n, _ in used), parser.nodes, _build(tree))
 
 
 def _depth(tree: Node) -> int:
@@ -358,176 +362,305 @@ def _type(v: Any) -> str:
     return type(v).__name__
 
 
-class _Eval:
-    def __init__(self, env: Mapping[str, Any], max_steps: int) -> None:
-        self.env = env
-        self.left = max_steps
+class _Budget:
+    """Steps left for one evaluation. Every node runs at most once (no loops),
+    so nodes are charged up front; what varies with the input (strings, the
+    lists `in` scans) is charged as it is met."""
 
-    def cost(self, n: int = 1) -> None:
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def cost(self, n: int) -> None:
         self.left -= n
         if self.left < 0:
             raise CelError("evaluation ran over its step budget")
 
-    def run(self, node: Node) -> Any:
-        self.cost()
-        op = node[0]
-        col = node[1]
-        if op == "lit":
-            return node[2]
-        if op == "var":
+    def string(self, v: Any) -> Any:
+        if type(v) is str and len(v) >= 64:
+            if len(v) > MAX_STRING:
+                raise CelError(f"string longer than {MAX_STRING} characters")
+            self.cost(len(v) >> 6)
+        return v
+
+
+Fn = Callable[[Mapping[str, Any], _Budget], Any]
+
+
+def _build(node: Node) -> Fn:
+    """The tree as nested closures: one Python call per node, no dispatch."""
+    op, col = node[0], node[1]
+    if op == "lit":
+        value = node[2]
+        return lambda env, b: value
+    if op == "var":
+        name = node[2]
+
+        def var(env: Mapping[str, Any], b: _Budget) -> Any:
             try:
-                return self.env[node[2]]
+                return env[name]
             except KeyError:
-                raise CelError(f"no variable {node[2]!r}", col) from None
-        if op == "&&" or op == "||":
-            return self.logic(op, node)
-        if op == "?:":
-            cond = self.run(node[2])
-            if not isinstance(cond, bool):
-                raise CelError(f"condition is {_type(cond)}, not bool", col)
-            return self.run(node[3] if cond else node[4])
-        if op == "!":
-            v = self.run(node[2])
+                raise CelError(f"no variable {name!r}", col) from None
+        return var
+    if op == "field":
+        inner = node[2]
+        if inner[0] == "var":
+            return _var_field(inner[2], node[3], col)
+        return _field(_build(inner), node[3], col)
+    if op in ("&&", "||"):
+        return _logic(op, _build(node[2]), _build(node[3]), col)
+    if op == "?:":
+        cond, yes, no = _build(node[2]), _build(node[3]), _build(node[4])
+
+        def choose(env: Mapping[str, Any], b: _Budget) -> Any:
+            c = cond(env, b)
+            if not isinstance(c, bool):
+                raise CelError(f"condition is {_type(c)}, not bool", col)
+            return yes(env, b) if c else no(env, b)
+        return choose
+    if op == "!":
+        inner = _build(node[2])
+
+        def negate(env: Mapping[str, Any], b: _Budget) -> Any:
+            v = inner(env, b)
             if not isinstance(v, bool):
                 raise CelError(f"'!' needs a bool, not {_type(v)}", col)
             return not v
-        if op == "neg":
-            v = self.run(node[2])
+        return negate
+    if op == "neg":
+        inner = _build(node[2])
+
+        def minus(env: Mapping[str, Any], b: _Budget) -> Any:
+            v = inner(env, b)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise CelError(f"'-' needs an int, not {_type(v)}", col)
             return -v
-        if op == "field":
-            base = self.run(node[2])
-            if not isinstance(base, Mapping):
-                raise CelError(f"no field {node[3]!r} on {_type(base)}", col)
-            if node[3] not in base:
-                raise CelError(f"no such key {node[3]!r}", col)
-            return base[node[3]]
-        if op == "index":
-            return self.index(self.run(node[2]), self.run(node[3]), col)
-        if op == "list":
-            return tuple(self.run(c) for c in node[2:])
-        if op == "call":
-            return self.method(node[2], self.run(node[3]), [self.run(c) for c in node[4:]], col)
-        if op == "fn":
-            return self.function(node[2], self.run(node[3]), col)
-        return self.binop(op, self.run(node[2]), self.run(node[3]), col)
+        return minus
+    if op == "index":
+        base, key = _build(node[2]), _build(node[3])
+        return lambda env, b: _index(base(env, b), key(env, b), col)
+    if op == "list":
+        items = [_build(c) for c in node[2:]]
+        return lambda env, b: tuple(f(env, b) for f in items)
+    if op == "call" and name_is_str_test(node):
+        return _str_test(node[2], _build(node[3]), node[4][2], col)
+    if op == "call":
+        name, recv = node[2], _build(node[3])
+        args = [_build(c) for c in node[4:]]
+        return lambda env, b: _method(name, recv(env, b), [f(env, b) for f in args], col, b)
+    if op == "fn":
+        name, arg = node[2], _build(node[3])
+        return lambda env, b: _function(name, arg(env, b), col)
+    if op in ("==", "!=") and node[3][0] == "lit":
+        lit, lit_type, side = node[3][2], _type(node[3][2]), _build(node[2])
+        if op == "==":
+            return lambda env, b: _equal_lit(side(env, b), lit, lit_type)
+        return lambda env, b: not _equal_lit(side(env, b), lit, lit_type)
+    left, right = _build(node[2]), _build(node[3])
+    if op == "==":
+        return lambda env, b: _equal(left(env, b), right(env, b))
+    if op == "!=":
+        return lambda env, b: not _equal(left(env, b), right(env, b))
+    return lambda env, b: _binop(op, left(env, b), right(env, b), col, b)
 
-    def logic(self, op: str, node: Node) -> bool:
-        # CEL's commutative logic: `false && error` and `error && false` are
-        # both false; an error stands only when the other side cannot decide.
-        short = op == "||"
-        err: CelError | None = None
-        for child in (node[2], node[3]):
+
+def _var_field(var: str, name: str, col: int) -> Fn:
+    def field(env: Mapping[str, Any], b: _Budget) -> Any:
+        try:
+            v = env[var]
+        except KeyError:
+            raise CelError(f"no variable {var!r}", col) from None
+        if type(v) is dict:
             try:
-                v = self.run(child)
+                return v[name]
+            except KeyError:
+                raise CelError(f"no such key {name!r}", col) from None
+        return _get(v, name, col)
+    return field
+
+
+def _get(v: Any, name: str, col: int) -> Any:
+    if not isinstance(v, Mapping):
+        raise CelError(f"no field {name!r} on {_type(v)}", col)
+    try:
+        return v[name]
+    except KeyError:
+        raise CelError(f"no such key {name!r}", col) from None
+
+
+def _field(base: Fn, name: str, col: int) -> Fn:
+    def field(env: Mapping[str, Any], b: _Budget) -> Any:
+        v = base(env, b)
+        if type(v) is dict:
+            try:
+                return v[name]
+            except KeyError:
+                raise CelError(f"no such key {name!r}", col) from None
+        if not isinstance(v, Mapping):
+            raise CelError(f"no field {name!r} on {_type(v)}", col)
+        try:
+            return v[name]
+        except KeyError:
+            raise CelError(f"no such key {name!r}", col) from None
+    return field
+
+
+def _logic(op: str, left: Fn, right: Fn, col: int) -> Fn:
+    # CEL's commutative logic: `false && error` and `error && false` are
+    # both false; an error stands only when the other side cannot decide.
+    short = op == "||"
+
+    def logic(env: Mapping[str, Any], b: _Budget) -> bool:
+        try:
+            v = left(env, b)
+        except CelError:
+            return slow(env, b)
+        if v is short:
+            return op == "||"
+        if type(v) is not bool:
+            return slow(env, b)
+        w = right(env, b)  # left cannot decide: right's value or error stands
+        if type(w) is not bool:
+            raise CelError(f"{op!r} needs bools, not {_type(w)}", col)
+        return bool(w)
+
+    def slow(env: Mapping[str, Any], b: _Budget) -> bool:
+        err: CelError | None = None
+        for side in (left, right):
+            try:
+                v = side(env, b)
             except CelError as exc:
                 if "step budget" in exc.reason:
                     raise
                 err = exc
                 continue
-            if not isinstance(v, bool):
-                err = CelError(f"{op!r} needs bools, not {_type(v)}", node[1])
-                continue
             if v is short:
-                return short
+                return op == "||"
+            if v is not (not short):
+                err = CelError(f"{op!r} needs bools, not {_type(v)}", col)
         if err is not None:
             raise err
         return not short
+    return logic
 
-    def index(self, base: Any, key: Any, col: int) -> Any:
-        if isinstance(base, Mapping):
-            if key not in base:
-                raise CelError(f"no such key {key!r}"[:200], col)
-            return base[key]
-        if isinstance(base, (list, tuple)):
-            if isinstance(key, bool) or not isinstance(key, int):
-                raise CelError(f"list index is {_type(key)}, not int", col)
-            if not 0 <= key < len(base):
-                raise CelError(f"index {key} out of range", col)
-            return base[key]
-        raise CelError(f"cannot index {_type(base)}", col)
 
-    def string(self, v: Any) -> Any:
-        if isinstance(v, str):
-            if len(v) > MAX_STRING:
-                raise CelError(f"string longer than {MAX_STRING} characters")
-            self.cost(len(v) // 64)
-        return v
+def name_is_str_test(node: Node) -> bool:
+    return (node[2] in ("startsWith", "endsWith", "contains") and node[4][0] == "lit"
+            and isinstance(node[4][2], str))
 
-    def method(self, name: str, recv: Any, args: list[Any], col: int) -> Any:
-        if name == "size":
-            return self.function("size", recv, col)
-        if not isinstance(recv, str):
-            raise CelError(f"{name}() needs a string, not {_type(recv)}", col)
-        self.string(recv)
-        if name == "lower":
-            return recv.lower()
-        arg = args[0]
-        if not isinstance(arg, str):
-            raise CelError(f"{name}() needs a string argument, not {_type(arg)}", col)
-        self.string(arg)
-        if name == "startsWith":
-            return recv.startswith(arg)
-        if name == "endsWith":
-            return recv.endswith(arg)
-        if name == "contains":
-            return arg in recv
-        # glob: fnmatch's translation has no nested repeats, so no runaway
-        # backtracking; the pattern is bounded like any string here.
-        if len(arg) > 1024:
-            raise CelError("glob pattern longer than 1024 characters", col)
-        return fnmatch.fnmatchcase(recv, arg)
 
-    def function(self, name: str, arg: Any, col: int) -> Any:
-        if name == "size":
-            if isinstance(arg, (str, list, tuple, Mapping)):
-                return len(arg)
-            raise CelError(f"size() of {_type(arg)}", col)
-        # rank: the order of a sensitivity level, so rules can compare levels.
-        if isinstance(arg, str) and arg in LEVELS:
-            return LEVELS.index(arg)
-        raise CelError(f"rank() needs one of {', '.join(LEVELS)}", col)
+def _str_test(name: str, recv: Fn, arg: str, col: int) -> Fn:
+    test = {"startsWith": str.startswith, "endsWith": str.endswith,
+            "contains": str.__contains__}[name]
 
-    def binop(self, op: str, a: Any, b: Any, col: int) -> Any:
-        ta, tb = _type(a), _type(b)
-        if op == "==":
-            return ta == tb and a == b
-        if op == "!=":
-            return not (ta == tb and a == b)
-        if op == "in":
-            if isinstance(b, Mapping):
-                return a in b if ta in ("string", "int") else False
-            if isinstance(b, (list, tuple)):
-                self.cost(len(b))
-                return any(_type(x) == ta and x == a for x in b)
-            raise CelError(f"'in' needs a list or map, not {tb}", col)
-        if ta != tb or ta not in ("int", "string") or (op in ("*", "/", "%", "-")
-                                                        and ta != "int"):
-            raise CelError(f"no operator {op!r} for {ta} and {tb}", col)
-        if op == "<":
-            return a < b
-        if op == "<=":
-            return a <= b
-        if op == ">":
-            return a > b
-        if op == ">=":
-            return a >= b
-        if op == "+":
-            if ta == "string":
-                if len(a) + len(b) > MAX_STRING:
-                    raise CelError(f"string longer than {MAX_STRING} characters", col)
-                return self.string(a + b)
-            return _int64(a + b, col)
-        if op == "-":
-            return _int64(a - b, col)
-        if op == "*":
-            return _int64(a * b, col)
-        if b == 0:
-            raise CelError("division by zero", col)
-        # CEL truncates toward zero, like C.
-        q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
-        return q if op == "/" else a - q * b
+    def run(env: Mapping[str, Any], b: _Budget) -> bool:
+        r = recv(env, b)
+        if type(r) is not str:
+            raise CelError(f"{name}() needs a string, not {_type(r)}", col)
+        if len(r) >= 64:
+            b.string(r)
+        return bool(test(r, arg))
+    return run
+
+
+def _equal_lit(a: Any, lit: Any, lit_type: str) -> bool:
+    if type(a) is type(lit):
+        return bool(a == lit)
+    return _type(a) == lit_type and bool(a == lit)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if type(a) is type(b):
+        return bool(a == b)
+    return _type(a) == _type(b) and bool(a == b)
+
+
+def _index(base: Any, key: Any, col: int) -> Any:
+    if isinstance(base, Mapping):
+        if key not in base:
+            raise CelError(f"no such key {key!r}"[:200], col)
+        return base[key]
+    if isinstance(base, (list, tuple)):
+        if isinstance(key, bool) or not isinstance(key, int):
+            raise CelError(f"list index is {_type(key)}, not int", col)
+        if not 0 <= key < len(base):
+            raise CelError(f"index {key} out of range", col)
+        return base[key]
+    raise CelError(f"cannot index {_type(base)}", col)
+
+
+def _method(name: str, recv: Any, args: list[Any], col: int, b: _Budget) -> Any:
+    if name == "size":
+        return _function("size", recv, col)
+    if not isinstance(recv, str):
+        raise CelError(f"{name}() needs a string, not {_type(recv)}", col)
+    b.string(recv)
+    if name == "lower":
+        return recv.lower()
+    arg = args[0]
+    if not isinstance(arg, str):
+        raise CelError(f"{name}() needs a string argument, not {_type(arg)}", col)
+    b.string(arg)
+    if name == "startsWith":
+        return recv.startswith(arg)
+    if name == "endsWith":
+        return recv.endswith(arg)
+    if name == "contains":
+        return arg in recv
+    # glob: fnmatch's translation has no nested repeats, so no runaway
+    # backtracking; the pattern is bounded like any string here.
+    if len(arg) > 1024:
+        raise CelError("glob pattern longer than 1024 characters", col)
+    return fnmatch.fnmatchcase(recv, arg)
+
+
+def _function(name: str, arg: Any, col: int) -> Any:
+    if name == "size":
+        if isinstance(arg, (str, list, tuple, Mapping)):
+            return len(arg)
+        raise CelError(f"size() of {_type(arg)}", col)
+    # rank: the order of a sensitivity level, so rules can compare levels.
+    if isinstance(arg, str) and arg in LEVELS:
+        return LEVELS.index(arg)
+    raise CelError(f"rank() needs one of {', '.join(LEVELS)}", col)
+
+
+def _binop(op: str, a: Any, b: Any, col: int, budget: _Budget) -> Any:
+    ta, tb = _type(a), _type(b)
+    if op == "in":
+        if isinstance(b, Mapping):
+            return a in b if ta in ("string", "int") else False
+        if isinstance(b, (list, tuple)):
+            budget.cost(len(b))
+            return any(_type(x) == ta and x == a for x in b)
+        raise CelError(f"'in' needs a list or map, not {tb}", col)
+    if ta != tb or ta not in ("int", "string") or (op in ("*", "/", "%", "-")
+                                                    and ta != "int"):
+        raise CelError(f"no operator {op!r} for {ta} and {tb}", col)
+    if op == "<":
+        return a < b
+    if op == "<=":
+        return a <= b
+    if op == ">":
+        return a > b
+    if op == ">=":
+        return a >= b
+    if op == "+":
+        if ta == "string":
+            if len(a) + len(b) > MAX_STRING:
+                raise CelError(f"string longer than {MAX_STRING} characters", col)
+            return budget.string(a + b)
+        return _int64(a + b, col)
+    if op == "-":
+        return _int64(a - b, col)
+    if op == "*":
+        return _int64(a * b, col)
+    if b == 0:
+        raise CelError("division by zero", col)
+    # CEL truncates toward zero, like C.
+    q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
+    return q if op == "/" else a - q * b
 
 
 def _int64(v: int, col: int) -> int:

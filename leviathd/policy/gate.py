@@ -120,13 +120,14 @@ def decide(
     # 1a. Policy rules (docs/configuration.md): a deny ends it here; an ask is
     # put after the path checks; an allow counts like an allowlist entry.
     ruled: RuleResult | None = None
-    if policy.rules:
+    concern = policy.rules.for_tool(tool) if policy.rules else ()
+    if concern:
         env = environment(tool=tool, target=call.target, args=facts.args, paths=call.paths,
                           taint=str(taint), agent=facts.agent, ledger=facts.ledger,
                           now=facts.now)
-        ruled = evaluate(policy.rules, env)
+        ruled = evaluate(concern, env)
         if ruled is None:
-            steps.append(Step("rules", "none", f"none of {len(policy.rules)} rules matched"))
+            steps.append(Step("rules", "none", f"none of {len(concern)} rules for {tool} matched"))
         else:
             steps.append(Step("rules", ruled.decision, f"{ruled.rule}: {ruled.reason}"))
             if ruled.decision == "deny":

@@ -71,6 +71,63 @@ def compile_rules(specs: Iterable[RuleSpec]) -> tuple[CompiledRule, ...]:
     return tuple(out)
 
 
+def tool_guard(program: Program) -> frozenset[str] | None:
+    """The tools a rule can match, when its condition is an `&&` chain with a
+    conjunct `call.tool == "x"` or `call.tool in ["x", "y"]`; None: any tool.
+    Skipping such a rule for another tool is exact, not a shortcut: CEL's
+    `false && <error>` is false, so the rule could neither match nor fail."""
+    stack = [program.tree]
+    while stack:
+        node = stack.pop()
+        if node[0] == "&&":
+            stack += [node[2], node[3]]
+            continue
+        if node[0] in ("==", "in") and _is_call_tool(node[2]):
+            other = node[3]
+            if node[0] == "==" and other[0] == "lit" and isinstance(other[2], str):
+                return frozenset((other[2],))
+            if node[0] == "in" and other[0] == "list" and all(
+                    c[0] == "lit" and isinstance(c[2], str) for c in other[2:]):
+                return frozenset(c[2] for c in other[2:])
+    return None
+
+
+def _is_call_tool(node: tuple[Any, ...]) -> bool:
+    return bool(node[0] == "field" and node[3] == "tool" and node[2][0] == "var"
+                and node[2][2] == "call")
+
+
+class RuleSet:
+    """Compiled rules indexed by the tools they can match, so a call pays only
+    for the rules that concern its tool (and those that name none)."""
+
+    def __init__(self, rules: Sequence[CompiledRule]) -> None:
+        self.rules = tuple(rules)
+        self._any: list[int] = []
+        self._by_tool: dict[str, list[int]] = {}
+        for i, rule in enumerate(self.rules):
+            tools = tool_guard(rule.program) if rule.program is not None else None
+            if tools is None:
+                self._any.append(i)
+            else:
+                for tool in tools:
+                    self._by_tool.setdefault(tool, []).append(i)
+        self._cache: dict[str, tuple[CompiledRule, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def for_tool(self, tool: str) -> tuple[CompiledRule, ...]:
+        found = self._cache.get(tool)
+        if found is None:
+            # Layer order kept: the first of equally strict rules is named.
+            idx = sorted({*self._any, *self._by_tool.get(tool, ())})
+            found = tuple(self.rules[i] for i in idx)
+            if len(self._cache) < 64:  # tools are a closed set; stay bounded anyway
+                self._cache[tool] = found
+        return found
+
+
 def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any]) -> RuleResult | None:
     """The strictest matching rule's result, or None when none matched."""
     best: RuleResult | None = None
@@ -110,7 +167,8 @@ def environment(
     oldest first."""
     entries = list(ledger)
     tail = entries[-LEDGER_TAIL:]
-    t = time.localtime(time.time() if now is None else now)
+    unix = time.time() if now is None else now
+    t = time.localtime(unix)
     return {
         "call": {"tool": tool, "target": target, "args": _plain(args, 4), "paths": tuple(paths)},
         "agent": agent,
@@ -121,7 +179,7 @@ def environment(
             "targets": tuple(e[1] for e in tail),
             "labels": tuple(dict.fromkeys(e[2] for e in tail)),
         },
-        "time": {"unix": int(time.mktime(t)), "hour": t.tm_hour, "minute": t.tm_min,
+        "time": {"unix": int(unix), "hour": t.tm_hour, "minute": t.tm_min,
                  "weekday": t.tm_wday},
     }
 

@@ -13,7 +13,7 @@ from leviathd.policy.allowlist import Allowlist, compile_allowlist
 from leviathd.policy.labels import Sensitivity, clearance_for
 from leviathd.policy.permissions import KNOWN_TOOLS, Permission, compile_permissions
 from leviathd.policy.readgrant import GrantIndex, build_index
-from leviathd.policy.rules import CompiledRule, RuleSpec, compile_rules
+from leviathd.policy.rules import RuleSet, RuleSpec, compile_rules
 
 OnExceed = Literal["allow", "deny", "ask"]
 
@@ -125,7 +125,7 @@ class CompiledPolicy:
         self.workdir = self.grant.workdir
         self.rejected_read_paths = self.grant.grants.rejected
         self.allowlist: Allowlist = compile_allowlist(settings.allowlist)
-        self.rules: tuple[CompiledRule, ...] = compile_rules(settings.rules)
+        self.rules = RuleSet(compile_rules(settings.rules))
         self.clearances: dict[str, Sensitivity | None] = {
             tool: clearance_for(tool, settings.clearance, network=settings.network)
             for tool in KNOWN_TOOLS

@@ -202,3 +202,22 @@ def test_user_and_blueprint_rules_may_only_tighten(tmp_path: Path) -> None:
     pol = CompiledPolicy(settings, home=str(tmp_path), workdir=str(tmp_path))
     # The user's "allow everything" rule does not loosen the machine's deny.
     assert decide(pol, Call("read_file", "/w/k.pem"), P).rule == "rule:machine:no-pem"
+
+
+def test_the_tool_index_skips_only_rules_that_could_not_match(tmp_path: Path) -> None:
+    from leviathd.policy.rules import tool_guard
+
+    assert tool_guard(compile_rule('call.tool == "http_get" && taint == "private"')) == {
+        "http_get"}
+    assert tool_guard(compile_rule('taint == "x" && call.tool in ["a", "b"]')) == {"a", "b"}
+    # An `||` may match any tool: never skipped.
+    assert tool_guard(compile_rule('call.tool == "a" || taint == "private"')) is None
+    guarded = RuleSpec("g", 'call.tool == "http_get" && call.args.url.size() > 0', "deny")
+    anyone = RuleSpec("any", 'call.args.path.endsWith(".pem")', "deny")
+    pol = policy(tmp_path, guarded, anyone)
+    # The guarded rule is skipped for read_file (false && error is false in
+    # CEL); the unguarded one runs and, finding no `path`, fails closed.
+    d = decide(pol, Call("read_file", "/w/a"), P, facts=Facts(args={"path": "a.txt"}))
+    assert d.outcome == "allow"
+    d = decide(pol, Call("web_fetch", "x"), P, facts=Facts(args={"url": "x"}))
+    assert (d.outcome, d.rule) == ("deny", "rule:machine:any")
