@@ -28,6 +28,8 @@ from pydantic import (
     model_validator,
 )
 
+from leviathd.policy.cel import CelError
+from leviathd.policy.rules import compile_rule
 from leviathd.readpaths import parse_pattern
 
 # Tools the broker knows (leviathd/policy); other names in a permission table are not an
@@ -427,9 +429,6 @@ class PolicyRule(_Model):
         # Compiled here so a bad rule is refused at load with its file, line
         # and name (the column is the expression's own); the daemon compiles
         # it again from the snapshot.
-        from leviathd.policy.cel import CelError
-        from leviathd.policy.rules import compile_rule
-
         try:
             compile_rule(value)
         except CelError as exc:

@@ -90,11 +90,17 @@ max_sensitivity = "private"
 command = ["curl"]
 secret_file = "/etc/k"
 env = "K"
+[[rules]]
+name = "no-pem"
+when = 'call.target.endsWith(".pem")'
+decision = "deny"
+reason = "keys"
 """, "m")
     from leviathd.config.load import parse_blueprint
 
     bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["x"]\n[read_paths]\n'
-                         'allow = ["~/docs"]\n', "bp")
+                         'allow = ["~/docs"]\n[[rules]]\nname = "bp"\nwhen = "true"\n'
+                         'decision = "ask"\n', "bp")
     original = PolicySettings.from_effective(resolve(machine, None, bp, "a").agent, machine)
     copy = settings_from_json(settings_to_json(original))
     assert settings_to_json(copy) == settings_to_json(original)
@@ -103,5 +109,8 @@ env = "K"
     assert a.permissions == b.permissions and a.clearances == b.clearances
     assert [r.describe() for r in a.allowlist.rules] == [r.describe() for r in b.allowlist.rules]
     assert b.grant.match(f"{HOME}/docs/x") is not None
+    # An agent adopted after a restart keeps the rules it started with.
+    assert [(r.layer, r.name, r.decision) for r in copy.rules] == [
+        ("machine", "no-pem", "deny"), ("blueprint", "bp", "ask")]
     assert copy.credentials["api"].from_machine is True
     assert (copy.on_exceed, copy.budget, copy.approval_timeout) == ("deny", 7, 9.0)
