@@ -237,6 +237,11 @@ class _Parser:
                         raise CelError(f"unknown method {name.value!r}", name.col)
                     if len(args) != want:
                         raise CelError(f"{name.value}() takes {want} argument(s)", name.col)
+                    if name.value == "glob" and not (args[0][0] == "lit"
+                                                     and isinstance(args[0][2], str)):
+                        # The pattern is the rule writer's, never the agent's:
+                        # a pattern becomes a cached regex.
+                        raise CelError("glob() takes a string literal", name.col)
                     tree = self.node("call", name.col, name.value, tree, *args)
                 else:
                     tree = self.node("field", name.col, tree, name.value)
@@ -578,6 +583,8 @@ def _equal(a: Any, b: Any) -> bool:
 
 def _index(base: Any, key: Any, col: int) -> Any:
     if isinstance(base, Mapping):
+        if not isinstance(key, (str, int)):
+            raise CelError(f"map key is {_type(key)}, not string or int", col)
         if key not in base:
             raise CelError(f"no such key {key!r}"[:200], col)
         return base[key]

@@ -142,8 +142,9 @@ def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any]) -> RuleResul
                 matched = rule.program.evaluate(env)
             except CelError as exc:
                 result = RuleResult("deny", rule.label, f"rule failed: {exc}", str(exc))
-            except RecursionError:  # pragma: no cover - depth is bounded at compile
-                result = RuleResult("deny", rule.label, "rule failed: too deep", "too deep")
+            except Exception as exc:  # a bug here must still fail closed, named
+                why = f"internal error: {type(exc).__name__}"
+                result = RuleResult("deny", rule.label, f"rule failed: {why}", why)
             else:
                 if matched is not True:
                     if matched is not False:

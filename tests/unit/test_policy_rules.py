@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from leviathd.config.load import parse_blueprint, parse_config
 from leviathd.config.merge import resolve
@@ -59,6 +61,7 @@ def test_the_subset_evaluates_as_cel_does(expr: str, value: object) -> None:
     ('tool == "x"', 1, "unknown variable 'tool'"),
     ('"open', 1, "unterminated string"),
     ('exists(call.args)', 1, "unknown function"),
+    ('"x".glob(call.target)', 5, "glob() takes a string literal"),
 ])
 def test_a_bad_rule_is_refused_with_its_column(when: str, col: int, what: str) -> None:
     with pytest.raises(CelError) as info:
@@ -163,6 +166,10 @@ def test_a_rule_that_fails_at_run_time_denies_with_the_error(tmp_path: Path) -> 
     # A non-bool result is an error too, not a silent no-match.
     pol = policy(tmp_path, RuleSpec("num", "1", "allow"))
     assert decide(pol, Call("web_fetch", "x"), P).outcome == "deny"
+    # A map indexed by a map is an error of the rule, not of the daemon.
+    pol = policy(tmp_path, RuleSpec("odd", "call.args[call.args] == 1", "allow"))
+    d = decide(pol, Call("web_fetch", "x"), P, facts=Facts(args={"a": 1}))
+    assert (d.outcome, d.rule) == ("deny", "rule:machine:odd")
     # A stale snapshot whose rule no longer compiles denies every call.
     pol = policy(tmp_path, RuleSpec("broken", "call.tool ==", "allow"))
     assert decide(pol, Call("web_fetch", "x"), P).rule == "rule:machine:broken"
@@ -221,3 +228,24 @@ def test_the_tool_index_skips_only_rules_that_could_not_match(tmp_path: Path) ->
     assert d.outcome == "allow"
     d = decide(pol, Call("web_fetch", "x"), P, facts=Facts(args={"url": "x"}))
     assert (d.outcome, d.rule) == ("deny", "rule:machine:any")
+
+
+TOKENS = ["call", "agent", "taint", "ledger", "time", ".", "tool", "target", "args", "(", ")",
+          "[", "]", "&&", "||", "!", "-", "+", "*", "/", "%", "==", "<", ">=", "in", "?", ":",
+          ",", '"a"', "'b'", "1", "0", "true", "null", "size", "rank", "startsWith", "glob",
+          "lower", "x", "=", "\\", '"', "{"]
+
+
+@given(st.lists(st.sampled_from(TOKENS), max_size=60))
+@settings(max_examples=400, deadline=None)
+def test_any_text_compiles_or_is_refused_and_never_crashes(parts: list[str]) -> None:
+    env = {"call": {"tool": "read_file", "target": "/w/a", "args": {"path": "a"}},
+           "agent": {}, "taint": "public", "ledger": {"size": 0}, "time": {"hour": 1}}
+    try:
+        prog = compile_rule(" ".join(parts))
+    except CelError:
+        return
+    try:
+        prog.evaluate(env)
+    except CelError:
+        pass
