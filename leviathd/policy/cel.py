@@ -1,14 +1,14 @@
 """A small, safe evaluator for a subset of CEL (Common Expression Language).
 
 Why not a CEL package from PyPI (bench/cel_bench.py, docs/configuration.md
-"Policy rules"): Debian 13 ships neither `cel-python` nor
-`common-expression-language`; `cel-python` pulls a dozen more packages into
-a root daemon (lark, pendulum, jmespath, google-re2, pyyaml, typer, rich...)
-and `common-expression-language` is a compiled Rust extension that Debian
-would have to build with its crates; neither bounds the cost of one
-evaluation. A rule here only needs comparisons, boolean logic, string tests
-and field access, so this module parses that subset into a tree once (at
-config load) and walks it with a step budget.
+"[[rules]]"): Debian 13 packages neither `cel-python` nor
+`common-expression-language`; the first is slow (hundreds of µs a rule) and
+brings lark, pendulum, google-re2, jmespath and pyyaml into a root daemon, the
+second is a compiled Rust extension Debian would have to build from its
+crates; neither documents a limit on one evaluation's cost. A rule here only
+needs comparisons, boolean logic, string tests and field access, so this
+module parses that subset once (at config load) into nested closures and runs
+them with a step budget.
 
 The subset: literals (int, string, true, false, null, [lists]); names;
 `a.b` and `a["b"]` (maps) and `a[0]` (lists); `! -` `* / %` `+ -`
