@@ -237,7 +237,9 @@ class Broker:
             return _error("invalid", why)
         call = d.call
         if d.outcome == "deny":
-            self._record(call, d.taint, d.clearance, d.rule, "deny")
+            # A rule's reason, or the error of a rule that failed, goes with it.
+            detail = d.steps[-1].detail if d.rule.startswith("rule:") and d.steps else ""
+            self._record(call, d.taint, d.clearance, d.rule, "deny", detail)
             return _error("denied", _why(d), d.rule)
         try:
             result, label = await self._run(tool, args, d.label)

@@ -1,7 +1,9 @@
 """The gate: one pure function from a tool call and the agent's state to a
-decision, following the spec's order: permission → reads outside the
-workdir → taint against clearance → run. No I/O: paths arrive already
-normalised; the broker re-checks the real path of every opened file.
+decision, following the spec's order: policy rules (a deny) → permission →
+reads outside the workdir → rules (an ask) → taint against clearance (where a
+machine rule's allow counts like an allowlist entry) → run. No I/O: paths
+arrive already normalised; the broker re-checks the real path of every opened
+file.
 """
 
 from __future__ import annotations

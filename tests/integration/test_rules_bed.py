@@ -51,6 +51,11 @@ decision = "deny"
 reason = "key files stay on the host"
 
 [[rules]]
+name = "broken"
+when = 'call.tool == "list_dir" && call.args.depth > 1'
+decision = "allow"
+
+[[rules]]
 name = "private-get"
 when = 'call.tool == "http_get" && taint == "private"'
 decision = "ask"
@@ -125,6 +130,20 @@ def test_a_machine_rule_denies_reading_a_pem_file_in_the_workdir(
     records = [r for r in audit(bed, agent.id) if r.get("LEVIATH_TOOL") == "read_file"]
     assert [(r["LEVIATH_OUTCOME"], r["LEVIATH_RULE"]) for r in records] == [
         ("deny", "rule:machine:no-pem"), ("allow", "not-outbound")]
+    assert "key files stay on the host" in records[0]["LEVIATH_DETAIL"]
+
+
+def test_a_rule_that_fails_at_run_time_denies_with_the_error_in_the_audit(
+    bed: Testbed, agent: Agent
+) -> None:
+    # `list_dir` has no `depth` argument: the rule cannot be evaluated.
+    rc, out, err = agent.call("lev tool list_dir .")
+    assert rc != 0 and "small.txt" not in out, err
+    assert "rule:machine:broken" in err and "no such key 'depth'" in err
+    records = [r for r in audit(bed, agent.id) if r.get("LEVIATH_TOOL") == "list_dir"]
+    assert [(r["LEVIATH_OUTCOME"], r["LEVIATH_RULE"]) for r in records] == [
+        ("deny", "rule:machine:broken")]
+    assert "rule failed" in records[0]["LEVIATH_DETAIL"]
 
 
 def test_a_machine_rule_asks_before_http_get_when_taint_is_private(
