@@ -60,25 +60,35 @@ def embedded_ipv4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     return None
 
 
-def address_refusal(addr: Address, *, allow_private: bool) -> str | None:
-    """Why `addr` may not be contacted, or None."""
+def address_refusal(
+    addr: Address, *, allow_private: bool, host_local_always: bool = False
+) -> str | None:
+    """Why `addr` may not be contacted, or None. With `host_local_always`
+    (the proxy, which runs on the host) loopback, link-local and non-unicast
+    addresses are refused even where private addresses are allowed: the
+    host's own loopback is the one thing the agent's network namespace keeps
+    it from."""
     if isinstance(addr, ipaddress.IPv6Address):
+        # ::ffff:a.b.c.d, ::a.b.c.d, NAT64 and the like reach the IPv4 address inside.
         inner = embedded_ipv4(addr)
         if inner is not None:
-            why = address_refusal(inner, allow_private=allow_private)
+            why = address_refusal(inner, allow_private=allow_private,
+                                  host_local_always=host_local_always)
             return f"{addr} carries {inner}: {why}" if why is not None else None
     if addr in METADATA:
         return f"{addr} is a cloud metadata address"
-    if allow_private:
+    if allow_private and not host_local_always:
         return None
     if addr.is_loopback:
         return f"{addr} is a loopback address"
     if addr.is_link_local:
         return f"{addr} is a link-local address"
-    if addr.is_private:
-        return f"{addr} is a private address"
-    if not addr.is_global or addr.is_multicast:
-        return f"{addr} is not a public unicast address"
+    if addr.is_unspecified or addr.is_multicast or addr.is_reserved:
+        return f"{addr} is not a unicast address"
+    if allow_private:
+        return None
+    if addr.is_private or not addr.is_global:
+        return f"{addr} is a private address (set [taint] allow_private_addresses)"
     return None
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from leviathd.broker.net import METADATA, Address, embedded_ipv4
+import leviathd.broker.net as net
 from leviathd.policy.labels import Sensitivity
 
 DEFAULT_PORTS = (22, 80, 443)
@@ -161,30 +161,10 @@ def decide(s: ProxySettings, host: str, port: int, taint: Sensitivity) -> Decisi
     return Decision("deny", "taint-exceeds-clearance", why, clearance)
 
 
-def address_refusal(addr: Address, *, allow_private: bool) -> str | None:
-    """Why the proxy may not connect to `addr`. Unlike the broker's web tools,
-    loopback and link-local are refused even with allow_private_addresses:
-    the proxy runs on the host, whose loopback is the one thing the agent's
-    own network namespace keeps it from."""
-    if isinstance(addr, ipaddress.IPv6Address):
-        # ::ffff:a.b.c.d, ::a.b.c.d, NAT64 and the like reach the IPv4 address inside.
-        inner = embedded_ipv4(addr)
-        if inner is not None:
-            why = address_refusal(inner, allow_private=allow_private)
-            return f"{addr} carries {inner}: {why}" if why is not None else None
-    if addr in METADATA:
-        return f"{addr} is a cloud metadata address"
-    if addr.is_loopback:
-        return f"{addr} is a loopback address"
-    if addr.is_link_local:
-        return f"{addr} is a link-local address"
-    if addr.is_unspecified or addr.is_multicast or addr.is_reserved:
-        return f"{addr} is not a unicast address"
-    if allow_private:
-        return None
-    if addr.is_private or not addr.is_global:
-        return f"{addr} is a private address (set [taint] allow_private_addresses)"
-    return None
+def address_refusal(addr: net.Address, *, allow_private: bool) -> str | None:
+    """The broker's check, with the host's loopback and link-local refused
+    even where private addresses are allowed (the proxy runs on the host)."""
+    return net.address_refusal(addr, allow_private=allow_private, host_local_always=True)
 
 
 def check_addresses(addrs: Sequence[str], *, allow_private: bool) -> str | None:
