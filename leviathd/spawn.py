@@ -366,14 +366,39 @@ def _write_all(fd: int, data: bytes) -> bool:
 
 
 def _write_exit(path: str, code: int) -> None:
+    """The exit record, in the state folder; when that cannot be written (a
+    full disk), in the runtime folder, which is memory: the daemon reads
+    either (RecordStore.read_exit), so the exit status is never lost to a
+    full state disk, even over a daemon restart."""
     import time
 
+    from leviathd.records import spare_exit_path
+
     data = json.dumps({"exit_status": code, "ended_at": time.time()}).encode()
-    dir_fd, name = fsat.open_parent(path)
     try:
-        fsat.atomic_write_at(dir_fd, name, data, mode=0o644)
+        dir_fd, name = fsat.open_parent(path)
+    except OSError:
+        dir_fd, name = -1, ""
+    try:
+        if dir_fd >= 0:
+            fsat.atomic_write_at(dir_fd, name, data, mode=0o644)
+            return
+    except OSError:
+        pass
     finally:
-        os.close(dir_fd)
+        if dir_fd >= 0:
+            os.close(dir_fd)
+    spare = spare_exit_path(os.path.basename(path).split(".")[0])
+    runtime_fd, exits = fsat.open_parent(os.path.dirname(spare))
+    try:
+        fsat.mkdir_at(runtime_fd, exits, 0o700, exist_ok=True)
+        exits_fd = fsat.open_dir_at(runtime_fd, exits)
+    finally:
+        os.close(runtime_fd)
+    try:
+        fsat.atomic_write_at(exits_fd, os.path.basename(spare), data, mode=0o600)
+    finally:
+        os.close(exits_fd)
 
 
 def _close_fds_except(keep: set[int]) -> None:
