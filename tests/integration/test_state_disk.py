@@ -78,13 +78,13 @@ def test_a_full_state_disk_is_named_and_loses_no_exit_status(small_state: Testbe
         bed.run(["touch", f"{work}/go"], user="alice")
         wait_for(lambda: row(bed, agent)["state"] != "running", "the agent's end")
         got = row(bed, agent)
-        assert (got["state"], got["exit_status"]) == ("exited", 7), got
+        assert (got["state"], got.get("exit_status")) == ("exited", 7), got
         # A daemon restart while still full keeps it (the end's clean-up may
         # have freed a page or two).
         fill(bed)
         bed.run(["systemctl", "restart", "leviathd"])
         got = row(bed, agent)
-        assert (got["state"], got["exit_status"]) == ("exited", 7), got
+        assert (got["state"], got.get("exit_status")) == ("exited", 7), got
         on_disk = json.loads(bed.read_file(f"{STATE}/agents/{agent}.json"))
         assert on_disk["state"] == "running"
         # Space returns: the record is written without anyone asking.
