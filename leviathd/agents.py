@@ -8,7 +8,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import secrets
@@ -772,7 +771,9 @@ class Agents:
         steps = self._store.load_spec(agent_id)
         if steps is None:
             raise NotFound(f"agent {agent_id} has no recorded sandbox spec")
-        return json.dumps(steps)
+        # Bounded like List and Get: the spec carries the client's command
+        # line and environment, up to megabytes of them.
+        return listing.capped_json(steps)
 
     async def logs(self, who: Caller, agent_id: str, follow: bool) -> int:
         rec = await self._authorize_record(who, agent_id, "read agents' logs")
