@@ -8,7 +8,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import secrets
@@ -27,9 +26,16 @@ from leviathd.bus.caller import Caller
 from leviathd.config import load as config_load
 from leviathd.config.merge import Effective, MergeResult, resolve
 from leviathd.config.models import Blueprint, Config, SandboxKind
-from leviathd.errors import Busy, ConfigError, InvalidArgument, NotFound, Unavailable
+from leviathd.errors import (
+    Busy,
+    ConfigError,
+    InvalidArgument,
+    NoSpace,
+    NotFound,
+    Unavailable,
+)
 from leviathd.identity import UserInfo, user_info
-from leviathd.records import AgentRecord, AgentState, RecordStore
+from leviathd.records import FULL, AgentRecord, AgentState, RecordStore
 from leviathd.request import RunInput, refuse_system_workdir
 from leviathd.sandbox import container, scratch
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
@@ -86,6 +92,9 @@ class Agents:
         self._watches: dict[str, int] = {}
         self.readers = Readers(bus)
         self._finalizing: set[str] = set()
+        # Records the state filesystem had no room for (a full disk): held
+        # here, served from here, and written by maintain() once it has room.
+        self.unsaved: dict[str, AgentRecord] = {}
         self._user_configs: dict[int, Config] = {}
         self._namespace_probe: object = _UNPROBED
         self._plan_pool = concurrent.futures.ThreadPoolExecutor(
@@ -159,6 +168,12 @@ class Agents:
             if self.config_problem:
                 raise ConfigError(self.config_problem)
             return await self._run(who, req, stdio)
+        except OSError as exc:
+            # The scratch folder or a record that did not fit: the caller is
+            # told where space is missing, not "internal error".
+            if exc.errno in FULL:
+                raise NoSpace(str(self._store.dir.parent), exc.strerror or "") from None
+            raise
         finally:
             # The supervisor has its own copies; ours must not leak.
             for fd in stdio.fds():
@@ -233,6 +248,9 @@ class Agents:
                     )
                     steps[n] = (label, container.with_container(spec, name))
             self._store.save_spec(agent_id, [(label, spec.to_dict()) for label, spec in steps])
+            # Inside the try: an agent whose record cannot be written does not
+            # start (a full disk), and nothing of it is left behind.
+            self._store.save(rec)
         except BaseException:
             held.abort()
             with contextlib.suppress(ChildProcessError):
@@ -246,7 +264,6 @@ class Agents:
                     await container.teardown(agent_id)
             self._store.forget(agent_id)
             raise
-        self._store.save(rec)
         self.records[agent_id] = rec
         spawn.release(held, [(label, spec.to_dict()) for label, spec in steps])
         kind = rec.sandbox
@@ -464,7 +481,7 @@ class Agents:
                 rec.state = AgentState.EXITED
             if rec.scratch:
                 scratch.remove(rec.scratch)
-            self._store.save(rec)
+            saved = self._save(rec)
             # The record is final and the scratch gone: whoever waits for the
             # end (an attached `lev run`) may go on while the slower clean-up
             # below (containers, the broker, stragglers) finishes. Calls counted
@@ -485,7 +502,10 @@ class Agents:
             for hook in self.end_hooks:
                 with contextlib.suppress(Exception):
                     await hook(rec)
-            self._store.drop_exit(agent_id)
+            if saved:
+                # Unsaved, the exit record stays: it is what a restarted
+                # daemon finds the exit status in.
+                self._store.drop_exit(agent_id)
             asyncio.get_running_loop().call_later(1.0, self.readers.end_agent, agent_id)
             # Ended records live on disk (and in the store's small index).
             self.records.pop(agent_id, None)
@@ -560,25 +580,44 @@ class Agents:
                 who = (0, "root")
             rec = orphans.unknown_record(unit, who[0], who[1], agent_part, agent_id)
             self.records[agent_id] = rec
-            self._store.save(rec)
+            self._save(rec)
             journal.record(
                 f"scope {unit} runs without a usable record: listed as agent {agent_id} of "
                 f"{who[1]} in state unknown",
                 priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id, LEVIATH_UNIT=unit,
                 LEVIATH_EVENT="record-unknown",
             )
-        ended = [r for r in self.records.values()
-                 if r.state is AgentState.UNKNOWN and r.id not in live_ids]
+        # Its supervisor still writes the exit record when the agent ends
+        # (spawn._write_exit): that is how an unknown agent's end, and its
+        # exit status, are known, even while stragglers keep the scope.
+        exits = {r.id: self._store.read_exit(r.id) for r in self.records.values()
+                 if r.state is AgentState.UNKNOWN}
+        ended = [r for r in self.records.values() if r.state is AgentState.UNKNOWN
+                 and (r.id not in live_ids or exits.get(r.id) is not None)]
         for rec in ended:
-            rec.state = AgentState.LOST
-            rec.ended_at = time.time()
-            self._store.save(rec)
+            got = exits.get(rec.id)
+            if got is not None:
+                rec.state = AgentState.STOPPED if rec.stop_requested else AgentState.EXITED
+                rec.exit_status, rec.ended_at = got
+            else:
+                rec.state = AgentState.LOST
+                rec.ended_at = time.time()
+            saved = self._save(rec)
             self.records.pop(rec.id, None)
             journal.record(
-                f"agent {rec.id} (record unknown) of {rec.user} ended: its scope is gone",
+                f"agent {rec.id} (record unknown) of {rec.user} ended: "
+                + (f"exit status {rec.exit_status}" if got is not None else "its scope is gone"),
                 LEVIATH_AGENT=rec.id, LEVIATH_UNIT=rec.unit, LEVIATH_EVENT="end",
+                LEVIATH_EXIT_STATUS=rec.exit_status,
             )
-            self._on_ended(rec.id, -1, rec.state.value)
+            self._on_ended(rec.id, -1 if rec.exit_status is None else rec.exit_status,
+                           rec.state.value)
+            if rec.id in live_ids:
+                # What the agent left behind in its scope ends with it.
+                with contextlib.suppress(Exception):
+                    await self._systemd.stop_unit(rec.unit)
+            if saved:
+                self._store.drop_exit(rec.id)
         if ended:
             self._sweep_scratch()
 
@@ -589,7 +628,7 @@ class Agents:
             keep_days=policy.keep_days, max_per_user=policy.max_per_user,
             now=time.time(), uid=uid,
         ):
-            if agent_id not in self.records:
+            if agent_id not in self.records and agent_id not in self.unsaved:
                 self._store.forget(agent_id)
 
     async def maintain(self, *, every: float = 5.0, retention_every: float = 3600.0) -> None:
@@ -600,6 +639,8 @@ class Agents:
         while True:
             await asyncio.sleep(every)
             try:
+                if self.unsaved:
+                    self.write_unsaved()
                 if any(r.state is AgentState.UNKNOWN for r in self.records.values()):
                     await self.reconcile()
                 if loop.time() >= next_retention:
@@ -607,6 +648,36 @@ class Agents:
                     self.apply_retention()
             except Exception:
                 log.exception("record maintenance failed; trying again later")
+
+    def _save(self, rec: AgentRecord) -> bool:
+        """Write a record; when the state filesystem is full, hold it in
+        memory instead (served from there) until write_unsaved() can."""
+        try:
+            self._store.save(rec)
+        except NoSpace as exc:
+            if rec.id not in self.unsaved:
+                journal.record(
+                    f"agent {rec.id}: {exc}; its record ({rec.state.value}) is kept in memory "
+                    "and written when space returns",
+                    priority=syslog.LOG_ERR, LEVIATH_AGENT=rec.id, LEVIATH_EVENT="record-unsaved",
+                )
+            self.unsaved[rec.id] = rec
+            if not rec.active:
+                self._store.index_ended(rec)
+            return False
+        self.unsaved.pop(rec.id, None)
+        return True
+
+    def write_unsaved(self) -> None:
+        for rec in list(self.unsaved.values()):
+            if not self._save(rec):
+                return
+            if not rec.active:
+                self._store.drop_exit(rec.id)
+            journal.record(
+                f"agent {rec.id}: its record ({rec.state.value}) is written now",
+                LEVIATH_AGENT=rec.id, LEVIATH_EVENT="record-saved",
+            )
 
     def _scratch_dirs(self) -> list[str]:
         dirs = {self._scratch_default}
@@ -619,7 +690,7 @@ class Agents:
 
     def lookup(self, agent_id: str) -> AgentRecord | None:
         """A running agent from memory, an ended one from disk."""
-        rec = self.records.get(agent_id)
+        rec = self.records.get(agent_id) or self.unsaved.get(agent_id)
         if rec is None and agent_id in self._store.ended:
             rec = self._store.load(agent_id)
         return rec
@@ -640,9 +711,9 @@ class Agents:
         rec = await self._authorize_record(who, agent_id, "stop agents")
         if not rec.active:
             return
+        rec.stop_requested = True
         if rec.running:
-            rec.stop_requested = True
-            self._store.save(rec)
+            self._save(rec)
         journal.record(
             f"agent {agent_id} stop requested by uid {who.uid}",
             LEVIATH_AGENT=agent_id, LEVIATH_EVENT="stop", LEVIATH_BY_UID=who.uid,
@@ -685,7 +756,8 @@ class Agents:
         keys = sorted(k for k in keys if after is None or k[0] > after)
         page = listing.Page(limit=limit, budget=budget)
         for key, agent_id in keys:
-            rec = self.records.get(agent_id) if key[0] == 0 else self._store.load(agent_id)
+            rec = (self.records.get(agent_id) if key[0] == 0
+                   else self.unsaved.get(agent_id) or self._store.load(agent_id))
             if rec is None:
                 continue
             if not page.add(key, rec):
@@ -699,7 +771,9 @@ class Agents:
         steps = self._store.load_spec(agent_id)
         if steps is None:
             raise NotFound(f"agent {agent_id} has no recorded sandbox spec")
-        return json.dumps(steps)
+        # Bounded like List and Get: the spec carries the client's command
+        # line and environment, up to megabytes of them.
+        return listing.capped_json(steps)
 
     async def logs(self, who: Caller, agent_id: str, follow: bool) -> int:
         rec = await self._authorize_record(who, agent_id, "read agents' logs")

@@ -49,3 +49,17 @@ class Busy(LeviathError):
     """A caller has too many requests in progress; others are not held up."""
 
     dbus_name = "org.leviath.Error.Busy"
+
+
+class NoSpace(LeviathError):
+    """The state folder's filesystem is full (or over quota): said by name,
+    so that an admin knows what to free, not hidden as an internal error."""
+
+    dbus_name = "org.leviath.Error.NoSpace"
+
+    def __init__(self, where: str, detail: str = "") -> None:
+        super().__init__(
+            f"no space left in {where}" + (f" ({detail})" if detail else "")
+            + "; free some space there, then try again"
+        )
+        self.where = where

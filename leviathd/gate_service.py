@@ -58,6 +58,8 @@ from leviathd.sandbox.credential_fence import credential_spec
 from leviathd.sandbox.spec import Mount, SandboxSpec
 from leviathd.systemd import journal
 
+# At shutdown, between unlinking the brokers' sockets and closing them.
+DRAIN_SECONDS = 0.2
 SANDBOX_RUNTIME = "/run/leviath"  # where the agent's folder appears in a namespace sandbox
 SOCKET_NAME = "broker.sock"
 SHELL_TIMEOUT = 300
@@ -268,9 +270,19 @@ class GateService:
 
     async def close(self) -> None:
         """Daemon shutdown: sockets closed, folders kept (the agents live on
-        and a restarted daemon serves them again)."""
-        for live in list(self.live.values()):
-            await live.server.close()
+        and a restarted daemon serves them again). Names first, then a
+        moment to accept what the kernel queued: closing a listening socket
+        resets the connections in its backlog, and those clients could not
+        tell a call never seen from one cut off half-way."""
+        lives = list(self.live.values())
+        for live in lives:
+            live.server.withdraw()
+        if lives:
+            await asyncio.sleep(DRAIN_SECONDS)
+        # Server.close waits for the calls in flight (bounded by the caller).
+        await asyncio.gather(*(live.server.close() for live in lives),
+                             return_exceptions=True)
+        for live in lives:
             live.broker.close()
         self.live.clear()
 

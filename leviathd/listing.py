@@ -9,6 +9,7 @@ smaller than their D-Bus form by more than the per-field overhead added."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -99,3 +100,33 @@ class Page:
         self._used += size
         self._last = key
         return True
+
+
+def capped_json(value: object, budget: int = REPLY_BUDGET) -> str:
+    """`value` as JSON in at most `budget` bytes (Inspect's reply: a spec
+    holds the client's command line and environment). Strings, lists and
+    objects longer than an allowance are cut short and marked "[...]"; the
+    allowance halves until the text fits."""
+    text = json.dumps(value)
+    room = 64 * 1024
+    while len(text.encode()) > budget and room >= 1:
+        text = json.dumps(_cut(value, room, max(room // 64, 1)))
+        room //= 2
+    if len(text.encode()) > budget:
+        return json.dumps(["[...]"])
+    return text
+
+
+def _cut(value: object, chars: int, items: int) -> object:
+    if isinstance(value, str):
+        return value if len(value) <= chars else value[:chars] + "[...]"
+    if isinstance(value, list):
+        out = [_cut(v, chars, items) for v in value[:items]]
+        return [*out, "[...]"] if len(value) > items else out
+    if isinstance(value, dict):
+        pairs = list(value.items())
+        cut = {str(k)[:chars]: _cut(v, chars, items) for k, v in pairs[:items]}
+        if len(pairs) > items:
+            cut["[...]"] = f"{len(pairs) - items} more"
+        return cut
+    return value

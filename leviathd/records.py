@@ -5,6 +5,7 @@ ended. Kept in the state folder so that it outlives the agent and the daemon
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -17,6 +18,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from leviathd import fsat
+from leviathd.errors import NoSpace
+
+# A full filesystem, or the state folder's owner over quota.
+FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class AgentState(StrEnum):
@@ -118,13 +123,24 @@ class RecordStore:
         finally:
             os.close(fd)
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno in FULL:
+                raise NoSpace(str(self.dir.parent), exc.strerror or "") from None
+            raise
+
     def exit_path(self, agent_id: str) -> str:
         return str(self.dir / f"{agent_id}.exit")
 
     def save(self, record: AgentRecord) -> None:
+        """Raises NoSpace when the state filesystem is full; the caller
+        decides whether the record waits in memory (see Agents.unsaved)."""
         # fsat.atomic_write_at: temp file, fsync, rename, fsync of the folder:
         # after a crash or a power cut the file is the old one or the new one.
-        with self._fd() as fd:
+        with self._writing(), self._fd() as fd:
             fsat.atomic_write_at(fd, f"{record.id}.json", record.model_dump_json().encode())
         if record.active:
             self._unindex(record.id)
@@ -134,7 +150,7 @@ class RecordStore:
     def save_spec(self, agent_id: str, steps: list[tuple[str, dict[str, object]]]) -> None:
         """What the agent sees, step by step, for `lev inspect ID`."""
         data = json.dumps([{"label": lb, "spec": sp} for lb, sp in steps]).encode()
-        with self._fd() as fd:
+        with self._writing(), self._fd() as fd:
             fsat.atomic_write_at(fd, f"{agent_id}.spec.json", data)
 
     def load_spec(self, agent_id: str) -> list[dict[str, object]] | None:
@@ -236,15 +252,37 @@ class RecordStore:
         return str(self.dir / BAD_DIR / dest)
 
     def read_exit(self, agent_id: str) -> tuple[int, float] | None:
-        try:
-            data = json.loads(Path(self.exit_path(agent_id)).read_bytes())
-            return int(data["exit_status"]), float(data["ended_at"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        """The supervisor's exit record: in the state folder, or, when that
+        was full, in the runtime folder (see spawn._write_exit)."""
+        for path in (self.exit_path(agent_id), spare_exit_path(agent_id)):
+            try:
+                data = json.loads(Path(path).read_bytes())
+                return int(data["exit_status"]), float(data["ended_at"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return None
 
     def drop_exit(self, agent_id: str) -> None:
         with self._fd() as fd:
             fsat.unlink_at(fd, f"{agent_id}.exit")
+        spare = spare_exit_path(agent_id)
+        with contextlib.suppress(OSError):
+            dfd, name = fsat.open_parent(spare)
+            try:
+                fsat.unlink_at(dfd, name)
+            finally:
+                os.close(dfd)
+
+
+def runtime_dir() -> str:
+    return os.environ.get("LEVIATH_RUNTIME_DIR", "/run/leviath")
+
+
+def spare_exit_path(agent_id: str) -> str:
+    """Where a supervisor leaves its agent's exit status when the state
+    folder is full: the runtime folder is memory, so it outlives a daemon
+    restart (RuntimeDirectoryPreserve) but not a reboot."""
+    return os.path.join(runtime_dir(), "exit", f"{agent_id}.exit")
 
 
 def _parse(dir_fd: int, name: str, agent_id: str) -> AgentRecord:

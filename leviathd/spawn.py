@@ -336,23 +336,98 @@ def _launch(spec: SandboxSpec) -> int:
     return none.run(spec)
 
 
+# What an attached client that does not read may fall behind by before its
+# copy of the output has gaps (the journal's copy never does).
+CLIENT_BACKLOG = 1 << 20
+# At a step's end, how long the client's copy may take to drain before the
+# supervisor goes on without it.
+CLIENT_DRAIN_SECONDS = 5.0
+
+
+class _ClientCopy:
+    """The attached caller's copy of the output, written by a thread of its
+    own: a caller that stops reading (a stopped `lev run`, a pipe nobody
+    reads) blocks only that thread, never the journal's copy nor the agent.
+    Its descriptors are the caller's own open files, whose O_NONBLOCK we
+    must not change (the caller's shell shares them), so the writes block
+    there instead of here."""
+
+    def __init__(self) -> None:
+        import collections
+        import threading
+
+        self._queue: collections.deque[tuple[int, bytes | None]] = collections.deque()
+        self._queued = 0
+        self._lost: dict[int, int] = {}
+        self._dead: set[int] = set()
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="client-copy", daemon=True)
+        self._thread.start()
+
+    def put(self, fd: int, data: bytes) -> None:
+        with self._cond:
+            if fd in self._dead:
+                return
+            if self._queued + len(data) > CLIENT_BACKLOG:
+                if fd not in self._lost:
+                    self._queue.append((fd, None))  # where the gap is said
+                self._lost[fd] = self._lost.get(fd, 0) + len(data)
+            else:
+                self._queue.append((fd, data))
+                self._queued += len(data)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(CLIENT_DRAIN_SECONDS)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                fd, data = self._queue.popleft()
+                if data is None:
+                    lost = self._lost.pop(fd, 0)
+                    data = (f"\n[leviath: {lost} bytes of output not shown here (this reader "
+                            "fell behind); `lev logs` has all of it]\n").encode()
+                else:
+                    self._queued -= len(data)
+                if fd in self._dead:
+                    continue
+            if not _write_all(fd, data):
+                with self._cond:
+                    self._dead.add(fd)
+
+
 def _copy_output(routes: dict[int, tuple[int, int | None]]) -> None:
     """Copy each pipe to its journal stream and, for an attached run, to the
-    caller's terminal. A caller that went away stops getting output; the
-    journal keeps it."""
+    caller's terminal (through _ClientCopy: the journal never waits for a
+    caller). A caller that went away stops getting output; the journal
+    keeps it."""
     open_fds = dict(routes)
-    while open_fds:
-        ready, _, _ = select.select(list(open_fds), [], [])
-        for fd in ready:
-            data = os.read(fd, 65536)
-            if not data:
-                del open_fds[fd]
-                os.close(fd)
-                continue
-            jfd, client = open_fds[fd]
-            _write_all(jfd, data)
-            if client is not None and not _write_all(client, data):
-                open_fds[fd] = (jfd, None)
+    client_copy = _ClientCopy() if any(c is not None for _j, c in routes.values()) else None
+    try:
+        while open_fds:
+            ready, _, _ = select.select(list(open_fds), [], [])
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if not data:
+                    del open_fds[fd]
+                    os.close(fd)
+                    continue
+                jfd, client = open_fds[fd]
+                _write_all(jfd, data)
+                if client is not None and client_copy is not None:
+                    client_copy.put(client, data)
+    finally:
+        if client_copy is not None:
+            client_copy.close()
 
 
 def _write_all(fd: int, data: bytes) -> bool:
@@ -366,14 +441,39 @@ def _write_all(fd: int, data: bytes) -> bool:
 
 
 def _write_exit(path: str, code: int) -> None:
+    """The exit record, in the state folder; when that cannot be written (a
+    full disk), in the runtime folder, which is memory: the daemon reads
+    either (RecordStore.read_exit), so the exit status is never lost to a
+    full state disk, even over a daemon restart."""
     import time
 
+    from leviathd.records import spare_exit_path
+
     data = json.dumps({"exit_status": code, "ended_at": time.time()}).encode()
-    dir_fd, name = fsat.open_parent(path)
     try:
-        fsat.atomic_write_at(dir_fd, name, data, mode=0o644)
+        dir_fd, name = fsat.open_parent(path)
+    except OSError:
+        dir_fd, name = -1, ""
+    try:
+        if dir_fd >= 0:
+            fsat.atomic_write_at(dir_fd, name, data, mode=0o644)
+            return
+    except OSError:
+        pass
     finally:
-        os.close(dir_fd)
+        if dir_fd >= 0:
+            os.close(dir_fd)
+    spare = spare_exit_path(os.path.basename(path).split(".")[0])
+    runtime_fd, exits = fsat.open_parent(os.path.dirname(spare))
+    try:
+        fsat.mkdir_at(runtime_fd, exits, 0o700, exist_ok=True)
+        exits_fd = fsat.open_dir_at(runtime_fd, exits)
+    finally:
+        os.close(runtime_fd)
+    try:
+        fsat.atomic_write_at(exits_fd, os.path.basename(spare), data, mode=0o600)
+    finally:
+        os.close(exits_fd)
 
 
 def _close_fds_except(keep: set[int]) -> None:

@@ -159,6 +159,18 @@ class BrokerServer:
             sock.close()
             raise
 
+    def withdraw(self) -> None:
+        """Take the socket's name away: new connects fail (ENOENT: the client
+        waits and retries, see cli/tool.py) while connections the kernel
+        already queued are still accepted and answered before close()."""
+        folder, name = os.path.split(self.path)
+        with contextlib.suppress(OSError):
+            dfd = fsat.open_dir(folder)
+            try:
+                fsat.unlink_at(dfd, name)
+            finally:
+                os.close(dfd)
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 from leviathd.errors import InvalidArgument, LeviathError, Unavailable
@@ -24,19 +26,22 @@ def broker_socket() -> str:
     return os.environ.get("LEVIATH_BROKER", DEFAULT_SOCKET)
 
 
+# How long a call waits for a broker that is not there: a daemon restart
+# (its brokers come back with it, about a second) must not fail an agent's
+# calls; a daemon that stays down must not hang them.
+RECONNECT_SECONDS = 10.0
+# The broker is away, not refusing: its socket is gone or nobody listens.
+_AWAY = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN)
+
+
 class BrokerClient:
     """A blocking JSON-lines client; one request at a time."""
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, *, wait: float = RECONNECT_SECONDS) -> None:
         self.path = path or broker_socket()
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._sock.connect(self.path)
-        except OSError as exc:
-            self._sock.close()
-            if "LEVIATH_BROKER" not in os.environ and not os.path.exists(self.path):
-                raise Unavailable(OUTSIDE_AN_AGENT) from None
-            raise Unavailable(f"cannot reach the broker at {self.path}: {exc.strerror}") from None
+        if "LEVIATH_BROKER" not in os.environ and not os.path.exists(self.path):
+            raise Unavailable(OUTSIDE_AN_AGENT)
+        self._sock = _connect(self.path, wait)
         self._file = self._sock.makefile("rb")
         self._next = 0
 
@@ -61,6 +66,27 @@ class BrokerClient:
     def close(self) -> None:
         self._file.close()
         self._sock.close()
+
+
+def _connect(path: str, wait: float) -> socket.socket:
+    """Connect, retrying for up to `wait` seconds while the broker is away
+    (a daemon restart unlinks and re-creates the socket)."""
+    deadline = time.monotonic() + wait
+    pause = 0.05
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock
+        except OSError as exc:
+            sock.close()
+            left = deadline - time.monotonic()
+            if exc.errno not in _AWAY or left <= 0:
+                raise Unavailable(f"cannot reach the broker at {path}: {exc.strerror}"
+                                  + (f" (waited {wait:.0f} s)" if exc.errno in _AWAY else "")
+                                  ) from None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.5)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

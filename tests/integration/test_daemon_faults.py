@@ -228,3 +228,36 @@ def test_a_polkit_restart_with_agents_running_refuses_no_one(bed: Testbed) -> No
         bed.run(["lev", "run", "--", "true"], user="alice", cwd=work)
     finally:
         bed.run(["lev", "stop", agent], user="alice", cwd=work, check=False)
+
+
+INSPECT = r"""
+import asyncio, os
+from dbus_fast import BusType, Message, Variant
+from dbus_fast.aio import MessageBus
+
+async def main():
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    def call(member, signature, body):
+        return bus.call(Message(
+            destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+            interface="org.leviath.Manager1", member=member, signature=signature, body=body))
+    request = {"command": Variant("as", ["true"] + ["x" * 100000] * 30),
+               "env": Variant("a{ss}", {"K%d" % i: "v" * 1000 for i in range(2000)}),
+               "workdir": Variant("s", os.getcwd())}
+    run = await call("Run", "a{sv}", [request])
+    assert run.error_name is None, run.body
+    reply = await call("Inspect", "s", [run.body[0]])
+    print(reply.error_name, len(reply._marshall(False)), "[...]" in str(reply.body[0]))
+
+asyncio.run(main())
+"""
+
+
+def test_inspect_of_an_agent_with_a_huge_command_line_is_bounded(bed: Testbed) -> None:
+    """Like List and Get: a client's 3 MB command line and 2 MB environment
+    do not come back whole in the Inspect reply."""
+    out = bed.run([PY, "-c", INSPECT], user="alice",
+                  cwd=f"{bed.users['alice'].home}/work", timeout=120).stdout.split()
+    assert out[0] == "None", out
+    assert int(out[1]) < 256 * 1024, out
+    assert out[2] == "True", out

@@ -77,21 +77,48 @@ def test_a_garbage_and_an_empty_record_under_running_agents(bed: Testbed) -> Non
         log = bed.run(["journalctl", "-u", "leviathd", "-p", "warning", "-o", "cat",
                        "-n", "50"]).stdout
         assert f"{a}.json cannot be read" in log and f"{b}.json cannot be read" in log
-        # The owner stops one, an admin the other; then both end as lost and
-        # their scratch goes with their scope.
+        # The owner stops one, an admin the other; then both end as stopped
+        # (their supervisors still leave the exit record) and their scratch
+        # goes with their scope.
         lev(bed, "alice", "stop", a)
         lev(bed, "dave", "stop", b)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             every = rows(bed, "alice", "--all")
-            if every[a]["state"] == "lost" and every[b]["state"] == "lost":
+            if every[a]["state"] == "stopped" and every[b]["state"] == "stopped":
                 break
             time.sleep(0.5)
-        assert every[a]["state"] == "lost" and every[b]["state"] == "lost", every
+        assert every[a]["state"] == "stopped" and every[b]["state"] == "stopped", every
         assert not exists(bed, f"{SCRATCH}/{a}") and not exists(bed, f"{SCRATCH}/{b}")
     finally:
         for agent in (a, b):
             lev(bed, "dave", "stop", agent, check=False)
+
+
+def test_an_unknown_agent_that_ends_keeps_its_exit_status(bed: Testbed) -> None:
+    """Its record was unreadable at start; its supervisor still records how
+    it ended, and that is what it is listed with (not `lost`)."""
+    work = f"{bed.users['alice'].home}/work"
+    bed.run(["rm", "-f", f"{work}/go"])
+    a = lev(bed, "alice", "run", "--detach", "--", "sh", "-c",
+            "while [ ! -e go ]; do sleep 0.1; done; exit 5").stdout.strip()
+    try:
+        bed.run(["systemctl", "stop", "leviathd"])
+        bed.run(["sh", "-c", f"printf 'garbage' > {AGENTS}/{a}.json"])
+        bed.run(["systemctl", "start", "leviathd"])
+        assert rows(bed, "alice")[a]["state"] == "unknown"
+        bed.run(["touch", f"{work}/go"], user="alice")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = rows(bed, "alice", "--all")[a]
+            if got["state"] != "unknown":
+                break
+            time.sleep(0.5)
+        assert (got["state"], got.get("exit_status")) == ("exited", 5), got
+        assert not exists(bed, f"{SCRATCH}/{a}")
+    finally:
+        bed.run(["rm", "-f", f"{work}/go"], check=False)
+        lev(bed, "dave", "stop", a, check=False)
 
 
 SEED = r"""

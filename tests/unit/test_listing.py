@@ -67,3 +67,20 @@ def test_one_huge_row_is_cut_down_not_sent_whole() -> None:
     page = listing.Page(limit=10, budget=listing.REPLY_BUDGET)
     assert page.add(listing.ended_key(0.0, huge.id), huge)
     assert page.records[0].command[-1] == "[...]"
+
+
+def test_capped_json_fits_the_budget_and_marks_what_it_cut() -> None:
+    import json
+
+    from leviathd.listing import REPLY_BUDGET, capped_json
+
+    small = [{"label": "agent", "spec": {"argv": ["true"], "env": {"A": "1"}}}]
+    assert json.loads(capped_json(small)) == small
+    huge = [{"label": "agent", "spec": {
+        "argv": ["x" * 100_000] * 200, "env": {f"K{i}": "v" * 1000 for i in range(4096)},
+    }}] * 3
+    text = capped_json(huge)
+    assert len(text.encode()) <= REPLY_BUDGET
+    cut = json.loads(text)
+    assert cut[0]["label"] == "agent" and "[...]" in cut[0]["spec"]["argv"]
+    assert "[...]" in cut[0]["spec"]["env"]
