@@ -23,6 +23,7 @@ from leviathd.systemd import journal
 MAX_REPLY = 8 * 1024 * 1024
 CALL_TIMEOUT = 30.0
 START_TIMEOUT = 20.0
+UNIT = "leviath-engine-api.service"
 
 
 def service_dir() -> str:
@@ -105,24 +106,47 @@ class Service:
                 fsat.unlink_at(dfd, "podman.sock")
             finally:
                 os.close(dfd)
-            self._proc = await asyncio.create_subprocess_exec(
-                podman, "system", "service", "--time=0", f"unix://{sock}",
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
-            )
+            if not await self._as_unit(podman, sock):
+                self._proc = await asyncio.create_subprocess_exec(
+                    podman, "system", "service", "--time=0", f"unix://{sock}",
+                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+                )
             loop = asyncio.get_running_loop()
             deadline = loop.time() + START_TIMEOUT
             while loop.time() < deadline:
-                if self._proc.returncode is not None:
+                if self._proc is not None and self._proc.returncode is not None:
                     break
                 if await reachable(sock):
-                    journal.record(f"podman's API service started for the filtered engine "
-                                   f"sockets (pid {self._proc.pid})",
-                                   LEVIATH_EVENT="engine-service")
+                    journal.record("podman's API service started for the filtered engine "
+                                   "sockets", LEVIATH_EVENT="engine-service")
                     return sock
                 await asyncio.sleep(0.1)
             await self.close()
             raise OSError("podman's API service did not start")
+
+    @staticmethod
+    async def _as_unit(podman: str, sock: str) -> bool:
+        """podman's service as a unit of its own: not under the daemon's
+        sandboxing (capability bounding set, ProtectSystem), which its
+        containers would inherit, and alive over a daemon restart."""
+        run = shutil.which("systemd-run")
+        if run is None or not os.path.isdir("/run/systemd/system"):
+            return False
+        proc = await asyncio.create_subprocess_exec(
+            run, "--quiet", "--collect", f"--unit={UNIT}", "--service-type=exec",
+            "--description=podman API service for leviathd's filtered engine sockets",
+            podman, "system", "service", "--time=0", f"unix://{sock}",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _out, err = await proc.communicate()
+        if proc.returncode != 0:
+            journal.record(f"systemd-run of podman's API service failed: "
+                           f"{err.decode(errors='replace')[-300:]}; running it as a child",
+                           priority=syslog.LOG_WARNING, LEVIATH_EVENT="engine-service")
+            return False
+        return True
 
     async def close(self) -> None:
         proc, self._proc = self._proc, None

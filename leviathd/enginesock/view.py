@@ -98,9 +98,6 @@ class View:
         host = _join(entry.source, _rest(norm, entry.target))
         real = os.path.realpath(host)
         held = self._source_entry(real)
-        if held is None:
-            raise BindRefused(f"bind of {norm[:200]} is refused: it leads to {real[:200]}, "
-                              "which the agent's sandbox does not show")
         for h in self.refused:
             if _inside(real, h) or _inside(h, real):
                 raise BindRefused(f"bind of {norm[:200]} is refused: it leads to {real[:200]}, "
@@ -108,11 +105,13 @@ class View:
         for h in self.hidden:
             # A bind the sandbox makes inside a hidden folder (its scratch, its
             # own socket folder) is shown on purpose; anything else there is not.
-            if (_inside(real, h) and not _inside(held.source, h)) or (
-                _inside(h, real) and h != real
-            ):
+            shown = held is not None and _inside(held.source, h)
+            if (_inside(real, h) and not shown) or (_inside(h, real) and h != real):
                 raise BindRefused(f"bind of {norm[:200]} is refused: it leads to {real[:200]}, "
                                   f"and the sandbox hides {h}")
+        if held is None:
+            raise BindRefused(f"bind of {norm[:200]} is refused: it leads to {real[:200]}, "
+                              "which the agent's sandbox does not show")
         for m in self.masks:
             if _inside(m, real):
                 raise BindRefused(f"bind of {norm[:200]} is refused: the sandbox covers {m} "

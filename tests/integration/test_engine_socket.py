@@ -290,16 +290,27 @@ def test_a_workdir_bind_works_and_read_only_stays_read_only(bed: Testbed) -> Non
 
 
 def test_published_ports_bind_loopback(bed: Testbed) -> None:
-    out = agent(
+    agent_id = agent(
         bed, "alice",
         ["POST", "/containers/create?name=port-1",
-         _create(["sleep", "30"], {"PortBindings": {"80/tcp": [{"HostPort": "18081"}]}})],
-        ["GET", "/containers/port-1/json", None],
-    )
-    assert isinstance(out, list)
-    assert out[0][0] == 201, out[0]
-    ports = out[1][1]["HostConfig"]["PortBindings"]["80/tcp"]  # type: ignore[index]
-    assert ports[0]["HostIp"] == "127.0.0.1", ports
+         _create(["httpd", "-f", "-p", "8080"], {
+             "NetworkMode": "slirp4netns",
+             "PortBindings": {"8080/tcp": [{"HostPort": "18081"}]}})],
+        ["POST", "/containers/port-1/start", None],
+        ["SLEEP", "20", None], detach=True)
+    assert isinstance(agent_id, str)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            listening = bed.run("ss -ltnH 'sport = :18081'").stdout
+            if listening.strip() or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        addresses = [line.split()[3] for line in listening.splitlines()]
+        assert addresses == ["127.0.0.1:18081"], listening
+    finally:
+        bed.run(["lev", "stop", agent_id], user="alice", check=False)
+    assert _wait_gone(bed, agent_id) == []
 
 
 def test_the_agents_things_are_removed_when_it_ends(bed: Testbed) -> None:
