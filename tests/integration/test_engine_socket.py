@@ -58,6 +58,21 @@ for arg in sys.argv[1:]:
     method, path, body = json.loads(arg)
     if method == "SLEEP":
         import time; time.sleep(float(path)); continue
+    if method == "TIME":  # [TIME, n, [[method, path, body], ...]]: median ms of the sequence
+        import time
+        runs = []
+        for i in range(int(path)):
+            t0 = time.perf_counter()
+            for m, p, b in body:
+                c = Conn(host.removeprefix("unix://"))
+                c.request(m, p.replace("{i}", str(i)), body=None if b is None else json.dumps(b),
+                          headers={"Content-Type": "application/json"})
+                r = c.getresponse(); r.read(); c.close()
+                assert r.status < 300, (m, p, r.status)
+            runs.append((time.perf_counter() - t0) * 1000)
+        runs.sort()
+        print(json.dumps(["TIME", runs[len(runs) // 2]]), flush=True)
+        continue
     c = Conn(host.removeprefix("unix://"))
     data = None if body is None else json.dumps(body)
     try:
@@ -345,3 +360,26 @@ def test_leftovers_of_an_agent_killed_with_the_daemon_are_swept(bed: Testbed) ->
             "*' | awk '{print $1}'); do systemctl stop $u; done", check=False)
     bed.run(["systemctl", "restart", "leviathd"])
     assert _wait_gone(bed, agent_id, 60) == []
+
+
+def test_benchmark_against_the_engines_own_socket(bed: Testbed) -> None:
+    """`docker ps` and `docker run --rm IMAGE true` as API calls, through the
+    filtered socket (inside an agent) and on the engine's own socket (root),
+    same run; the figures are in docs/containers.md."""
+    ps = ["TIME", 30, [["GET", "/containers/json?all=1", None]]]
+    run = ["TIME", 8, [
+        ["POST", "/containers/create?name=bench-{i}", _create(["true"])],
+        ["POST", "/containers/bench-{i}/start", None],
+        ["POST", "/containers/bench-{i}/wait", None],
+        ["DELETE", "/containers/bench-{i}?v=1", None]]]
+    home = bed.users["alice"].home
+    direct = bed.run(["python3", f"{home}/engine-work/client.py", json.dumps(ps),
+                      json.dumps(run)], env={"DOCKER_HOST": "unix:///run/leviath/engine/podman.sock"},
+                     timeout=300).stdout
+    d = [json.loads(line)[1] for line in direct.splitlines() if line.startswith('["TIME"')]
+    out = agent(bed, "alice", ps, run)
+    assert isinstance(out, list)
+    f = [float(x[1]) for x in out if x[0] == "TIME"]  # type: ignore[arg-type]
+    print(f"engine socket bench: ps {d[0]:.1f} ms direct, {f[0]:.1f} ms filtered; "
+          f"run --rm {d[1]:.1f} ms direct, {f[1]:.1f} ms filtered")
+    assert f[0] < 3 * d[0] + 5 and f[1] < 1.5 * d[1], (d, f)
