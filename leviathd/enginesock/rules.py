@@ -260,7 +260,7 @@ async def check_endpoints(body: dict[str, Any], c: Checks) -> None:
         if str(name) == "host":
             raise Refused("--network host is not allowed: the host's network namespace is the "
                           "host's")
-        if str(name) not in DEFAULT_NETWORKS:
+        if str(name) not in DEFAULT_NETWORKS and str(name) != "none":
             await c.network(str(name))
 
 
@@ -410,6 +410,10 @@ _MUTATING_OPS = {"start", "stop", "restart", "kill", "pause", "unpause", "rename
 async def decide(method: str, path: str, query: str, body: bytes | None, c: Checks) -> Decision:
     """Raises Refused; never forwards what it does not know."""
     prefix, rest = split_version(path)
+    if "/./" in rest + "/" or "/../" in rest + "/" or "//" in rest or "%" in rest:
+        # The engine's router would clean such a path into another endpoint
+        # than the one the rules matched.
+        raise Refused(f"the path {rest[:120]!r} is not in its plain form", 400)
     q = _qs(query)
     if rest.startswith("/libpod/"):
         raise Refused("podman's own API (libpod) is not filtered, so it is refused: use the "
@@ -576,6 +580,8 @@ async def _image_op(
                               "build with DOCKER_BUILDKIT=0")
             if k == "remote":
                 raise Refused("a build context from a URL is not allowed")
+            if k == "cgroupparent" and v:
+                raise Refused("--cgroup-parent is not allowed: the daemon places containers")
         labels: dict[str, str] = {}
         for k, v in q:
             if k == "labels" and v:

@@ -202,6 +202,10 @@ def test_other_endpoints() -> None:
     assert "driver options" in _refused("POST", "/volumes/create", {
         "DriverOpts": {"type": "none", "o": "bind", "device": "/root"}})
     assert "--network host" in _refused("POST", "/build?networkmode=host")
+    assert "--cgroup-parent" in _refused("POST", "/build?cgroupparent=/")
+    for sneaky in ("/images/x/../../containers/theirs/json", "/containers/mine/./json",
+                   "/containers//json", "/images/a%2F..%2F..%2Fswarm/json"):
+        assert "plain form" in _refused("GET", sneaky)
     assert "only the images it built" in _refused("DELETE", "/images/busybox")
     d = _decide("POST", "/build?t=x")
     assert "labels=" in d.target and "aaaa1111" in d.target
