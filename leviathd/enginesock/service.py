@@ -95,13 +95,21 @@ class EngineSockService:
     async def on_end(self, rec: AgentRecord) -> None:
         self._pending.pop(rec.id, None)
         proxy = self.live.pop(rec.id, None)
-        if proxy is None:
-            return
-        await proxy.close()
+        if proxy is not None:
+            await proxy.close()
+            settings = proxy.s
+        else:
+            # Not served (it ended while the daemon was away, or its proxy
+            # did not come back): its snapshot still names the engine.
+            try:
+                settings, _view = await asyncio.to_thread(
+                    self._load, os.path.join(self._snapshots, f"{rec.id}.json"))
+            except (OSError, ValueError, KeyError, TypeError):
+                return
         with contextlib.suppress(OSError):
             self._forget(rec.id)
         try:
-            gone = await engine.remove(proxy.s.engine, proxy.s.daemon, set(), only=rec.id)
+            gone = await engine.remove(settings.engine, settings.daemon, set(), only=rec.id)
         except (TimeoutError, OSError) as exc:
             journal.record(f"agent {rec.id}: its containers could not be removed: {exc}",
                            priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,

@@ -344,6 +344,20 @@ def test_the_agents_things_are_removed_when_it_ends(bed: Testbed) -> None:
     assert "vol-1" not in _podman(bed, "volume", "ls", "-q")
 
 
+def test_the_agents_things_are_removed_when_it_is_killed(bed: Testbed) -> None:
+    agent_id = agent(bed, "alice",
+                     ["POST", "/containers/create?name=crash-1", _create(["sleep", "300"])],
+                     ["POST", "/containers/crash-1/start", None],
+                     ["SLEEP", "300", None], detach=True)
+    assert isinstance(agent_id, str)
+    deadline = time.monotonic() + 30
+    while not _leftovers(bed, agent_id):
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    bed.run(["systemctl", "kill", "--signal=KILL", f"leviath-*-{agent_id}.scope"])
+    assert _wait_gone(bed, agent_id) == []
+
+
 def test_leftovers_of_an_agent_killed_with_the_daemon_are_swept(bed: Testbed) -> None:
     agent_id = agent(bed, "alice",
                      ["POST", "/containers/create?name=sweep-1", _create(["sleep", "300"])],
@@ -355,9 +369,7 @@ def test_leftovers_of_an_agent_killed_with_the_daemon_are_swept(bed: Testbed) ->
         assert time.monotonic() < deadline
         time.sleep(0.3)
     bed.run(["systemctl", "kill", "--signal=KILL", "leviathd"])
-    bed.run(["systemctl", "stop", f"leviath-alice-python3-{agent_id}.scope"], check=False)
-    bed.run("for u in $(systemctl list-units --plain --no-legend 'leviath-*" + agent_id +
-            "*' | awk '{print $1}'); do systemctl stop $u; done", check=False)
+    bed.run(["systemctl", "stop", f"leviath-*-{agent_id}.scope"])
     bed.run(["systemctl", "restart", "leviathd"])
     assert _wait_gone(bed, agent_id, 60) == []
 
