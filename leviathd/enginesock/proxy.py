@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import sys
 import syslog
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from leviathd.systemd import journal
 SOCKET_NAME = "engine.sock"
 MAX_JSON_BODY = 1024 * 1024
 MAX_CONNECTIONS = 64
+OWN_CACHE = 1024
+_FULL_ID = re.compile(r"^[0-9a-f]{64}$")
 _HOP = frozenset({"connection", "content-length", "transfer-encoding", "upgrade", "keep-alive",
                   "host", "proxy-connection", "te", "trailer"})
 
@@ -60,6 +63,7 @@ class AgentProxy:
         self.podman = settings.podman
         self.daemon = settings.daemon
         self._server: asyncio.AbstractServer | None = None
+        self._own: dict[str, dict[str, Any]] = {}
         self._connections = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -105,8 +109,21 @@ class AgentProxy:
         return got
 
     async def container(self, ref: str) -> dict[str, Any]:
+        # By full id only: ids are never reused and labels never change, while
+        # a name may pass to another container once its holder is removed.
+        cached = self._own.get(ref)
+        if cached is not None:
+            return cached
         got = await self._inspect(f"/containers/{engine.ref(ref)}/json", "container", ref)
-        return self._mine(got, (got.get("Config") or {}).get("Labels"), "container", ref)
+        mine = self._mine(got, (got.get("Config") or {}).get("Labels"), "container", ref)
+        cid = str(mine.get("Id", ""))
+        if _FULL_ID.match(cid):
+            if len(self._own) >= OWN_CACHE:
+                self._own.pop(next(iter(self._own)))
+            self._own[cid] = {"Id": cid, "Name": mine.get("Name", ""),
+                              "Config": {"Labels": dict((mine.get("Config") or {})
+                                                        .get("Labels") or {})}}
+        return mine
 
     async def network(self, ref: str) -> dict[str, Any]:
         got = await self._inspect(f"/networks/{engine.ref(ref)}", "network", ref)
