@@ -196,6 +196,8 @@ def test_an_agent_runs_a_container_and_sees_only_its_own(bed: Testbed) -> None:
 
 def test_a_second_agent_cannot_see_or_stop_the_firsts(bed: Testbed) -> None:
     first = agent(bed, "alice",
+                  ["POST", "/networks/create", {"Name": "net-a"}],
+                  ["POST", "/volumes/create", {"Name": "vol-a"}],
                   ["POST", "/containers/create?name=long-1", _create(["sleep", "300"])],
                   ["POST", "/containers/long-1/start", None],
                   ["SLEEP", "60", None], detach=True)
@@ -211,12 +213,22 @@ def test_a_second_agent_cannot_see_or_stop_the_firsts(bed: Testbed) -> None:
                         ["GET", "/containers/long-1/json", None],
                         ["POST", "/containers/long-1/kill", None],
                         ["POST", "/containers/long-1/exec", {"Cmd": ["true"]}],
-                        ["DELETE", "/containers/long-1?force=1", None])
+                        ["DELETE", "/containers/long-1?force=1", None],
+                        ["GET", "/networks/net-a", None],
+                        ["DELETE", "/networks/net-a", None],
+                        ["GET", "/volumes/vol-a", None],
+                        ["DELETE", "/volumes/vol-a?force=1", None],
+                        ["GET", "/networks", None],
+                        ["GET", "/volumes", None])
             assert isinstance(out, list)
             assert out[0] == [200, []], out[0]
-            for reply in out[1:]:
+            for reply in out[1:-2]:
                 assert reply[0] == 404, (user, reply)
+            assert out[-2] == [200, []], out[-2]
+            assert out[-1][0] == 200 and not out[-1][1]["Volumes"], out[-1]  # type: ignore[index]
         assert "long-1" in _podman(bed, "ps", "--format", "{{.Names}}")
+        assert "net-a" in _podman(bed, "network", "ls", "--format", "{{.Name}}")
+        assert "vol-a" in _podman(bed, "volume", "ls", "--format", "{{.Name}}")
     finally:
         bed.run(["lev", "stop", first], user="alice", check=False)
     assert _wait_gone(bed, first) == []
