@@ -40,6 +40,9 @@ from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
 
+MAX_PENDING = 256
+
+
 class EngineSockService:
     def __init__(self, agents: Agents, gate: GateService, *, state_dir: str) -> None:
         self._agents = agents
@@ -65,6 +68,9 @@ class EngineSockService:
         if eff.containers.socket:
             refused = (*refused, eff.containers.socket)
         # Planning runs in worker threads; one entry per agent, the first step's.
+        # A start that fails before the hooks leaves its entry: keep few.
+        while len(self._pending) >= MAX_PENDING:
+            self._pending.pop(next(iter(self._pending)), None)
         self._pending.setdefault(spec.execution_id, (View.from_spec(spec, refused), eff))
         sock = f"unix://{SANDBOX_RUNTIME}/{SOCKET_NAME}"
         return replace(spec, env={**spec.env, "DOCKER_HOST": sock})
