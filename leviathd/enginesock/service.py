@@ -39,7 +39,6 @@ from leviathd.sandbox.container import daemon_instance
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
-
 MAX_PENDING = 256
 
 
