@@ -114,6 +114,11 @@ class Agents:
         # spec_extensions: each step's spec passes through these before it is
         # recorded and released (e.g. to bind the agent's broker socket in).
         self.spec_extensions: list[Callable[[SandboxSpec], SandboxSpec]] = []
+        # The same, for parts that depend on the step's effective settings
+        # (the filtered container-engine socket, leviathd/enginesock).
+        self.effective_spec_extensions: list[
+            Callable[[SandboxSpec, Effective], SandboxSpec]
+        ] = []
         # start_hooks run after the scope exists and before the agent is
         # released (a hook that raises aborts the start, leaving nothing);
         # end_hooks run when it has ended, before its scratch is removed.
@@ -432,6 +437,8 @@ class Agents:
         spec = build_spec_on_host(eff, user, request, agent_id)
         for extend in self.spec_extensions:
             spec = extend(spec)
+        for extend_eff in self.effective_spec_extensions:
+            spec = extend_eff(spec, eff)
         return spec
 
     def _new_id(self) -> str:

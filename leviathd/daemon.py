@@ -26,6 +26,7 @@ from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
 from leviathd.config import load as config_load
 from leviathd.config_watch import ConfigWatcher
+from leviathd.enginesock.service import EngineSockService
 from leviathd.errors import ConfigError, LeviathError
 from leviathd.gate_service import GateService
 from leviathd.proxy.service import ProxyService
@@ -160,6 +161,8 @@ async def serve() -> int:
     gate.install()
     proxy = ProxyService(agents, gate, state_dir=state_dir())
     proxy.install()
+    engine_sockets = EngineSockService(agents, gate, state_dir=state_dir())
+    engine_sockets.install()
     iface = ManagerInterface(bus, agents)
     bus.export(OBJECT_PATH, iface)
     bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate))
@@ -167,6 +170,8 @@ async def serve() -> int:
     await gate.recover()
     await proxy.recover()
     maintenance = asyncio.get_running_loop().create_task(agents.maintain())
+    # podman's API service may take seconds to start: not in the way of READY.
+    engine_recovery = asyncio.get_running_loop().create_task(engine_sockets.recover())
 
     if not await own_name(bus):
         log.error("could not own %s: is another leviathd running?", BUS_NAME)
@@ -216,6 +221,9 @@ async def serve() -> int:
     with contextlib.suppress(Exception):
         await asyncio.wait_for(gate.close(), timeout=5)
         await asyncio.wait_for(proxy.close(), timeout=5)
+    engine_recovery.cancel()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(engine_sockets.close(), timeout=12)
     bus.disconnect()
     return EXIT_BUS_LOST if lost else 0
 

@@ -26,7 +26,9 @@ The axes, and which direction is "tighter":
 - taint: enabled only on, on_exceed only stricter, clearances only lower, a larger
   ledger budget and a shorter approval timeout, private addresses only off;
 - read paths: a pattern is active only when the blueprint declares it and a config
-  grants it (see leviathd/readpaths.py).
+  grants it (see leviathd/readpaths.py);
+- `[sandbox.containers]`: the machine grants; below it `enabled` only true -> false,
+  `cap_add` only a subset, `publish` only any -> loopback, `socket` the machine's only.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from leviathd.config.models import (
     AllowRule,
     Blueprint,
     Config,
+    ContainersConfig,
     CredentialConfig,
     Engine,
     Mount,
@@ -49,6 +52,7 @@ from leviathd.config.models import (
     Permission,
     PolicyRule,
     ProxyConfig,
+    Publish,
     Resources,
     SandboxConfig,
     SandboxKind,
@@ -137,6 +141,17 @@ def narrow_proxy(rules: ProxyRules, layer: ProxyConfig) -> ProxyRules:
 
 
 @dataclass(frozen=True)
+class ContainerSettings:
+    """The agent's filtered container-engine socket (leviathd/enginesock). `socket`
+    None: the daemon's own rootful podman API service."""
+
+    enabled: bool = False
+    cap_add: tuple[str, ...] = ()
+    publish: Publish = Publish.LOOPBACK
+    socket: str | None = None
+
+
+@dataclass(frozen=True)
 class Effective:
     """What one agent (or one stage) actually gets. `scratch_dir` None means the default
     under the state directory; `resources` None fields mean no limit; `permissions`
@@ -166,6 +181,7 @@ class Effective:
     credentials: dict[str, CredentialConfig] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
     proxy: ProxyRules = field(default_factory=ProxyRules)
+    containers: ContainerSettings = field(default_factory=ContainerSettings)
     # True when the image and mounts came from the blueprint's own opt-in (no [sandbox]
     # in any config); shown by `lev validate` and `lev inspect`.
     blueprint_sandbox: bool = False
@@ -314,6 +330,53 @@ def _layer_rules(rules: Iterable[PolicyRule], layer: str, where: str,
             continue
         kept.append(RuleSpec(rule.name, rule.when, rule.decision, rule.reason, layer))
     return kept
+
+
+def _tighten_containers(
+    upper: ContainerSettings, lower: ContainersConfig | None, where: str, out: _Findings
+) -> ContainerSettings:
+    """A lower layer may ask for the filtered engine socket, never grant it."""
+    if lower is None:
+        return upper
+    got = upper
+    if lower.enabled is not None:
+        if lower.enabled and not upper.enabled:
+            out.add(
+                "warn",
+                "containers-not-granted",
+                f"{where} [sandbox.containers] enabled = true is overruled: only the machine "
+                "config turns the filtered container socket on",
+            )
+        else:
+            got = replace(got, enabled=lower.enabled)
+    if lower.cap_add is not None:
+        extra = [c for c in lower.cap_add if c not in upper.cap_add]
+        if extra:
+            out.add(
+                "warn",
+                "containers-cap-add-overruled",
+                f"{where} [sandbox.containers] cap_add {', '.join(extra)} is overruled: not "
+                "in the machine's cap_add",
+            )
+        got = replace(got, cap_add=tuple(c for c in lower.cap_add if c in upper.cap_add))
+    if lower.publish is not None:
+        if lower.publish.rank > upper.publish.rank:
+            out.add(
+                "warn",
+                "containers-publish-overruled",
+                f"{where} [sandbox.containers] publish = 'any' is overruled: published ports "
+                "bind 127.0.0.1",
+            )
+        else:
+            got = replace(got, publish=lower.publish)
+    if lower.socket is not None:
+        out.add(
+            "warn",
+            "containers-socket-ignored",
+            f"{where} [sandbox.containers] socket is ignored: only the machine config names "
+            "the engine",
+        )
+    return got
 
 
 def _check_tools(names: Iterable[str], where: str, out: _Findings) -> None:
@@ -607,7 +670,17 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
 
     # A name the machine or the user withholds is never passed.
     env_pass = [e for e in env_pass if e not in env_withhold]
+    mc = ms.containers or ContainersConfig()
+    containers = ContainerSettings(
+        enabled=bool(mc.enabled),
+        cap_add=tuple(dict.fromkeys(mc.cap_add or ())),
+        publish=mc.publish or Publish.LOOPBACK,
+        socket=mc.socket,
+    )
+    if user is not None and user.sandbox is not None:
+        containers = _tighten_containers(containers, user.sandbox.containers, "user config", out)
     eff = Effective(
+        containers=containers,
         kind=kind,
         engine=engine,
         image=image,
@@ -755,6 +828,10 @@ def _apply_sandbox(
                                    out)  # fmt: skip
         if allowed != e.allow_io_uring:
             got["allow_io_uring"] = allowed
+    if sb.containers is not None:
+        got["containers"] = _tighten_containers(
+            e.containers, sb.containers, where("containers"), out
+        )
     if opt_in and ("image" in got or "mounts" in got):
         got["blueprint_sandbox"] = True
     return replace(e, **got)  # type: ignore[arg-type]

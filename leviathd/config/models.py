@@ -290,6 +290,37 @@ def _network(value: object) -> bool | Literal["proxy"] | None:
     if value is None or isinstance(value, bool) or value == "proxy":
         return value
     raise ValueError(f'must be true, false or "proxy"; got {value!r}')
+_CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]{2,32}$")
+
+
+def _capability(value: str) -> str:
+    name = value.strip().upper()
+    if not _CAPABILITY.match(name) or name in ("ALL", "CAP_ALL"):
+        raise ValueError(f"{value!r} is not a capability name such as SYS_PTRACE")
+    return name.removeprefix("CAP_")
+
+
+Capability = Annotated[str, AfterValidator(_capability)]
+
+
+class Publish(StrEnum):
+    LOOPBACK = "loopback"
+    ANY = "any"
+
+    @property
+    def rank(self) -> int:
+        """Looseness: loopback (127.0.0.1 only) is tighter than any."""
+        return 0 if self is Publish.LOOPBACK else 1
+
+
+class ContainersConfig(_Model):
+    """`[sandbox.containers]`: the filtered container-engine socket of each agent
+    (leviathd/enginesock). None = not set here."""
+
+    enabled: StrictBool | None = None
+    cap_add: list[Capability] | None = None
+    publish: Publish | None = None
+    socket: AbsolutePath | None = None
 
 
 class SandboxConfig(_Model):
@@ -308,6 +339,7 @@ class SandboxConfig(_Model):
     scratch_size: Annotated[int | None, BeforeValidator(parse_size)] = None
     # io_uring is refused in every sandbox unless the machine config allows it.
     allow_io_uring: StrictBool | None = None
+    containers: ContainersConfig | None = None
 
 
 class Resources(_Model):

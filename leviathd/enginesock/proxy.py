@@ -1,0 +1,280 @@
+"""One agent's filtered engine socket: a unix socket the agent alone may use,
+each connection one request, checked by leviathd/enginesock/rules.py and then
+passed to the engine with its reply (or a hijacked stream) copied back.
+
+One request per connection: the engine is asked with `Connection: close`,
+and nothing the client sends after the request's body is passed on except
+on a hijacked stream (attach, exec start), which is a container's stdin by
+then. So a second request can never ride an allowed one unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import sys
+import syslog
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from leviathd import fsat
+from leviathd.broker.server import identify
+from leviathd.enginesock import engine, rules, wire
+from leviathd.enginesock.view import BindRefused, View
+from leviathd.errors import AccessDenied
+from leviathd.systemd import journal
+
+SOCKET_NAME = "engine.sock"
+MAX_JSON_BODY = 1024 * 1024
+MAX_CONNECTIONS = 64
+OWN_CACHE = 1024
+_FULL_ID = re.compile(r"^[0-9a-f]{64}$")
+_HOP = frozenset({"connection", "content-length", "transfer-encoding", "upgrade", "keep-alive",
+                  "host", "proxy-connection", "te", "trailer"})
+
+
+@dataclass(frozen=True)
+class Settings:
+    agent_id: str
+    uid: int
+    gid: int
+    cap_add: tuple[str, ...]
+    publish_any: bool
+    engine: str  # the engine's socket
+    podman: bool
+    daemon: str
+
+
+class AgentProxy:
+    """Implements rules.Checks for one agent."""
+
+    def __init__(self, settings: Settings, view: View, lookup: Callable[[str], str | None]) -> None:
+        self.s = settings
+        self.view = view
+        self.lookup = lookup
+        self.agent_id = settings.agent_id
+        self.cap_add = settings.cap_add
+        self.publish_any = settings.publish_any
+        self.uid = settings.uid
+        self.gid = settings.gid
+        self.podman = settings.podman
+        self.daemon = settings.daemon
+        self._server: asyncio.AbstractServer | None = None
+        self._own: dict[str, dict[str, Any]] = {}
+        self._connections = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- the socket -------------------------------------------------------
+
+    async def start(self, folder: str) -> None:
+        dfd = fsat.open_dir(folder)
+        try:
+            sock = fsat.bind_unix_at(dfd, SOCKET_NAME, mode=0o600, uid=self.uid, gid=self.gid)
+        finally:
+            os.close(dfd)
+        extra: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._serve, sock=sock, limit=wire.MAX_HEAD, **extra)
+        except BaseException:
+            sock.close()
+            raise
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+
+    # -- rules.Checks -----------------------------------------------------
+
+    async def _inspect(self, path: str, what: str, name: str) -> dict[str, Any]:
+        try:
+            status, got = await engine.call(self.s.engine, "GET", path)
+        except (TimeoutError, OSError, wire.BadRequest, asyncio.IncompleteReadError) as exc:
+            raise rules.Refused(f"the engine did not answer: {exc}", 502) from None
+        if status != 200 or not isinstance(got, dict):
+            raise rules.Refused(f"no such {what}: {name[:100]}", 404)
+        return got
+
+    def _mine(self, got: dict[str, Any], labels: object, what: str, name: str) -> dict[str, Any]:
+        if not isinstance(labels, dict) or labels.get(rules.LABEL_AGENT) != self.agent_id:
+            # The same answer as for a missing one: another agent's things
+            # are not even there for this one.
+            raise rules.Refused(f"no such {what}: {name[:100]} (an agent sees only its own)", 404)
+        return got
+
+    async def container(self, ref: str) -> dict[str, Any]:
+        # By full id only: ids are never reused and labels never change, while
+        # a name may pass to another container once its holder is removed.
+        cached = self._own.get(ref)
+        if cached is not None:
+            return cached
+        got = await self._inspect(f"/containers/{engine.ref(ref)}/json", "container", ref)
+        mine = self._mine(got, (got.get("Config") or {}).get("Labels"), "container", ref)
+        cid = str(mine.get("Id", ""))
+        if _FULL_ID.match(cid):
+            if len(self._own) >= OWN_CACHE:
+                self._own.pop(next(iter(self._own)))
+            self._own[cid] = {"Id": cid, "Name": mine.get("Name", ""),
+                              "Config": {"Labels": dict((mine.get("Config") or {})
+                                                        .get("Labels") or {})}}
+        return mine
+
+    async def network(self, ref: str) -> dict[str, Any]:
+        got = await self._inspect(f"/networks/{engine.ref(ref)}", "network", ref)
+        return self._mine(got, got.get("Labels"), "network", ref)
+
+    async def volume(self, name: str, *, create: bool) -> dict[str, Any]:
+        try:
+            got = await self._inspect(f"/volumes/{engine.ref(name)}", "volume", name)
+        except rules.Refused as exc:
+            if exc.status != 404 or not create:
+                raise
+            labels = {rules.LABEL_AGENT: self.agent_id, rules.LABEL_DAEMON: self.daemon}
+            status, made = await engine.call(self.s.engine, "POST", "/volumes/create",
+                                             {"Name": name[:256], "Labels": labels})
+            if status not in (200, 201) or not isinstance(made, dict):
+                raise rules.Refused(f"could not create the volume {name[:100]}", 502) from None
+            self._audit(f"volume create {name[:64]}", allowed=True)
+            return made
+        return self._mine(got, got.get("Labels"), "volume", name)
+
+    async def image(self, ref: str) -> dict[str, Any]:
+        return await self._inspect(f"/images/{engine.ref(ref)}/json", "image", ref)
+
+    async def exec_container(self, exec_id: str) -> dict[str, Any]:
+        got = await self._inspect(f"/exec/{engine.ref(exec_id)}/json", "exec instance", exec_id)
+        return await self.container(str(got.get("ContainerID") or ""))
+
+    async def bind(self, path: str, writable: bool) -> tuple[str, bool]:
+        try:
+            return await asyncio.to_thread(self.view.resolve, path, writable)
+        except BindRefused as exc:
+            raise rules.Refused(str(exc)) from None
+        except OSError as exc:
+            raise rules.Refused(f"bind of {path[:200]}: {exc.strerror}") from None
+
+    # -- one connection -----------------------------------------------------
+
+    def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.get_running_loop().create_task(self._connection(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        try:
+            if self._connections >= MAX_CONNECTIONS:
+                writer.write(wire.error_reply(503, "leviathd: too many connections to the "
+                                              "filtered engine socket"))
+                return
+            self._connections += 1
+            try:
+                peer = identify(writer.get_extra_info("socket"))
+                if self.lookup(peer.cgroup) != self.agent_id or peer.uid != self.uid:
+                    raise AccessDenied(f"pid {peer.pid} is not agent {self.agent_id}")
+                await self._request(reader, writer)
+            finally:
+                self._connections -= 1
+        except (TimeoutError, AccessDenied, OSError, asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError):
+            pass
+        except wire.BadRequest as exc:
+            with contextlib.suppress(OSError):
+                writer.write(wire.error_reply(400, f"leviathd: {exc}"))
+        finally:
+            with contextlib.suppress(OSError, RuntimeError):
+                await writer.drain()
+            writer.close()
+
+    async def _request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await wire.read_head(reader)
+        if head is None:
+            return
+        body: bytes | None = None
+        if rules.wants_json_body(head.method, head.path):
+            body = await wire.read_body(reader, head, MAX_JSON_BODY)
+        try:
+            decision = await rules.decide(head.method, head.path, head.query, body, self)
+        except rules.Refused as exc:
+            self._audit(f"{head.method} {head.path[:120]}: {exc.message}", allowed=False)
+            writer.write(wire.error_reply(exc.status, f"leviathd: {exc.message}"))
+            return
+        if decision.mutating:
+            self._audit(decision.what, allowed=True)
+        await self._forward(head, decision, reader, writer)
+
+    async def _forward(self, head: wire.Head, d: rules.Decision, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:
+        try:
+            er, ew = await asyncio.open_unix_connection(self.s.engine, limit=wire.MAX_HEAD)
+        except OSError as exc:
+            writer.write(wire.error_reply(502, f"leviathd: the engine is not reachable: "
+                                          f"{exc.strerror}"))
+            return
+        try:
+            headers = [(k, v) for k, v in head.headers if k.lower() not in _HOP]
+            headers.append(("Host", "docker"))
+            upgrade = head.get("upgrade") if d.upgrade else None
+            if upgrade:
+                headers += [("Connection", "Upgrade"), ("Upgrade", upgrade[:40])]
+            else:
+                headers.append(("Connection", "close"))
+            if d.body is not None:
+                headers.append(("Content-Length", str(len(d.body))))
+                ew.write(head.encode(d.target, headers) + d.body)
+            else:
+                kind, length = head.body_kind()
+                if kind == "chunked":
+                    headers.append(("Transfer-Encoding", "chunked"))
+                elif kind == "length":
+                    headers.append(("Content-Length", str(length)))
+                ew.write(head.encode(d.target, headers))
+                await wire.copy_body(reader, head, ew)
+            await ew.drain()
+            back = asyncio.ensure_future(_copy(er, writer))
+            if d.upgrade:
+                forth = asyncio.ensure_future(_copy(reader, ew, eof=True))
+            else:
+                # Nothing more is passed on; the client's end only ends the reply.
+                forth = asyncio.ensure_future(_drain_until_eof(reader))
+            try:
+                done, _pending = await asyncio.wait({back, forth},
+                                                    return_when=asyncio.FIRST_COMPLETED)
+                if forth in done and back not in done and d.upgrade:
+                    await back  # stdin closed: the output still comes
+            finally:
+                for t in (back, forth):
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, OSError):
+                        await t
+        finally:
+            ew.close()
+
+    def _audit(self, what: str, *, allowed: bool) -> None:
+        journal.record(
+            f"agent {self.agent_id}: engine socket {'allowed' if allowed else 'refused'} {what}",
+            priority=syslog.LOG_INFO if allowed else syslog.LOG_WARNING,
+            LEVIATH_AGENT=self.agent_id,
+            LEVIATH_EVENT="engine-allowed" if allowed else "engine-refused",
+        )
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                eof: bool = False) -> None:
+    while data := await reader.read(wire.COPY_CHUNK):
+        writer.write(data)
+        await writer.drain()
+    if eof and writer.can_write_eof():
+        with contextlib.suppress(OSError):
+            writer.write_eof()
+
+
+async def _drain_until_eof(reader: asyncio.StreamReader) -> None:
+    while await reader.read(wire.COPY_CHUNK):
+        pass

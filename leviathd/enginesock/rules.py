@@ -1,0 +1,615 @@
+"""What an agent may ask of the container engine, and how its requests are
+rewritten before they reach it.
+
+Pure checks on the Docker Engine API's requests; what needs the engine (is
+this container the agent's own?) or the file system (may it bind this path?)
+is asked through the `Checks` protocol, which leviathd/enginesock/proxy.py
+implements. Anything not matched here is refused (default deny).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlencode
+
+LABEL_AGENT = "org.leviath.engine-agent"
+LABEL_DAEMON = "org.leviath.engine-daemon"
+# Set on a container with writable host folders: who its processes and execs run as.
+LABEL_USER = "org.leviath.engine-user"
+RESERVED_LABEL_PREFIXES = ("org.leviath.", "io.podman.", "io.containers.")
+
+DEFAULT_NETWORKS = frozenset({"", "default", "bridge", "podman"})
+# Sysctls the kernel keeps per network or IPC namespace (what Docker allows).
+_NAMESPACED_SYSCTL = re.compile(r"^(net\.|kernel\.(msgmax|msgmnb|msgmni|sem|shmall|shmmax|"
+                                r"shmmni|shm_rmid_forced)$|fs\.mqueue\.)")
+_BIND_OPTIONS = frozenset({"ro", "rw", "nocopy", "private", "rprivate", "slave", "rslave",
+                           "nosuid", "nodev", "noexec", "delegated", "cached", "consistent"})
+_PROPAGATION = frozenset({"", "private", "rprivate", "slave", "rslave"})
+_VERSION = re.compile(r"^/v[0-9]{1,3}(\.[0-9]{1,3}){0,2}(?=/)")
+_NAME = r"([A-Za-z0-9][A-Za-z0-9_.:@/-]{0,254}?)"
+_ID = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,254})"
+
+
+class Refused(Exception):
+    def __init__(self, message: str, status: int = 403) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class Checks(Protocol):
+    agent_id: str
+    cap_add: tuple[str, ...]
+    publish_any: bool
+    uid: int
+    gid: int
+    podman: bool
+    daemon: str  # this daemon's instance (leviathd.sandbox.container.daemon_instance)
+
+    async def container(self, ref: str) -> dict[str, Any]:
+        """The agent's own container's inspect data, or Refused(404)."""
+        ...
+
+    async def network(self, ref: str) -> dict[str, Any]: ...
+
+    async def volume(self, name: str, *, create: bool) -> dict[str, Any]: ...
+
+    async def image(self, ref: str) -> dict[str, Any]: ...
+
+    async def exec_container(self, exec_id: str) -> dict[str, Any]: ...
+
+    async def bind(self, path: str, writable: bool) -> tuple[str, bool]:
+        """(host path, read-only) or Refused."""
+        ...
+
+
+@dataclass
+class Decision:
+    """Forward `target` (the path with its query) with `body` (None: the
+    client's body is streamed as it comes). `upgrade`: a hijacked stream."""
+
+    target: str
+    body: bytes | None = None
+    upgrade: bool = False
+    mutating: bool = False
+    what: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def split_version(path: str) -> tuple[str, str]:
+    m = _VERSION.match(path)
+    if m is None:
+        return "", path
+    return m.group(0), path[m.end():]
+
+
+def _qs(query: str) -> list[tuple[str, str]]:
+    return parse_qsl(query, keep_blank_values=True, max_num_fields=64)
+
+
+def _target(prefix: str, path: str, query: list[tuple[str, str]]) -> str:
+    return prefix + path + ("?" + urlencode(query) if query else "")
+
+
+def with_label_filter(query: list[tuple[str, str]], agent_id: str) -> list[tuple[str, str]]:
+    """The query's `filters` with ours added: label filters are AND-ed, so the
+    engine lists only what carries the agent's label, whatever else it asks."""
+    filters: dict[str, Any] = {}
+    rest = [(k, v) for k, v in query if k != "filters"]
+    for k, v in query:
+        if k == "filters" and v:
+            try:
+                parsed = json.loads(v)
+            except ValueError:
+                raise Refused("filters is not JSON", 400) from None
+            if not isinstance(parsed, dict):
+                raise Refused("filters is not a JSON object", 400)
+            filters = parsed
+    out: dict[str, list[str]] = {}
+    for k, v in filters.items():
+        if isinstance(v, dict):  # the old form {"label": {"a=b": true}}
+            out[str(k)] = [str(x) for x, on in v.items() if on]
+        elif isinstance(v, list):
+            out[str(k)] = [str(x) for x in v]
+        else:
+            raise Refused("filters has a value that is neither a list nor a map", 400)
+    out["label"] = [*out.get("label", []), f"{LABEL_AGENT}={agent_id}"]
+    return [*rest, ("filters", json.dumps(out))]
+
+
+def _labels(value: object, c: Checks, what: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    if value is not None:
+        if not isinstance(value, dict):
+            raise Refused(f"{what} labels are not a map", 400)
+        for k, v in value.items():
+            if any(str(k).startswith(p) for p in RESERVED_LABEL_PREFIXES):
+                raise Refused(f"the label {str(k)[:100]!r} is reserved")
+            labels[str(k)] = str(v)
+    labels[LABEL_AGENT] = c.agent_id
+    labels[LABEL_DAEMON] = c.daemon
+    return labels
+
+
+def _json_body(body: bytes | None) -> dict[str, Any]:
+    if not body:
+        return {}
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        raise Refused("the request body is not JSON", 400) from None
+    if not isinstance(parsed, dict):
+        raise Refused("the request body is not a JSON object", 400)
+    return parsed
+
+
+def _dump(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _norm_cap(cap: object) -> str:
+    return str(cap).strip().upper().removeprefix("CAP_")
+
+
+# ------------------------------------------------------------ container create
+
+
+async def check_create(body: dict[str, Any], c: Checks) -> dict[str, Any]:
+    """The create request as it may reach the engine (Refused otherwise)."""
+    host = body.get("HostConfig") or {}
+    if not isinstance(host, dict):
+        raise Refused("HostConfig is not an object", 400)
+    if host.get("Privileged"):
+        raise Refused("privileged containers are not allowed: they are root on the host")
+    for cap in host.get("CapAdd") or []:
+        name = _norm_cap(cap)
+        if name == "ALL" or name not in c.cap_add:
+            raise Refused(f"--cap-add {name[:40]} is not allowed: the configuration allows "
+                          f"{', '.join(c.cap_add) or 'none'} ([sandbox.containers] cap_add)")
+    if host.get("Devices") or host.get("DeviceRequests") or host.get("DeviceCgroupRules"):
+        raise Refused("devices and GPUs are not allowed: a device node is the host's hardware")
+    for key, flag in (("PidMode", "--pid"), ("IpcMode", "--ipc"), ("UTSMode", "--uts"),
+                      ("UsernsMode", "--userns"), ("CgroupnsMode", "--cgroupns"),
+                      ("Cgroup", "--cgroup")):
+        mode = str(host.get(key) or "")
+        if mode == "host":
+            raise Refused(f"{flag}=host is not allowed: the host's namespaces are the host")
+        if mode.startswith("container:"):
+            found = await c.container(mode.removeprefix("container:"))
+            host[key] = "container:" + str(found.get("Id", ""))
+        elif mode.startswith(("ns:", "/")):
+            raise Refused(f"{flag}={mode[:100]} is not allowed: only the container's own "
+                          "namespaces or its own containers'")
+        elif key in ("UsernsMode", "Cgroup") and mode:
+            raise Refused(f"{flag}={mode[:100]} is not allowed")
+    await _check_network_mode(host, c)
+    _check_security_opts(host.get("SecurityOpt") or [])
+    if host.get("CgroupParent"):
+        raise Refused("--cgroup-parent is not allowed: the daemon places containers")
+    for name in (host.get("Sysctls") or {}):
+        if not _NAMESPACED_SYSCTL.match(str(name)):
+            raise Refused(f"--sysctl {str(name)[:80]} is not allowed: it is not per container")
+        if str(name).startswith("net.") and str(host.get("NetworkMode") or "") == "host":
+            raise Refused("net.* sysctls need the container's own network")
+    runtime = str(host.get("Runtime") or "")
+    if runtime not in ("", "runc", "crun"):
+        raise Refused(f"--runtime {runtime[:80]} is not allowed: only the engine's default")
+    if host.get("MaskedPaths") is not None or host.get("ReadonlyPaths") is not None:
+        raise Refused("systempaths=unconfined is not allowed: it shows the host's /proc and /sys")
+    if host.get("Annotations"):
+        raise Refused("annotations are not allowed: they change how the runtime builds the "
+                      "container")
+    if host.get("VolumeDriver") not in (None, "", "local"):
+        raise Refused("volume drivers other than local are not allowed")
+    if isinstance(host.get("OomScoreAdj"), int) and host["OomScoreAdj"] < 0:
+        raise Refused("a negative --oom-score-adj is not allowed: the host's memory comes first")
+    for ref in host.get("Links") or []:
+        name, _, alias = str(ref).partition(":")
+        found = await c.container(name)
+        host["Links"] = [x for x in host["Links"] if x != ref] + [
+            f"{str(found.get('Name', name)).lstrip('/')}:{alias or name}"]
+    writable = await _check_mounts(host, c)
+    _check_ports(host, c)
+    config = body
+    config["Labels"] = _labels(config.get("Labels"), c, "container")
+    if writable:
+        # Root in the container is root on the host for the files of a host
+        # folder: a setuid-root file written into the worktree would be the
+        # user's root shell. So such a container runs as the agent's user,
+        # with no way back up to root.
+        user = str(config.get("User") or "")
+        want = f"{c.uid}:{c.gid}"
+        if user not in ("", want, str(c.uid)):
+            raise Refused(f"a container with writable host folders runs as your user: "
+                          f"--user {want}, not {user[:40]!r}")
+        if host.get("GroupAdd"):
+            raise Refused("--group-add is not allowed with writable host folders")
+        if host.get("CapAdd"):
+            raise Refused("--cap-add is not allowed with writable host folders")
+        config["User"] = want
+        opts = [str(o) for o in host.get("SecurityOpt") or []]
+        host["SecurityOpt"] = [*opts, "no-new-privileges"]
+        config["Labels"][LABEL_USER] = want
+    config["HostConfig"] = host
+    return config
+
+
+async def _check_network_mode(host: dict[str, Any], c: Checks) -> None:
+    mode = str(host.get("NetworkMode") or "")
+    if mode == "host":
+        raise Refused("--network host is not allowed: the host's network namespace is the host's")
+    if mode.startswith("container:"):
+        found = await c.container(mode.removeprefix("container:"))
+        host["NetworkMode"] = "container:" + str(found.get("Id", ""))
+    elif mode in DEFAULT_NETWORKS or mode in ("none", "private", "slirp4netns", "pasta"):
+        pass
+    elif ":" in mode or mode.startswith("/"):
+        raise Refused(f"--network {mode[:100]} is not allowed")
+    else:
+        await c.network(mode)
+
+
+async def check_endpoints(body: dict[str, Any], c: Checks) -> None:
+    net = body.get("NetworkingConfig") or {}
+    endpoints = net.get("EndpointsConfig") if isinstance(net, dict) else None
+    for name in endpoints or {}:
+        if str(name) == "host":
+            raise Refused("--network host is not allowed: the host's network namespace is the "
+                          "host's")
+        if str(name) not in DEFAULT_NETWORKS and str(name) != "none":
+            await c.network(str(name))
+
+
+def _check_security_opts(opts: list[object]) -> None:
+    for opt in opts:
+        text = str(opt)
+        key = re.split("[=:]", text, maxsplit=1)[0]
+        if key == "no-new-privileges":
+            value = text[len(key) + 1:] if len(text) > len(key) else "true"
+            if value in ("true", ""):
+                continue
+        raise Refused(f"--security-opt {text[:80]} is not allowed: seccomp, AppArmor and SELinux "
+                      "stay as the engine sets them")
+
+
+async def _check_mounts(host: dict[str, Any], c: Checks) -> bool:
+    """Checks and rewrites Binds, Mounts and VolumesFrom; True when a host
+    folder is bound writable."""
+    writable = False
+    binds: list[str] = []
+    for spec in host.get("Binds") or []:
+        parts = str(spec).split(":")
+        if len(parts) < 2 or len(parts) > 3:
+            raise Refused(f"bind {str(spec)[:200]!r} is not SOURCE:TARGET[:OPTIONS]", 400)
+        source, target = parts[0], _target_path(parts[1])
+        opts = [o for o in (parts[2].split(",") if len(parts) == 3 else []) if o]
+        for o in opts:
+            if o not in _BIND_OPTIONS:
+                raise Refused(f"bind option {o[:40]!r} is not allowed (z, Z and U change the "
+                              "host's files; shared propagation reaches the host)")
+        want_rw = "ro" not in opts
+        if source.startswith("/"):
+            real, ro = await c.bind(source, want_rw)
+            opts = [o for o in opts if o not in ("ro", "rw")] + (["ro"] if ro else ["rw"])
+            if c.podman:
+                opts = [o for o in opts if o not in ("nosuid", "nodev")] + ["nosuid", "nodev"]
+            writable = writable or not ro
+            binds.append(f"{real}:{target}:{','.join(opts)}")
+        else:
+            await c.volume(source, create=True)
+            binds.append(str(spec))
+    mounts: list[dict[str, Any]] = []
+    for m in host.get("Mounts") or []:
+        if not isinstance(m, dict):
+            raise Refused("a mount is not an object", 400)
+        kind = str(m.get("Type") or "volume")
+        if kind == "bind":
+            bopts = m.get("BindOptions") or {}
+            if not isinstance(bopts, dict):
+                raise Refused("BindOptions is not an object", 400)
+            if str(bopts.get("Propagation") or "") not in _PROPAGATION:
+                raise Refused("shared mount propagation is not allowed: it reaches the host")
+            if bopts.get("NonRecursive") or bopts.get("ReadOnlyNonRecursive"):
+                raise Refused("non-recursive binds are not allowed: they would show what a "
+                              "read-only mount covers")
+            real, ro = await c.bind(str(m.get("Source") or ""), not m.get("ReadOnly"))
+            writable = writable or not ro
+            # As a bind string, so that one path adds nosuid/nodev.
+            flags = ["ro" if ro else "rw"] + (["nosuid", "nodev"] if c.podman else [])
+            binds.append(f"{real}:{_target_path(m.get('Target'))}:{','.join(flags)}")
+        elif kind == "volume":
+            vo = m.get("VolumeOptions") or {}
+            if vo.get("DriverConfig"):
+                raise Refused("volume driver options are not allowed (a volume that binds a "
+                              "folder would bypass the bind checks)")
+            if m.get("Source"):
+                await c.volume(str(m["Source"]), create=True)
+            mounts.append(m)
+        elif kind == "tmpfs":
+            mounts.append(m)
+        else:
+            raise Refused(f"mounts of type {kind[:40]} are not allowed")
+    host["Binds"] = binds or None
+    host["Mounts"] = mounts or None
+    vfrom: list[str] = []
+    for ref in host.get("VolumesFrom") or []:
+        name, _, mode = str(ref).partition(":")
+        if mode == "rw":
+            raise Refused("--volumes-from NAME:rw is not allowed: it would make read-only "
+                          "mounts writable")
+        found = await c.container(name)
+        labels = (found.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_USER):
+            writable = True
+        vfrom.append(str(found.get("Id", "")) + (f":{mode}" if mode else ""))
+    host["VolumesFrom"] = vfrom or None
+    return writable
+
+
+def _target_path(value: object) -> str:
+    text = str(value or "")
+    if not text.startswith("/") or any(ch in text for ch in ":,\0"):
+        raise Refused(f"mount target {text[:200]!r} is not an absolute path", 400)
+    return text
+
+
+def _check_ports(host: dict[str, Any], c: Checks) -> None:
+    if c.publish_any:
+        return
+    if host.get("PublishAllPorts"):
+        raise Refused("-P binds every port on all addresses; publish each with "
+                      "-p 127.0.0.1::PORT ([sandbox.containers] publish = \"loopback\")")
+    ports = host.get("PortBindings") or {}
+    if not isinstance(ports, dict):
+        raise Refused("PortBindings is not a map", 400)
+    for key, bindings in ports.items():
+        for b in bindings or []:
+            if not isinstance(b, dict):
+                raise Refused("a port binding is not an object", 400)
+            ip = str(b.get("HostIp") or "")
+            if ip in ("", "127.0.0.1", "localhost"):
+                b["HostIp"] = "127.0.0.1"
+            else:
+                raise Refused(f"publishing {str(key)[:40]} on {ip[:60]} is not allowed: ports "
+                              "bind 127.0.0.1 ([sandbox.containers] publish = \"loopback\")")
+
+
+# ------------------------------------------------------------------- routing
+
+# Requests whose JSON body the rules read (bounded, whole) before deciding.
+JSON_BODY = (
+    ("POST", re.compile(r"^/containers/create$")),
+    ("POST", re.compile(r"^/containers/[^/]+/exec$")),
+    ("POST", re.compile(r"^/networks/create$")),
+    ("POST", re.compile(r"^/networks/[^/]+/(connect|disconnect)$")),
+    ("POST", re.compile(r"^/volumes/create$")),
+    ("POST", re.compile(r"^/exec/[^/]+/start$")),
+)
+
+
+def wants_json_body(method: str, path: str) -> bool:
+    _prefix, rest = split_version(path)
+    return any(method == m and p.match(rest) for m, p in JSON_BODY)
+
+
+_CONTAINER_OPS = {
+    ("GET", "json"), ("GET", "top"), ("GET", "logs"), ("GET", "changes"), ("GET", "export"),
+    ("GET", "stats"), ("POST", "resize"), ("POST", "start"), ("POST", "stop"),
+    ("POST", "restart"), ("POST", "kill"), ("POST", "pause"), ("POST", "unpause"),
+    ("POST", "attach"), ("GET", "attach/ws"), ("POST", "wait"), ("POST", "rename"),
+    ("HEAD", "archive"), ("GET", "archive"), ("PUT", "archive"), ("POST", "exec"),
+}
+_MUTATING_OPS = {"start", "stop", "restart", "kill", "pause", "unpause", "rename", "archive",
+                 "exec"}
+
+
+async def decide(method: str, path: str, query: str, body: bytes | None, c: Checks) -> Decision:
+    """Raises Refused; never forwards what it does not know."""
+    prefix, rest = split_version(path)
+    if "/./" in rest + "/" or "/../" in rest + "/" or "//" in rest or "%" in rest:
+        # The engine's router would clean such a path into another endpoint
+        # than the one the rules matched.
+        raise Refused(f"the path {rest[:120]!r} is not in its plain form", 400)
+    q = _qs(query)
+    if rest.startswith("/libpod/"):
+        raise Refused("podman's own API (libpod) is not filtered, so it is refused: use the "
+                      "Docker-compatible API (DOCKER_HOST)")
+    if method in ("GET", "HEAD") and rest in ("/_ping", "/version", "/info"):
+        return Decision(_target(prefix, rest, q))
+    if rest == "/containers/json" and method == "GET":
+        return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)))
+    if rest == "/containers/create" and method == "POST":
+        create = _json_body(body)
+        await check_endpoints(create, c)
+        out = await check_create(create, c)
+        return Decision(_target(prefix, rest, q), _dump(out), mutating=True,
+                        what="container create")
+    if rest == "/containers/prune" and method == "POST":
+        return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)), mutating=True,
+                        what="container prune")
+    m = re.match(r"^/containers/" + _ID + r"(/(.*))?$", rest)
+    if m is not None:
+        return await _container_op(method, prefix, m, q, body, c)
+    m = re.match(r"^/exec/" + _ID + r"/(start|resize|json)$", rest)
+    if m is not None:
+        found = await c.exec_container(m.group(1))
+        if m.group(2) == "start":
+            return Decision(_target(prefix, rest, q), body, upgrade=True, mutating=True,
+                            what=f"exec start in {str(found.get('Id', ''))[:12]}")
+        if (method, m.group(2)) in (("POST", "resize"), ("GET", "json")):
+            return Decision(_target(prefix, rest, q))
+    if rest.startswith("/networks"):
+        return await _network_op(method, prefix, rest, q, body, c)
+    if rest.startswith("/volumes"):
+        return await _volume_op(method, prefix, rest, q, body, c)
+    if rest.startswith(("/images", "/build", "/distribution")):
+        return await _image_op(method, prefix, rest, q, c)
+    if rest == "/events" and method == "GET":
+        return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)))
+    for name in ("swarm", "services", "secrets", "configs", "plugins", "nodes", "tasks"):
+        if rest.startswith(f"/{name}"):
+            raise Refused(f"{name} are not allowed: they act for the whole machine's engine")
+    raise Refused(f"{method} {rest[:120]} is not an endpoint the filtered socket knows, so it "
+                  "is refused")
+
+
+async def _container_op(
+    method: str, prefix: str, m: re.Match[str], q: list[tuple[str, str]], body: bytes | None,
+    c: Checks,
+) -> Decision:
+    found = await c.container(m.group(1))
+    cid = str(found.get("Id", ""))
+    op = m.group(3) or ""
+    if op == "" and method == "GET":
+        raise Refused("not found", 404)
+    if op == "" and method == "DELETE":
+        return Decision(_target(prefix, f"/containers/{cid}", q), mutating=True,
+                        what=f"container remove {cid[:12]}")
+    if (op == "json" and method == "GET") or (method, op) in _CONTAINER_OPS:
+        labels = (found.get("Config") or {}).get("Labels") or {}
+        user = labels.get(LABEL_USER)
+        new_body = body
+        if op == "exec":
+            ex = _json_body(body)
+            if ex.get("Privileged"):
+                raise Refused("privileged exec is not allowed: it is root on the host")
+            if user:
+                asked = str(ex.get("User") or "")
+                if asked not in ("", user, user.split(":")[0]):
+                    raise Refused(f"this container has writable host folders: exec runs as "
+                                  f"{user}, not {asked[:40]!r}")
+                ex["User"] = user
+            new_body = _dump(ex)
+        if op == "archive" and method == "PUT" and user:
+            raise Refused("copying into a container with writable host folders is not "
+                          "allowed: the engine writes as root")
+        return Decision(
+            _target(prefix, f"/containers/{cid}/{op}", q), new_body,
+            upgrade=op == "attach", mutating=op in _MUTATING_OPS,
+            what=f"container {op} {cid[:12]}",
+        )
+    raise Refused(f"{method} /containers/ID/{op[:60]} is not an endpoint the filtered socket "
+                  "knows, so it is refused")
+
+
+async def _network_op(
+    method: str, prefix: str, rest: str, q: list[tuple[str, str]], body: bytes | None,
+    c: Checks,
+) -> Decision:
+    if rest == "/networks" and method == "GET":
+        return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)))
+    if rest == "/networks/prune" and method == "POST":
+        return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)), mutating=True,
+                        what="network prune")
+    if rest == "/networks/create" and method == "POST":
+        net = _json_body(body)
+        if str(net.get("Driver") or "bridge") != "bridge":
+            raise Refused(f"network driver {str(net.get('Driver'))[:40]} is not allowed: only "
+                          "bridge (others reach the host's interfaces)")
+        if net.get("ConfigFrom") or net.get("ConfigOnly") or net.get("Ingress") or net.get(
+                "Scope") not in (None, "", "local"):
+            raise Refused("swarm and config-only networks are not allowed")
+        net["Labels"] = _labels(net.get("Labels"), c, "network")
+        return Decision(_target(prefix, rest, q), _dump(net), mutating=True,
+                        what=f"network create {str(net.get('Name'))[:64]}")
+    m = re.match(r"^/networks/" + _ID + r"(/(connect|disconnect))?$", rest)
+    if m is None:
+        raise Refused(f"{method} {rest[:120]} is not allowed")
+    found = await c.network(m.group(1))
+    nid = str(found.get("Id") or found.get("ID") or "")
+    op = m.group(3)
+    if op is None and method == "GET":
+        return Decision(_target(prefix, f"/networks/{nid}", q))
+    if op is None and method == "DELETE":
+        return Decision(_target(prefix, f"/networks/{nid}", q), mutating=True,
+                        what=f"network remove {nid[:12]}")
+    if op is not None and method == "POST":
+        req = _json_body(body)
+        own = await c.container(str(req.get("Container") or ""))
+        req["Container"] = str(own.get("Id", ""))
+        return Decision(_target(prefix, f"/networks/{nid}/{op}", q), _dump(req), mutating=True,
+                        what=f"network {op} {nid[:12]}")
+    raise Refused(f"{method} {rest[:120]} is not allowed")
+
+
+async def _volume_op(
+    method: str, prefix: str, rest: str, q: list[tuple[str, str]], body: bytes | None,
+    c: Checks,
+) -> Decision:
+    if rest == "/volumes" and method == "GET":
+        return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)))
+    if rest == "/volumes/prune" and method == "POST":
+        return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)), mutating=True,
+                        what="volume prune")
+    if rest == "/volumes/create" and method == "POST":
+        vol = _json_body(body)
+        if str(vol.get("Driver") or "local") != "local" or vol.get("DriverOpts"):
+            raise Refused("volume drivers and driver options are not allowed (a volume that "
+                          "binds a folder would bypass the bind checks)")
+        vol["Labels"] = _labels(vol.get("Labels"), c, "volume")
+        return Decision(_target(prefix, rest, q), _dump(vol), mutating=True,
+                        what=f"volume create {str(vol.get('Name'))[:64]}")
+    m = re.match(r"^/volumes/" + _ID + "$", rest)
+    if m is not None and method in ("GET", "DELETE"):
+        found = await c.volume(m.group(1), create=False)
+        name = str(found.get("Name", ""))
+        return Decision(_target(prefix, f"/volumes/{name}", q), mutating=method == "DELETE",
+                        what=f"volume remove {name[:64]}")
+    raise Refused(f"{method} {rest[:120]} is not allowed")
+
+
+async def _image_op(
+    method: str, prefix: str, rest: str, q: list[tuple[str, str]], c: Checks
+) -> Decision:
+    if rest == "/images/json" and method == "GET":
+        return Decision(_target(prefix, rest, q))
+    if rest == "/images/create" and method == "POST":
+        if any(k == "fromSrc" and v != "-" for k, v in q):
+            raise Refused("importing an image from a URL or path is not allowed")
+        return Decision(_target(prefix, rest, q), mutating=True, what="image pull")
+    if rest == "/build" and method == "POST":
+        for k, v in q:
+            if k == "networkmode" and v not in ("", "default", "bridge", "none"):
+                raise Refused(f"builds with --network {v[:40]} are not allowed")
+            if k == "version" and v == "2":
+                raise Refused("BuildKit's session is not filtered, so it is refused: "
+                              "build with DOCKER_BUILDKIT=0")
+            if k == "remote":
+                raise Refused("a build context from a URL is not allowed")
+            if k == "cgroupparent" and v:
+                raise Refused("--cgroup-parent is not allowed: the daemon places containers")
+        labels: dict[str, str] = {}
+        for k, v in q:
+            if k == "labels" and v:
+                try:
+                    labels = json.loads(v)
+                except ValueError:
+                    raise Refused("labels is not JSON", 400) from None
+        q = [(k, v) for k, v in q if k != "labels"]
+        q.append(("labels", json.dumps(_labels(labels, c, "image"))))
+        return Decision(_target(prefix, rest, q), mutating=True, what="image build")
+    if rest == "/images/load" and method == "POST":
+        return Decision(_target(prefix, rest, q), mutating=True, what="image load")
+    m = re.match(r"^/images/" + _NAME + r"/(json|history)$", rest)
+    if m is not None and method == "GET":
+        return Decision(_target(prefix, rest, q))
+    m = re.match(r"^/distribution/" + _NAME + r"/json$", rest)
+    if m is not None and method == "GET":
+        return Decision(_target(prefix, rest, q))
+    m = re.match(r"^/images/" + _NAME + r"$", rest)
+    if m is not None and method == "DELETE":
+        found = await c.image(m.group(1))
+        labels_of = (found.get("Config") or {}).get("Labels") or found.get("Labels") or {}
+        if labels_of.get(LABEL_AGENT) != c.agent_id:
+            raise Refused("an agent removes only the images it built", 403)
+        return Decision(_target(prefix, rest, q), mutating=True,
+                        what=f"image remove {m.group(1)[:64]}")
+    raise Refused(f"{method} {rest[:120]} is not allowed")
+
+
+def own(labels: Mapping[str, Any] | None, agent_id: str) -> bool:
+    return bool(labels) and (labels or {}).get(LABEL_AGENT) == agent_id

@@ -1,0 +1,202 @@
+"""Just enough HTTP/1.1 for the filtered engine socket: a request head read
+with a bound, bodies by Content-Length or chunked (copied as they come, or
+read whole up to a bound), and Docker-style error replies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+MAX_HEAD = 64 * 1024
+MAX_HEADERS = 100
+COPY_CHUNK = 64 * 1024
+
+
+class BadRequest(Exception):
+    pass
+
+
+@dataclass
+class Head:
+    method: str
+    target: str
+    version: str
+    headers: list[tuple[str, str]]
+
+    def get(self, name: str) -> str | None:
+        name = name.lower()
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return None
+
+    @property
+    def path(self) -> str:
+        return self.target.partition("?")[0]
+
+    @property
+    def query(self) -> str:
+        return self.target.partition("?")[2]
+
+    def body_kind(self) -> tuple[str, int]:
+        """("chunked", 0), ("length", n) or ("none", 0)."""
+        te = (self.get("transfer-encoding") or "").lower()
+        if te:
+            if te != "chunked":
+                raise BadRequest(f"transfer-encoding {te[:40]} is not supported")
+            if self.get("content-length") is not None:
+                raise BadRequest("both content-length and transfer-encoding")
+            return "chunked", 0
+        cl = self.get("content-length")
+        if cl is None:
+            return "none", 0
+        if not cl.isdigit() or len(cl) > 15:
+            raise BadRequest("bad content-length")
+        return "length", int(cl)
+
+    def encode(self, target: str, headers: list[tuple[str, str]]) -> bytes:
+        lines = [f"{self.method} {target} HTTP/1.1"]
+        lines += [f"{k}: {v}" for k, v in headers]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def read_head(reader: asyncio.StreamReader) -> Head | None:
+    """None at a clean end of the connection before a request."""
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial.strip():
+            return None
+        raise BadRequest("the connection ended inside a request head") from None
+    except asyncio.LimitOverrunError:
+        raise BadRequest(f"the request head is over {MAX_HEAD} bytes") from None
+    text = raw.decode("latin-1")
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
+        raise BadRequest("not an HTTP/1.1 request line")
+    headers: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if not line:
+            continue
+        if len(headers) >= MAX_HEADERS:
+            raise BadRequest("too many headers")
+        k, sep, v = line.partition(":")
+        if not sep or not k or k != k.strip() or any(ch in k for ch in " \t"):
+            raise BadRequest("a malformed header")
+        headers.append((k, v.strip()))
+    return Head(parts[0], parts[1], parts[2], headers)
+
+
+async def read_body(reader: asyncio.StreamReader, head: Head, limit: int) -> bytes:
+    kind, length = head.body_kind()
+    if kind == "none":
+        return b""
+    if kind == "length":
+        if length > limit:
+            raise BadRequest(f"the request body is over {limit} bytes")
+        return await reader.readexactly(length)
+    out = bytearray()
+    while True:
+        size = await _chunk_size(reader)
+        if size == 0:
+            await _trailers(reader)
+            return bytes(out)
+        if len(out) + size > limit:
+            raise BadRequest(f"the request body is over {limit} bytes")
+        out += await reader.readexactly(size)
+        if await reader.readexactly(2) != b"\r\n":
+            raise BadRequest("a malformed chunk")
+
+
+async def copy_body(reader: asyncio.StreamReader, head: Head, writer: asyncio.StreamWriter) -> None:
+    """The request's body copied as it comes, exactly as framed, and nothing
+    after it (a second request on the connection is never passed unread)."""
+    kind, length = head.body_kind()
+    if kind == "length":
+        while length:
+            data = await reader.read(min(length, COPY_CHUNK))
+            if not data:
+                raise BadRequest("the connection ended inside the body")
+            length -= len(data)
+            writer.write(data)
+            await writer.drain()
+    elif kind == "chunked":
+        while True:
+            size = await _chunk_size(reader)
+            writer.write(f"{size:x}\r\n".encode())
+            if size == 0:
+                await _trailers(reader)
+                writer.write(b"\r\n")
+                await writer.drain()
+                return
+            left = size
+            while left:
+                data = await reader.read(min(left, COPY_CHUNK))
+                if not data:
+                    raise BadRequest("the connection ended inside a chunk")
+                left -= len(data)
+                writer.write(data)
+                await writer.drain()
+            if await reader.readexactly(2) != b"\r\n":
+                raise BadRequest("a malformed chunk")
+            writer.write(b"\r\n")
+
+
+async def _chunk_size(reader: asyncio.StreamReader) -> int:
+    line = await reader.readuntil(b"\r\n")
+    text = line[:-2].split(b";", 1)[0].strip()
+    if not text or len(text) > 12:
+        raise BadRequest("a malformed chunk size")
+    try:
+        return int(text, 16)
+    except ValueError:
+        raise BadRequest("a malformed chunk size") from None
+
+
+async def _trailers(reader: asyncio.StreamReader) -> None:
+    for _ in range(MAX_HEADERS):
+        if await reader.readuntil(b"\r\n") == b"\r\n":
+            return
+    raise BadRequest("too many trailers")
+
+
+def error_reply(status: int, message: str) -> bytes:
+    reason = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
+              500: "Internal Server Error", 502: "Bad Gateway",
+              503: "Service Unavailable"}.get(status, "Error")
+    body = json.dumps({"message": message}).encode() + b"\n"
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+async def read_response(reader: asyncio.StreamReader, limit: int) -> tuple[int, bytes]:
+    """A whole response (status, body), bounded: for the proxy's own questions."""
+    line = await reader.readuntil(b"\r\n")
+    parts = line.decode("latin-1").split(" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise BadRequest("the engine's reply is not HTTP")
+    status = int(parts[1])
+    headers: list[tuple[str, str]] = []
+    while True:
+        h = await reader.readuntil(b"\r\n")
+        if h == b"\r\n":
+            break
+        k, _, v = h.decode("latin-1").partition(":")
+        headers.append((k.strip(), v.strip()))
+        if len(headers) > MAX_HEADERS:
+            raise BadRequest("the engine sent too many headers")
+    head = Head("GET", "/", "HTTP/1.1", headers)
+    kind, _length = head.body_kind()
+    if kind == "none":
+        body = await reader.read(limit + 1)
+        while len(body) <= limit:
+            more = await reader.read(limit + 1 - len(body))
+            if not more:
+                break
+            body += more
+        if len(body) > limit:
+            raise BadRequest("the engine's reply is too long")
+        return status, body
+    return status, await read_body(reader, head, limit)

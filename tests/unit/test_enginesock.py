@@ -1,0 +1,213 @@
+"""The filtered engine socket's pure parts: the `[sandbox.containers]` merge,
+the bind view and the request rules (the bed's tests/integration/
+test_engine_socket.py drives them from inside real agents)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leviathd.config.load import parse_blueprint, parse_config
+from leviathd.config.merge import resolve
+from leviathd.config.models import Publish
+from leviathd.enginesock import rules
+from leviathd.enginesock.view import BindRefused, View, _Entry
+
+MACHINE = """[sandbox.containers]
+enabled = true
+cap_add = ["SYS_PTRACE", "cap_net_admin"]
+publish = "any"
+"""
+
+
+def test_only_the_machine_grants_and_lower_layers_only_tighten() -> None:
+    nothing = resolve(parse_config("", "m"), None, None, "a").agent.containers
+    assert not nothing.enabled and nothing.cap_add == () and nothing.publish == Publish.LOOPBACK
+    user_asks = parse_config("[sandbox.containers]\nenabled = true\npublish = 'any'\n", "u")
+    got = resolve(parse_config("", "m"), user_asks, None, "a")
+    assert not got.agent.containers.enabled
+    assert "containers-not-granted" in [f.code for f in got.findings]
+    machine = parse_config(MACHINE, "m")
+    assert resolve(machine, None, None, "a").agent.containers.cap_add == ("SYS_PTRACE",
+                                                                          "NET_ADMIN")
+    bp = parse_blueprint(
+        '[agent]\nname = "a"\ncommand = ["x"]\n[sandbox.containers]\npublish = "loopback"\n'
+        'cap_add = ["SYS_PTRACE", "SYS_ADMIN"]\nsocket = "/run/docker.sock"\n', "bp")
+    got = resolve(machine, None, bp, "a")
+    c = got.agent.containers
+    assert c.enabled and c.publish == Publish.LOOPBACK and c.cap_add == ("SYS_PTRACE",)
+    assert c.socket is None
+    codes = {f.code for f in got.findings}
+    assert {"containers-cap-add-overruled", "containers-socket-ignored"} <= codes
+    off = parse_blueprint('[agent]\nname = "a"\ncommand = ["x"]\n[sandbox.containers]\n'
+                          'enabled = false\n', "bp")
+    assert not resolve(machine, None, off, "a").agent.containers.enabled
+
+
+def test_cap_all_is_not_a_capability() -> None:
+    with pytest.raises(Exception, match="capability"):
+        parse_config('[sandbox.containers]\ncap_add = ["ALL"]\n', "m")
+
+
+def _view(tmp: Path, *, mask: bool = False) -> View:
+    work = tmp / "work"
+    (work / "sub").mkdir(parents=True)
+    (tmp / "ssh").mkdir()
+    (tmp / "scratch" / "home").mkdir(parents=True)
+    os.symlink(tmp / "ssh", work / "to-ssh")
+    os.symlink("/etc", work / "to-etc")
+    entries = (
+        _Entry("/", "tmpfs", "", False),
+        _Entry("/etc", "bind", "/etc", True),
+        _Entry("/home/a", "bind", str(tmp / "scratch" / "home"), False),
+        _Entry("/home/a/work", "bind", str(work), False),
+    )
+    masks = (str(work / "sub"),) if mask else ()
+    return View(entries, (str(tmp / "ssh"), "/home/a/.ssh"), masks, ())
+
+
+def test_binds_follow_the_sandbox_view(tmp_path: Path) -> None:
+    v = _view(tmp_path)
+    assert v.resolve("/home/a/work", True) == (str(tmp_path / "work"), False)
+    assert v.resolve("/etc", True) == ("/etc", True)  # read-only stays read-only
+    assert v.resolve("/home/a/work/to-etc", True) == ("/etc", True)  # links on the host
+    assert v.resolve("/home/a", True)[0] == str(tmp_path / "scratch" / "home")
+    for path, says in [("/home/a/.ssh", "hides"), ("/home/a/work/to-ssh", "hides"),
+                       ("/", "not a folder"), ("/usr", "not a folder"), ("rel", "absolute")]:
+        with pytest.raises(BindRefused, match=says):
+            v.resolve(path, True)
+
+
+def test_a_bind_that_would_uncover_a_mask_is_refused(tmp_path: Path) -> None:
+    v = _view(tmp_path, mask=True)
+    # The sandbox covers work/sub: binding work/.. or work itself shows it again.
+    with pytest.raises(BindRefused, match="covers"):
+        v.resolve("/home/a/work/sub/..", True)
+
+
+class _Checks:
+    agent_id = "aaaa1111"
+    cap_add = ("SYS_PTRACE",)
+    publish_any = False
+    uid = 1000
+    gid = 1000
+    podman = True
+    daemon = "d"
+
+    async def container(self, ref: str) -> dict[str, Any]:
+        if ref == "mine":
+            return {"Id": "c" * 64, "Config": {"Labels": {rules.LABEL_AGENT: self.agent_id}}}
+        raise rules.Refused("no such container", 404)
+
+    async def network(self, ref: str) -> dict[str, Any]:
+        raise rules.Refused("no such network", 404)
+
+    async def volume(self, name: str, *, create: bool) -> dict[str, Any]:
+        return {"Name": name}
+
+    async def image(self, ref: str) -> dict[str, Any]:
+        return {"Config": {"Labels": {}}}
+
+    async def exec_container(self, exec_id: str) -> dict[str, Any]:
+        return await self.container("mine")
+
+    async def bind(self, path: str, writable: bool) -> tuple[str, bool]:
+        if path.startswith("/work"):
+            return path, not writable
+        if path.startswith("/usr"):
+            return path, True
+        raise rules.Refused("bind refused")
+
+
+def _decide(method: str, path: str, body: object = None) -> rules.Decision:
+    target, _, query = path.partition("?")
+    raw = None if body is None else json.dumps(body).encode()
+    return asyncio.run(rules.decide(method, target, query, raw, _Checks()))
+
+
+def _refused(method: str, path: str, body: object = None) -> str:
+    with pytest.raises(rules.Refused) as info:
+        _decide(method, path, body)
+    return info.value.message
+
+
+def test_lists_carry_the_agents_label_whatever_filters_are_asked() -> None:
+    d = _decide("GET", "/v1.41/containers/json?all=1&filters="
+                + '{"label":{"org.leviath.engine-agent=other":true}}')
+    assert d.target.startswith("/v1.41/containers/json?")
+    from urllib.parse import parse_qs, urlsplit
+    filters = json.loads(parse_qs(urlsplit(d.target).query)["filters"][0])
+    assert filters["label"] == ["org.leviath.engine-agent=other",
+                                "org.leviath.engine-agent=aaaa1111"]
+
+
+def test_create_is_labelled_and_rewritten() -> None:
+    d = _decide("POST", "/containers/create", {
+        "Image": "x", "Labels": {"a": "b"},
+        "HostConfig": {"Binds": ["/usr:/u:rw"], "CapAdd": ["CAP_SYS_PTRACE"],
+                       "PortBindings": {"80/tcp": [{"HostPort": "8080"}]}}})
+    assert d.body is not None
+    body = json.loads(d.body)
+    assert body["Labels"][rules.LABEL_AGENT] == "aaaa1111"
+    assert body["HostConfig"]["PortBindings"]["80/tcp"][0]["HostIp"] == "127.0.0.1"
+
+
+def test_writable_host_folders_mean_the_agents_user_and_no_new_privileges() -> None:
+    d = _decide("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"Binds": ["/work:/w", "/usr:/u:rw"]}})
+    assert d.body is not None
+    body = json.loads(d.body)
+    assert body["User"] == "1000:1000"
+    assert "no-new-privileges" in body["HostConfig"]["SecurityOpt"]
+    assert body["HostConfig"]["Binds"] == ["/work:/w:rw,nosuid,nodev",
+                                           "/usr:/u:ro,nosuid,nodev"]
+    assert "--cap-add is not allowed" in _refused("POST", "/containers/create", {
+        "HostConfig": {"Binds": ["/work:/w"], "CapAdd": ["SYS_PTRACE"]}})
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({"HostConfig": {"Binds": ["/work:/w:Z"]}}, "bind option 'Z'"),
+    ({"HostConfig": {"Binds": ["/work:/w:U"]}}, "bind option 'U'"),
+    ({"HostConfig": {"VolumesFrom": ["mine:rw"]}}, "volumes-from"),
+    ({"HostConfig": {"VolumesFrom": ["theirs"]}}, "no such container"),
+    ({"HostConfig": {"NetworkMode": "container:theirs"}}, "no such container"),
+    ({"HostConfig": {"PidMode": "container:theirs"}}, "no such container"),
+    ({"HostConfig": {"Runtime": "kata"}}, "--runtime"),
+    ({"HostConfig": {"MaskedPaths": []}}, "systempaths=unconfined"),
+    ({"HostConfig": {"SecurityOpt": ["label=disable"]}}, "--security-opt"),
+    ({"HostConfig": {"CapAdd": ["ALL"]}}, "--cap-add ALL"),
+    ({"HostConfig": {"PublishAllPorts": True}}, "-P binds every port"),
+    ({"HostConfig": {"DeviceRequests": [{"Count": -1}]}}, "GPUs"),
+    ({"HostConfig": {"CgroupnsMode": "host"}}, "--cgroupns=host"),
+    ({"HostConfig": {"Mounts": [{"Type": "volume", "Source": "v", "Target": "/v",
+                                 "VolumeOptions": {"DriverConfig": {"Name": "local"}}}]}},
+     "volume driver options"),
+    ({"Labels": {"org.leviath.engine-agent": "other"}}, "reserved"),
+])
+def test_create_refusals(body: dict[str, Any], says: str) -> None:
+    assert says in _refused("POST", "/containers/create", {"Image": "x", **body})
+
+
+def test_other_endpoints() -> None:
+    assert "privileged exec" in _refused("POST", "/containers/mine/exec", {"Privileged": True})
+    assert _refused("GET", "/containers/theirs/json")
+    assert "swarm" in _refused("POST", "/swarm/init")
+    assert "libpod" in _refused("GET", "/v4.0.0/libpod/info")
+    assert "only bridge" in _refused("POST", "/networks/create", {"Driver": "macvlan"})
+    assert "driver options" in _refused("POST", "/volumes/create", {
+        "DriverOpts": {"type": "none", "o": "bind", "device": "/root"}})
+    assert "--network host" in _refused("POST", "/build?networkmode=host")
+    assert "--cgroup-parent" in _refused("POST", "/build?cgroupparent=/")
+    for sneaky in ("/images/x/../../containers/theirs/json", "/containers/mine/./json",
+                   "/containers//json", "/images/a%2F..%2F..%2Fswarm/json"):
+        assert "plain form" in _refused("GET", sneaky)
+    assert "only the images it built" in _refused("DELETE", "/images/busybox")
+    d = _decide("POST", "/build?t=x")
+    assert "labels=" in d.target and "aaaa1111" in d.target
+    d = _decide("POST", "/containers/mine/attach?stream=1")
+    assert d.upgrade and d.target == "/containers/" + "c" * 64 + "/attach?stream=1"
