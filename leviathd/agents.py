@@ -1,6 +1,7 @@
 """The registry of agents and their life cycle: start (checked, fenced, in a
 scope), stop, list, logs, and the end of every agent however it ends. Knows
-nothing of D-Bus; the bus layer hands it a `Caller` and a polkit check."""
+nothing of D-Bus's interfaces or polkit: the bus layer hands it a `Caller`
+and an `Authority` to ask for the rights a call needs."""
 
 from __future__ import annotations
 
@@ -21,8 +22,7 @@ from dbus_fast.aio import MessageBus
 
 from leviathd import audit, listing, orphans, resource_defaults, safetext, spawn
 from leviathd.audit_readers import Readers
-from leviathd.bus import names, polkit
-from leviathd.bus.caller import Caller
+from leviathd.authority import Authority, Caller, Right
 from leviathd.config import load as config_load
 from leviathd.config.merge import Effective, MergeResult, resolve
 from leviathd.config.models import Blueprint, Config, SandboxKind
@@ -75,12 +75,14 @@ class Agents:
         systemd: SystemdManager,
         store: RecordStore,
         *,
+        authority: Authority,
         machine_config_path: str,
         scratch_dir_default: str,
         on_started: Emit,
         on_ended: Emit,
     ) -> None:
         self._bus = bus
+        self._authority = authority
         self._systemd = systemd
         self._store = store
         self._machine_path = machine_config_path
@@ -137,7 +139,7 @@ class Agents:
         self.config_problem = None
 
     async def reload(self, who: Caller) -> None:
-        await polkit.require(self._bus, who, names.ACTION_CONFIG_MANAGE, "reload the configuration")
+        await self._authority.require(who, Right.CONFIG_MANAGE, "reload the configuration")
         self.load_machine_config()
         journal.record("configuration reloaded", LEVIATH_EVENT="reload")
 
@@ -187,11 +189,11 @@ class Agents:
 
     async def _run(self, who: Caller, req: RunInput, stdio: spawn.Stdio) -> AgentRecord:
         t0 = time.perf_counter()
-        await polkit.require(self._bus, who, names.ACTION_RUN, "run agents")
+        await self._authority.require(who, Right.RUN, "run agents")
         t_polkit = time.perf_counter()
         if req.sandbox == "none":
-            await polkit.require(
-                self._bus, who, names.ACTION_RUN_UNSANDBOXED, "run an agent without a sandbox"
+            await self._authority.require(
+                who, Right.RUN_UNSANDBOXED, "run an agent without a sandbox"
             )
         p = await self._in_worker(who.uid, self._prepare, who.uid, req)
         user, merged, command, agent_name = p.user, p.merged, p.command, p.agent_name
@@ -707,9 +709,9 @@ class Agents:
         if rec is None:
             raise NotFound(f"no agent with id {agent_id!r}")
         if rec.uid == who.uid:
-            await polkit.require(self._bus, who, names.ACTION_RUN, what)
+            await self._authority.require(who, Right.RUN, what)
             return rec
-        if not await polkit.is_authorized(self._bus, who, names.ACTION_MANAGE_ANY):
+        if not await self._authority.allowed(who, Right.MANAGE_ANY):
             # Another user's agent does not exist, as far as this caller can tell.
             raise NotFound(f"no agent with id {agent_id!r}")
         return rec
@@ -749,7 +751,7 @@ class Agents:
         """One page: agents that run (oldest first), then, with include_ended,
         ended ones (most recent first), at most `limit` rows and about `budget`
         bytes. Returns the rows and the cursor of the next page ("" at the end)."""
-        everyone = await polkit.is_authorized(self._bus, who, names.ACTION_MANAGE_ANY)
+        everyone = await self._authority.allowed(who, Right.MANAGE_ANY)
         after = listing.parse_cursor(cursor)
         keys: list[tuple[listing.Key, str]] = [
             (listing.running_key(r.started_at, r.id), r.id) for r in self.records.values()

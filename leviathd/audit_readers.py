@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
-from leviathd.bus.caller import Caller
+from leviathd.authority import Caller
 from leviathd.errors import LeviathError
 
 PER_CALLER = 8

@@ -18,7 +18,7 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
 from leviathd.agents import Agents
-from leviathd.bus import caller, writer
+from leviathd.bus import caller, polkit, writer
 from leviathd.bus.bounded import BoundedBus
 from leviathd.bus.compat import many_fds
 from leviathd.bus.manager_iface import ManagerInterface
@@ -123,6 +123,7 @@ async def serve() -> int:
 
     agents = Agents(
         bus, systemd, store,
+        authority=polkit.PolkitAuthority(bus),
         machine_config_path=machine_config_path(),
         scratch_dir_default=os.path.join(state_dir(), "scratch"),
         on_started=started, on_ended=ended,

@@ -9,27 +9,18 @@ the method reads its own sender."""
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
 
 from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
+from leviathd.authority import Caller
 from leviathd.errors import AccessDenied
+
+__all__ = ["Caller", "current", "install", "sender"]
 
 _sender: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "leviath_bus_sender", default=None
 )
-
-
-@dataclass(frozen=True)
-class Caller:
-    sender: str
-    uid: int
-    pid: int | None
-
-    @property
-    def is_root(self) -> bool:
-        return self.uid == 0
 
 
 def install(bus: MessageBus) -> None:

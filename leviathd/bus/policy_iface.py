@@ -15,6 +15,7 @@ from leviathd.bus import bounds, names, polkit
 from leviathd.bus import caller as bus_caller
 from leviathd.bus.compat import DBusSignature, dbus_method, dbus_signal
 from leviathd.bus.errors import translated
+from leviathd.config.edit import append_rule, machine_write_target
 from leviathd.config.load import machine_config_path
 from leviathd.errors import InvalidArgument, NotFound
 from leviathd.gate_service import GateService
@@ -102,8 +103,6 @@ class PolicyInterface(ServiceInterface):
         """Append an [[allowlist]] rule to the machine config (needs
         org.leviath.config.manage). The file is parsed before it atomically
         replaces the old one; the next run uses it. Returns the file's path."""
-        from leviathd.cli.policy import append_rule, machine_write_target
-
         tool = bounds.text(tool, 64, "tool")
         target = bounds.text(target, MAX_TARGET, "target")
         max_sensitivity = bounds.text(max_sensitivity, 32, "sensitivity")

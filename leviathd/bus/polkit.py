@@ -9,7 +9,8 @@ import logging
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
-from leviathd.bus.caller import Caller
+from leviathd.authority import Caller, Right
+from leviathd.bus import names
 from leviathd.errors import AccessDenied, LeviathError
 
 log = logging.getLogger(__name__)
@@ -88,3 +89,25 @@ async def is_authorized(
 async def require(bus: MessageBus, caller: Caller, action: str, what: str) -> None:
     if not await is_authorized(bus, caller, action):
         raise AccessDenied(f"not authorized to {what} (polkit action {action})")
+
+
+_ACTIONS = {
+    Right.RUN: names.ACTION_RUN,
+    Right.RUN_UNSANDBOXED: names.ACTION_RUN_UNSANDBOXED,
+    Right.MANAGE_ANY: names.ACTION_MANAGE_ANY,
+    Right.CONFIG_MANAGE: names.ACTION_CONFIG_MANAGE,
+}
+
+
+class PolkitAuthority:
+    """The services' `Authority`, answered by polkit over this bus: each right
+    is asked for only when a service needs it, as the calls did before."""
+
+    def __init__(self, bus: MessageBus) -> None:
+        self._bus = bus
+
+    async def allowed(self, who: Caller, right: Right) -> bool:
+        return await is_authorized(self._bus, who, _ACTIONS[right])
+
+    async def require(self, who: Caller, right: Right, what: str) -> None:
+        await require(self._bus, who, _ACTIONS[right], what)
