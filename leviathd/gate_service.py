@@ -51,7 +51,7 @@ from leviathd.policy.labels import Sensitivity
 from leviathd.policy.ledger import Entry, Ledger
 from leviathd.policy.rules import RuleSpec
 from leviathd.policy.settings import CredentialSpec, PolicySettings
-from leviathd.readpaths import is_inside
+from leviathd.readpatterns import is_inside
 from leviathd.records import AgentRecord, RecordStore
 from leviathd.sandbox.container import cgroup_procs_files
 from leviathd.sandbox.credential_fence import credential_spec

@@ -35,7 +35,7 @@ from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide
 from leviathd.policy.labels import Sensitivity
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
-from leviathd.readpaths import is_inside
+from leviathd.readpatterns import is_inside
 
 
 @dataclass(frozen=True)

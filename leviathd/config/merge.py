@@ -26,7 +26,7 @@ The axes, and which direction is "tighter":
 - taint: enabled only on, on_exceed only stricter, clearances only lower, a larger
   ledger budget and a shorter approval timeout, private addresses only off;
 - read paths: a pattern is active only when the blueprint declares it and a config
-  grants it (see leviathd/readpaths.py);
+  grants it (see leviathd/readpatterns.py);
 - `[sandbox.containers]`: the machine grants; below it `enabled` only true -> false,
   `cap_add` only a subset, `publish` only any -> loopback, `socket` the machine's only.
 """
@@ -62,7 +62,7 @@ from leviathd.config.models import (
 from leviathd.policy.labels import DEFAULT_CLEARANCE
 from leviathd.policy.rules import RuleSpec
 from leviathd.policy.shellrule import ShellPattern
-from leviathd.readpaths import ReadPathError, active_patterns, parse_pattern
+from leviathd.readpatterns import ReadPathError, active_patterns, parse_pattern
 
 Level = Literal["error", "warn", "note"]
 

@@ -30,7 +30,7 @@ from pydantic import (
 
 from leviathd.policy.cel import CelError
 from leviathd.policy.rules import compile_rule
-from leviathd.readpaths import parse_pattern
+from leviathd.readpatterns import parse_pattern
 
 # Tools the broker knows (leviathd/policy); other names in a permission table are not an
 # error (a newer blueprint may name a newer tool) but produce an `unknown-tool` finding.

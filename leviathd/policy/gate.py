@@ -17,7 +17,7 @@ from leviathd.policy.labels import READ_TOOLS, WRITE_TOOLS, Sensitivity, label_f
 from leviathd.policy.permissions import permission_for
 from leviathd.policy.rules import RuleResult, environment, evaluate
 from leviathd.policy.settings import CompiledPolicy
-from leviathd.readpaths import is_inside
+from leviathd.readpatterns import is_inside
 
 Outcome = Literal["allow", "deny", "ask"]
 AskKind = Literal["permission", "taint"]

@@ -1,6 +1,6 @@
-"""A fast index over the foundation's read grants (`leviathd.readpaths`).
+"""A fast index over the foundation's read grants (`leviathd.readpatterns`).
 
-`readpaths.may_read` tries every active pattern in turn; with a thousand
+`readpatterns.may_read` tries every active pattern in turn; with a thousand
 patterns that is too slow for a check on every tool call. This index gives
 the same answers (a test compares the two on generated paths) with a few
 dict lookups: exact grants by their base path, and every regex pattern
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from leviathd.readpaths import CompiledPattern, ReadGrants, compile_grants, is_inside
+from leviathd.readpatterns import CompiledPattern, ReadGrants, compile_grants, is_inside
 
 _SPECIAL = set(".^$*+?{}[]|()")
 _QUANTIFIERS = set("*+?{")
@@ -118,7 +118,7 @@ class GrantIndex:
         return None
 
     def may_read(self, real: str) -> bool:
-        """Same answer as `readpaths.may_read(real, grants)`."""
+        """Same answer as `readpatterns.may_read(real, grants)`."""
         if not _real_form(real) or self.hidden(real):
             return False
         return is_inside(real, self.grants.workdir) or self.match(real) is not None

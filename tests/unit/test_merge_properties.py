@@ -17,7 +17,7 @@ from leviathd.config.models import (
     Config,
     Permission,
 )
-from leviathd.readpaths import normalize_pattern
+from leviathd.readpatterns import normalize_pattern
 
 TOOLS = sorted(KNOWN_TOOLS | {"made_up_tool"})
 PATHS = ["~/data", "~/data/sub", "/srv", "/etc"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from leviathd.policy.readgrant import build_index, index_key, literal_prefix
-from leviathd.readpaths import compile_grants, may_read
+from leviathd.readpatterns import compile_grants, may_read
 
 
 def test_literal_prefix_stops_at_the_first_non_literal() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from leviathd.errors import AccessDenied, InvalidArgument
-from leviathd.readpaths import (
+from leviathd.readpatterns import (
     PatternKind,
     ReadPathError,
     active_patterns,

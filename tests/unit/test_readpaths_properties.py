@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from leviathd.errors import AccessDenied
-from leviathd.readpaths import (
+from leviathd.readpatterns import (
     ReadPathError,
     active_patterns,
     compile_grants,

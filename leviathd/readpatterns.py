@@ -1,8 +1,10 @@
-"""Read paths: which files outside its workdir an agent may read.
+"""The read-path pattern language: which files outside its workdir an agent may read.
 
 A blueprint *declares* patterns in `[read_paths] allow`; the machine or user
 config *grants* them. Only a pattern that is both declared and granted is
-active, and a read is decided on the real (symlink-resolved) path.
+active, and a read is decided on the real (symlink-resolved) path. The
+language sits below both of its users (config's models parse with it, the
+gate and the broker match with it), so it imports neither.
 
 Pattern forms (see docs/configuration.md, "Read paths"):
 

@@ -1,0 +1,142 @@
+"""The layers of leviathd (docs/architecture.md, "Layers"), held against the
+imports the code has: an arrow that runs the wrong way fails here, with the
+file, the line and the module it imports. Every import counts, also one
+inside a function or under TYPE_CHECKING: a lazy import is still a
+dependency."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "leviathd"
+
+# Each module or package of leviathd/ and the part it belongs to. A new module
+# must be placed here (and in docs/architecture.md) before the test passes.
+PARTS: dict[str, str] = {
+    "cli": "Face",
+    "bus": "Edge",
+    "daemon": "Edge",
+    "agents": "Services",
+    "audit": "Services",
+    "audit_readers": "Services",
+    "gate_service": "Services",
+    "gate_shell": "Services",
+    "spawn": "Services",
+    "request": "Services",
+    "store": "Services",
+    "orphans": "Services",
+    "proxy": "Services",
+    "enginesock": "Services",
+    "broker": "Broker",
+    "sandbox": "Fence",
+    "policy": "Policy",
+    "config": "Config",
+    "config_watch": "Config",
+    "readpatterns": "Ground",
+    "authority": "Ground",
+    "systemd": "Ground",
+    "identity": "Ground",
+    "userfiles": "Ground",
+    "records": "Ground",
+    "listing": "Ground",
+    "errors": "Ground",
+    "fsat": "Ground",
+    "hidden": "Ground",
+    "safetext": "Ground",
+    "resource_defaults": "Ground",
+    "__init__": "Ground",
+}
+
+ALL_PARTS = {"Face", "Edge", "Services", "Broker", "Fence", "Policy", "Config", "Ground"}
+
+# (importer, imported, why): arrows that must never exist.
+FORBIDDEN: list[tuple[str, str, str]] = [
+    ("Edge", "Face", "the daemon must not depend on its own client"),
+    ("Services", "Edge", "authorisation and D-Bus stay at the edge"),
+    ("Fence", "Config", "the spec is built from a plain request"),
+    ("Policy", "Services", "the pure decisions know no daemon"),
+    *[("Ground", p, "the ground floor imports nothing above it")
+      for p in sorted(ALL_PARTS - {"Ground"})],
+]
+
+
+def _part_of(module: str) -> str | None:
+    """The part of a dotted module name under leviathd (None: not ours)."""
+    bits = module.split(".")
+    if bits[0] != "leviathd":
+        return None
+    if len(bits) == 1:
+        return "Ground"
+    return PARTS.get(bits[1], f"unplaced:{bits[1]}")
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    return ".".join(rel.parts)
+
+
+def _imports(text: str, module: str) -> list[tuple[int, str]]:
+    """Every leviathd module that the source `text` of `module` imports, with the line."""
+    tree = ast.parse(text)
+    package = module.split(".")[:-1]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package[: len(package) - node.level + 1]
+                base = ".".join([*up, *([base] if base else [])])
+            found.append((node.lineno, base))
+            if base == "leviathd":  # `from leviathd import spawn` imports leviathd.spawn
+                found += [(node.lineno, f"leviathd.{a.name}") for a in node.names
+                          if (ROOT / f"{a.name}.py").exists() or (ROOT / a.name).is_dir()]
+    return [(line, m) for line, m in found if m.split(".")[0] == "leviathd"]
+
+
+def _arrows() -> list[tuple[str, str, int, str, str]]:
+    """(importer part, imported part, line, file, module) for every import."""
+    out = []
+    for path in _sources():
+        src = _part_of(_module_of(path))
+        assert src is not None
+        for line, mod in _imports(path.read_text(encoding="utf-8"), _module_of(path)):
+            dst = _part_of(mod)
+            if dst is not None and mod != "leviathd":
+                out.append((src, dst, line, str(path.relative_to(ROOT.parent)), mod))
+    return out
+
+
+def test_every_module_is_placed_in_a_part() -> None:
+    top = {p.stem if p.is_file() else p.name for p in ROOT.iterdir()
+           if (p.is_file() and p.suffix == ".py") or (p / "__init__.py").exists()
+           or (p.is_dir() and any(p.glob("*.py")))}
+    unplaced = sorted(top - set(PARTS))
+    assert not unplaced, f"place these in PARTS and docs/architecture.md: {unplaced}"
+
+
+@pytest.mark.parametrize(("importer", "imported", "why"), FORBIDDEN)
+def test_no_arrow_runs_the_wrong_way(importer: str, imported: str, why: str) -> None:
+    wrong = [f"{f}:{line} imports {mod}" for s, d, line, f, mod in _arrows()
+             if s == importer and d == imported]
+    assert not wrong, f"{importer} -> {imported} ({why}):\n" + "\n".join(wrong)
+
+
+def test_the_checker_sees_a_wrong_arrow() -> None:
+    """The parser finds a lazy import inside a function (the form the bus's
+    old import of the CLI took) and a relative one, so the test above cannot
+    pass by missing them."""
+    text = ("def f():\n    from leviathd.cli.policy import append_rule\n"
+            "from ..bus import polkit\nfrom leviathd import spawn\n")
+    mods = {m for _line, m in _imports(text, "leviathd.policy.x")}
+    assert {"leviathd.cli.policy", "leviathd.bus", "leviathd.spawn"} <= mods
+    assert _part_of("leviathd.cli.policy") == "Face"
+    assert _part_of("leviathd.bus") == "Edge"
