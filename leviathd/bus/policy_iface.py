@@ -21,7 +21,7 @@ from leviathd.errors import InvalidArgument, NotFound
 from leviathd.gate_service import GateService
 from leviathd.policy.approvals import Answer, PendingRequest
 from leviathd.policy.labels import Sensitivity
-from leviathd.policy.permissions import KNOWN_TOOLS
+from leviathd.policy.permissions import checked_tool_name
 from leviathd.systemd import journal
 
 VarDictList = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]
@@ -112,8 +112,7 @@ class PolicyInterface(ServiceInterface):
         level = Sensitivity.parse(max_sensitivity)
         if not target or "\0" in target or "\n" in target:
             raise InvalidArgument("target must be a non-empty single-line glob")
-        if tool not in KNOWN_TOOLS:
-            raise InvalidArgument(f"unknown tool {tool!r}; known: {', '.join(KNOWN_TOOLS)}")
+        tool = checked_tool_name(tool)  # any tool may be named; unknown ones fail closed
         path: Path = machine_config_path()
         async with self._lock:  # two writers must not lose each other's rule
             real = await asyncio.to_thread(machine_write_target, path)

@@ -27,7 +27,12 @@ from leviathd.config.merge import resolve
 from leviathd.errors import InvalidArgument
 from leviathd.policy.gate import Facts, decide
 from leviathd.policy.labels import DEFAULT_CLEARANCE, READ_TOOLS, WRITE_TOOLS, Sensitivity
-from leviathd.policy.permissions import KNOWN_TOOLS, permission_for
+from leviathd.policy.permissions import (
+    KNOWN_TOOLS,
+    canonical_tool,
+    checked_tool_name,
+    permission_for,
+)
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 
 
@@ -115,8 +120,11 @@ def run_add(args: argparse.Namespace) -> int:
     level = Sensitivity.parse(args.max_sensitivity)
     if not args.target:
         raise InvalidArgument("--target must not be empty")
+    args.tool = checked_tool_name(args.tool)
     if args.tool not in KNOWN_TOOLS:
-        raise InvalidArgument(f"unknown tool {args.tool!r}; known: {', '.join(KNOWN_TOOLS)}")
+        print(f"lev: note: {args.tool} is not a built-in tool ({', '.join(KNOWN_TOOLS)}); the "
+              "rule applies to a tool of that name (an MCP server's or a blueprint's)",
+              file=sys.stderr)
     breadth = catch_all(args.target)
     if breadth == "everything" and args.tool in DEFAULT_CLEARANCE and not args.force:
         raise InvalidArgument(
@@ -169,7 +177,7 @@ def run_test(args: argparse.Namespace) -> int:
     s = _settings(args.agent, args.blueprint)
     policy = CompiledPolicy(s, home=str(Path.home()), workdir=os.path.abspath(args.workdir))
     taint = Sensitivity.parse(args.taint)
-    tool, target = args.tool, args.target
+    tool, target = canonical_tool(args.tool), args.target
     if tool in READ_TOOLS or tool in WRITE_TOOLS:
         # The broker decides on the real path of the opened file; the nearest
         # offline stand-in is the realpath of the target now.

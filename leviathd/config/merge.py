@@ -60,6 +60,7 @@ from leviathd.config.models import (
     TaintPolicy,
 )
 from leviathd.policy.labels import DEFAULT_CLEARANCE
+from leviathd.policy.permissions import canonical_tool
 from leviathd.policy.rules import RuleSpec
 from leviathd.policy.shellrule import ShellPattern
 from leviathd.readpatterns import ReadPathError, active_patterns, parse_pattern
@@ -381,7 +382,7 @@ def _tighten_containers(
 
 def _check_tools(names: Iterable[str], where: str, out: _Findings) -> None:
     for name in names:
-        if name not in KNOWN_TOOLS:
+        if canonical_tool(name) not in KNOWN_TOOLS:
             out.add(
                 "warn",
                 "unknown-tool",
