@@ -120,3 +120,42 @@ def test_tool_positional_arguments_map_to_the_schema() -> None:
                                                                       "args": ["api", "x"]}
     with pytest.raises(InvalidArgument):
         args_from_positional("read_file", ["a", "b"])
+
+
+def test_policy_add_names_any_tool_with_a_note_when_it_is_not_built_in(
+    configs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 14: the seed's own example failed with "unknown tool 'send_email'".
+    args = _parse(["policy", "add", "send_email", "--target", "*.example.com",
+                   "--max-sensitivity", "internal"])
+    assert args.func(args) == 0
+    assert 'tool = "send_email"' in configs.read_text()
+    assert "not a built-in tool" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["send email", "x\nshell", "", "-rf", "a" * 200])
+def test_policy_add_refuses_a_tool_name_that_is_not_one_token(configs: Path, bad: str) -> None:
+    args = _parse(["policy", "add", "--target", "example.com", "--max-sensitivity", "internal",
+                   "--", bad])
+    with pytest.raises(InvalidArgument, match="tool name"):
+        args.func(args)
+
+
+def test_bash_is_the_shell_tool(configs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from leviathd.policy.allowlist import compile_allowlist
+    from leviathd.policy.permissions import compile_permissions, permission_for
+
+    table = compile_permissions({"bash": "ask"})
+    assert permission_for("shell", table).permission == "ask"
+    assert permission_for("bash", table).permission == "ask"
+    rules = compile_allowlist([{"tool": "bash", "target": "git status",
+                                "max_sensitivity": "private"}])
+    assert rules.rules[0].tool == "shell"
+    args = _parse(["policy", "add", "bash", "--target", "git status",
+                   "--max-sensitivity", "private"])
+    assert args.func(args) == 0
+    assert 'tool = "shell"' in configs.read_text()
+    capsys.readouterr()
+    args = _parse(["policy", "test", "bash", "--target", "git status"])
+    args.func(args)
+    assert "unknown-tool" not in capsys.readouterr().out
