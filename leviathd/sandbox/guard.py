@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import json
 import os
 import posixpath
@@ -94,20 +95,23 @@ def _find(spec: SandboxSpec, m: Mount) -> str | None:
         if os.path.islink(path):
             path = posixpath.normpath(posixpath.join(posixpath.dirname(path), os.readlink(path)))
             continue
-        _create(spec, path, folder=m.source == "dir")
+        if not _create(spec, path, folder=m.source == "dir"):
+            return None
     raise GuardError(f"cannot protect {m.target}: too many links, or it keeps vanishing")
 
 
-def _create(spec: SandboxSpec, path: str, *, folder: bool) -> None:
+def _create(spec: SandboxSpec, path: str, *, folder: bool) -> bool:
     """Make a missing protected entry empty, as the user: a folder, or a file
-    (`{}` for JSON, which its tool then reads as no settings)."""
+    (`{}` for JSON, which its tool then reads as no settings). False when the
+    user may not create it (a read-only file system, a folder not theirs):
+    then the agent, the same user, cannot either."""
     parent, name = posixpath.split(path)
     try:
         with _as_user(spec):
             os.makedirs(parent, 0o755, exist_ok=True)
             if folder:
                 os.mkdir(path, 0o755)
-                return
+                return True
             dfd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -120,9 +124,12 @@ def _create(spec: SandboxSpec, path: str, *, folder: bool) -> None:
             finally:
                 os.close(fd)
     except FileExistsError:
-        return  # made meanwhile, or a link: the caller looks again
+        return True  # made meanwhile, or a link: the caller looks again
     except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return False
         raise GuardError(f"cannot make {path} to protect it: {exc.strerror}") from exc
+    return True
 
 
 def _protect(spec: SandboxSpec, m: Mount) -> None:
@@ -136,8 +143,7 @@ def _protect(spec: SandboxSpec, m: Mount) -> None:
         noexec = os.statvfs(path).f_flag & os.ST_NOEXEC
     except OSError as exc:
         raise GuardError(f"cannot protect {m.target}: {exc.strerror}") from exc
-    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-        raise GuardError(f"cannot protect {m.target}: not a file or folder")
+    # (whatever it is: a device or a fifo bound read-only is as harmless)
     _mount(path, path, MS_BIND | (MS_REC if stat.S_ISDIR(st.st_mode) else 0))
     flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (MS_NOEXEC if noexec else 0)
     _mount(None, path, flags | (MS_RDONLY if m.readonly else 0))

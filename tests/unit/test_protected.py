@@ -4,14 +4,13 @@ passed in. The launchers' side is tests/integration/test_protected_paths.py."""
 from __future__ import annotations
 
 import pytest
+from test_sandbox_spec import HOME, WORKDIR, _worktree_files, spec_for
 
 from leviathd.config.merge import Effective, resolve
 from leviathd.config.models import Config, SandboxConfig, SandboxKind
 from leviathd.errors import InvalidArgument
 from leviathd.sandbox.protected import check_config_path
 from leviathd.sandbox.spec import SandboxSpec
-
-from test_sandbox_spec import HOME, WORKDIR, _worktree_files, spec_for
 
 
 def protected(spec: SandboxSpec) -> dict[str, tuple[bool, str]]:
