@@ -43,15 +43,19 @@ HOME: tuple[str, ...] = (
     ".config/opencode/opencode.json",
     ".config/opencode/opencode.jsonc",
     ".config/opencode/plugin/",
+    ".aider.conf.yml",
 )
 
-# In the workdir, per tool: protected when the user has that tool's state
-# folder in their home or the workdir has the tool's folder (a user without
-# the tool gets no empty folders in their projects).
-WORKDIR_TOOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    (".claude", ".claude", (".claude/settings.json", ".claude/settings.local.json")),
-    (".codex", ".codex", (".codex/config.toml",)),
-    (".gemini", ".gemini", (".gemini/settings.json",)),
+# In the workdir, per tool: (its state in the home, its folder in the workdir
+# or "", the files). Protected when the user has that tool's state in their
+# home or the workdir has the tool's folder or files (a user without the tool
+# gets no empty folders in their projects).
+WORKDIR_TOOLS: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = (
+    ((".claude",), ".claude", (".claude/settings.json", ".claude/settings.local.json")),
+    ((".codex",), ".codex", (".codex/config.toml",)),
+    ((".gemini",), ".gemini", (".gemini/settings.json",)),
+    # aider's lint-cmd/test-cmd run with auto-lint/auto-test
+    ((".aider", ".aider.conf.yml"), "", (".aider.conf.yml",)),
 )
 
 # How many submodules are looked at, and how deep (a .gitmodules is the agent's text).
@@ -192,10 +196,11 @@ def entries(
         out.append(Protected(posixpath.join(home, rel.rstrip("/")), rel.endswith("/"), False,
                              "agent tool: hooks and commands"))  # fmt: skip
     for in_home, in_workdir, rels in WORKDIR_TOOLS:
-        tool_dir = posixpath.join(workdir, in_workdir)
-        if not (exists(posixpath.join(home, in_home)) or exists(tool_dir)):
+        mine = [posixpath.join(workdir, p) for p in ((in_workdir,) if in_workdir else rels)]
+        if not any(exists(p) for p in [posixpath.join(home, h) for h in in_home] + mine):
             continue
-        out.append(Protected(tool_dir, True, True, "agent tool folder (pinned)"))
+        if in_workdir:
+            out.append(Protected(mine[0], True, True, "agent tool folder (pinned)"))
         for rel in rels:
             out.append(Protected(posixpath.join(workdir, rel), False, False,
                                  "agent tool: hooks and commands"))  # fmt: skip
@@ -220,7 +225,9 @@ def build(
     chosen: dict[str, Protected] = {}
     for entry in candidates:
         path = posixpath.normpath(entry.path)
-        owner = max((w for w in writable if _inside(path, w) and path != w), key=len, default=None)
+        # (a file bound on its own, ~/.aider.conf.yml, is its own mount: covered too)
+        owner = max((w for w in writable if _inside(path, w) and not (entry.pin and path == w)),
+                    key=len, default=None)  # fmt: skip
         if owner is None or hidden(path) is not None:
             continue
         if entry.pin and not exists(path):

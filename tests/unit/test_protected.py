@@ -112,3 +112,13 @@ def test_a_bad_entry_that_reaches_the_spec_is_refused() -> None:
 def test_the_spec_keeps_its_protect_mounts_through_json() -> None:
     spec = spec_for()
     assert SandboxSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_aiders_config_is_read_only_in_the_home_and_the_workdir() -> None:
+    p = protected(spec_for())
+    # ~/.aider.conf.yml is a mount of its own: covered all the same.
+    assert p[f"{HOME}/.aider.conf.yml"] == (True, "file")
+    assert p[f"{WORKDIR}/.aider.conf.yml"] == (True, "file")
+    no_aider = (f"{HOME}/.aider", f"{WORKDIR}/.aider")
+    p = protected(spec_for(existing=lambda path: not path.startswith(no_aider)))
+    assert f"{WORKDIR}/.aider.conf.yml" not in p
