@@ -216,9 +216,12 @@ def build(
     writable: Sequence[str],
     exists: Callable[[str], bool],
     hidden: Callable[[str], str | None],
+    resolve: Callable[[str], str] = posixpath.normpath,
+    sources: Sequence[str] = (),
 ) -> list[Protected]:
     """The entries that lie in a writable host folder (`writable`: their mount
-    targets), not hidden, each once. A missing one whose folder is missing
+    targets; `sources`, where those really are), by their name and where their
+    links lead, not hidden, each once. A missing one whose folder is missing
     too is replaced by that folder's highest missing ancestor, protected as an
     empty folder (nothing can be created beneath it); a pin of something
     missing is dropped (nothing to pin)."""
@@ -230,6 +233,9 @@ def build(
                     key=len, default=None)  # fmt: skip
         if owner is None or hidden(path) is not None:
             continue
+        real = resolve(path)
+        if not any(_inside(real, w) for w in [*writable, *sources]):
+            continue  # (a .git that links out of the workdir: nothing writable there)
         if entry.pin and not exists(path):
             continue
         folder = entry.folder

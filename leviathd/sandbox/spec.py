@@ -566,10 +566,11 @@ def build_spec(
 
     # What git or an agent tool would later run on the host: read-only, even
     # inside folders the agent may write.
-    writable = [
-        m.target for m in b.mounts
+    writable_mounts = [
+        m for m in b.mounts
         if m.kind == "bind" and not m.readonly and not is_within(m.source, scratch)
     ]  # fmt: skip
+    writable = [m.target for m in writable_mounts]
     candidates = protected.entries(
         home=home,
         workdir=workdir,
@@ -577,7 +578,10 @@ def build_spec(
         extra=protected.refuse_bad(getattr(effective, "protected_paths", None) or ()),
         exists=exists,
     )
-    for p in protected.build(candidates, writable=writable, exists=exists, hidden=b.hidden_hit):
+    for p in protected.build(
+        candidates, writable=writable, exists=exists, hidden=b.hidden_hit, resolve=resolve_fn,
+        sources=[m.source for m in writable_mounts],
+    ):
         b.add(
             Mount(
                 "protect",

@@ -122,3 +122,22 @@ def test_aiders_config_is_read_only_in_the_home_and_the_workdir() -> None:
     no_aider = (f"{HOME}/.aider", f"{WORKDIR}/.aider")
     p = protected(spec_for(existing=lambda path: not path.startswith(no_aider)))
     assert f"{WORKDIR}/.aider.conf.yml" not in p
+
+
+def test_a_git_folder_that_links_out_of_the_workdir_is_left_alone() -> None:
+    def resolve(path: str) -> str:
+        dotgit = f"{WORKDIR}/.git"
+        return "/elsewhere/repo.git" + path[len(dotgit):] if path.startswith(dotgit) else path
+
+    p = protected(spec_for(resolve=resolve))
+    assert not any(t.startswith(f"{WORKDIR}/.git") for t in p)
+
+
+def test_a_state_folder_that_is_a_link_keeps_its_settings_protected() -> None:
+    def resolve(path: str) -> str:
+        claude = f"{HOME}/.claude"
+        return "/data/alice/claude" + path[len(claude):] if path.startswith(claude + "/") or \
+            path == claude else path
+
+    p = protected(spec_for(resolve=resolve))
+    assert p[f"{HOME}/.claude/settings.json"] == (True, "file")
