@@ -607,7 +607,9 @@ async def ensure(
         )
     )
     oci_seccomp.write(seccomp_dir(), spec.allow_io_uring)
-    key = config_key(options, image, eng)
+    # Its protected paths are applied once, when it starts: they belong to its key.
+    protect = [f"protect:{m.target}:{m.readonly}" for m in spec.mounts if m.kind == "protect"]
+    key = config_key([*options, *protect], image, eng)
     name = container_name(agent_id, key)
     if started is not None and name in started:
         return name
