@@ -24,6 +24,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+from leviathd.sandbox.protected import initial_content
 from leviathd.sandbox.spec import Mount, SandboxSpec
 
 MS_RDONLY = 1
@@ -102,7 +103,8 @@ def _find(spec: SandboxSpec, m: Mount) -> str | None:
 
 def _create(spec: SandboxSpec, path: str, *, folder: bool) -> bool:
     """Make a missing protected entry empty, as the user: a folder, or a file
-    (`{}` for JSON, which its tool then reads as no settings). False when the
+    (`{}` for JSON, which its tool then reads as no settings; see
+    protected.initial_content). False when the
     user may not create it (a read-only file system, a folder not theirs):
     then the agent, the same user, cannot either."""
     parent, name = posixpath.split(path)
@@ -119,8 +121,7 @@ def _create(spec: SandboxSpec, path: str, *, folder: bool) -> bool:
             finally:
                 os.close(dfd)
             try:
-                if name.endswith((".json", ".jsonc")):
-                    os.write(fd, b"{}\n")
+                os.write(fd, initial_content(name))
             finally:
                 os.close(fd)
     except FileExistsError:

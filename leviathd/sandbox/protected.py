@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from leviathd.errors import InvalidArgument
 
 # In every git folder the workdir uses (its own, a worktree's, the common one,
-# each submodule's). A trailing "/" marks a folder.
-GIT_FOLDER: tuple[str, ...] = ("config", "config.worktree", "hooks/", "info/")
+# each submodule's). A trailing "/" marks a folder. `commondir` is read in any
+# git folder, a worktree's or not, and would send git to another folder's config.
+GIT_FOLDER: tuple[str, ...] = ("config", "config.worktree", "hooks/", "info/", "commondir")
 
 # In the home, relative to it: hooks, MCP servers, notify and plugin commands.
 HOME: tuple[str, ...] = (
@@ -63,6 +64,17 @@ MAX_SUBMODULES = 64
 MAX_SUBMODULE_DEPTH = 3
 
 _GITMODULES_PATH = re.compile(r"^\s*path\s*=\s*(.+?)\s*$", re.MULTILINE)
+
+
+def initial_content(name: str) -> bytes:
+    """What a missing protected file is made with: nothing, but what its reader
+    would otherwise refuse (git dies on an empty `commondir`; "." names the git
+    folder itself, as if there were none)."""
+    if name == "commondir":
+        return b".\n"
+    if name.endswith((".json", ".jsonc")):
+        return b"{}\n"
+    return b""
 
 
 @dataclass(frozen=True)

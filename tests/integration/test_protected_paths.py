@@ -62,6 +62,7 @@ def _attacks(proj: str, home: str) -> str:
     fsmon = f"touch {_marker(proj, 'fsmonitor')}; false"
     hook = f"#!/bin/sh\ntouch {_marker(proj, 'hook')}\n"
     cfg = f"[core]\n\tfsmonitor = touch {_marker(proj, 'appended')}; false\n"
+    common = f"[core]\n\tfsmonitor = touch {_marker(proj, 'commondir')}; false\n"
     q = shlex.quote
     return f"""
 t() {{
@@ -71,6 +72,7 @@ t() {{
 fsmon={q(fsmon)}
 cfg={q(cfg)}
 hook={q(hook)}
+common={q(common)}
 c={home}/.claude
 t git-config git config core.fsmonitor "$fsmon"
 t config-lock sh -c 'cp .git/config .git/config.lock && printf %s "$1" >> .git/config.lock \
@@ -80,6 +82,8 @@ t hook sh -c 'printf %s "$1" > .git/hooks/post-checkout \
   && chmod +x .git/hooks/post-checkout' _ "$hook"
 t hooks-folder sh -c 'mv .git/hooks .git/hooks.old && mv .git/hooks.old .git/hooks'
 t info-exclude sh -c 'echo x >> .git/info/exclude'
+t commondir sh -c 'mkdir -p evil && cp -r .git/objects .git/refs evil/ \\
+  && printf %s "$1" > evil/config && echo ../evil > .git/commondir' _ "$common"
 t dotgit-swap sh -c 'mv .git .git-old && mv .git-old .git'
 t claude-settings sh -c 'echo "{{\"hooks\": {{}}}}" > $1/settings.json' _ "$c"
 t claude-local sh -c 'echo {{}} > $1/settings.local.json' _ "$c"
@@ -111,7 +115,7 @@ def _host_git(bed: Testbed, proj: str) -> None:
     """What alice does next on the host: nothing the agent set may run."""
     bed.run(f"cd {proj} && git status && git checkout -q -b on-host && git checkout -q -",
             user="alice", check=False)  # fmt: skip
-    for what in ("fsmonitor", "hook", "appended"):
+    for what in ("fsmonitor", "hook", "appended", "commondir"):
         marker = _marker(proj, what)
         assert bed.run(["test", "-e", marker], check=False).returncode != 0, marker
 
