@@ -578,10 +578,11 @@ def build_spec(
         extra=protected.refuse_bad(getattr(effective, "protected_paths", None) or ()),
         exists=exists,
     )
+    # (kind "none" has no fence to apply them in: it lists none)
     for p in protected.build(
         candidates, writable=writable, exists=exists, hidden=b.hidden_hit, resolve=resolve_fn,
         sources=[m.source for m in writable_mounts],
-    ):
+    ) if str(effective.kind) != "none" else ():
         b.add(
             Mount(
                 "protect",

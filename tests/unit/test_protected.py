@@ -141,3 +141,7 @@ def test_a_state_folder_that_is_a_link_keeps_its_settings_protected() -> None:
 
     p = protected(spec_for(resolve=resolve))
     assert p[f"{HOME}/.claude/settings.json"] == (True, "file")
+
+
+def test_kind_none_lists_no_protected_paths_it_could_not_apply() -> None:
+    assert not protected(spec_for(Effective(kind=SandboxKind.NONE)))
