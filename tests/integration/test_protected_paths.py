@@ -222,3 +222,24 @@ def test_lev_inspect_lists_the_protected_paths(bed: Testbed) -> None:
         bed.write_file("/etc/leviath/config.toml", '[sandbox]\nkind = "namespace"\n')
         bed.run(["systemctl", "reload", "leviathd"])
 
+
+
+def test_a_submodules_git_folder_is_protected_too(bed: Testbed) -> None:
+    lib = _repo(bed, "sublib")
+    sup = _repo(bed, "super")
+    bed.run(f"cd {sup} && git -c protocol.file.allow=always submodule -q add {lib} lib "
+            "&& git commit -q -m sub", user="alice")  # fmt: skip
+    marker = _marker(sup, "fsmonitor")
+    attack = (
+        "cd lib\n"
+        f"git config core.fsmonitor 'touch {marker}; false' && echo config ok\n"
+        "echo x > ../.git/modules/lib/hooks/post-checkout && echo hook ok\n"
+        "echo y >> file.txt && git commit -q -am sub-work && echo commit ok\n"
+        "cp .git /tmp/dotgit; echo 'gitdir: ../evil' > .git && echo dotgit ok; "
+        "cat /tmp/dotgit > .git\n"
+    )
+    r = bed.run(["lev", "run", "--workdir", sup, "--", "sh", "-c", attack], user="alice",
+                check=False)  # fmt: skip
+    bed.run(f"cd {sup}/lib && git status && cd {sup} && git status", user="alice", check=False)
+    assert bed.run(["test", "-e", marker], check=False).returncode != 0, marker
+    assert r.stdout.split() == ["commit", "ok"], r.stdout + r.stderr
