@@ -119,8 +119,15 @@ def render(spec: SandboxSpec) -> str:
             lines.append(f"  {m.target:<40} {'link':<10} -> {m.source}")
         elif m.kind == "mask":
             lines.append(f"  {m.target:<40} {'hidden':<10} covered inside a mounted folder")
-        else:
+        elif m.kind != "protect":
             lines.append(f"  {m.target:<40} {m.kind:<10} {m.why}")
+    protect = [m for m in spec.mounts if m.kind == "protect"]
+    if protect:
+        lines += ["", "protected (git or an agent tool would run them later, on the host):"]
+        for m in protect:
+            how = "read-only" if m.readonly else "pinned"
+            what = m.target + ("/" if m.source == "dir" else "")
+            lines.append(f"  {what:<40} {how:<10} {m.why}")
     lines += ["", "never visible:"]
     lines += [f"  {h}" for h in spec.hidden]
     lines += ["", "environment:"]

@@ -176,6 +176,7 @@ class Effective:
     env_pass: list[str] = field(default_factory=list)
     env_withhold: list[str] = field(default_factory=list)
     hidden_paths: list[str] = field(default_factory=list)
+    protected_paths: list[str] = field(default_factory=list)
     taint: TaintSettings = field(default_factory=TaintSettings)
     allowlist: list[AllowRule] = field(default_factory=list)
     rules: list[RuleSpec] = field(default_factory=list)
@@ -434,6 +435,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
     image = ms.image
     network: Network = True if ms.network is None else ms.network
     mounts = list(ms.mounts or [])
+    protected_paths = list(ms.protected_paths or [])
     default_mounts = True if ms.default_mounts is None else ms.default_mounts
     on_unavailable = ms.on_unavailable or DEFAULT_ON_UNAVAILABLE
     allow_io_uring = bool(ms.allow_io_uring)
@@ -550,6 +552,8 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
                 allow_io_uring, us.allow_io_uring, f"{w} [sandbox]", out
             )
         resources = _tighten_resources(resources, user.resources, w, out)
+        # More protected paths only take rights away: any layer may add some.
+        protected_paths += [p for p in us.protected_paths or [] if p not in protected_paths]
 
         uperms = _perm_table(user, agent)
         for tool, level in uperms.items():
@@ -697,6 +701,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         env_pass=env_pass,
         env_withhold=env_withhold,
         hidden_paths=hidden,
+        protected_paths=protected_paths,
         taint=taint,
         allowlist=allowlist,
         rules=rules,
@@ -833,6 +838,10 @@ def _apply_sandbox(
         got["containers"] = _tighten_containers(
             e.containers, sb.containers, where("containers"), out
         )
+    if sb.protected_paths:
+        got["protected_paths"] = e.protected_paths + [
+            p for p in sb.protected_paths if p not in e.protected_paths
+        ]
     if opt_in and ("image" in got or "mounts" in got):
         got["blueprint_sandbox"] = True
     return replace(e, **got)  # type: ignore[arg-type]
@@ -946,6 +955,7 @@ def resolve(
             env_pass=list(fenced.env_pass),
             env_withhold=list(fenced.env_withhold),
             hidden_paths=list(fenced.hidden_paths),
+            protected_paths=list(fenced.protected_paths),
             allowlist=list(fenced.allowlist),
             rules=[*fenced.rules, *blueprint_rules],
             credentials=dict(fenced.credentials),

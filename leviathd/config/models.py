@@ -31,6 +31,7 @@ from pydantic import (
 from leviathd.policy.cel import CelError
 from leviathd.policy.rules import compile_rule
 from leviathd.readpatterns import parse_pattern
+from leviathd.sandbox.protected import check_config_path as check_protected_path
 
 # Tools the broker knows (leviathd/policy); other names in a permission table are not an
 # error (a newer blueprint may name a newer tool) but produce an `unknown-tool` finding.
@@ -210,6 +211,7 @@ def _read_path(value: str) -> str:
 Argv = Annotated[list[str], AfterValidator(_argv)]
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
 MountPath = Annotated[str, AfterValidator(_home_or_absolute)]
+ProtectedPath = Annotated[str, AfterValidator(check_protected_path)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 EnvPattern = Annotated[str, AfterValidator(_env_pattern)]
 Name = Annotated[str, AfterValidator(_name)]
@@ -340,6 +342,8 @@ class SandboxConfig(_Model):
     # io_uring is refused in every sandbox unless the machine config allows it.
     allow_io_uring: StrictBool | None = None
     containers: ContainersConfig | None = None
+    # Added to the built-in list (leviathd/sandbox/protected.py), never removed from it.
+    protected_paths: list[ProtectedPath] | None = None
 
 
 class Resources(_Model):

@@ -48,7 +48,7 @@ from leviathd import fsat, resource_defaults
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.request import refuse_system_workdir
 from leviathd.sandbox import engine as engines
-from leviathd.sandbox import oci_seccomp, pinned
+from leviathd.sandbox import guard, oci_seccomp, pinned
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
 from leviathd.systemd import absent, journal
 from leviathd.systemd.cgroupfs import folders
@@ -607,7 +607,9 @@ async def ensure(
         )
     )
     oci_seccomp.write(seccomp_dir(), spec.allow_io_uring)
-    key = config_key(options, image, eng)
+    # Its protected paths are applied once, when it starts: they belong to its key.
+    protect = [f"protect:{m.target}:{m.readonly}" for m in spec.mounts if m.kind == "protect"]
+    key = config_key([*options, *protect], image, eng)
     name = container_name(agent_id, key)
     if started is not None and name in started:
         return name
@@ -642,9 +644,11 @@ async def ensure(
         rec = await _record_for(eng, name, None)
         try:
             own_home(rec.init_pid, spec)
-        except OSError as exc:
+            # Before any agent command runs in it (see guard.py).
+            await asyncio.to_thread(guard.apply_in, rec.init_pid, spec)
+        except (OSError, guard.GuardError) as exc:
             await _engine_cmd([*eng.base(), "rm", "-f", name])
-            raise Unavailable(f"the agent's home in its container: {exc}") from None
+            raise Unavailable(f"preparing the agent's container: {exc}") from None
         _write_record(name, rec)
         journal.record(
             f"agent {agent_id}: {eng.name} started container {name}"

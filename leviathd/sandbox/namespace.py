@@ -52,7 +52,7 @@ from typing import NoReturn
 
 from leviathd import resource_defaults
 from leviathd.errors import InvalidArgument, Unavailable
-from leviathd.sandbox import scratch, seccomp
+from leviathd.sandbox import guard, scratch, seccomp
 from leviathd.sandbox.privileges import drop_to_user
 from leviathd.sandbox.spec import (
     SYSTEM_DIRS,
@@ -783,6 +783,8 @@ def _build_root(spec: SandboxSpec, workdir_fd: int | None = None) -> None:
             root.symlink(m)
         elif m.kind == "mask":
             root.mask(m, nodes["null"])
+        elif m.kind == "protect":
+            pass  # in the finished view, below
         else:
             raise FenceError(f"unknown mount kind {m.kind!r}")
     for fds in pins.values():
@@ -798,6 +800,8 @@ def _build_root(spec: SandboxSpec, workdir_fd: int | None = None) -> None:
     # The old root is stacked on the new one; detach it, and with it the host.
     umount2(".", MNT_DETACH)
     os.chdir("/")
+    # Last, where links resolve as the agent will see them.
+    guard.apply(spec)
 
 
 # --- can it be built here? ----------------------------------------------------

@@ -28,10 +28,11 @@ from leviathd import resource_defaults
 from leviathd.errors import InvalidArgument
 from leviathd.hidden import HIDDEN_ABSOLUTE, HIDDEN_IN_HOME
 from leviathd.identity import UserInfo
+from leviathd.sandbox import protected
 from leviathd.sandbox.environment import build_environment, parse_git_identity
 
 WorkdirMode = Literal["rw", "ro", "throwaway"]
-MountKind = Literal["bind", "tmpfs", "overlay", "proc", "dev", "symlink", "mask"]
+MountKind = Literal["bind", "tmpfs", "overlay", "proc", "dev", "symlink", "mask", "protect"]
 WORKDIR_MODES: tuple[str, ...] = ("rw", "ro", "throwaway")
 
 DEFAULT_SCRATCH_DIR = "/var/lib/leviath/scratch"
@@ -170,6 +171,10 @@ class Mount:
     symlink: a link at `target` whose text is `source` (/bin -> usr/bin).
     mask: something hidden lies here inside a mounted folder; the launcher
       covers it with an empty read-only file or folder when it exists.
+    protect: applied last, in the agent's finished view (links resolve there):
+      `target` bound onto itself, read-only when `readonly` (made first when
+      missing: `source` is "file" or "dir"), else only pinned against being
+      renamed away (see protected.py).
     `exact`: the source must be this very path, not a link to something else
       (used for ~/.ssh/known_hosts, the one entry taken from a hidden folder).
     """
@@ -558,6 +563,35 @@ def build_spec(
         if is_within(home, path):
             raise InvalidArgument(f"mount {m.path} would show the whole home folder")
         b.user_bind(path, readonly=m.access != "write", why="config mount", refuse=True)
+
+    # What git or an agent tool would later run on the host: read-only, even
+    # inside folders the agent may write.
+    writable_mounts = [
+        m for m in b.mounts
+        if m.kind == "bind" and not m.readonly and not is_within(m.source, scratch)
+    ]  # fmt: skip
+    writable = [m.target for m in writable_mounts]
+    candidates = protected.entries(
+        home=home,
+        workdir=workdir,
+        git=protected.git_folders(workdir, git_dirs, read_fn, exists, resolve_fn),
+        extra=protected.refuse_bad(getattr(effective, "protected_paths", None) or ()),
+        exists=exists,
+    )
+    # (kind "none" has no fence to apply them in: it lists none)
+    for p in protected.build(
+        candidates, writable=writable, exists=exists, hidden=b.hidden_hit, resolve=resolve_fn,
+        sources=[m.source for m in writable_mounts],
+    ) if str(effective.kind) != "none" else ():
+        b.add(
+            Mount(
+                "protect",
+                p.path,
+                "dir" if p.folder else "file",
+                readonly=not p.pin,
+                why=p.why,
+            )
+        )
 
     # Hidden things inside a mounted folder are covered.
     masks: dict[str, None] = {}

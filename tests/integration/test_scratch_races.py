@@ -263,6 +263,8 @@ def _plant_git_files(bed: Testbed, folder: str, targets: tuple[str, ...]) -> Non
     bed.run(["mkdir", "-p", proj], user="alice")
     for target in targets:
         # The agent plants the file; the next run in the same folder tries it.
+        # (Once there, a .git file is protected: the agent can no longer change it.)
+        bed.run(["rm", "-f", f"{proj}/.git"], user="alice")
         bed.run(["lev", "run", "--workdir", proj, "--", "sh", "-c",
                  f"printf 'gitdir: {target}\\n' > .git"], user="alice")  # fmt: skip
         bed.run(["lev", "run", "--workdir", proj, "--", "sh", "-c",
