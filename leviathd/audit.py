@@ -105,11 +105,22 @@ class _Bucket:
         self.tokens = min(self.burst, self.tokens + 1)
 
 
+# Refused and failed calls cost the agent nothing: they have a budget of their
+# own, so a flood of them cannot push a call it was allowed to make (and its
+# target) into a summary that names only the tool.
+_REFUSED = ("deny", "error")
+
+
+def _budget_class(outcome: str) -> str:
+    return "refused" if outcome in _REFUSED else "done"
+
+
 @dataclass
 class _Agent:
-    bucket: _Bucket
+    buckets: dict[str, _Bucket]
     user: str
     held: Counter[tuple[str, str]] = field(default_factory=Counter)
+    holding: set[str] = field(default_factory=set)
     since: float = 0.0
     timer: asyncio.TimerHandle | None = None
 
@@ -130,14 +141,21 @@ class AuditWriter:
         """One decision: written, or counted for the next summary."""
         state = self._agents.get(record.agent)
         if state is None:
-            bucket = _Bucket(self._agent_burst, self._agent_rate, self._agent_burst)
-            state = self._agents[record.agent] = _Agent(bucket, record.user)
+            state = self._agents[record.agent] = _Agent({}, record.user)
+        kind = _budget_class(record.outcome)
+        bucket = state.buckets.get(kind)
+        if bucket is None:
+            bucket = state.buckets[kind] = _Bucket(
+                self._agent_burst, self._agent_rate, self._agent_burst)
         now = time.monotonic()
-        if not state.held and state.bucket.take(now):
+        # Once calls of a kind are being counted, later ones wait for the same
+        # summary, so records never come out of order within a kind.
+        if kind not in state.holding and bucket.take(now):
             if self._total.take(now):
                 self._write(record, taint_after)
                 return
-            state.bucket.give_back()
+            bucket.give_back()
+        state.holding.add(kind)
         key = (record.tool[:64], record.outcome)
         if key not in state.held and len(state.held) >= SUMMARY_KEYS:
             key = ("(other tools)", record.outcome)
@@ -162,6 +180,7 @@ class AuditWriter:
         if not state.held:
             return
         held, state.held = state.held, Counter()
+        state.holding.clear()
         total = sum(held.values())
         seconds = max(time.time() - state.since, WINDOW)
         parts = [f"{n:,} {_WORDS.get(outcome, outcome)} call{'' if n == 1 else 's'} to {tool}"

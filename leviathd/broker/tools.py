@@ -31,6 +31,8 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK  # NONBLOCK: a FIFO cann
 # Room left in a reply, per path still to come, for a short error entry.
 _ENTRY_RESERVE = 400
 _SHOWN = 200
+# Folders above a written file that keep its mark, at most.
+_MAX_MARK_DEPTH = 256
 
 
 class RealPathRefused(AccessDenied):
@@ -235,21 +237,59 @@ class FileTools:
             raise
         return fd, real
 
-    def _written(self, fd: int, *, whole: bool) -> None:
+    def _written(self, fd: int, real: str, *, whole: bool) -> None:
         st = os.fstat(fd)
         kept = filelabels.label_written(fd, self.taint, whole=whole)
         self.writes.append(((st.st_dev, st.st_ino), kept))
         if self.taint > Sensitivity.INTERNAL:
-            # The shell reads any file of the workdir: the folder keeps the
-            # highest label written in it.
-            try:
-                dfd = self.opener.open(self.index.workdir, os.O_RDONLY | os.O_DIRECTORY)
-            except OpenFailed:
-                return
-            try:
-                filelabels.raise_dir_mark(dfd, self.taint)
-            finally:
+            self._mark_folders(os.path.dirname(real))
+
+    def _mark_folders(self, folder: str) -> None:
+        """The shell of any agent whose workdir holds the file reads it, and
+        a later agent may work in a subfolder of this workdir or in a folder
+        above it. So every folder from the file's own up to the workdir keeps
+        the mark, and above the workdir each folder of the same (non-root)
+        owner too (the user's own tree: ~/proj's file is read by an agent in
+        ~), stopping at the first folder of another owner (/home, a team
+        folder's root-owned parent): another user's agents are not marked.
+        Climbed by '..' from a descriptor, as the user; a folder the user
+        cannot open, or a file system refusing the attribute, ends it."""
+        try:
+            top = os.fstat(fd := self.opener.open(self.index.workdir,
+                                                  os.O_RDONLY | os.O_DIRECTORY))
+            os.close(fd)
+            dfd = self.opener.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except (OpenFailed, OSError):
+            return
+        rel = os.path.relpath(folder, self.index.workdir)
+        if rel.startswith(".."):
+            return  # not below the workdir: nothing to climb to
+        below = 0 if rel == "." else rel.count("/") + 1
+        above = False
+        try:
+            for climbed in range(_MAX_MARK_DEPTH):
+                here = os.fstat(dfd)
+                if above and (here.st_uid == 0 or here.st_uid != top.st_uid):
+                    return
+                if not above and climbed > below:
+                    return  # the workdir was not met on the way (renamed meanwhile)
+                try:
+                    filelabels.raise_dir_mark(dfd, self.taint)
+                except OSError:
+                    return
+                if (here.st_dev, here.st_ino) == (top.st_dev, top.st_ino):
+                    above = True
+                try:
+                    up = self.opener.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+                except OpenFailed:
+                    return
                 os.close(dfd)
+                dfd = up
+                there = os.fstat(dfd)
+                if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
+                    return  # '/' is its own parent
+        finally:
+            os.close(dfd)
 
     def write_file(self, path: str, content: str) -> RawJSON:
         fd, real = self._open_write(path, os.O_WRONLY | os.O_CREAT)
@@ -259,11 +299,11 @@ class FileTools:
             # sees tainted content unlabelled; it comes off only after.
             raised = self.taint > Sensitivity.INTERNAL
             if raised:
-                self._written(fd, whole=True)
+                self._written(fd, real, whole=True)
             os.ftruncate(fd, 0)
             _write_all(fd, data)
             if not raised:
-                self._written(fd, whole=True)
+                self._written(fd, real, whole=True)
         finally:
             os.close(fd)
         return RawJSON.of({"path": real, "bytes": len(data)})
@@ -275,7 +315,7 @@ class FileTools:
         limit = self.limits.edit_max_bytes
         try:
             # An edit keeps the higher of the old and new label: set before.
-            self._written(fd, whole=False)
+            self._written(fd, real, whole=False)
             reply = self.opener.edit(fd, old, new, replace_all, limit)
         finally:
             os.close(fd)

@@ -32,6 +32,7 @@ import socket
 import struct
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,20 @@ CONNECT_TIMEOUT = 15.0
 TOOL = "network"
 
 _open_total = 0
+# Per uid: one user's agents together may not hold the whole budget, or every
+# other user's proxied agents get 429 for as long as she keeps them open.
+_open_by_uid: Counter[int] = Counter()
+
+
+def total_budget() -> int:
+    """Proxied connections over all agents: each holds up to two descriptors
+    (the agent's side and the upstream), within the daemon's client budget."""
+    return max(2, descriptor_budget() // 2)
+
+
+def user_budget() -> int:
+    """One user's agents together: half the total, so others always get in."""
+    return max(1, total_budget() // 2)
 
 
 class Refused(Exception):
@@ -143,14 +158,18 @@ class ProxyServer:
         except (AccessDenied, OSError):
             writer.close()
             return
-        if self._open >= self.settings.max_connections or _open_total >= descriptor_budget():
+        uid = self.agent.uid
+        if (self._open >= self.settings.max_connections or _open_total >= total_budget()
+                or _open_by_uid[uid] >= user_budget()):
             self._record(_Conn(), "deny", "max_connections",
                          f"{self._open} connections open (limit max_connections = "
-                         f"{self.settings.max_connections})")
+                         f"{self.settings.max_connections}; this user's agents "
+                         f"{_open_by_uid[uid]} of {user_budget()})")
             await _http_error(writer, 429, "too many connections")
             return
         self._open += 1
         _open_total += 1
+        _open_by_uid[uid] += 1
         if task is not None:
             self._tasks.add(task)
         conn = _Conn()
@@ -161,6 +180,9 @@ class ProxyServer:
         finally:
             self._open -= 1
             _open_total -= 1
+            _open_by_uid[uid] -= 1
+            if _open_by_uid[uid] <= 0:
+                del _open_by_uid[uid]
             if task is not None:
                 self._tasks.discard(task)
             writer.close()

@@ -50,3 +50,16 @@ def test_trusted_matches_name_only_journald_stamped_fields_and_the_agent() -> No
     assert "_UID=0" in m and "_TRANSPORT=journal" in m
     assert {"_SYSTEMD_UNIT=leviathd.service", "_SYSTEMD_UNIT=leviath-x-y-abc.scope"} <= set(m)
     assert not any(x.startswith(("SYSLOG_IDENTIFIER", "_PID")) for x in m)
+
+
+def test_refused_calls_do_not_push_an_allowed_call_into_a_summary() -> None:
+    """A hostile agent's cheap refused calls must not hide the target of a
+    call it was allowed to make (tests/integration/test_redteam_audit.py)."""
+    sent: list[dict[str, Any]] = []
+    w = AuditWriter(send=lambda msg, **f: sent.append(f), agent_burst=5, agent_rate=0.0)
+    for _ in range(100):
+        w.tool(rec("a"))
+    w.tool(rec("a", "http_get", "allow"))
+    w.finish("a")
+    allowed = [f for f in sent if f["LEVIATH_EVENT"] == "tool" and f["LEVIATH_OUTCOME"] == "allow"]
+    assert len(allowed) == 1 and allowed[0]["LEVIATH_TOOL"] == "http_get"
