@@ -115,10 +115,26 @@ journalctl --flush 2>/dev/null
 echo "$marker" >"$R/journal_marker.out"
 step journal_root journalctl --no-pager -o verbose -u "$junit"
 step lev_logs as alice "lev logs $jid"
-# Users may read only their own journal (user-UID.journal), and the agent's
-# output stream is opened by the root daemon before it becomes the user: as
-# alice this shows nothing unless she is in systemd-journal or adm.
+# Issue 14: the agent's output reaches journald through a relay running as
+# alice, so it lands in her own journal file (user-1000.journal; persistent
+# storage, which Debian 13's systemd sets up on a new install) and she reads
+# it with plain journalctl; bob, who is no admin, does not see it.
 step journal_as_user as alice "journalctl --no-pager -u $junit"
+step journal_other_user as bob "journalctl --no-pager -u $junit"
+step journal_storage sh -c '
+    systemd-analyze cat-config systemd/journald.conf | grep -i "^#*Storage="
+    stat -c "%n %a %U:%G" /var/log/journal; ls /var/log/journal/*/ | grep -c "^user-1000"'
+
+# Issue 10 §3: with no config at all the long agent got finite limits, and
+# leviath.slice caps all agents together.
+step default_limits sh -c "
+    echo memtotal=\$(awk '/^MemTotal:/ {print \$2 * 1024}' /proc/meminfo)
+    echo pid_max=\$(cat /proc/sys/kernel/pid_max); echo threads_max=\$(cat /proc/sys/kernel/threads-max)
+    for p in MemoryMax MemorySwapMax TasksMax CPUWeight; do echo scope_\$p=\$(systemctl show -P \$p $long_unit); done
+    cg=\$(systemctl show -P ControlGroup $long_unit)
+    for f in memory.max memory.swap.max pids.max cpu.weight; do echo file_\$f=\$(cat /sys/fs/cgroup\$cg/\$f); done
+    for p in MemoryMax TasksMax; do echo slice_\$p=\$(systemctl show -P \$p leviath.slice); done
+    echo slice_file_memory.max=\$(cat /sys/fs/cgroup/leviath.slice/memory.max)"
 
 # --- a non-member is refused by polkit
 step nonmember as carol "lev run -- id"
@@ -161,6 +177,57 @@ step memhog_after sh -c 'systemctl is-active leviathd; journalctl -k --no-pager 
 rm -f /etc/leviath/config.toml
 systemctl reload leviathd
 
+# --- network = "proxy" (issue 12) and a machine rule (issue 15 §1), one config.
+# The "outside" server sits on a dummy interface's private address (the proxy
+# refuses loopback whatever the config says), allowed by the machine config.
+ip link add lvout0 type dummy && ip addr add 10.77.0.2/24 dev lvout0 && ip link set lvout0 up
+echo "10.77.0.2 allowed.test" >>/etc/hosts
+mkdir -p /srv/www && echo "hello from outside" >/srv/www/hello.txt
+python3 -m http.server --bind 10.77.0.2 --directory /srv/www 80 >/dev/null 2>&1 &
+webserver=$!
+cat >/etc/leviath/config.toml <<'EOF3'
+[sandbox]
+network = "proxy"
+
+[taint]
+allow_private_addresses = true
+
+[proxy]
+ports = [80]
+
+[[rules]]
+name = "no-pem"
+when = 'call.tool == "read_file" && call.target.endsWith(".pem")'
+decision = "deny"
+reason = "key files stay on the host"
+EOF3
+systemctl reload leviathd
+sleep 2
+runuser -l alice -c 'cd ~/work && printf -- "-----BEGIN PRIVATE KEY-----\nVMKEY\n" >server.pem && echo plain-text >small.txt && cat >proxy_probe.py' <<'EOF4'
+import json, os, socket, urllib.request
+out = {"ifaces": [ln.split(":")[0].strip() for ln in open("/proc/net/dev").readlines()[2:]],
+       "http_proxy": os.environ.get("HTTP_PROXY", "")}
+try:
+    socket.create_connection(("10.77.0.2", 80), timeout=5).close()
+    out["direct"] = "ok"
+except OSError as e:
+    out["direct"] = "err:" + type(e).__name__ + ":" + str(e.errno)
+for name in ("allowed.test", "10.77.0.2"):
+    try:
+        out["proxied_" + name] = urllib.request.urlopen(f"http://{name}/hello.txt", timeout=30).read().decode()
+    except Exception as e:
+        out["proxied_" + name] = "err:" + repr(e)[:300]
+print(json.dumps(out))
+EOF4
+step proxy as alice "lev run -- python3 proxy_probe.py"
+step proxy_ps as alice "lev ps --all"
+step rule_pem as alice "lev run -- lev tool read_file server.pem"
+step rule_plain as alice "lev run -- lev tool read_file small.txt"
+step rule_audit sh -c 'journalctl --no-pager -o verbose -u leviathd | grep -a "no-pem" | head -n 5'
+kill "$webserver"
+rm -f /etc/leviath/config.toml
+systemctl reload leviathd
+
 # --- --workdir-mode throwaway (its overlay mount fails in the test bed)
 step throwaway as alice "lev run --workdir-mode throwaway -- sh -c 'echo x > throwaway-file && cat throwaway-file'"
 step throwaway_after test ! -e /home/alice/work/throwaway-file
@@ -173,6 +240,7 @@ step container_image sh -c '
     cp /bin/busybox "$d/bin/busybox"
     for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$d/bin/$a"; done
     echo "root:x:0:0:root:/root:/bin/sh" > "$d/etc/passwd"; echo "root:x:0:" > "$d/etc/group"
+    cp /mnt/host/syscall_probe "$d/bin/probe"
     tar -C "$d" -cf "$d.tar" .
     podman import --change "ENV PATH=/bin" "$d.tar" localhost/leviath-vm-busybox:1
     podman info --format "{{.Host.OCIRuntime.Name}} {{.Host.CgroupsVersion}}"'
@@ -184,6 +252,9 @@ EOF2
 systemctl reload leviathd
 sleep 2
 step container as alice "lev run -- sh -c 'id -u; cat /proc/self/cgroup; test -e /home/bob && echo bob-visible || echo no-bob'"
+# Issue 10 §2: the daemon's seccomp profile, applied by podman: the probe (C,
+# static, built on the host from tests/syscall_probe.c) tries each call.
+step container_seccomp as alice "lev run -- /bin/probe"
 rm -f /etc/leviath/config.toml
 systemctl reload leviathd
 
@@ -199,6 +270,17 @@ if ls "$H"/upgrade/leviathd_*.deb >/dev/null 2>&1; then
     sleep 2
     step after_upgrade sh -c "dpkg-query -W leviathd; systemctl is-active leviathd && systemctl is-active $long_unit && runuser -l alice -c 'cd ~/work && lev ps --json'"
 fi
+
+# --- a lost bus (issue 24 §1): the daemon exits non-zero, systemd starts it
+# again, it serves and keeps its agents. Last before the purge: restarting
+# dbus disturbs other services too.
+step dbus_restart sh -c "
+    echo before_pid=\$(systemctl show -P MainPID leviathd) before_restarts=\$(systemctl show -P NRestarts leviathd)
+    systemctl restart dbus; sleep 3
+    for i in \$(seq 60); do systemctl is-active -q leviathd && runuser -l alice -c 'cd ~/work && lev ps --json' >/tmp/ps.json 2>/dev/null && break; sleep 2; done
+    echo after_pid=\$(systemctl show -P MainPID leviathd) after_restarts=\$(systemctl show -P NRestarts leviathd)
+    journalctl --no-pager -u leviathd -p err -o cat | grep -c 'lost the system bus connection'
+    systemctl is-active $long_unit; cat /tmp/ps.json"
 
 # --- purge leaves nothing behind
 as alice "lev stop $long" >/dev/null 2>&1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -90,7 +91,7 @@ def _unavailable(reason: str) -> None:
 def vm() -> Iterator[Run]:
     if os.geteuid() != 0:
         _unavailable("needs root (mmdebstrap, chroot build)")
-    for tool in ("mmdebstrap", "qemu-system-x86_64", "mkfs.ext4", "unshare"):
+    for tool in ("mmdebstrap", "qemu-system-x86_64", "mkfs.ext4", "unshare", "gcc"):
         if shutil.which(tool) is None:
             _unavailable(f"{tool} missing (run scripts/setup)")
     share = Path(image.CACHE) / f"run-{os.getpid()}"
@@ -99,6 +100,10 @@ def vm() -> Iterator[Run]:
     run = Run(share, None)
     shutil.copy(Path(__file__).with_name("inside.sh"), share / "inside.sh")
     shutil.copy(REPO / "tests" / "escape_probe.py", share / "escape_probe.py")
+    # The container check's system-call probe: static, so it runs in the
+    # busybox image inside the VM (which has no compiler).
+    subprocess.run(["gcc", "-static", "-O1", "-pthread", "-o", str(share / "syscall_probe"),
+                    str(REPO / "tests" / "syscall_probe.c")], check=True, timeout=300)
 
     def timed(name: str, fn: Callable[[], T]) -> T:
         t0 = time.monotonic()
@@ -226,6 +231,81 @@ def test_the_member_reads_the_agents_log_with_lev_logs(vm: Run) -> None:
     assert marker and marker in out, out
 
 
+def test_the_owner_reads_her_agents_output_with_plain_journalctl(vm: Run) -> None:
+    # Issue 14: the relay writes as alice, journald files it in her own journal.
+    marker = vm.out("journal_marker").strip()
+    out = vm.ok("journal_as_user")
+    assert marker and marker in out, out
+
+
+def test_another_user_does_not_see_the_agents_output_in_the_journal(vm: Run) -> None:
+    marker = vm.out("journal_marker").strip()
+    out = vm.out("journal_other_user")
+    assert marker and vm.rc("journal_other_user") in (0, 1) and marker not in out, out
+
+
+def test_debian13_keeps_the_journal_on_disk_so_user_journals_exist(vm: Run) -> None:
+    out = vm.ok("journal_storage").splitlines()
+    # Storage=auto (the default) plus /var/log/journal, which Debian 13's
+    # systemd makes on a new install: persistent, split by user.
+    assert any("Storage=auto" in ln for ln in out), out
+    assert any(ln.startswith("/var/log/journal ") for ln in out), out
+    assert int(out[-1]) >= 1, out  # user-1000*.journal exists
+
+
+def _kv(text: str) -> dict[str, str]:
+    return dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln)
+
+
+def test_with_no_config_an_agent_gets_finite_default_limits(vm: Run) -> None:
+    # Issue 10 §3 (leviathd/resource_defaults.py): a quarter of the RAM, at
+    # least 256 MiB; no swap; a twentieth of the task limit in [512, 4096]; weight 50.
+    v = _kv(vm.ok("default_limits"))
+    mib = 2**20
+    memory = max(256 * mib, int(v["memtotal"]) // 4) // mib * mib
+    tasks = min(4096, max(512, min(int(v["pid_max"]), int(v["threads_max"])) // 20))
+    assert v["scope_MemoryMax"] == v["file_memory.max"] == str(memory), v
+    assert v["scope_MemorySwapMax"] == "0" and v["file_memory.swap.max"] == "0", v
+    assert v["scope_TasksMax"] == v["file_pids.max"] == str(tasks), v
+    assert v["scope_CPUWeight"] == v["file_cpu.weight"] == "50", v
+
+
+def test_leviath_slice_caps_all_agents_together(vm: Run) -> None:
+    v = _kv(vm.ok("default_limits"))
+    cap = int(v["slice_MemoryMax"])
+    assert 0.79 * int(v["memtotal"]) < cap < 0.81 * int(v["memtotal"]), v
+    assert v["slice_file_memory.max"] == str(cap), v
+    assert v["slice_TasksMax"].isdigit(), v
+
+
+def _proxy(vm: Run) -> dict[str, str]:
+    out = vm.ok("proxy")
+    result: dict[str, str] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def test_a_proxy_agent_has_only_lo_and_direct_connections_fail(vm: Run) -> None:
+    got = _proxy(vm)
+    assert got["ifaces"] == ["lo"], got
+    assert got["direct"].startswith("err:"), got
+    assert got["http_proxy"].startswith("http://127.0.0.1:"), got
+
+
+def test_a_proxy_agent_reaches_an_allowed_server_through_the_proxy(vm: Run) -> None:
+    got = _proxy(vm)
+    assert got["proxied_allowed.test"] == "hello from outside\n", got
+    assert got["proxied_10.77.0.2"] == "hello from outside\n", got
+    assert "net:proxy" in vm.ok("proxy_ps"), vm.out("proxy_ps")
+
+
+def test_a_machine_rule_denies_read_file_of_a_pem_file(vm: Run) -> None:
+    out = vm.out("rule_pem")
+    assert vm.rc("rule_pem") != 0 and "VMKEY" not in out, out
+    assert "no-pem" in out and "key files stay on the host" in out, out
+    assert "plain-text" in vm.ok("rule_plain"), vm.out("rule_plain")
+    assert "no-pem" in vm.out("rule_audit"), vm.out("rule_audit")
+
+
 def test_a_non_member_is_refused_by_polkit(vm: Run) -> None:
     out = vm.out("nonmember")
     assert vm.rc("nonmember") != 0, out
@@ -305,6 +385,32 @@ def test_the_container_kind_runs_with_podman_on_cgroup_v2(vm: Run) -> None:
     assert lines[0] == "1000", out  # the agent runs as alice inside the container
     assert "0::/" in out, out  # cgroup v2's single hierarchy
     assert lines[-1] == "no-bob", out  # another user's home is not there
+
+
+def test_a_container_agent_is_refused_io_uring_and_namespaces_by_seccomp(vm: Run) -> None:
+    # Issue 10 §2: the daemon's profile, not podman's default (which lets
+    # unshare and keyctl through and says ENOSYS for io_uring).
+    out = vm.ok("container_seccomp")
+    got = json.loads(out.strip().splitlines()[-1])
+    for call in ("io_uring_setup", "io_uring_enter", "unshare_user", "mount", "keyctl", "bpf"):
+        assert got[call] == "err:EPERM", (call, got)
+    for call in ("pipe", "fork", "thread"):
+        assert got[call] == "ok", (call, got)
+
+
+def test_a_lost_bus_restarts_the_daemon_which_serves_and_keeps_its_agents(vm: Run) -> None:
+    out = vm.ok("dbus_restart")
+    v = dict(kv.split("=", 1) for ln in out.splitlines() for kv in ln.split() if "=" in kv
+             and kv.split("=", 1)[0] in ("before_pid", "after_pid", "before_restarts",
+                                           "after_restarts"))
+    assert v["after_pid"] not in ("0", v["before_pid"]), out
+    assert int(v["after_restarts"]) > int(v["before_restarts"]), out
+    lines = out.splitlines()
+    assert int(lines[2]) >= 1, out  # "lost the system bus connection" at priority err
+    assert lines[3] == "active", out  # the agent's scope lived through it
+    agent_id, _unit = vm.out("long_agent").split()
+    rows = json.loads(out[out.index("["):])
+    assert any(r["id"] == agent_id and r["state"] == "running" for r in rows), out
 
 
 def test_agents_survive_systemctl_restart_leviathd(vm: Run) -> None:
