@@ -41,7 +41,7 @@ import re
 import signal
 import syslog
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from leviathd import fsat, resource_defaults
@@ -400,6 +400,53 @@ def labels(spec: SandboxSpec, key: str, instance: str) -> list[str]:
 # --- cgroups: the engine is born inside the agent's scope -----------------------
 
 
+# The engine's limit options and the cgroup v2 controller each one writes.
+_LIMIT_CONTROLLERS = {"--memory": "memory", "--memory-swap": "memory",
+                      "--pids-limit": "pids", "--cpus": "cpu"}  # fmt: skip
+
+
+def limits_the_parent_can_take(options: Sequence[str], subtree_control: str | None) -> list[str]:
+    """`options` without the limit options whose controller the parent cgroup
+    does not enable for its children (subtree_control: the text of its
+    cgroup.subtree_control on a pure cgroup v2 host, None elsewhere).
+
+    On pure cgroup v2 the agent's scope is not delegated and holds processes
+    (the supervisor, conmon), so its children can never get the memory or pids
+    controller (v2's no-internal-process rule): crun then fails to open
+    memory.max and the container does not start (seen on Debian 13 once every
+    agent got a default MemoryMax). Leaving those options out costs nothing:
+    the scope's own MemoryMax, MemorySwapMax=0, TasksMax and CPUQuota, set
+    from the same limits, hold over the container's cgroup below it."""
+    if subtree_control is None:
+        return list(options)
+    enabled = set(subtree_control.split())
+    out: list[str] = []
+    skip = False
+    for i, opt in enumerate(options):
+        if skip:
+            skip = False
+            continue
+        controller = _LIMIT_CONTROLLERS.get(opt)
+        if controller is not None and controller not in enabled and i + 1 < len(options):
+            skip = True
+            continue
+        out.append(opt)
+    return out
+
+
+def _subtree_control(cgroup: str) -> str | None:
+    """The parent's cgroup.subtree_control on a pure cgroup v2 host, else None
+    (v1 and hybrid hosts: the engine makes its cgroup in each v1 hierarchy,
+    where every controller is there)."""
+    if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        return None
+    try:
+        with open(f"/sys/fs/cgroup{cgroup}/cgroup.subtree_control", encoding="ascii") as f:
+            return f.read(4096)
+    except (OSError, ValueError):
+        return ""
+
+
 def cgroup_procs_files(cgroup: str, mountinfo: str) -> list[str]:
     """The cgroup.procs file of `cgroup` (a path as systemd's ControlGroup
     gives it) in every mounted hierarchy where that cgroup may exist. Pure over
@@ -631,11 +678,12 @@ async def ensure(
         await asyncio.to_thread(_write_identity, spec)
         await asyncio.to_thread(recheck_workdir, spec)
         cgroup = await _unit_cgroup(unit)
+        run_options = limits_the_parent_can_take(options, _subtree_control(cgroup))
         argv = [
             "sh", "-c", _JOIN, "join", *_join_files(cgroup), "--",
             *eng.base(), "run", "-d", "--name", name, "--hostname", name,
             *labels(spec, key, instance), "--cgroup-parent", cgroup,
-            *options, image, *idle_command(init),
+            *run_options, image, *idle_command(init),
         ]  # fmt: skip
         rc, _out, err = await _engine_cmd(argv)
         if rc != 0:

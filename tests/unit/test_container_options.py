@@ -331,3 +331,21 @@ def test_only_podman_with_runc_or_crun_takes_the_runtime_path(
     monkeypatch.setenv(container.EXEC_ENV, "engine")
     runc = container.Record(engine=PODMAN, container_id="c" * 64, runtime_path="/usr/sbin/runc")
     assert container.runtime_exec(runc, spec) is None
+
+
+# Seen on Debian 13 (tests/vm/): with a default MemoryMax for every agent the
+# engine was always given --memory, and crun could not open memory.max below
+# the agent's scope (pure cgroup v2: the scope holds processes, so its children
+# never get the memory or pids controller): no container agent started.
+def test_limits_a_pure_v2_parent_cannot_take_are_left_to_the_scope() -> None:
+    opts = ["--read-only", "--pids-limit", "771", "--memory", "512", "--memory-swap", "512",
+            "--cpus", "0.50", "--user", "1:1"]  # fmt: skip
+    assert container.limits_the_parent_can_take(opts, "") == ["--read-only", "--user", "1:1"]
+    assert container.limits_the_parent_can_take(opts, "cpu pids\n") == [
+        "--read-only", "--pids-limit", "771", "--cpus", "0.50", "--user", "1:1"]
+    assert container.limits_the_parent_can_take(opts, "cpu memory pids") == opts
+
+
+def test_on_v1_and_hybrid_hosts_the_engine_keeps_every_limit() -> None:
+    opts = ["--pids-limit", "771", "--memory", "512", "--memory-swap", "512"]
+    assert container.limits_the_parent_can_take(opts, None) == opts
