@@ -174,6 +174,9 @@ step forkbomb sh -c "
 as alice "lev stop $fb" >/dev/null 2>&1
 step memhog as alice "lev run -- python3 -c 'b = bytearray(400 * 2**20); print(\"survived\", len(b))'"
 step memhog_after sh -c 'systemctl is-active leviathd; journalctl -k --no-pager | grep -ci "memory cgroup out of memory" || true'
+# What ended the hog, for a reader of results/ (the kernel's kill, systemd's OOMPolicy).
+step memhog_diag sh -c "systemctl show -P OOMPolicy $long_unit
+    journalctl -b --no-pager | grep -i -E 'oom|out of memory|killed process|leviath-alice-python3' | tail -n 40"
 rm -f /etc/leviath/config.toml
 systemctl reload leviathd
 
