@@ -45,7 +45,8 @@ class UnitState:
 
 
 def scope_properties(
-    *, pids: list[int], slice_name: str, description: str, limits: ScopeLimits
+    *, pids: list[int], slice_name: str, description: str, limits: ScopeLimits,
+    oom_policy: bool = True,
 ) -> list[tuple[str, Variant]]:
     # systemd writes these into /run/systemd/transient/ unescaped and reads
     # them back at daemon-reload: the strings go through the boundary again.
@@ -60,6 +61,13 @@ def scope_properties(
         ("MemoryAccounting", Variant("b", True)),
         ("TasksAccounting", Variant("b", True)),
     ]
+    if oom_policy:
+        # systemd 253+ applies DefaultOOMPolicy=stop to scopes: one process
+        # the kernel kills at MemoryMax (the agent's, or one of its compilers)
+        # would stop the whole scope, supervisor included, and the agent
+        # would end with no exit status (seen on Debian 13's systemd 257).
+        # The kernel's kill of the process that overran is the limit.
+        props.append(("OOMPolicy", Variant("s", "continue")))
     if limits.memory_max is not None:
         props.append(("MemoryMax", Variant("t", limits.memory_max)))
         # Swap would let a memory hog outlive its limit for minutes.
@@ -82,6 +90,9 @@ class SystemdManager:
         self._job_waiters: dict[str, asyncio.Future[str]] = {}
         self._job_results: dict[str, str] = {}
         self._systemd_name = ""
+        # False once PID 1 refused OOMPolicy for a scope (systemd before 253,
+        # where scopes have none and the kernel's kill already ends there).
+        self._oom_policy = True
 
     async def attach(self) -> None:
         self._bus.add_message_handler(self._on_message)
@@ -175,13 +186,21 @@ class SystemdManager:
     ) -> None:
         """Create the scope around `pids` and wait until systemd reports the
         job done, so that the processes are in its cgroup with its limits."""
-        props = scope_properties(
-            pids=pids, slice_name=slice_name, description=description, limits=limits
-        )
-        (job,) = await self._call(
-            MANAGER_PATH, MANAGER_IFACE, "StartTransientUnit", "ssa(sv)a(sa(sv))",
-            [safetext.check_unit_name(name), "fail", props, []],
-        )
+        while True:
+            props = scope_properties(
+                pids=pids, slice_name=slice_name, description=description, limits=limits,
+                oom_policy=self._oom_policy,
+            )
+            try:
+                (job,) = await self._call(
+                    MANAGER_PATH, MANAGER_IFACE, "StartTransientUnit", "ssa(sv)a(sa(sv))",
+                    [safetext.check_unit_name(name), "fail", props, []],
+                )
+                break
+            except SystemdError as exc:
+                if not (self._oom_policy and "OOMPolicy" in str(exc)):
+                    raise
+                self._oom_policy = False
         result = self._job_results.pop(job, None)
         if result is None:
             waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
