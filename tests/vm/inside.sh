@@ -251,6 +251,9 @@ cat >/etc/leviath/config.toml <<'EOF2'
 [sandbox]
 kind = "container"
 image = "localhost/leviath-vm-busybox:1"
+
+[resources]
+memory_max = "64M"
 EOF2
 systemctl reload leviathd
 sleep 2
@@ -258,6 +261,10 @@ step container as alice "lev run -- sh -c 'id -u; cat /proc/self/cgroup; test -e
 # Issue 10 §2: the daemon's seccomp profile, applied by podman: the probe (C,
 # static, built on the host from tests/syscall_probe.c) tries each call.
 step container_seccomp as alice "lev run -- /bin/probe"
+# The container's memory is held by the scope's MemoryMax over its cgroup (on
+# pure v2 the engine's --memory cannot be set below the scope): dd's 100 MiB
+# buffer is killed at 64M.
+step container_memhog as alice "lev run -- dd if=/dev/zero of=/dev/null bs=100M count=1"
 rm -f /etc/leviath/config.toml
 systemctl reload leviathd
 

@@ -398,6 +398,11 @@ def test_a_container_agent_is_refused_io_uring_and_namespaces_by_seccomp(vm: Run
         assert got[call] == "ok", (call, got)
 
 
+def test_a_container_agent_is_held_by_its_memory_limit_on_pure_cgroup_v2(vm: Run) -> None:
+    out = vm.out("container_memhog")
+    assert vm.rc("container_memhog") == 137 and "copied" not in out, out
+
+
 def test_a_lost_bus_restarts_the_daemon_which_serves_and_keeps_its_agents(vm: Run) -> None:
     out = vm.ok("dbus_restart")
     v = dict(kv.split("=", 1) for ln in out.splitlines() for kv in ln.split() if "=" in kv
