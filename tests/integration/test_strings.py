@@ -28,7 +28,7 @@ UNITS = {
 UNIT_KEYS = {"Description", "CollectMode"}
 SCOPE_KEYS = {
     "Slice", "TimeoutStopSec", "MemoryAccounting", "TasksAccounting", "MemoryMax",
-    "MemorySwapMax", "TasksMax", "CPUQuota", "CPUQuotaPeriodSec", "CPUWeight",
+    "MemorySwapMax", "TasksMax", "CPUQuota", "CPUQuotaPeriodSec", "CPUWeight", "OOMPolicy",
 }
 DESCRIPTION = re.compile(r"leviath agent [A-Za-z0-9][A-Za-z0-9_-]{0,63} of alice \([0-9a-f]{8}\)")
 
