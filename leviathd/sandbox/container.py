@@ -526,12 +526,12 @@ class Record:
 
 
 def _write_record(name: str, rec: Record) -> None:
-    folder = os.path.dirname(_record_path(name))
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    tmp = _record_path(name) + ".tmp"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(dataclasses.asdict(rec), f)
-    os.rename(tmp, _record_path(name))
+    dfd = fsat.open_dir(os.path.dirname(_record_path(name)), create_mode=0o700)
+    try:
+        data = json.dumps(dataclasses.asdict(rec)).encode()
+        fsat.atomic_write_at(dfd, f"{name}.json", data, mode=0o600)
+    finally:
+        os.close(dfd)
 
 
 def _read_record(name: str) -> Record:
@@ -1001,7 +1001,11 @@ async def _remove(eng: engines.Engine, names: list[str]) -> None:
     await _engine_cmd([*rm, *names])
     for name in names:
         with contextlib.suppress(OSError):
-            os.unlink(_record_path(name))
+            dfd = fsat.open_dir(os.path.dirname(_record_path(name)))
+            try:
+                fsat.unlink_at(dfd, f"{name}.json")
+            finally:
+                os.close(dfd)
 
 
 async def teardown(agent_id: str) -> list[str]:
