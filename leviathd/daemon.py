@@ -17,7 +17,7 @@ from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
-from leviathd.agents import Agents
+from leviathd.agents.service import Agents
 from leviathd.bus import caller, polkit, writer
 from leviathd.bus.bounded import BoundedBus
 from leviathd.bus.compat import many_fds
@@ -25,10 +25,10 @@ from leviathd.bus.manager_iface import ManagerInterface
 from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
 from leviathd.config import load as config_load
-from leviathd.config_watch import ConfigWatcher
+from leviathd.config.watch import ConfigWatcher
 from leviathd.enginesock.service import EngineSockService
 from leviathd.errors import ConfigError, LeviathError
-from leviathd.gate_service import GateService
+from leviathd.gate.service import GateService
 from leviathd.proxy.service import ProxyService
 from leviathd.records import RecordStore
 from leviathd.systemd import absent, journal, notify

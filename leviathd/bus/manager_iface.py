@@ -1,5 +1,5 @@
 """org.leviath.Manager1: the control API. It only translates between the bus
-and `leviathd.agents.Agents`; identity comes from the bus, decisions from
+and `leviathd.agents.service.Agents`; identity comes from the bus, decisions from
 polkit and the core."""
 
 import asyncio
@@ -13,7 +13,8 @@ from dbus_fast.constants import PropertyAccess
 from dbus_fast.service import ServiceInterface
 
 from leviathd import __version__, listing
-from leviathd.agents import Agents
+from leviathd.agents.request import RunInput
+from leviathd.agents.service import Agents
 from leviathd.bus import bounds
 from leviathd.bus import caller as bus_caller
 from leviathd.bus.compat import DBusSignature, dbus_method, dbus_property, dbus_signal
@@ -21,8 +22,7 @@ from leviathd.bus.errors import translated
 from leviathd.bus.names import MANAGER_IFACE
 from leviathd.errors import InvalidArgument
 from leviathd.records import AgentRecord
-from leviathd.request import RunInput
-from leviathd.spawn import Stdio
+from leviathd.sandbox.supervisor import Stdio
 
 VarDict = Annotated[dict[str, Variant], DBusSignature("a{sv}")]
 VarDictList = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]
@@ -176,7 +176,7 @@ class ManagerInterface(ServiceInterface):
     async def Logs(self, agent_id: Str, follow: Bool) -> Fd:
         """A pipe carrying the agent's journal output; with follow, it stays
         open until the agent ends. Readers are capped per caller and in total
-        and end with the caller's bus connection (leviathd/audit_readers.py)."""
+        and end with the caller's bus connection (leviathd/audit/readers.py)."""
         agent_id = bounds.agent_id(agent_id)
         who = await bus_caller.current(self._bus)
         fd = await self._agents.logs(who, agent_id, follow)
@@ -190,7 +190,7 @@ class ManagerInterface(ServiceInterface):
     async def Audit(self, agent_id: Str, follow: Bool) -> Fd:
         """A pipe carrying the agent's audit records, one JSON object a line
         (journalctl's JSON output, limited to the LEVIATH_* fields), matched
-        only on what journald stamps (leviathd/audit.py); with follow, open
+        only on what journald stamps (leviathd/audit/trail.py); with follow, open
         until the agent ends."""
         agent_id = bounds.agent_id(agent_id)
         who = await bus_caller.current(self._bus)

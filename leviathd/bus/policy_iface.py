@@ -10,7 +10,7 @@ from dbus_fast import Variant
 from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface
 
-from leviathd.agents import Agents
+from leviathd.agents.service import Agents
 from leviathd.bus import bounds, names, polkit
 from leviathd.bus import caller as bus_caller
 from leviathd.bus.compat import DBusSignature, dbus_method, dbus_signal
@@ -18,7 +18,7 @@ from leviathd.bus.errors import translated
 from leviathd.config.edit import append_rule, machine_write_target
 from leviathd.config.load import machine_config_path
 from leviathd.errors import InvalidArgument, NotFound
-from leviathd.gate_service import GateService
+from leviathd.gate.service import GateService
 from leviathd.policy.approvals import Answer, PendingRequest
 from leviathd.policy.labels import Sensitivity
 from leviathd.policy.permissions import checked_tool_name

@@ -1,6 +1,6 @@
 """`lev audit [ID] [--follow] [--json]`: an agent's audit trail, one line per
 decision. The daemon reads the journal for us, matching only fields that
-journald itself stamps (see leviathd/audit.py), so an entry another user sent
+journald itself stamps (see leviathd/audit/trail.py), so an entry another user sent
 with `LEVIATH_AGENT=<id>` never shows here."""
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ import sys
 from typing import Any
 
 from leviathd.cli.validate import EXIT_VALID, Report, as_json, check, render
+from leviathd.config.agent_store import install, list_installed
 from leviathd.config.load import load_configs
 from leviathd.config.merge import resolve
-from leviathd.store import install, list_installed
 
 
 def _add(args: argparse.Namespace) -> int:

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from leviathd.config.agent_store import blueprint_folder
 from leviathd.config.load import BLUEPRINT_FILE, agent_store_path, load_blueprint, load_configs
 from leviathd.config.merge import Finding, MergeResult, resolve
 from leviathd.config.models import Blueprint
 from leviathd.errors import ConfigError, NotFound
 from leviathd.safetext import NAME_RE
-from leviathd.store import blueprint_folder
 
 EXIT_VALID = 0
 EXIT_INVALID = 1

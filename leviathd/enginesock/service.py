@@ -3,7 +3,7 @@
 - a spec extension (with the step's effective settings): when
   `[sandbox.containers] enabled` holds for a fenced agent, DOCKER_HOST points
   at `/run/leviath/engine.sock`, in the agent's own folder that the tool gate
-  binds in (leviathd/gate_service.py), and the sandbox's view is kept for the
+  binds in (leviathd/gate/service.py), and the sandbox's view is kept for the
   bind checks;
 - a start hook (after the gate's, which makes the folder): the engine (the
   daemon's podman service unless a socket is configured) and the agent's
@@ -24,7 +24,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from leviathd import fsat
-from leviathd.agents import Agents
+from leviathd.agents.service import Agents
 from leviathd.broker.server import runtime_dir
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.config.models import Publish
@@ -32,7 +32,7 @@ from leviathd.enginesock import engine
 from leviathd.enginesock.proxy import SOCKET_NAME, AgentProxy, Settings
 from leviathd.enginesock.view import View, _Entry
 from leviathd.errors import Unavailable
-from leviathd.gate_service import SANDBOX_RUNTIME, GateService, agent_dir
+from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
 from leviathd.identity import UserInfo
 from leviathd.records import AgentRecord
 from leviathd.sandbox.container import daemon_instance

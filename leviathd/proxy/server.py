@@ -14,7 +14,7 @@ agent's ledger, and may hold it for a person through the broker's approval
 queue; the name is resolved here, on the host, every answer is checked, and
 the connection goes to a checked address (a name whose answer changes
 between check and connect cannot reach a refused address). One audit record
-per connection (decision, then bytes each way) goes through leviathd/audit.py.
+per connection (decision, then bytes each way) goes through leviathd/audit/trail.py.
 
 Memory is bounded: at most `max_connections` at once per agent (and the
 daemon's descriptor budget over all agents), a request head of at most

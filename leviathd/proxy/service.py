@@ -20,11 +20,12 @@ import os
 import syslog
 from dataclasses import replace
 
-from leviathd import audit, fsat
-from leviathd.agents import Agents
+from leviathd import fsat
+from leviathd.agents.service import Agents
+from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord
 from leviathd.config.merge import MergeResult
-from leviathd.gate_service import GateService, agent_dir
+from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.labels import SHELL_TOOL, Sensitivity, clearance_for

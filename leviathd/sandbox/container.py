@@ -45,8 +45,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from leviathd import fsat, resource_defaults
+from leviathd.agents.request import refuse_system_workdir
 from leviathd.errors import InvalidArgument, Unavailable
-from leviathd.request import refuse_system_workdir
 from leviathd.sandbox import engine as engines
 from leviathd.sandbox import guard, oci_seccomp, pinned
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within

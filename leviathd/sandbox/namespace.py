@@ -175,7 +175,7 @@ def run(spec: SandboxSpec, *, workdir_fd: int | None = None) -> int:
     exit status. Must run as root, in a process of its own.
 
     `workdir_fd`: the workdir as opened by the user when the agent was asked
-    for (spawn.py); it is what gets mounted, whatever the path names by now.
+    for (sandbox/supervisor.py); it is what gets mounted, whatever the path names by now.
     The scratch tmpfs is normally mounted by the supervisor (scratch.enter);
     when it is not, this process mounts its own and drops it at the end."""
     if spec.kind != "namespace":
@@ -462,7 +462,7 @@ class _Pinner:
 
     - Scratch folders are opened beneath the root of the scratch tmpfs, one
       component at a time, never through a link (no user can reach them).
-    - The workdir must be the very folder the user's own open gave (spawn.py).
+    - The workdir must be the very folder the user's own open gave (sandbox/supervisor.py).
     - The system folders are opened as root; everything else with the
       user's file-system ids: a bind made by root would otherwise carry the
       user past folders they cannot enter (a link from ~/.cache/pip into a

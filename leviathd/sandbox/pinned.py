@@ -1,7 +1,7 @@
 """A folder pinned by a descriptor, made a path that no user can change, for
 a process that only takes paths (a container engine's --mount).
 
-The workdir is opened once, as the user (spawn.py); a container engine given
+The workdir is opened once, as the user (sandbox/supervisor.py); a container engine given
 the workdir's *path* would resolve it again, as root, when the user may have
 swapped a part of it for a link. `bind_pinned` bind-mounts the pinned folder
 itself at `<folder>/<name>`, `<folder>` being root's (0700) all the way from /,

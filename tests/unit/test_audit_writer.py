@@ -1,11 +1,11 @@
-"""leviathd.audit.AuditWriter: per-agent budgets, summaries that account for
+"""leviathd.audit.trail.AuditWriter: per-agent budgets, summaries that account for
 every held call, and the trusted journal matches."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from leviathd.audit import AuditWriter, trusted_matches
+from leviathd.audit.trail import AuditWriter, trusted_matches
 from leviathd.broker.core import AuditRecord
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from leviathd.agents.request import refuse_system_workdir
 from leviathd.config.load import (
     ConfigTooLarge,
     blueprint_file,
@@ -17,7 +18,6 @@ from leviathd.config.load import (
 )
 from leviathd.config.models import Config, SandboxKind
 from leviathd.errors import ConfigError, InvalidArgument, NotFound
-from leviathd.request import refuse_system_workdir
 
 
 def test_a_missing_config_file_means_every_default_unless_it_was_asked_for(

@@ -16,7 +16,7 @@ from leviathd.config.merge import Effective
 from leviathd.config.models import Mount as ConfigMount
 from leviathd.config.models import SandboxKind
 from leviathd.errors import InvalidArgument
-from leviathd.gate_service import GateService
+from leviathd.gate.service import GateService
 from leviathd.identity import UserInfo
 from leviathd.policy.settings import PolicySettings
 from leviathd.sandbox.environment import build_environment

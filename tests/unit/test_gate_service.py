@@ -11,7 +11,7 @@ import pytest
 from leviathd.config.load import parse_config
 from leviathd.config.merge import Effective, resolve
 from leviathd.config.models import SandboxKind
-from leviathd.gate_service import GateService, settings_from_json, settings_to_json
+from leviathd.gate.service import GateService, settings_from_json, settings_to_json
 from leviathd.identity import UserInfo
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec

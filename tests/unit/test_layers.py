@@ -21,20 +21,13 @@ PARTS: dict[str, str] = {
     "daemon": "Edge",
     "agents": "Services",
     "audit": "Services",
-    "audit_readers": "Services",
-    "gate_service": "Services",
-    "gate_shell": "Services",
-    "spawn": "Services",
-    "request": "Services",
-    "store": "Services",
-    "orphans": "Services",
+    "gate": "Services",
     "proxy": "Services",
     "enginesock": "Services",
     "broker": "Broker",
     "sandbox": "Fence",
     "policy": "Policy",
     "config": "Config",
-    "config_watch": "Config",
     "readpatterns": "Ground",
     "authority": "Ground",
     "systemd": "Ground",
@@ -96,7 +89,7 @@ def _imports(text: str, module: str) -> list[tuple[int, str]]:
                 up = package[: len(package) - node.level + 1]
                 base = ".".join([*up, *([base] if base else [])])
             found.append((node.lineno, base))
-            if base == "leviathd":  # `from leviathd import spawn` imports leviathd.spawn
+            if base == "leviathd":  # `from leviathd import fsat` imports leviathd.fsat
                 found += [(node.lineno, f"leviathd.{a.name}") for a in node.names
                           if (ROOT / f"{a.name}.py").exists() or (ROOT / a.name).is_dir()]
     return [(line, m) for line, m in found if m.split(".")[0] == "leviathd"]
@@ -123,6 +116,15 @@ def test_every_module_is_placed_in_a_part() -> None:
     assert not unplaced, f"place these in PARTS and docs/architecture.md: {unplaced}"
 
 
+def test_the_layout_shows_the_layers() -> None:
+    """A module at the top of leviathd/ is the ground floor (daemon.py, the
+    composition root, aside); every other part lives in folders of its own,
+    so a new service cannot sit beside fsat.py unnoticed."""
+    top_modules = sorted(p.stem for p in ROOT.glob("*.py"))
+    misplaced = [m for m in top_modules if PARTS.get(m) != "Ground" and m != "daemon"]
+    assert not misplaced, f"move these into their part's folder: {misplaced}"
+
+
 @pytest.mark.parametrize(("importer", "imported", "why"), FORBIDDEN)
 def test_no_arrow_runs_the_wrong_way(importer: str, imported: str, why: str) -> None:
     wrong = [f"{f}:{line} imports {mod}" for s, d, line, f, mod in _arrows()
@@ -135,8 +137,8 @@ def test_the_checker_sees_a_wrong_arrow() -> None:
     old import of the CLI took) and a relative one, so the test above cannot
     pass by missing them."""
     text = ("def f():\n    from leviathd.cli.policy import append_rule\n"
-            "from ..bus import polkit\nfrom leviathd import spawn\n")
+            "from ..bus import polkit\nfrom leviathd import fsat\n")
     mods = {m for _line, m in _imports(text, "leviathd.policy.x")}
-    assert {"leviathd.cli.policy", "leviathd.bus", "leviathd.spawn"} <= mods
+    assert {"leviathd.cli.policy", "leviathd.bus", "leviathd.fsat"} <= mods
     assert _part_of("leviathd.cli.policy") == "Face"
     assert _part_of("leviathd.bus") == "Edge"

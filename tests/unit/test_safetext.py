@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from leviathd import safetext
+from leviathd.agents.request import RunInput
 from leviathd.errors import InvalidArgument
-from leviathd.request import RunInput
 
 
 @pytest.mark.parametrize("argv0, name", [

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from leviathd.cli.main import main
+from leviathd.config.agent_store import blueprint_folder, install, list_installed
 from leviathd.config.load import agent_store_path, machine_config_path, user_config_path
 from leviathd.errors import ConfigError, InvalidArgument, NotFound
-from leviathd.store import blueprint_folder, install, list_installed
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CTO = FIXTURES / "blueprints" / "cto"
@@ -110,7 +110,7 @@ def test_a_copy_that_fails_half_way_leaves_no_trace(
         real_copytree(source, target, **kw)  # type: ignore[arg-type]
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("leviathd.store.shutil.copytree", disk_full)
+    monkeypatch.setattr("leviathd.config.agent_store.shutil.copytree", disk_full)
     with pytest.raises(InvalidArgument, match=r"cannot install into .*No space left on device"):
         install(src)
     assert not (env / "data").exists()
@@ -127,7 +127,7 @@ def test_a_failed_replace_keeps_the_installed_version(
         real_copytree(source, target, **kw)  # type: ignore[arg-type]
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("leviathd.store.shutil.copytree", disk_full)
+    monkeypatch.setattr("leviathd.config.agent_store.shutil.copytree", disk_full)
     with pytest.raises(InvalidArgument):
         install(make_blueprint(env / "v2", "demo", '[env]\nV = "2"\n'), force=True)
     assert snapshot(env / "data") == before

@@ -20,8 +20,11 @@ from typing import TypeVar
 
 from dbus_fast.aio import MessageBus
 
-from leviathd import audit, listing, orphans, resource_defaults, safetext, spawn
-from leviathd.audit_readers import Readers
+from leviathd import listing, resource_defaults, safetext
+from leviathd.agents import orphans
+from leviathd.agents.request import RunInput, refuse_system_workdir
+from leviathd.audit import trail as audit
+from leviathd.audit.readers import Readers
 from leviathd.authority import Authority, Caller, Right
 from leviathd.config import load as config_load
 from leviathd.config.merge import Effective, MergeResult, resolve
@@ -36,8 +39,7 @@ from leviathd.errors import (
 )
 from leviathd.identity import UserInfo, user_info
 from leviathd.records import FULL, AgentRecord, AgentState, RecordStore
-from leviathd.request import RunInput, refuse_system_workdir
-from leviathd.sandbox import container, scratch
+from leviathd.sandbox import container, scratch, supervisor
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdError, SystemdManager
@@ -170,7 +172,7 @@ class Agents:
 
     # --- start -------------------------------------------------------------
 
-    async def run(self, who: Caller, req: RunInput, stdio: spawn.Stdio) -> AgentRecord:
+    async def run(self, who: Caller, req: RunInput, stdio: supervisor.Stdio) -> AgentRecord:
         try:
             if self.config_problem:
                 raise ConfigError(self.config_problem)
@@ -187,7 +189,7 @@ class Agents:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    async def _run(self, who: Caller, req: RunInput, stdio: spawn.Stdio) -> AgentRecord:
+    async def _run(self, who: Caller, req: RunInput, stdio: supervisor.Stdio) -> AgentRecord:
         t0 = time.perf_counter()
         await self._authority.require(who, Right.RUN, "run agents")
         t_polkit = time.perf_counter()
@@ -204,7 +206,7 @@ class Agents:
 
         agent_id = self._new_id()
         unit = unit_name(user.name, agent_name, agent_id)
-        held = spawn.fork_held(
+        held = supervisor.fork_held(
             user, req.workdir, exit_path=self._store.exit_path(agent_id),
             identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=stdio,
         )
@@ -272,7 +274,7 @@ class Agents:
             self._store.forget(agent_id)
             raise
         self.records[agent_id] = rec
-        spawn.release(held, [(label, spec.to_dict()) for label, spec in steps])
+        supervisor.release(held, [(label, spec.to_dict()) for label, spec in steps])
         kind = rec.sandbox
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
         self._watch(rec)
@@ -597,7 +599,7 @@ class Agents:
                 LEVIATH_EVENT="record-unknown",
             )
         # Its supervisor still writes the exit record when the agent ends
-        # (spawn._write_exit): that is how an unknown agent's end, and its
+        # (supervisor._write_exit): that is how an unknown agent's end, and its
         # exit status, are known, even while stragglers keep the scope.
         exits = {r.id: self._store.read_exit(r.id) for r in self.records.values()
                  if r.state is AgentState.UNKNOWN}
@@ -807,7 +809,7 @@ class Agents:
 
     async def audit(self, who: Caller, agent_id: str, follow: bool) -> int:
         """The agent's audit records as journalctl's JSON lines, matched on
-        fields only journald sets (see leviathd/audit.py)."""
+        fields only journald sets (see leviathd/audit/trail.py)."""
         rec = await self._authorize_record(who, agent_id, "read agents' audit records")
         if not journal.available():
             raise Unavailable("there is no journal here (systemd is not PID 1): the audit "
@@ -845,7 +847,7 @@ def _limits(eff: Effective) -> ScopeLimits:
     )
 
 
-async def _read_status(held: spawn.Held) -> tuple[bool, str]:
+async def _read_status(held: supervisor.Held) -> tuple[bool, str]:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
     def readable() -> None:
@@ -857,7 +859,7 @@ async def _read_status(held: spawn.Held) -> tuple[bool, str]:
         await asyncio.wait_for(fut, timeout=30)
     finally:
         loop.remove_reader(held.status_r)
-    return spawn.read_status(held.status_r)
+    return supervisor.read_status(held.status_r)
 
 
 def _supervisor_alive(rec: AgentRecord) -> bool:

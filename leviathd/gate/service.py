@@ -15,7 +15,7 @@
 `recover()` re-creates the brokers of agents adopted after a daemon restart
 from their snapshots: an agent keeps the policy it started with, restart or
 not, and its ledger (saved after every call that changed it), so a restart
-does not reset its taint. Every decision goes to the journal through leviathd/audit.py
+does not reset its taint. Every decision goes to the journal through leviathd/audit/trail.py
 (`lev audit <id>`).
 The `shell` tool runs in the agent's own scope and sandbox (see `run_shell`).
 """
@@ -37,8 +37,9 @@ from typing import Any
 
 from dbus_fast.aio import MessageBus
 
-from leviathd import audit, fsat
-from leviathd.agents import Agents
+from leviathd import fsat
+from leviathd.agents.service import Agents
+from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord, Broker
 from leviathd.broker.limits import Limits
 from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of, runtime_dir
@@ -466,7 +467,7 @@ class GateService:
         self, live: _Live, spec: dict[str, Any], timeout: float, *, stdin: str = ""
     ) -> Mapping[str, Any]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "leviathd.gate_shell",
+            sys.executable, "-m", "leviathd.gate.shell",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )

@@ -1,4 +1,4 @@
-"""The `shell` tool's process: `python -m leviathd.gate_shell`, started by the
+"""The `shell` tool's process: `python -m leviathd.gate.shell`, started by the
 daemon for one command of one agent.
 
 It reads the sandbox spec (JSON) from stdin and waits for end of file: the
