@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from leviathd.safetext import escape
 from leviathd.systemd import journal
 
 if TYPE_CHECKING:
@@ -41,6 +42,11 @@ TOTAL_RATE = 200.0
 # Counts are summed per (tool, outcome); an agent naming ever new tools
 # shares one bucket past this many.
 SUMMARY_KEYS = 8
+# An allowed call's target is what an admin looks for afterwards (which files
+# did it write?), so a summary of allowed calls names the distinct targets,
+# this many at most, each cut to this length.
+SUMMARY_TARGETS = 32
+TARGET_MAX = 256
 WINDOW = 1.0
 
 # What `lev audit` gets of each entry (journalctl adds the timestamp and cursor).
@@ -48,7 +54,7 @@ FIELDS = (
     "MESSAGE", "LEVIATH_EVENT", "LEVIATH_AGENT", "LEVIATH_USER", "LEVIATH_TOOL",
     "LEVIATH_TARGET", "LEVIATH_OUTCOME", "LEVIATH_RULE", "LEVIATH_DETAIL", "LEVIATH_TAINT",
     "LEVIATH_TAINT_AFTER", "LEVIATH_CLEARANCE", "LEVIATH_COUNT", "LEVIATH_SUMMARY",
-    "LEVIATH_ANSWER", "LEVIATH_BY_UID", "LEVIATH_EXIT_STATUS", "LEVIATH_STEP",
+    "LEVIATH_ANSWER", "LEVIATH_BY_UID", "LEVIATH_EXIT_STATUS", "LEVIATH_STEP", "LEVIATH_TARGETS",
 )
 _WORDS = {"deny": "refused", "allow": "allowed", "error": "failed", "ask": "asked"}
 
@@ -120,6 +126,10 @@ class _Agent:
     buckets: dict[str, _Bucket]
     user: str
     held: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Distinct targets of held allowed calls (a dict keeps their order), and
+    # how many held allowed calls named a target past the bound.
+    targets: dict[str, None] = field(default_factory=dict)
+    targets_left_out: int = 0
     holding: set[str] = field(default_factory=set)
     since: float = 0.0
     timer: asyncio.TimerHandle | None = None
@@ -162,12 +172,24 @@ class AuditWriter:
         if not state.held:
             state.since = time.time()
         state.held[key] += 1
+        if kind == "done":
+            self._keep_target(state, record.target)
         if state.timer is None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 return  # no loop (a test): counts wait for flush() or finish()
             state.timer = loop.call_later(WINDOW, self.flush, record.agent)
+
+    @staticmethod
+    def _keep_target(state: _Agent, target: str) -> None:
+        shown = escape(target, TARGET_MAX)
+        if shown in state.targets:
+            return
+        if len(state.targets) < SUMMARY_TARGETS:
+            state.targets[shown] = None
+        else:
+            state.targets_left_out += 1
 
     def flush(self, agent_id: str) -> None:
         """Write the agent's summary, if calls were held back."""
@@ -180,11 +202,18 @@ class AuditWriter:
         if not state.held:
             return
         held, state.held = state.held, Counter()
+        targets, state.targets = list(state.targets), {}
+        left_out, state.targets_left_out = state.targets_left_out, 0
         state.holding.clear()
         total = sum(held.values())
         seconds = max(time.time() - state.since, WINDOW)
         parts = [f"{n:,} {_WORDS.get(outcome, outcome)} call{'' if n == 1 else 's'} to {tool}"
                  for (tool, outcome), n in held.most_common()]
+        named: dict[str, object] = {}
+        if targets:
+            named["LEVIATH_TARGETS"] = "\n".join(targets)
+            more = f" and {left_out:,} more calls to targets not listed" if left_out else ""
+            parts.append("targets " + ", ".join(targets) + more)
         self._send(
             f"agent {agent_id}: {', '.join(parts)} in the last {seconds:.0f} s "
             f"(over the audit limit of {self._agent_rate:g} records a second: counted, "
@@ -193,6 +222,7 @@ class AuditWriter:
             LEVIATH_USER=state.user, LEVIATH_COUNT=total,
             LEVIATH_SUMMARY="; ".join(f"{outcome} {tool} {n}"
                                       for (tool, outcome), n in held.most_common()),
+            **named,
         )
 
     def finish(self, agent_id: str) -> None:

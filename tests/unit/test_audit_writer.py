@@ -3,6 +3,7 @@ every held call, and the trusted journal matches."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from leviathd.audit.trail import AuditWriter, trusted_matches
@@ -63,3 +64,33 @@ def test_refused_calls_do_not_push_an_allowed_call_into_a_summary() -> None:
     w.finish("a")
     allowed = [f for f in sent if f["LEVIATH_EVENT"] == "tool" and f["LEVIATH_OUTCOME"] == "allow"]
     assert len(allowed) == 1 and allowed[0]["LEVIATH_TOOL"] == "http_get"
+
+
+def test_a_burst_of_allowed_calls_keeps_the_targets_it_touched() -> None:
+    """An agent that makes hundreds of allowed calls at once (a write_file to
+    every file of a tree) must not make its writes anonymous: the summary
+    names the distinct targets, up to a bound, and says how many it left out."""
+    sent: list[tuple[str, dict[str, Any]]] = []
+    w = AuditWriter(send=lambda msg, **f: sent.append((msg, f)), agent_burst=2, agent_rate=0.0)
+    for i in range(300):
+        w.tool(replace(rec("a", "write_file", "allow"), target=f"/work/f{i % 50}"))
+    w.finish("a")
+    summary = [(m, f) for m, f in sent if f["LEVIATH_EVENT"] == "tool-summary"]
+    assert len(summary) == 1
+    msg, fields = summary[0]
+    targets = fields["LEVIATH_TARGETS"].split("\n")
+    # f0 and f1 went out one by one; the summary lists the next distinct ones.
+    assert targets[:3] == ["/work/f2", "/work/f3", "/work/f4"]
+    assert len(targets) == 32 and "/work/f49" not in targets
+    # f34..f49 (96 calls) and the later f0, f1 (10) are counted, not listed.
+    assert "and 106 more calls to targets not listed" in msg
+
+
+def test_summary_targets_are_bounded_in_size_whatever_the_agent_names() -> None:
+    sent: list[dict[str, Any]] = []
+    w = AuditWriter(send=lambda msg, **f: sent.append(f), agent_burst=0, agent_rate=0.0)
+    for i in range(1000):
+        w.tool(replace(rec("a", "write_file", "allow"), target=f"/{i}/" + "x" * 10_000))
+    w.finish("a")
+    (summary,) = sent
+    assert len(summary["LEVIATH_TARGETS"]) <= 32 * 260
