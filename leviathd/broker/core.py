@@ -27,6 +27,7 @@ from leviathd.broker.tools import (
     run_credential,
     web_tool,
 )
+from leviathd.domain.tools import TOOLS, ToolKind
 from leviathd.errors import LeviathError, LimitExceeded, NotFound, Unavailable
 from leviathd.identity import UserInfo
 from leviathd.policy import filelabels
@@ -325,7 +326,8 @@ class Broker:
         self, tool: str, args: Mapping[str, Any], predicted: Sensitivity
     ) -> tuple[Any, Sensitivity]:
         settings = self.policy.settings
-        if tool in ("read_file", "read_files", "list_dir", "write_file", "edit_file"):
+        kind = TOOLS.kind_of(tool)
+        if kind in (ToolKind.READ, ToolKind.WRITE):
             workdir = self.policy.workdir
             for attempt in (1, 2):
                 self.start()
@@ -345,7 +347,7 @@ class Broker:
                         raise
                     continue
                 return result, self._settle_label(files, predicted)
-        if tool in ("web_fetch", "http_get", "http_post"):
+        if kind is ToolKind.WEB:
             try:
                 return await self.in_pool(
                     web_tool, tool, args, allow_private=settings.allow_private_addresses,
@@ -353,7 +355,7 @@ class Broker:
                 ), predicted
             except AddressRefused as exc:
                 raise ToolRefused(str(exc), "address-refused") from None
-        if tool == "credential":
+        if kind is ToolKind.CREDENTIAL:
             name = str(args["name"])
             spec = settings.credentials.get(name)
             if spec is None:
@@ -367,7 +369,7 @@ class Broker:
             )
             _fit_output(out, self._budget())
             return out, predicted
-        if tool == "shell":
+        if kind is ToolKind.SHELL:
             if self._shell is None:
                 raise Unavailable("shell is not available for this agent")
             timeout = args.get("timeout")

@@ -1,124 +1,21 @@
-"""The tools' calling conventions: JSON argument schemas (for MCP
-`tools/list`), positional forms (for `lev tool NAME ARGS...`), and the
-`Call` the gate sees for a given set of arguments."""
+"""The tools' calling conventions, from the registry's schemas
+(leviathd/domain/tools.py): arguments checked against them, positional forms
+(for `lev tool NAME ARGS...`), and the `Call` the gate sees for a given set of
+arguments."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from leviathd.domain.tools import TOOLS, ToolKind
 from leviathd.errors import InvalidArgument
 from leviathd.policy.gate import Call, normalise
-from leviathd.policy.labels import READ_TOOLS, WRITE_TOOLS
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    type: str  # JSON schema type: "string", "integer", "boolean", "array" (of strings), "object"
-    required: bool = True
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    description: str
-    params: tuple[Param, ...]
-    # Positional form: the params taken in order; the last may be variadic.
-    positional: tuple[str, ...] = ()
-    variadic: str | None = None
-
-    def input_schema(self) -> dict[str, Any]:
-        props: dict[str, Any] = {}
-        for p in self.params:
-            schema: dict[str, Any] = {"type": p.type}
-            if p.type == "array":
-                schema["items"] = {"type": "string"}
-            if p.type == "object":
-                schema["additionalProperties"] = {"type": "string"}
-            if p.description:
-                schema["description"] = p.description
-            props[p.name] = schema
-        return {
-            "type": "object",
-            "properties": props,
-            "required": [p.name for p in self.params if p.required],
-            "additionalProperties": False,
-        }
-
-
-def _p(name: str, type_: str = "string", required: bool = True, desc: str = "") -> Param:
-    return Param(name, type_, required, desc)
-
-
-TOOL_SPECS: Mapping[str, ToolSpec] = {
-    s.name: s
-    for s in (
-        ToolSpec(
-            "read_file",
-            "Read a text file (workdir, or a granted read path).",
-            (_p("path"), _p("max_bytes", "integer", False)),
-            ("path",),
-        ),
-        ToolSpec(
-            "read_files",
-            "Read several text files.",
-            (_p("paths", "array"), _p("max_bytes", "integer", False)),
-            variadic="paths",
-        ),
-        ToolSpec(
-            "list_dir",
-            "List a directory's entries.",
-            (_p("path", required=False),),
-            ("path",),
-        ),
-        ToolSpec(
-            "write_file",
-            "Write a file in the workdir (content from the argument, or stdin with lev tool).",
-            (_p("path"), _p("content")),
-            ("path", "content"),
-        ),
-        ToolSpec(
-            "edit_file",
-            "Replace text in a workdir file: old must occur exactly once unless all is true.",
-            (_p("path"), _p("old"), _p("new"), _p("all", "boolean", False)),
-            ("path", "old", "new"),
-        ),
-        ToolSpec(
-            "shell",
-            "Run a shell command in the agent's own sandbox.",
-            (_p("command"), _p("timeout", "integer", False)),
-            variadic="command",
-        ),
-        ToolSpec("web_fetch", "Fetch a web page (GET).", (_p("url"),), ("url",)),
-        ToolSpec(
-            "http_get",
-            "HTTP GET.",
-            (_p("url"), _p("headers", "object", False)),
-            ("url",),
-        ),
-        ToolSpec(
-            "http_post",
-            "HTTP POST a body.",
-            (_p("url"), _p("body"), _p("headers", "object", False)),
-            ("url", "body"),
-        ),
-        ToolSpec(
-            "credential",
-            "Run a configured command with a secret the agent never sees.",
-            (_p("name"), _p("args", "array", False)),
-            ("name",),
-            variadic="args",
-        ),
-    )
-}
 
 
 def args_from_positional(tool: str, values: Sequence[str]) -> dict[str, Any]:
-    spec = TOOL_SPECS.get(tool)
+    spec = TOOLS.get(tool)
     if spec is None:
         # Unknown tools still go to the broker, which refuses them (and audits it).
         return {"args": list(values)}
@@ -141,7 +38,7 @@ def args_from_positional(tool: str, values: Sequence[str]) -> dict[str, Any]:
 
 
 def validate(tool: str, args: Mapping[str, Any]) -> None:
-    spec = TOOL_SPECS.get(tool)
+    spec = TOOLS.get(tool)
     if spec is None:
         return
     known = {p.name: p for p in spec.params}
@@ -200,7 +97,7 @@ def describe(tool: str, args: Mapping[str, Any]) -> str:
     """What a held call would do, for the person answering: a web call's
     method, full URL, port, body size and the headers the agent set. Bounded;
     the client escapes it when it prints it."""
-    if tool not in ("web_fetch", "http_get", "http_post"):
+    if TOOLS.kind_of(tool) is not ToolKind.WEB:
         return ""
     url = str(args.get("url", ""))
     method = "POST" if tool == "http_post" else "GET"
@@ -251,7 +148,8 @@ def call_for(tool: str, args: Mapping[str, Any], workdir: str) -> Call:
     """The gate's view of a call. Paths are normalised lexically here; the
     real path of each opened file is checked again when it is opened."""
     validate(tool, args)
-    if tool in READ_TOOLS or tool in WRITE_TOOLS:
+    kind = TOOLS.kind_of(tool)
+    if kind in (ToolKind.READ, ToolKind.WRITE):
         if tool == "read_files":
             raw = list(args["paths"])
             if not raw:
@@ -260,13 +158,13 @@ def call_for(tool: str, args: Mapping[str, Any], workdir: str) -> Call:
             raw = [str(args.get("path") or ".")]
         paths = tuple(normalise(p, workdir) for p in raw)
         return Call(tool, " ".join(paths), paths)
-    if tool in ("web_fetch", "http_get", "http_post"):
+    if kind is ToolKind.WEB:
         url = str(args["url"])
         check_headers(url, dict(args.get("headers") or {}))
         host = host_of(url)
         return Call(tool, host, scope=f"{host}:{port_of(url)}")
-    if tool == "shell":
+    if kind is ToolKind.SHELL:
         return Call(tool, str(args["command"]))
-    if tool == "credential":
+    if kind is ToolKind.CREDENTIAL:
         return Call(tool, str(args["name"]))
     return Call(tool, "")

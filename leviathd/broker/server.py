@@ -30,8 +30,8 @@ from leviathd.broker.core import AuditRecord, Broker, limit_error
 from leviathd.broker.limits import descriptor_budget, too_large
 from leviathd.broker.requests import Lines, TooLong, parse_request
 from leviathd.broker.tools import RawJSON
+from leviathd.domain.tools import TOOLS
 from leviathd.errors import AccessDenied, LimitExceeded
-from leviathd.policy.permissions import canonical_tool
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
 # What asyncio buffers per connection before it stops reading from the
@@ -312,7 +312,7 @@ class BrokerServer:
                 reply = {"ok": False, "error": {"code": "invalid",
                                                 "message": "call needs tool (str), args (object)"}}
             else:
-                reply = await self.broker.call(canonical_tool(req["tool"]), args)
+                reply = await self.broker.call(TOOLS.canonical(req["tool"]), args)
         elif op == "evict":
             ids = req.get("ids")
             if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):

@@ -17,11 +17,11 @@ from leviathd.bus.compat import DBusSignature, dbus_method, dbus_signal
 from leviathd.bus.errors import translated
 from leviathd.config.edit import append_rule, machine_write_target
 from leviathd.config.load import machine_config_path
+from leviathd.domain.tools import checked_tool_name
 from leviathd.errors import InvalidArgument, NotFound
 from leviathd.gate.service import GateService
 from leviathd.policy.approvals import Answer, PendingRequest
 from leviathd.policy.labels import Sensitivity
-from leviathd.policy.permissions import checked_tool_name
 from leviathd.systemd import journal
 
 VarDictList = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]

@@ -22,11 +22,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def tools_list() -> list[dict[str, Any]]:
-    from leviathd.broker.schema import TOOL_SPECS
+    from leviathd.domain.tools import TOOLS
 
     return [
         {"name": s.name, "description": s.description, "inputSchema": s.input_schema()}
-        for s in TOOL_SPECS.values()
+        for s in TOOLS.values()
     ]
 
 

@@ -24,15 +24,11 @@ from leviathd.config.load import (
     user_config_path,
 )
 from leviathd.config.merge import resolve
+from leviathd.domain.tools import TOOLS, SendsOut, ToolKind, checked_tool_name
 from leviathd.errors import InvalidArgument
 from leviathd.policy.gate import Facts, decide
-from leviathd.policy.labels import DEFAULT_CLEARANCE, READ_TOOLS, WRITE_TOOLS, Sensitivity
-from leviathd.policy.permissions import (
-    KNOWN_TOOLS,
-    canonical_tool,
-    checked_tool_name,
-    permission_for,
-)
+from leviathd.policy.labels import Sensitivity
+from leviathd.policy.permissions import permission_for
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 
 
@@ -80,7 +76,7 @@ def run_list(args: argparse.Namespace) -> int:
     s = _settings(args.agent or "", None)
     table = CompiledPolicy(s, home=str(Path.home()), workdir=os.getcwd())
     rows: list[dict[str, str | None]] = []
-    for tool in KNOWN_TOOLS:
+    for tool in TOOLS.names:
         perm = permission_for(tool, table.permissions)
         clearance = table.clearances[tool]
         rows.append({"tool": tool, "permission": perm.permission, "source": perm.source,
@@ -121,12 +117,14 @@ def run_add(args: argparse.Namespace) -> int:
     if not args.target:
         raise InvalidArgument("--target must not be empty")
     args.tool = checked_tool_name(args.tool)
-    if args.tool not in KNOWN_TOOLS:
-        print(f"lev: note: {args.tool} is not a built-in tool ({', '.join(KNOWN_TOOLS)}); the "
+    known = TOOLS.get(args.tool)
+    if known is None:
+        print(f"lev: note: {args.tool} is not a built-in tool ({', '.join(TOOLS.names)}); the "
               "rule applies to a tool of that name (an MCP server's or a blueprint's)",
               file=sys.stderr)
     breadth = catch_all(args.target)
-    if breadth == "everything" and args.tool in DEFAULT_CLEARANCE and not args.force:
+    sends = known is not None and known.sends_out is not SendsOut.NEVER
+    if breadth == "everything" and sends and not args.force:
         raise InvalidArgument(
             f"--target {args.target!r} matches every target: {args.tool} could send data up to "
             f"{level} anywhere; name the hosts (or pass --force)"
@@ -177,8 +175,9 @@ def run_test(args: argparse.Namespace) -> int:
     s = _settings(args.agent, args.blueprint)
     policy = CompiledPolicy(s, home=str(Path.home()), workdir=os.path.abspath(args.workdir))
     taint = Sensitivity.parse(args.taint)
-    tool, target = canonical_tool(args.tool), args.target
-    if tool in READ_TOOLS or tool in WRITE_TOOLS:
+    tool, target = TOOLS.canonical(args.tool), args.target
+    kind = TOOLS.kind_of(tool)
+    if kind in (ToolKind.READ, ToolKind.WRITE):
         # The broker decides on the real path of the opened file; the nearest
         # offline stand-in is the realpath of the target now.
         real = os.path.realpath(os.path.join(policy.workdir, target or "."))
@@ -187,13 +186,13 @@ def run_test(args: argparse.Namespace) -> int:
                         | ({"content": ""} if tool == "write_file" else {})
                         | ({"old": "x", "new": "y"} if tool == "edit_file" else {}),
                         policy.workdir)
-    elif tool in ("web_fetch", "http_get", "http_post"):
+    elif kind is ToolKind.WEB:
         url = target if "://" in target else f"https://{target}/"
         call = call_for(tool, {"url": url} | ({"body": ""} if tool == "http_post" else {}),
                         policy.workdir)
-    elif tool == "shell":
+    elif kind is ToolKind.SHELL:
         call = call_for(tool, {"command": target}, policy.workdir)
-    elif tool == "credential":
+    elif kind is ToolKind.CREDENTIAL:
         call = call_for(tool, {"name": target}, policy.workdir)
     else:
         from leviathd.policy.gate import Call

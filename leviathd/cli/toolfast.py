@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_SOCKET = "/run/leviath/broker.sock"
-# broker.schema.TOOL_SPECS reduced to what positional arguments need:
+# domain.tools.TOOLS reduced to what positional arguments need:
 # (names in order, the variadic parameter, its type). A unit test keeps the
 # two equal.
 POSITIONAL: dict[str, tuple[tuple[str, ...], str | None, str | None]] = {

@@ -38,8 +38,6 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from leviathd.config.models import (
-    KNOWN_TOOLS,
-    PRE_ALLOWABLE_TOOLS,
     Access,
     AllowRule,
     Blueprint,
@@ -49,7 +47,6 @@ from leviathd.config.models import (
     Engine,
     Mount,
     OnUnavailable,
-    Permission,
     PolicyRule,
     ProxyConfig,
     Publish,
@@ -59,8 +56,8 @@ from leviathd.config.models import (
     Sensitivity,
     TaintPolicy,
 )
-from leviathd.policy.labels import DEFAULT_CLEARANCE
-from leviathd.policy.permissions import canonical_tool
+from leviathd.domain.permission import Permission
+from leviathd.domain.tools import TOOLS
 from leviathd.policy.rules import RuleSpec
 from leviathd.policy.shellrule import ShellPattern
 from leviathd.readpatterns import ReadPathError, active_patterns, parse_pattern
@@ -294,7 +291,8 @@ def _narrow_io_uring(upper: bool, asked: bool, where: str, out: _Findings) -> bo
 
 
 def _default_clearance(tool: str) -> Sensitivity | None:
-    level = DEFAULT_CLEARANCE.get(tool)
+    found = TOOLS.get(tool)
+    level = found.clearance if found is not None else None
     return Sensitivity(str(level)) if level is not None else None
 
 
@@ -383,11 +381,11 @@ def _tighten_containers(
 
 def _check_tools(names: Iterable[str], where: str, out: _Findings) -> None:
     for name in names:
-        if canonical_tool(name) not in KNOWN_TOOLS:
+        if TOOLS.find(name) is None:
             out.add(
                 "warn",
                 "unknown-tool",
-                f"{where}: unknown tool {name!r}; known tools: {', '.join(sorted(KNOWN_TOOLS))}",
+                f"{where}: unknown tool {name!r}; known tools: {', '.join(TOOLS.names)}",
             )
 
 
@@ -851,7 +849,8 @@ def _apply_permissions(
     base: _Base, asked: Mapping[str, Permission], out: _Findings
 ) -> dict[str, Permission]:
     perms = dict(base.eff.permissions)
-    web_configured = bool(base.configured_tools & PRE_ALLOWABLE_TOOLS)
+    pre_allowable = {t.name for t in TOOLS.values() if t.pre_allowable}
+    web_configured = bool(base.configured_tools & pre_allowable)
     for tool, level in asked.items():
         current = perms.get(tool)
         if current is not None:
@@ -867,9 +866,9 @@ def _apply_permissions(
             continue
         if level is not Permission.ALLOW:
             perms[tool] = level
-        elif tool in PRE_ALLOWABLE_TOOLS and not web_configured:
+        elif tool in pre_allowable and not web_configured:
             perms[tool] = level  # the spec's one exception: a pre-allowed web tool
-        elif tool in PRE_ALLOWABLE_TOOLS:
+        elif tool in pre_allowable:
             out.add(
                 "warn",
                 "permission-overruled",

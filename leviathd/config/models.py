@@ -28,33 +28,11 @@ from pydantic import (
     model_validator,
 )
 
+from leviathd.domain.permission import Permission
 from leviathd.policy.cel import CelError
 from leviathd.policy.rules import compile_rule
 from leviathd.readpatterns import parse_pattern
 from leviathd.sandbox.protected import check_config_path as check_protected_path
-
-# Tools the broker knows (leviathd/policy); other names in a permission table are not an
-# error (a newer blueprint may name a newer tool) but produce an `unknown-tool` finding.
-KNOWN_TOOLS: frozenset[str] = frozenset(
-    {
-        "read_file",
-        "read_files",
-        "list_dir",
-        "write_file",
-        "edit_file",
-        "shell",
-        "web_fetch",
-        "http_get",
-        "http_post",
-        "credential",
-    }
-)
-
-# The tools a blueprint may pre-allow when the user configured none of them
-# (see merge.py). The spec names web_search too; leviathd has no such tool
-# (issue 21: removed rather than offered unimplemented), so it is an unknown
-# tool like any other name.
-PRE_ALLOWABLE_TOOLS: frozenset[str] = frozenset({"web_fetch"})
 
 
 class _Model(BaseModel):
@@ -103,20 +81,6 @@ class OnUnavailable(StrEnum):
         return 1 if self is OnUnavailable.ERROR else 0
 
 
-class Permission(StrEnum):
-    ALLOW = "allow"
-    ASK = "ask"
-    DENY = "deny"
-
-    @property
-    def rank(self) -> int:
-        """Strictness: allow < ask < deny."""
-        return _PERMISSION_RANK[self]
-
-
-_PERMISSION_RANK = {Permission.ALLOW: 0, Permission.ASK: 1, Permission.DENY: 2}
-
-
 class TaintPolicy(StrEnum):
     """What happens when data is more sensitive than a tool's clearance."""
 
@@ -126,7 +90,7 @@ class TaintPolicy(StrEnum):
 
     @property
     def rank(self) -> int:
-        return _PERMISSION_RANK[Permission(self.value)]
+        return Permission(self.value).rank
 
 
 class Sensitivity(StrEnum):

@@ -16,9 +16,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from leviathd.domain.tools import TOOLS
 from leviathd.errors import InvalidArgument
 from leviathd.policy.labels import Sensitivity
-from leviathd.policy.permissions import canonical_tool
 from leviathd.policy.shellrule import ShellPattern
 
 
@@ -157,5 +157,5 @@ def compile_allowlist(raw: Iterable[object]) -> Allowlist:
             level = getattr(item, "max_sensitivity", None)
         if not isinstance(tool, str) or not isinstance(target, str) or level is None:
             raise InvalidArgument(f"allowlist entry {i} needs tool, target and max_sensitivity")
-        rules.append(AllowRule(canonical_tool(tool), target, Sensitivity.parse(level), i))
+        rules.append(AllowRule(TOOLS.canonical(tool), target, Sensitivity.parse(level), i))
     return Allowlist(rules)

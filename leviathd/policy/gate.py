@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from leviathd.policy.labels import READ_TOOLS, WRITE_TOOLS, Sensitivity, label_for
+from leviathd.domain.tools import TOOLS, ToolKind
+from leviathd.policy.labels import Sensitivity, label_for
 from leviathd.policy.permissions import permission_for
 from leviathd.policy.rules import RuleResult, environment, evaluate
 from leviathd.policy.settings import CompiledPolicy
@@ -105,7 +106,8 @@ def decide(
 ) -> Decision:
     steps: list[Step] = []
     tool = call.tool
-    outside = tool in READ_TOOLS and any(not is_inside(p, policy.workdir) for p in call.paths)
+    kind = TOOLS.kind_of(tool)
+    outside = kind is ToolKind.READ and any(not is_inside(p, policy.workdir) for p in call.paths)
     # For reads this is the label the requested paths predict; the broker
     # settles it on the real paths of the files actually opened.
     label = label_for(tool, outside_workdir=outside)
@@ -144,7 +146,7 @@ def decide(
 
     # 2. Paths: reads may leave the workdir only through a grant; writes never.
     workdir = policy.workdir
-    if tool in READ_TOOLS:
+    if kind is ToolKind.READ:
         for path in call.paths:
             if policy.grant.hidden(path):
                 steps.append(Step("read-path", "deny", f"{path} is a hidden path"))
@@ -158,7 +160,7 @@ def decide(
                 steps.append(Step("read-path", "deny", detail))
                 return done("deny", "read-path-not-granted")
             steps.append(Step("read-path", "granted", f"{path} granted by {grant!r}"))
-    elif tool in WRITE_TOOLS:
+    elif kind is ToolKind.WRITE:
         for path in call.paths:
             if not policy.grant.may_write(path):
                 steps.append(Step("write-path", "deny", f"{path} is outside the workdir"))

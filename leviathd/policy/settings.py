@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from leviathd.broker.limits import Limits
+from leviathd.domain.permission import Permission
+from leviathd.domain.tools import TOOLS
 from leviathd.hidden import builtin_hidden
 from leviathd.policy.allowlist import Allowlist, compile_allowlist
 from leviathd.policy.labels import Sensitivity, clearance_for
-from leviathd.policy.permissions import KNOWN_TOOLS, Permission, compile_permissions
+from leviathd.policy.permissions import compile_permissions
 from leviathd.policy.readgrant import GrantIndex, build_index
 from leviathd.policy.rules import RuleSet, RuleSpec, compile_rules
 
@@ -128,5 +130,5 @@ class CompiledPolicy:
         self.rules = RuleSet(compile_rules(settings.rules))
         self.clearances: dict[str, Sensitivity | None] = {
             tool: clearance_for(tool, settings.clearance, network=settings.network)
-            for tool in KNOWN_TOOLS
+            for tool in TOOLS
         }

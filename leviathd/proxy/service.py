@@ -28,7 +28,7 @@ from leviathd.config.merge import MergeResult
 from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
-from leviathd.policy.labels import SHELL_TOOL, Sensitivity, clearance_for
+from leviathd.policy.labels import Sensitivity, clearance_for
 from leviathd.proxy import forwarder, policy
 from leviathd.proxy.server import Agent, ProxyServer
 from leviathd.records import AgentRecord
@@ -104,7 +104,7 @@ class ProxyService:
         taint = eff.taint
         settings = policy.from_effective(
             eff, taint_enabled=taint.enabled, on_exceed=str(taint.on_exceed.value),
-            shell_clearance=clearance_for(SHELL_TOOL, taint.clearance, network=True),
+            shell_clearance=clearance_for("shell", taint.clearance, network=True),
             allow_private=taint.allow_private_addresses,
         )
         self._save(rec.id, settings)

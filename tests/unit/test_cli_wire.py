@@ -1,6 +1,6 @@
 """cli/wire.py (lev's blocking D-Bus client) and cli/toolfast.py (lev tool's
 fast path) agree byte for byte with what they replace: dbus-fast's
-marshaller and broker.schema / json."""
+marshaller and the tool registry / json."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import dbus_fast
 import pytest
 from dbus_fast import Variant as DVariant
 
-from leviathd.broker.schema import TOOL_SPECS, args_from_positional
+from leviathd.broker.schema import args_from_positional
 from leviathd.cli import toolfast, wire
+from leviathd.domain.tools import TOOLS
 from leviathd.errors import InvalidArgument
 
 SIG = "a{sv}hhhasa{ss}ba(yv)tdxnqyoga{sas}"
@@ -74,12 +75,12 @@ def test_the_fast_tool_table_is_the_brokers() -> None:
     got = {
         name: (tuple(spec.positional), spec.variadic,
                next((p.type for p in spec.params if p.name == spec.variadic), None))
-        for name, spec in TOOL_SPECS.items()
+        for name, spec in TOOLS.items()
     }  # fmt: skip
     assert got == toolfast.POSITIONAL
 
 
-@pytest.mark.parametrize("name", [*TOOL_SPECS, "no_such_tool"])
+@pytest.mark.parametrize("name", [*TOOLS, "no_such_tool"])
 @pytest.mark.parametrize("values", [[], ["a"], ["a", "b"], ["a", "b", "c", "d"]])
 def test_fast_positional_arguments_match_the_schema(name: str, values: list[str]) -> None:
     try:

@@ -28,6 +28,7 @@ PARTS: dict[str, str] = {
     "sandbox": "Fence",
     "policy": "Policy",
     "config": "Config",
+    "domain": "Ground",
     "readpatterns": "Ground",
     "authority": "Ground",
     "systemd": "Ground",

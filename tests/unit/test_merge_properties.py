@@ -10,16 +10,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from leviathd.config.merge import Effective, resolve
-from leviathd.config.models import (
-    KNOWN_TOOLS,
-    PRE_ALLOWABLE_TOOLS,
-    Blueprint,
-    Config,
-    Permission,
-)
+from leviathd.config.models import Blueprint, Config
+from leviathd.domain.permission import Permission
+from leviathd.domain.tools import TOOLS as REGISTRY
 from leviathd.readpatterns import normalize_pattern
 
-TOOLS = sorted(KNOWN_TOOLS | {"made_up_tool"})
+TOOLS = sorted({*REGISTRY, "made_up_tool"})
+PRE_ALLOWABLE_TOOLS = frozenset(t.name for t in REGISTRY.values() if t.pre_allowable)
 PATHS = ["~/data", "~/data/sub", "/srv", "/etc"]
 PATTERNS = ["~/runs", "~/runs/", "glob:~/docs/**", "regex:/data/.*", "../shared", "/opt/x"]
 AGENT = "a"

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from leviathd.domain.tools import TOOLS
 from leviathd.errors import InvalidArgument
 from leviathd.policy.labels import Sensitivity, clearance_for, label_for
-from leviathd.policy.permissions import KNOWN_TOOLS, permission_for
+from leviathd.policy.permissions import permission_for
 
 P, N, X = Sensitivity.PUBLIC, Sensitivity.INTERNAL, Sensitivity.PRIVATE
 
@@ -35,5 +36,5 @@ def test_every_outbound_tool_has_a_clearance_and_local_tools_none() -> None:
 
 
 def test_known_tools_default_to_allow_and_unknown_tools_to_deny() -> None:
-    assert {permission_for(t, {}).permission for t in KNOWN_TOOLS} == {"allow"}
+    assert {permission_for(t, {}).permission for t in TOOLS} == {"allow"}
     assert permission_for("web_search", {"web_search": "allow"}).permission == "deny"
