@@ -19,10 +19,10 @@ from collections.abc import Callable
 from leviathd.broker.core import Broker
 from leviathd.broker.server import BrokerServer, cgroup_of
 from leviathd.cli.tool import BrokerClient
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.identity import UserInfo
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.gate import Call, Facts, decide
-from leviathd.policy.labels import Sensitivity
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.rules import RuleSpec
 from leviathd.policy.settings import CompiledPolicy, PolicySettings

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from leviathd.policy.labels import Sensitivity
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.proxy import forwarder, policy
 from leviathd.proxy.policy import ProxySettings
 from leviathd.proxy.server import Agent, ProxyServer

@@ -27,13 +27,13 @@ from leviathd.broker.tools import (
     run_credential,
     web_tool,
 )
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, ToolKind
 from leviathd.errors import LeviathError, LimitExceeded, NotFound, Unavailable
 from leviathd.identity import UserInfo
 from leviathd.policy import filelabels
 from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
 from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide
-from leviathd.policy.labels import Sensitivity
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 from leviathd.readpatterns import is_inside

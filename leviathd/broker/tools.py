@@ -18,9 +18,9 @@ from typing import Any, Literal
 from leviathd.broker import net
 from leviathd.broker.limits import Limits, too_large
 from leviathd.broker.opener import Opener, OpenFailed
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound, Unavailable
 from leviathd.policy import filelabels
-from leviathd.policy.labels import Sensitivity
 from leviathd.policy.readgrant import GrantIndex
 from leviathd.policy.settings import CredentialSpec
 from leviathd.sandbox import privileges

@@ -17,11 +17,11 @@ from leviathd.bus.compat import DBusSignature, dbus_method, dbus_signal
 from leviathd.bus.errors import translated
 from leviathd.config.edit import append_rule, machine_write_target
 from leviathd.config.load import machine_config_path
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import checked_tool_name
 from leviathd.errors import InvalidArgument, NotFound
 from leviathd.gate.service import GateService
 from leviathd.policy.approvals import Answer, PendingRequest
-from leviathd.policy.labels import Sensitivity
 from leviathd.systemd import journal
 
 VarDictList = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]
@@ -141,8 +141,7 @@ class PolicyInterface(ServiceInterface):
                                  "read the tool policy")
         return [
             {"tool": Variant("s", r.tool), "target": Variant("s", r.target),
-             "max_sensitivity": Variant("s", str(getattr(r.max_sensitivity, "value",
-                                                         r.max_sensitivity))),
+             "max_sensitivity": Variant("s", str(r.max_sensitivity)),
              "source": Variant("s", "machine")}
             for r in self._agents.machine_config.allowlist
         ]

@@ -24,10 +24,10 @@ from leviathd.config.load import (
     user_config_path,
 )
 from leviathd.config.merge import resolve
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, SendsOut, ToolKind, checked_tool_name
 from leviathd.errors import InvalidArgument
 from leviathd.policy.gate import Facts, decide
-from leviathd.policy.labels import Sensitivity
 from leviathd.policy.permissions import permission_for
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from leviathd.config.load import parse_config
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import InvalidArgument
-from leviathd.policy.labels import Sensitivity
 
 
 def allowlist_block(tool: str, target: str, level: Sensitivity) -> str:

@@ -53,10 +53,10 @@ from leviathd.config.models import (
     Resources,
     SandboxConfig,
     SandboxKind,
-    Sensitivity,
     TaintPolicy,
 )
 from leviathd.domain.permission import Permission
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS
 from leviathd.policy.rules import RuleSpec
 from leviathd.policy.shellrule import ShellPattern
@@ -292,8 +292,7 @@ def _narrow_io_uring(upper: bool, asked: bool, where: str, out: _Findings) -> bo
 
 def _default_clearance(tool: str) -> Sensitivity | None:
     found = TOOLS.get(tool)
-    level = found.clearance if found is not None else None
-    return Sensitivity(str(level)) if level is not None else None
+    return found.clearance if found is not None else None
 
 
 def _check_credential_store(value: str | None, where: str, out: _Findings) -> None:
@@ -591,8 +590,8 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
                 out.add(
                     "warn",
                     "taint-overruled",
-                    f"{w} [taint.clearance] {tool} = {sens.value!r} is above the machine's "
-                    f"{cur.value!r}; {cur.value!r} applies",
+                    f"{w} [taint.clearance] {tool} = {str(sens)!r} is above the machine's "
+                    f"{str(cur)!r}; {str(cur)!r} applies",
                 )
             else:
                 clearance[tool] = sens

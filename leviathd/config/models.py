@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from leviathd.domain.permission import Permission
+from leviathd.domain.sensitivity import Label
 from leviathd.policy.cel import CelError
 from leviathd.policy.rules import compile_rule
 from leviathd.readpatterns import parse_pattern
@@ -91,19 +92,6 @@ class TaintPolicy(StrEnum):
     @property
     def rank(self) -> int:
         return Permission(self.value).rank
-
-
-class Sensitivity(StrEnum):
-    PUBLIC = "public"
-    INTERNAL = "internal"
-    PRIVATE = "private"
-
-    @property
-    def rank(self) -> int:
-        return _SENSITIVITY_RANK[self]
-
-
-_SENSITIVITY_RANK = {Sensitivity.PUBLIC: 0, Sensitivity.INTERNAL: 1, Sensitivity.PRIVATE: 2}
 
 
 # ------------------------------------------------------------------- value checkers
@@ -375,7 +363,7 @@ class TaintConfig(_Model):
     on_exceed: TaintPolicy | None = None
     budget: Annotated[StrictInt, Field(ge=1)] | None = None
     approval_timeout: Annotated[StrictInt, Field(ge=1)] | None = None
-    clearance: dict[str, Sensitivity] = Field(default_factory=dict)
+    clearance: dict[str, Label] = Field(default_factory=dict)
     allow_private_addresses: StrictBool | None = None
 
 
@@ -402,7 +390,7 @@ class ProxyConfig(_Model):
     allow_domains: list[DomainPattern] | None = None
     deny_domains: list[DomainPattern] = Field(default_factory=list)
     ports: list[Annotated[StrictInt, Field(ge=1, le=65535)]] | None = None
-    clearance: dict[DomainPattern, Sensitivity] = Field(default_factory=dict)
+    clearance: dict[DomainPattern, Label] = Field(default_factory=dict)
     max_connections: Annotated[StrictInt, Field(ge=1, le=4096)] | None = None
 
 
@@ -411,7 +399,7 @@ class AllowRule(_Model):
 
     tool: str
     target: str
-    max_sensitivity: Sensitivity
+    max_sensitivity: Label
 
 
 class PolicyRule(_Model):

@@ -6,6 +6,9 @@ Labels are assigned by the runtime, from the tool that produced the data
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Annotated
+
+from pydantic import PlainSerializer, PlainValidator
 
 from leviathd.errors import InvalidArgument
 
@@ -18,6 +21,11 @@ class Sensitivity(IntEnum):
     def __str__(self) -> str:
         return self.name.lower()
 
+    @property
+    def rank(self) -> int:
+        """Public < Internal < Private, as for the other ordered settings."""
+        return int(self)
+
     @classmethod
     def parse(cls, value: object) -> Sensitivity:
         if isinstance(value, Sensitivity):
@@ -29,3 +37,19 @@ class Sensitivity(IntEnum):
         raise InvalidArgument(
             f"unknown sensitivity {value!r}: expected public, internal or private"
         )
+
+
+def _label(value: object) -> Sensitivity:
+    # Exact names only, as config files spell them; an instance passes as is.
+    if isinstance(value, Sensitivity):
+        return value
+    if isinstance(value, str):
+        for level in Sensitivity:
+            if str(level) == value:
+                return level
+    raise ValueError(f"must be 'public', 'internal' or 'private', not {value!r}")
+
+
+# A label in a pydantic model (a config file, a settings snapshot): read and
+# written as its name, "public", "internal" or "private".
+Label = Annotated[Sensitivity, PlainValidator(_label), PlainSerializer(str, return_type=str)]

@@ -45,10 +45,10 @@ from leviathd.broker.limits import Limits
 from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of, runtime_dir
 from leviathd.broker.tools import MAX_READ, CredentialRequest, ShellRequest
 from leviathd.config.merge import MergeResult
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, NotFound, Unavailable
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import Answer, ApprovalQueue, PendingRequest
-from leviathd.policy.labels import Sensitivity
 from leviathd.policy.ledger import Entry, Ledger
 from leviathd.policy.rules import RuleSpec
 from leviathd.policy.settings import CredentialSpec, PolicySettings
@@ -85,7 +85,8 @@ class _Rule:
 
 
 def _plain(value: object) -> str:
-    return str(getattr(value, "value", value))
+    # Enum members (Permission, Sensitivity) print as their config names.
+    return str(value)
 
 
 def settings_to_json(s: PolicySettings) -> dict[str, Any]:

@@ -16,9 +16,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS
 from leviathd.errors import InvalidArgument
-from leviathd.policy.labels import Sensitivity
 from leviathd.policy.shellrule import ShellPattern
 
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound
 from leviathd.policy.gate import ApprovalView, AskKind
-from leviathd.policy.labels import Sensitivity
 
 
 class Answer(Enum):

@@ -23,8 +23,8 @@ import contextlib
 import errno
 import os
 
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import InvalidArgument
-from leviathd.policy.labels import Sensitivity
 
 FILE_LABEL = "trusted.leviath.label"
 DIR_MARK = "trusted.leviath.dirty"

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, ToolKind
-from leviathd.policy.labels import Sensitivity, label_for
+from leviathd.policy.labels import label_for
 from leviathd.policy.permissions import permission_for
 from leviathd.policy.rules import RuleResult, environment, evaluate
 from leviathd.policy.settings import CompiledPolicy

@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, Registry, ToolKind
 
-__all__ = ["Sensitivity", "clearance_for", "is_outbound", "label_for"]
-
 
 def is_outbound(tool: str, *, network: bool, tools: Registry = TOOLS) -> bool:
     """Whether a tool can move bytes off the machine. `shell` can only when the

@@ -8,8 +8,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import InvalidArgument
-from leviathd.policy.labels import Sensitivity
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ from typing import Any, Literal
 
 from leviathd.broker.limits import Limits
 from leviathd.domain.permission import Permission
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS
 from leviathd.hidden import builtin_hidden
 from leviathd.policy.allowlist import Allowlist, compile_allowlist
-from leviathd.policy.labels import Sensitivity, clearance_for
+from leviathd.policy.labels import clearance_for
 from leviathd.policy.permissions import compile_permissions
 from leviathd.policy.readgrant import GrantIndex, build_index
 from leviathd.policy.rules import RuleSet, RuleSpec, compile_rules

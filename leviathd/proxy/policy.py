@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import leviathd.broker.net as net
-from leviathd.policy.labels import Sensitivity
+from leviathd.domain.sensitivity import Sensitivity
 
 DEFAULT_PORTS = (22, 80, 443)
 DEFAULT_MAX_CONNECTIONS = 64

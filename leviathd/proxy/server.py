@@ -41,9 +41,9 @@ from leviathd import fsat
 from leviathd.broker.core import AuditRecord
 from leviathd.broker.limits import descriptor_budget
 from leviathd.broker.server import identify
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, LimitExceeded
 from leviathd.policy.approvals import Answer, ApprovalQueue
-from leviathd.policy.labels import Sensitivity
 from leviathd.proxy import policy
 from leviathd.proxy.policy import Decision, ProxySettings
 

@@ -25,10 +25,11 @@ from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord
 from leviathd.config.merge import MergeResult
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
-from leviathd.policy.labels import Sensitivity, clearance_for
+from leviathd.policy.labels import clearance_for
 from leviathd.proxy import forwarder, policy
 from leviathd.proxy.server import Agent, ProxyServer
 from leviathd.records import AgentRecord

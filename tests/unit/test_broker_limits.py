@@ -15,8 +15,8 @@ from broker_harness import Running, call, running_broker
 
 from leviathd.broker.limits import Limits
 from leviathd.broker.requests import json_depth_within
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.policy.approvals import ApprovalQueue
-from leviathd.policy.labels import Sensitivity
 from leviathd.policy.settings import PolicySettings
 
 KIB = 1 << 10

@@ -16,11 +16,11 @@ from leviathd.config.models import (
     Permission,
     Resources,
     SandboxKind,
-    Sensitivity,
     TaintPolicy,
     parse_percent,
     parse_size,
 )
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import InvalidArgument
-from leviathd.policy.labels import Sensitivity
 from leviathd.policy.ledger import Ledger
 
 P, N, X = Sensitivity.PUBLIC, Sensitivity.INTERNAL, Sensitivity.PRIVATE
@@ -67,7 +67,7 @@ def test_a_budget_below_one_is_refused() -> None:
 
 
 def test_a_restored_ledger_keeps_ids_labels_and_taint_and_continues_numbering() -> None:
-    from leviathd.policy.labels import Sensitivity
+    from leviathd.domain.sensitivity import Sensitivity
     from leviathd.policy.ledger import Ledger
 
     old = Ledger(3)

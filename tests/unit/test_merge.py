@@ -14,9 +14,9 @@ from leviathd.config.models import (
     OnUnavailable,
     Permission,
     SandboxKind,
-    Sensitivity,
     TaintPolicy,
 )
+from leviathd.domain.sensitivity import Sensitivity
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import InvalidArgument
 from leviathd.policy.allowlist import Allowlist, AllowRule, compile_allowlist, glob_to_regex
-from leviathd.policy.labels import Sensitivity
 
 X = Sensitivity.PRIVATE
 

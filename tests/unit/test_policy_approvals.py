@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, NotFound
 from leviathd.policy.approvals import Answer, ApprovalQueue, PendingRequest
-from leviathd.policy.labels import Sensitivity
 
 X = Sensitivity.PRIVATE
 

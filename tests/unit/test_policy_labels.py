@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS
 from leviathd.errors import InvalidArgument
-from leviathd.policy.labels import Sensitivity, clearance_for, label_for
+from leviathd.policy.labels import clearance_for, label_for
 from leviathd.policy.permissions import permission_for
 
 P, N, X = Sensitivity.PUBLIC, Sensitivity.INTERNAL, Sensitivity.PRIVATE

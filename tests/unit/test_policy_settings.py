@@ -6,8 +6,8 @@ from pathlib import Path
 
 from leviathd.config.load import parse_blueprint, parse_config
 from leviathd.config.merge import resolve
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.policy.gate import Call, decide
-from leviathd.policy.labels import Sensitivity
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 
 MACHINE = """

@@ -13,7 +13,7 @@ from test_merge import cfg, codes, run
 
 from leviathd.broker.core import AuditRecord
 from leviathd.config.merge import resolve
-from leviathd.policy.labels import Sensitivity
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.proxy import policy, service
 from leviathd.proxy.policy import ProxySettings, decide
 from leviathd.proxy.server import Agent, ProxyServer
