@@ -2,7 +2,7 @@
 
 What the daemon does for each running agent (phase 2 wiring):
 
-    settings = PolicySettings.from_effective(merge_result.agent)
+    settings = policy_settings(merge_result.agent, machine_config)
     approvals = ApprovalQueue(agent_id=id, owner_uid=user.uid,
                               timeout=settings.approval_timeout,
                               is_admin=<polkit manage-any check>,

@@ -11,8 +11,7 @@ changes them (docs/configuration.md).
 from __future__ import annotations
 
 import resource
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from leviathd.errors import LimitExceeded
 
@@ -30,22 +29,6 @@ class Limits:
     max_concurrent_calls: int = 4  # per agent, in flight at once
     max_connections: int = 8  # per agent, open at once
     max_pending_approvals: int = 8  # per agent, held for a person
-
-    @classmethod
-    def from_config(cls, section: Any) -> Limits:
-        """From a `[broker]` section (config.models.BrokerConfig), unset keys default."""
-        values = {f.name: getattr(section, f.name, None) for f in fields(cls)}
-        return cls(**{k: int(v) for k, v in values.items() if v is not None})
-
-    def to_json(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_json(cls, d: Any) -> Limits:
-        known = {f.name for f in fields(cls)}
-        if not isinstance(d, dict):
-            return cls()
-        return cls(**{k: int(v) for k, v in d.items() if k in known})
 
 
 def descriptor_budget() -> int:

@@ -24,6 +24,7 @@ from leviathd.config.load import (
     user_config_path,
 )
 from leviathd.config.merge import resolve
+from leviathd.config.policy_settings import policy_settings
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, SendsOut, ToolKind, checked_tool_name
 from leviathd.errors import InvalidArgument
@@ -69,7 +70,7 @@ def _settings(agent: str, blueprint: str | None) -> PolicySettings:
     machine, user = load_configs()
     bp = load_blueprint(blueprint) if blueprint else None
     name = agent or (bp.agent.name if bp is not None else "")
-    return PolicySettings.from_effective(resolve(machine, user, bp, name).agent)
+    return policy_settings(resolve(machine, user, bp, name).agent)
 
 
 def run_list(args: argparse.Namespace) -> int:

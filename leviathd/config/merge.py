@@ -39,7 +39,6 @@ from typing import Literal
 
 from leviathd.config.models import (
     Access,
-    AllowRule,
     Blueprint,
     Config,
     ContainersConfig,
@@ -55,6 +54,7 @@ from leviathd.config.models import (
     SandboxKind,
     TaintPolicy,
 )
+from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS
@@ -585,7 +585,9 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         for tool, sens in ut.clearance.items():
             # Against the machine's effective value: its own setting, or the
             # built-in default it relies on (issue 21 §7).
-            cur = clearance.get(tool) or _default_clearance(tool)
+            cur = clearance.get(tool)
+            if cur is None:  # (not `or`: Public is 0)
+                cur = _default_clearance(tool)
             if cur is not None and sens.rank > cur.rank:
                 out.add(
                     "warn",

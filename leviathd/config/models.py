@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Label
 from leviathd.policy.cel import CelError
@@ -392,14 +393,6 @@ class ProxyConfig(_Model):
     ports: list[Annotated[StrictInt, Field(ge=1, le=65535)]] | None = None
     clearance: dict[DomainPattern, Label] = Field(default_factory=dict)
     max_connections: Annotated[StrictInt, Field(ge=1, le=4096)] | None = None
-
-
-class AllowRule(_Model):
-    """`[[allowlist]]`: `tool` may send to `target` (a glob) data up to `max_sensitivity`."""
-
-    tool: str
-    target: str
-    max_sensitivity: Label
 
 
 class PolicyRule(_Model):

@@ -41,17 +41,16 @@ from leviathd import fsat
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord, Broker
-from leviathd.broker.limits import Limits
 from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of, runtime_dir
 from leviathd.broker.tools import MAX_READ, CredentialRequest, ShellRequest
 from leviathd.config.merge import MergeResult
+from leviathd.config.policy_settings import policy_settings
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, NotFound, Unavailable
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import Answer, ApprovalQueue, PendingRequest
 from leviathd.policy.ledger import Entry, Ledger
-from leviathd.policy.rules import RuleSpec
-from leviathd.policy.settings import CredentialSpec, PolicySettings
+from leviathd.policy.settings import PolicySettings
 from leviathd.readpatterns import is_inside
 from leviathd.records import AgentRecord, RecordStore
 from leviathd.sandbox.container import cgroup_procs_files
@@ -75,73 +74,6 @@ def agent_dir(agent_id: str) -> str:
 
 
 # --------------------------------------------------------------- snapshots
-
-
-@dataclass(frozen=True)
-class _Rule:
-    tool: str
-    target: str
-    max_sensitivity: str
-
-
-def _plain(value: object) -> str:
-    # Enum members (Permission, Sensitivity) print as their config names.
-    return str(value)
-
-
-def settings_to_json(s: PolicySettings) -> dict[str, Any]:
-    return {
-        "permissions": {k: _plain(v) for k, v in s.permissions.items()},
-        "read_paths": list(s.read_paths),
-        "hidden_paths": list(s.hidden_paths),
-        "taint_enabled": s.taint_enabled,
-        "on_exceed": s.on_exceed,
-        "budget": s.budget,
-        "approval_timeout": s.approval_timeout,
-        "clearance": {k: _plain(v) for k, v in s.clearance.items()},
-        "allow_private_addresses": s.allow_private_addresses,
-        "allowlist": [
-            {"tool": str(getattr(r, "tool", "")), "target": str(getattr(r, "target", "")),
-             "max_sensitivity": _plain(getattr(r, "max_sensitivity", ""))}
-            for r in s.allowlist
-        ],
-        "network": s.network,
-        "credentials": {
-            name: {"command": list(c.command), "secret_file": c.secret_file, "env": c.env,
-                   "secret_command": list(c.secret_command), "from_machine": c.from_machine,
-                   "workdir": c.workdir}
-            for name, c in s.credentials.items()
-        },
-        "limits": s.limits.to_json(),
-        "rules": [{"name": r.name, "when": r.when, "decision": r.decision, "reason": r.reason,
-                   "layer": r.layer} for r in s.rules],
-    }
-
-
-def settings_from_json(d: Mapping[str, Any]) -> PolicySettings:
-    return PolicySettings(
-        permissions=dict(d["permissions"]),
-        read_paths=tuple(d["read_paths"]),
-        hidden_paths=tuple(d["hidden_paths"]),
-        taint_enabled=bool(d["taint_enabled"]),
-        on_exceed=d["on_exceed"],
-        budget=int(d["budget"]),
-        approval_timeout=float(d["approval_timeout"]),
-        clearance=dict(d["clearance"]),
-        allow_private_addresses=bool(d["allow_private_addresses"]),
-        allowlist=tuple(_Rule(**r) for r in d["allowlist"]),
-        network=bool(d["network"]),
-        credentials={
-            name: CredentialSpec(
-                tuple(c["command"]), c["secret_file"], c["env"],
-                secret_command=tuple(c["secret_command"]), from_machine=bool(c["from_machine"]),
-                workdir="ro" if c.get("workdir") == "ro" else "none",
-            )
-            for name, c in d["credentials"].items()
-        },
-        limits=Limits.from_json(d.get("limits")),
-        rules=tuple(RuleSpec(**r) for r in d.get("rules") or ()),
-    )
 
 
 def _agent_facts(rec: AgentRecord, user: UserInfo, settings: PolicySettings) -> dict[str, Any]:
@@ -227,7 +159,7 @@ class GateService:
     # -- life cycle ---------------------------------------------------------
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
-        settings = PolicySettings.from_effective(merged.agent, self._agents.machine_config)
+        settings = policy_settings(merged.agent, self._agents.machine_config)
         self._save_snapshot(rec.id, settings)
         try:
             await self._open(rec, user, settings)
@@ -347,8 +279,7 @@ class GateService:
 
     def _save_snapshot(self, agent_id: str, settings: PolicySettings) -> None:
         with _dir(self._snapshots, create_mode=0o700) as sfd:
-            fsat.atomic_write_at(sfd, f"{agent_id}.json",
-                                 json.dumps(settings_to_json(settings)).encode())
+            fsat.atomic_write_at(sfd, f"{agent_id}.json", settings.to_snapshot())
 
     def _save_ledger(self, agent_id: str, ledger: Ledger) -> None:
         entries = [{"id": e.id, "tool": e.tool, "target": e.target, "label": int(e.label),
@@ -371,8 +302,8 @@ class GateService:
 
     def _load_snapshot(self, agent_id: str) -> PolicySettings:
         try:
-            with open(self._snapshot_path(agent_id), encoding="utf-8") as f:
-                return settings_from_json(json.load(f))
+            with open(self._snapshot_path(agent_id), "rb") as f:
+                return PolicySettings.from_snapshot(f.read())
         except FileNotFoundError:
             raise NotFound(f"no policy snapshot for agent {agent_id}") from None
 

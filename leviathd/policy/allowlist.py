@@ -13,9 +13,12 @@ one character; everything else is literal; hosts compare case-insensitively.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
+from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS
 from leviathd.errors import InvalidArgument
@@ -23,7 +26,10 @@ from leviathd.policy.shellrule import ShellPattern
 
 
 @dataclass(frozen=True)
-class AllowRule:
+class IndexedRule:
+    """An `AllowRule` as compiled: its tool name resolved, its place in the
+    merged config kept for messages."""
+
     tool: str
     target: str
     max_sensitivity: Sensitivity
@@ -50,12 +56,12 @@ def glob_to_regex(glob: str) -> str:
 
 @dataclass
 class _ToolIndex:
-    exact: dict[str, list[AllowRule]] = field(default_factory=dict)
-    suffix: dict[str, list[AllowRule]] = field(default_factory=dict)  # "*literal"
-    prefix: dict[str, list[AllowRule]] = field(default_factory=dict)  # "literal*"
+    exact: dict[str, list[IndexedRule]] = field(default_factory=dict)
+    suffix: dict[str, list[IndexedRule]] = field(default_factory=dict)  # "*literal"
+    prefix: dict[str, list[IndexedRule]] = field(default_factory=dict)  # "literal*"
     suffix_lengths: tuple[int, ...] = ()
     prefix_lengths: tuple[int, ...] = ()
-    other: list[tuple[re.Pattern[str], AllowRule]] = field(default_factory=list)
+    other: list[tuple[re.Pattern[str], IndexedRule]] = field(default_factory=list)
     other_any: re.Pattern[str] | None = None  # prefilter, no groups (faster on a miss)
     other_which: re.Pattern[str] | None = None
 
@@ -69,7 +75,7 @@ class _ToolIndex:
             self.other_any = re.compile("|".join(f"(?:{p.pattern})" for p, _ in self.other), flags)
             self.other_which = re.compile("|".join(f"({p.pattern})" for p, _ in self.other), flags)
 
-    def candidates(self, target: str, taint: Sensitivity) -> Iterable[AllowRule]:
+    def candidates(self, target: str, taint: Sensitivity) -> Iterable[IndexedRule]:
         yield from self.exact.get(target, ())
         n = len(target)
         for length in self.suffix_lengths:
@@ -96,11 +102,11 @@ class _ToolIndex:
 
 
 class Allowlist:
-    def __init__(self, rules: Sequence[AllowRule]) -> None:
+    def __init__(self, rules: Sequence[IndexedRule]) -> None:
         self.rules = tuple(rules)
         self._by_tool: dict[str, _ToolIndex] = {}
         # shell rules match the parsed command line (policy/shellrule.py).
-        self._shell: list[tuple[ShellPattern, AllowRule]] = []
+        self._shell: list[tuple[ShellPattern, IndexedRule]] = []
         for rule in self.rules:
             if rule.tool == "shell":
                 try:
@@ -126,7 +132,7 @@ class Allowlist:
         for index in self._by_tool.values():
             index.finish()
 
-    def find(self, tool: str, target: str, taint: Sensitivity) -> AllowRule | None:
+    def find(self, tool: str, target: str, taint: Sensitivity) -> IndexedRule | None:
         """The first rule (in config order) for `tool` whose glob matches
         `target` and whose max_sensitivity covers `taint`."""
         if tool == "shell":
@@ -134,7 +140,7 @@ class Allowlist:
                 if rule.max_sensitivity >= taint and pattern.matches(target):
                     return rule
             return None
-        best: AllowRule | None = None
+        best: IndexedRule | None = None
         index = self._by_tool.get(tool)
         if index is None:
             return None
@@ -144,18 +150,16 @@ class Allowlist:
         return best
 
 
-def compile_allowlist(raw: Iterable[object]) -> Allowlist:
-    """From config AllowRule-like objects (attributes tool, target,
-    max_sensitivity) or dicts with those keys."""
+def compile_allowlist(raw: Iterable[AllowRule | Mapping[str, object]]) -> Allowlist:
+    """From the config's rules (or their snapshot form: dicts with the same keys)."""
     rules = []
     for i, item in enumerate(raw, start=1):
-        if isinstance(item, dict):
-            tool, target, level = item.get("tool"), item.get("target"), item.get("max_sensitivity")
-        else:
-            tool = getattr(item, "tool", None)
-            target = getattr(item, "target", None)
-            level = getattr(item, "max_sensitivity", None)
-        if not isinstance(tool, str) or not isinstance(target, str) or level is None:
-            raise InvalidArgument(f"allowlist entry {i} needs tool, target and max_sensitivity")
-        rules.append(AllowRule(TOOLS.canonical(tool), target, Sensitivity.parse(level), i))
+        if not isinstance(item, AllowRule):
+            try:
+                item = AllowRule.model_validate(item)
+            except ValidationError:
+                raise InvalidArgument(
+                    f"allowlist entry {i} needs tool, target and max_sensitivity"
+                ) from None
+        rules.append(IndexedRule(TOOLS.canonical(item.tool), item.target, item.max_sensitivity, i))
     return Allowlist(rules)

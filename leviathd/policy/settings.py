@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+from pydantic import TypeAdapter
 
 from leviathd.broker.limits import Limits
+from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.permission import Permission
-from leviathd.domain.sensitivity import Sensitivity
+from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.domain.tools import TOOLS
 from leviathd.hidden import builtin_hidden
 from leviathd.policy.allowlist import Allowlist, compile_allowlist
@@ -42,75 +46,48 @@ class CredentialSpec:
 
 @dataclass(frozen=True)
 class PolicySettings:
-    permissions: Mapping[str, object] = field(default_factory=dict)
-    read_paths: Sequence[str] = ()  # active grants: declared and granted
-    hidden_paths: Sequence[str] = ()
+    """Built from the merged settings by `leviathd.config.policy_settings`
+    (typed: a field renamed on either side fails mypy there), kept per agent
+    as a snapshot written and read by pydantic (`to_snapshot`, `from_snapshot`)."""
+
+    permissions: Mapping[str, Permission] = field(default_factory=dict)
+    read_paths: tuple[str, ...] = ()  # active grants: declared and granted
+    hidden_paths: tuple[str, ...] = ()
     taint_enabled: bool = True
     on_exceed: OnExceed = "ask"
     budget: int = 32
     approval_timeout: float = 120.0
-    clearance: Mapping[str, object] = field(default_factory=dict)
+    clearance: Mapping[str, Label] = field(default_factory=dict)
     allow_private_addresses: bool = False
-    allowlist: Sequence[object] = ()
+    allowlist: tuple[AllowRule, ...] = ()
     network: bool = True
     credentials: Mapping[str, CredentialSpec] = field(default_factory=dict)
     # The broker's limits: from the machine config's [broker] only.
     limits: Limits = field(default_factory=Limits)
     # [[rules]] of the machine, then the user, then the blueprint (tighten-only:
     # the merge dropped the lower layers' allow rules).
-    rules: Sequence[RuleSpec] = ()
+    rules: tuple[RuleSpec, ...] = ()
+
+    def to_snapshot(self) -> bytes:
+        return _SNAPSHOT.dump_json(self)
 
     @classmethod
-    def from_effective(cls, eff: Any, machine: Any = None) -> PolicySettings:
-        """From `leviathd.config.merge.Effective` (read by attribute so this
-        module does not depend on the config package's import graph).
-        `machine`: the machine `Config`, to tell its credentials (fetched as
-        root) from a user's (fetched as the user)."""
-        taint = getattr(eff, "taint", None)
-        machine_creds = dict(getattr(machine, "credentials", None) or {})
-        creds: dict[str, CredentialSpec] = {}
-        for name, spec in dict(getattr(eff, "credentials", None) or {}).items():
-            command = getattr(spec, "command", None)
-            secret_file = getattr(spec, "secret_file", None)
-            secret_command = getattr(spec, "secret_command", None)
-            env = getattr(spec, "env", None)
-            if not command or (not secret_file) == (not secret_command):
-                continue  # incomplete: the validator reports it; the tool says "not configured"
-            creds[str(name)] = CredentialSpec(
-                tuple(str(a) for a in command), str(secret_file or ""), str(env or ""),
-                secret_command=tuple(str(a) for a in secret_command or ()),
-                from_machine=machine_creds.get(name) == spec,
-                workdir="ro" if str(getattr(spec, "workdir", "none")) == "ro" else "none",
-            )
-        on_exceed = str(getattr(taint, "on_exceed", "ask"))
-        return cls(
-            permissions=dict(getattr(eff, "permissions", None) or {}),
-            read_paths=tuple(str(p) for p in getattr(eff, "read_paths_granted", None) or ()),
-            hidden_paths=tuple(str(p) for p in getattr(eff, "hidden_paths", None) or ()),
-            taint_enabled=bool(getattr(taint, "enabled", True)),
-            on_exceed=on_exceed if on_exceed in ("allow", "deny") else "ask",  # type: ignore[arg-type]
-            budget=int(getattr(taint, "budget", 32)),
-            approval_timeout=float(getattr(taint, "approval_timeout", 120)),
-            clearance=dict(getattr(taint, "clearance", None) or {}),
-            allow_private_addresses=bool(getattr(taint, "allow_private_addresses", False)),
-            allowlist=tuple(getattr(eff, "allowlist", None) or ()),
-            network=bool(getattr(eff, "network", True)),
-            credentials=creds,
-            limits=Limits.from_config(getattr(machine, "broker", None)),
-            rules=tuple(_rule_specs(getattr(eff, "rules", None) or ())),
-        )
+    def from_snapshot(cls, data: bytes | str) -> PolicySettings:
+        """A snapshot must name every setting (a missing one is not read as
+        its default, which may be looser) but those added after snapshots
+        were first written; ValueError (pydantic's ValidationError) if not."""
+        raw = json.loads(data)
+        if not isinstance(raw, dict):
+            raise ValueError("a policy snapshot is a JSON object")
+        missing = _SNAPSHOT_KEYS - raw.keys()
+        if missing:
+            raise ValueError(f"policy snapshot without {', '.join(sorted(missing))}")
+        return _SNAPSHOT.validate_python(raw)
 
 
-def _rule_specs(rules: Sequence[Any]) -> list[RuleSpec]:
-    out = []
-    for r in rules:
-        decision = str(getattr(r, "decision", "deny"))
-        out.append(RuleSpec(
-            name=str(getattr(r, "name", "")), when=str(getattr(r, "when", "")),
-            decision=decision if decision in ("allow", "ask") else "deny",  # type: ignore[arg-type]
-            reason=str(getattr(r, "reason", "")), layer=str(getattr(r, "layer", "machine")),
-        ))
-    return out
+_SNAPSHOT = TypeAdapter(PolicySettings)
+# Snapshots written before `limits` and `rules` existed take their defaults.
+_SNAPSHOT_KEYS = {f.name for f in fields(PolicySettings)} - {"limits", "rules"}
 
 
 class CompiledPolicy:
@@ -126,7 +103,6 @@ class CompiledPolicy:
             settings.read_paths, home=home, workdir=workdir, hidden=hidden
         )
         self.workdir = self.grant.workdir
-        self.rejected_read_paths = self.grant.grants.rejected
         self.allowlist: Allowlist = compile_allowlist(settings.allowlist)
         self.rules = RuleSet(compile_rules(settings.rules))
         self.clearances: dict[str, Sensitivity | None] = {

@@ -11,7 +11,8 @@ import pytest
 from leviathd.config.load import parse_config
 from leviathd.config.merge import Effective, resolve
 from leviathd.config.models import SandboxKind
-from leviathd.gate.service import GateService, settings_from_json, settings_to_json
+from leviathd.config.policy_settings import policy_settings
+from leviathd.gate.service import GateService
 from leviathd.identity import UserInfo
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec
@@ -101,9 +102,9 @@ reason = "keys"
     bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["x"]\n[read_paths]\n'
                          'allow = ["~/docs"]\n[[rules]]\nname = "bp"\nwhen = "true"\n'
                          'decision = "ask"\n', "bp")
-    original = PolicySettings.from_effective(resolve(machine, None, bp, "a").agent, machine)
-    copy = settings_from_json(settings_to_json(original))
-    assert settings_to_json(copy) == settings_to_json(original)
+    original = policy_settings(resolve(machine, None, bp, "a").agent, machine)
+    copy = PolicySettings.from_snapshot(original.to_snapshot())
+    assert copy == original
     a = CompiledPolicy(original, home=HOME, workdir=f"{HOME}/app")
     b = CompiledPolicy(copy, home=HOME, workdir=f"{HOME}/app")
     assert a.permissions == b.permissions and a.clearances == b.clearances

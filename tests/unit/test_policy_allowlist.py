@@ -6,7 +6,7 @@ import pytest
 
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import InvalidArgument
-from leviathd.policy.allowlist import Allowlist, AllowRule, compile_allowlist, glob_to_regex
+from leviathd.policy.allowlist import Allowlist, IndexedRule, compile_allowlist, glob_to_regex
 
 X = Sensitivity.PRIVATE
 
@@ -83,7 +83,7 @@ def test_the_index_agrees_with_plain_glob_matching() -> None:
     for _ in range(300):
         g = "".join(rng.choice(alphabet + "*?") for _ in range(rng.randint(1, 6)))
         globs.append(g)
-    rules = [AllowRule("t", g, X, i) for i, g in enumerate(globs, start=1)]
+    rules = [IndexedRule("t", g, X, i) for i, g in enumerate(globs, start=1)]
     from leviathd.policy.allowlist import Allowlist
 
     al = Allowlist(rules)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from leviathd.config.load import parse_blueprint, parse_config
 from leviathd.config.merge import resolve
+from leviathd.config.policy_settings import policy_settings
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import ConfigError
 from leviathd.policy.approvals import SessionApprovals
@@ -205,7 +206,7 @@ def test_user_and_blueprint_rules_may_only_tighten(tmp_path: Path) -> None:
                     ("blueprint", "bp-deny", "deny")]
     warned = [f.message for f in merged.findings if f.code == "rule-overruled"]
     assert len(warned) == 2 and "'open-all'" in warned[0] and "'bp-allow'" in warned[1]
-    settings = PolicySettings.from_effective(merged.agent)
+    settings = policy_settings(merged.agent)
     pol = CompiledPolicy(settings, home=str(tmp_path), workdir=str(tmp_path))
     # The user's "allow everything" rule does not loosen the machine's deny.
     assert decide(pol, Call("read_file", "/w/k.pem"), P).rule == "rule:machine:no-pem"
