@@ -384,7 +384,7 @@ class Agents:
             return "container", ["no-systemd"]
         if req.sandbox == "none":
             return "none", ["unsandboxed"]
-        kind = str(getattr(eff.kind, "value", eff.kind))
+        kind = str(eff.kind)
         if kind == "none":
             return "none", ["unsandboxed"]
         if kind == "namespace":
@@ -405,7 +405,7 @@ class Agents:
             reason = probe(eff)
             if reason is None:
                 return "container", []
-        on_unavailable = str(getattr(eff.on_unavailable, "value", eff.on_unavailable))
+        on_unavailable = str(eff.on_unavailable)
         if on_unavailable == "warn":
             journal.record(
                 f"sandbox {kind} unavailable ({reason}); running on the host as configured "

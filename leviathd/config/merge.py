@@ -38,13 +38,10 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from leviathd.config.models import (
-    Access,
     Blueprint,
     Config,
     ContainersConfig,
     CredentialConfig,
-    Engine,
-    Mount,
     OnUnavailable,
     PolicyRule,
     ProxyConfig,
@@ -55,6 +52,8 @@ from leviathd.config.models import (
     TaintPolicy,
 )
 from leviathd.domain.allowrule import AllowRule
+from leviathd.domain.engine import Engine
+from leviathd.domain.mounts import Access, Mount
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS

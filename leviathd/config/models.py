@@ -29,6 +29,8 @@ from pydantic import (
 )
 
 from leviathd.domain.allowrule import AllowRule
+from leviathd.domain.engine import Engine
+from leviathd.domain.mounts import Mount, MountPath
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Label
 from leviathd.policy.cel import CelError
@@ -56,21 +58,6 @@ class SandboxKind(StrEnum):
 
 
 _KIND_RANK = {SandboxKind.NONE: 0, SandboxKind.NAMESPACE: 1, SandboxKind.CONTAINER: 2}
-
-
-class Engine(StrEnum):
-    AUTO = "auto"
-    PODMAN = "podman"
-    DOCKER = "docker"
-
-
-class Access(StrEnum):
-    READ = "read"
-    WRITE = "write"
-
-    @property
-    def rank(self) -> int:
-        return 0 if self is Access.READ else 1
 
 
 class OnUnavailable(StrEnum):
@@ -120,17 +107,6 @@ def _absolute_path(value: str) -> str:
     return value
 
 
-def _home_or_absolute(value: str) -> str:
-    if not (value.startswith("/") or value.startswith("~/") or value == "~"):
-        raise ValueError(f"must be an absolute path or start with ~/, not {value!r}")
-    if "\0" in value:
-        raise ValueError("contains a NUL byte")
-    parts = value.split("/")[1:]
-    if any(p in (".", "..") for p in parts):
-        raise ValueError(f"may not contain '.' or '..' components: {value!r}")
-    return value
-
-
 def _env_name(value: str) -> str:
     if not _ENV_NAME.match(value):
         raise ValueError(f"{value!r} is not a valid environment variable name")
@@ -163,7 +139,6 @@ def _read_path(value: str) -> str:
 
 Argv = Annotated[list[str], AfterValidator(_argv)]
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
-MountPath = Annotated[str, AfterValidator(_home_or_absolute)]
 ProtectedPath = Annotated[str, AfterValidator(check_protected_path)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 EnvPattern = Annotated[str, AfterValidator(_env_pattern)]
@@ -233,11 +208,6 @@ def _cpu_weight(value: object) -> int | None:
 
 
 # --------------------------------------------------------------------------- sections
-
-
-class Mount(_Model):
-    path: MountPath
-    access: Access = Access.READ
 
 
 def _network(value: object) -> bool | Literal["proxy"] | None:

@@ -151,10 +151,6 @@ def _engine(configured: str) -> engines.Engine:
     return hit[1]
 
 
-def _setting(value: object) -> str:
-    return str(getattr(value, "value", value))
-
-
 def probe(effective: Any) -> str | None:
     """Why the container kind cannot be built here for these settings, or None.
 
@@ -164,7 +160,7 @@ def probe(effective: Any) -> str | None:
     if os.geteuid() != 0:
         return "the container kind needs the daemon to run as root"
     try:
-        eng = _engine(_setting(effective.engine))
+        eng = _engine(str(effective.engine))
     except engines.EngineUnavailable as exc:
         return str(exc)
     image = effective.image
@@ -636,7 +632,7 @@ async def ensure(
         raise InvalidArgument("the spec was built for another agent")
     try:
         # (podman info, when not cached: off the event loop)
-        eng = await asyncio.to_thread(_engine, _setting(effective.engine))
+        eng = await asyncio.to_thread(_engine, str(effective.engine))
     except engines.EngineUnavailable as exc:
         raise Unavailable(f"the container sandbox cannot be built here: {exc}") from None
     image = effective.image

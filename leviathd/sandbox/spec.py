@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from leviathd import resource_defaults
+
+# A config's `mounts` entry; `Mount` below is one step of building the root.
+from leviathd.domain.mounts import Mount as MountRequest
 from leviathd.errors import InvalidArgument
 from leviathd.hidden import HIDDEN_ABSOLUTE, HIDDEN_IN_HOME
 from leviathd.identity import UserInfo
@@ -100,16 +103,6 @@ CACHES: tuple[str, ...] = (
 KNOWN_HOSTS = ".ssh/known_hosts"
 
 # Never visible: the one list, shared with the broker (leviathd/hidden.py).
-
-
-class MountRequest(Protocol):
-    """A `mounts` entry of the config (`path`, `access`)."""
-
-    @property
-    def path(self) -> str: ...
-
-    @property
-    def access(self) -> str: ...
 
 
 class ResourcesLike(Protocol):

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from leviathd.config.merge import Effective
-from leviathd.config.models import Mount as ConfigMount
 from leviathd.config.models import SandboxKind
+from leviathd.domain.mounts import Mount as ConfigMount
 from leviathd.identity import UserInfo
 from leviathd.sandbox import namespace, scratch
 from leviathd.sandbox.spec import (

@@ -8,10 +8,8 @@ import pytest
 
 from leviathd.config.load import parse_blueprint, parse_config
 from leviathd.config.models import (
-    Access,
     Blueprint,
     Config,
-    Engine,
     OnUnavailable,
     Permission,
     Resources,
@@ -20,6 +18,8 @@ from leviathd.config.models import (
     parse_percent,
     parse_size,
 )
+from leviathd.domain.engine import Engine
+from leviathd.domain.mounts import Access
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import ConfigError
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 import pytest
 
 from leviathd.config.merge import Effective
-from leviathd.config.models import Access, Resources, SandboxKind
-from leviathd.config.models import Mount as ConfigMount
+from leviathd.config.models import Resources, SandboxKind
+from leviathd.domain.mounts import Access
+from leviathd.domain.mounts import Mount as ConfigMount
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.identity import UserInfo
 from leviathd.sandbox import container

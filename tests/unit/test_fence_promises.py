@@ -13,8 +13,8 @@ import pytest
 from broker_harness import call, running_broker
 
 from leviathd.config.merge import Effective
-from leviathd.config.models import Mount as ConfigMount
 from leviathd.config.models import SandboxKind
+from leviathd.domain.mounts import Mount as ConfigMount
 from leviathd.errors import InvalidArgument
 from leviathd.gate.service import GateService
 from leviathd.identity import UserInfo

@@ -7,15 +7,14 @@ from pathlib import Path
 from leviathd.config.load import load_blueprint, load_config, parse_blueprint, parse_config
 from leviathd.config.merge import Effective, MergeResult, resolve
 from leviathd.config.models import (
-    Access,
     Config,
-    Engine,
-    Mount,
     OnUnavailable,
     Permission,
     SandboxKind,
     TaintPolicy,
 )
+from leviathd.domain.engine import Engine
+from leviathd.domain.mounts import Access, Mount
 from leviathd.domain.sensitivity import Sensitivity
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

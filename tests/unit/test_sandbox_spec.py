@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping
 import pytest
 
 from leviathd.config.merge import Effective
-from leviathd.config.models import Access, SandboxKind
-from leviathd.config.models import Mount as ConfigMount
+from leviathd.config.models import SandboxKind
+from leviathd.domain.mounts import Access
+from leviathd.domain.mounts import Mount as ConfigMount
 from leviathd.errors import InvalidArgument
 from leviathd.identity import UserInfo
 from leviathd.sandbox.spec import (
