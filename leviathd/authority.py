@@ -28,7 +28,6 @@ class Right(StrEnum):
     RUN = "run"
     RUN_UNSANDBOXED = "run-unsandboxed"
     MANAGE_ANY = "manage-any"
-    CONFIG_MANAGE = "config-manage"
 
 
 class Authority(Protocol):

@@ -15,7 +15,7 @@ import secrets
 import syslog
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 from dbus_fast.aio import MessageBus
@@ -69,6 +69,16 @@ class _Prepared:
     kinds: list[str]
     marks: list[str]
 
+
+
+@contextlib.contextmanager
+def _logged(what: str) -> Iterator[None]:
+    """Best-effort cleanup: whatever fails is logged with its traceback and
+    the daemon goes on (it never ends over one agent's leftovers)."""
+    try:
+        yield
+    except Exception:
+        log.warning("%s failed", what, exc_info=True)
 
 class Agents:
     def __init__(
@@ -140,8 +150,8 @@ class Agents:
             self.machine_config = Config()
         self.config_problem = None
 
-    async def reload(self, who: Caller) -> None:
-        await self._authority.require(who, Right.CONFIG_MANAGE, "reload the configuration")
+    async def reload(self) -> None:
+        """The bus edge has checked org.leviath.config.manage."""
         self.load_machine_config()
         journal.record("configuration reloaded", LEVIATH_EVENT="reload")
 
@@ -252,7 +262,7 @@ class Agents:
             ):
                 if spec.kind == "container":
                     name = await container.ensure(
-                        agent_id, unit, spec, step_eff, started=started,
+                        agent_id, unit, spec, step_eff, units=self._systemd, started=started,
                         pinned_workdir=held.workdir_path(),
                     )
                     steps[n] = (label, container.with_container(spec, name))
@@ -269,7 +279,7 @@ class Agents:
             if scratch_path:
                 scratch.remove(scratch_path)
             if "container" in kinds:
-                with contextlib.suppress(Exception):
+                with _logged(f"agent {agent_id}: removing its container after a failed start"):
                     await container.teardown(agent_id)
             self._store.forget(agent_id)
             raise
@@ -508,10 +518,10 @@ class Agents:
             self._on_ended(agent_id, -1 if rec.exit_status is None else rec.exit_status,
                            rec.state.value, to=self._signal_to.pop(agent_id, None))
             # Whatever the agent left behind in its scope ends with it.
-            with contextlib.suppress(Exception):
+            with _logged(f"agent {agent_id}: stopping {rec.unit} after its end"):
                 await self._systemd.stop_unit(rec.unit)
             for hook in self.end_hooks:
-                with contextlib.suppress(Exception):
+                with _logged(f"agent {agent_id}: end hook {getattr(hook, '__qualname__', hook)}"):
                     await hook(rec)
             if saved:
                 # Unsaved, the exit record stays: it is what a restarted
@@ -559,7 +569,7 @@ class Agents:
             return
         self.apply_retention()
         self._sweep_scratch()
-        with contextlib.suppress(Exception):
+        with _logged("sweeping containers of ended agents"):
             await container.sweep({r.id for r in self.records.values() if r.active})
 
     def _sweep_scratch(self) -> None:
@@ -625,7 +635,7 @@ class Agents:
                            rec.state.value)
             if rec.id in live_ids:
                 # What the agent left behind in its scope ends with it.
-                with contextlib.suppress(Exception):
+                with _logged(f"agent {rec.id}: stopping {rec.unit} after its end"):
                     await self._systemd.stop_unit(rec.unit)
             if saved:
                 self._store.drop_exit(rec.id)

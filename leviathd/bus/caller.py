@@ -21,6 +21,12 @@ __all__ = ["Caller", "current", "install", "sender"]
 _sender: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "leviath_bus_sender", default=None
 )
+# The caller once resolved within a call (the method decorator asks first,
+# the body again): one GetConnectionCredentials a call. A unique bus name
+# stays one connection, one uid, for its whole life.
+_resolved: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
+    "leviath_bus_caller", default=None
+)
 
 
 def install(bus: MessageBus) -> None:
@@ -41,6 +47,9 @@ async def current(bus: MessageBus) -> Caller:
     sender = _sender.get()
     if not sender:
         raise AccessDenied("cannot tell who is calling")
+    known = _resolved.get()
+    if known is not None and known.sender == sender:
+        return known
     reply = await bus.call(
         Message(
             destination="org.freedesktop.DBus",
@@ -57,4 +66,6 @@ async def current(bus: MessageBus) -> Caller:
     if "UnixUserID" not in creds:
         raise AccessDenied("the bus could not say who is calling")
     pid = creds["ProcessID"].value if "ProcessID" in creds else None
-    return Caller(sender=sender, uid=int(creds["UnixUserID"].value), pid=pid)
+    who = Caller(sender=sender, uid=int(creds["UnixUserID"].value), pid=pid)
+    _resolved.set(who)
+    return who

@@ -15,10 +15,10 @@ from dbus_fast.service import ServiceInterface
 from leviathd import __version__, listing
 from leviathd.agents.request import RunInput
 from leviathd.agents.service import Agents
-from leviathd.bus import bounds
+from leviathd.bus import bounds, names
 from leviathd.bus import caller as bus_caller
-from leviathd.bus.compat import DBusSignature, dbus_method, dbus_property, dbus_signal
-from leviathd.bus.errors import translated
+from leviathd.bus.compat import DBusSignature, dbus_property, dbus_signal
+from leviathd.bus.method import bus_method
 from leviathd.bus.names import MANAGER_IFACE
 from leviathd.errors import InvalidArgument
 from leviathd.records import AgentRecord
@@ -90,8 +90,7 @@ class ManagerInterface(ServiceInterface):
         self._bus = bus
         self._agents = agents
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_RUN, names.ACTION_RUN_UNSANDBOXED))
     async def Run(self, request: VarDict) -> IdAndUnit:
         """Start an agent as the caller, detached. Keys: command (as),
         blueprint (s, the blueprint.toml text), blueprint_source (s), workdir (s),
@@ -100,8 +99,7 @@ class ManagerInterface(ServiceInterface):
         rec = await self._agents.run(who, _parse_request(request), Stdio())
         return [rec.id, rec.unit]
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_RUN, names.ACTION_RUN_UNSANDBOXED))
     async def RunAttached(
         self, request: VarDict, stdin: Fd, stdout: Fd, stderr: Fd
     ) -> IdAndUnit:
@@ -120,15 +118,13 @@ class ManagerInterface(ServiceInterface):
         rec = await self._agents.run(who, req, stdio)
         return [rec.id, rec.unit]
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
     async def Stop(self, agent_id: Str) -> None:
         agent_id = bounds.agent_id(agent_id)
         who = await bus_caller.current(self._bus)
         await self._agents.stop(who, agent_id)
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_MANAGE_ANY,))
     async def List(self, all_agents: Bool) -> VarDictList:
         """The caller's agents (everyone's with org.leviath.agent.manage-any):
         those running, and with all_agents the most recently ended ones, as
@@ -137,8 +133,7 @@ class ManagerInterface(ServiceInterface):
         rows, _cursor = await self._agents.list(who, include_ended=all_agents)
         return [record_to_variants(rec, live) for rec, live in rows]
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_MANAGE_ANY,))
     async def ListPage(self, options: VarDict) -> RowsAndCursor:
         """One page of List. Options: all (b), cursor (s: "" for the first
         page, else the one the previous page returned), limit (u, at most
@@ -153,8 +148,7 @@ class ManagerInterface(ServiceInterface):
         )
         return [[record_to_variants(rec, live) for rec, live in rows], next_cursor]
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
     async def Get(self, agent_id: Str) -> VarDict:
         agent_id = bounds.agent_id(agent_id)
         who = await bus_caller.current(self._bus)
@@ -162,8 +156,7 @@ class ManagerInterface(ServiceInterface):
         # As in List: a record with a huge command line is sent cut short.
         return record_to_variants(listing.trimmed(rec), live)
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
     async def Inspect(self, agent_id: Str) -> Str:
         """What the agent sees: its sandbox spec for each step (seed commands,
         stages), as JSON: [{"label": ..., "spec": {...}}]."""
@@ -171,8 +164,7 @@ class ManagerInterface(ServiceInterface):
         who = await bus_caller.current(self._bus)
         return await self._agents.inspect(who, agent_id)
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
     async def Logs(self, agent_id: Str, follow: Bool) -> Fd:
         """A pipe carrying the agent's journal output; with follow, it stays
         open until the agent ends. Readers are capped per caller and in total
@@ -185,8 +177,7 @@ class ManagerInterface(ServiceInterface):
         asyncio.get_running_loop().call_later(30, _close_quietly, fd)
         return fd
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
     async def Audit(self, agent_id: Str, follow: Bool) -> Fd:
         """A pipe carrying the agent's audit records, one JSON object a line
         (journalctl's JSON output, limited to the LEVIATH_* fields), matched
@@ -198,12 +189,10 @@ class ManagerInterface(ServiceInterface):
         asyncio.get_running_loop().call_later(30, _close_quietly, fd)
         return fd
 
-    @dbus_method()
-    @translated
+    @bus_method(needs=names.ACTION_CONFIG_MANAGE, what="reload the configuration")
     async def Reload(self) -> None:
         """Re-read /etc/leviath/config.toml (org.leviath.config.manage)."""
-        who = await bus_caller.current(self._bus)
-        await self._agents.reload(who)
+        await self._agents.reload()
 
     @dbus_signal()
     def AgentStarted(

@@ -12,11 +12,3 @@ ACTION_RUN_UNSANDBOXED = "org.leviath.agent.run-unsandboxed"
 ACTION_MANAGE_ANY = "org.leviath.agent.manage-any"
 ACTION_CONFIG_MANAGE = "org.leviath.config.manage"
 ACTION_ANSWER_ANY = "org.leviath.approval.answer-any"
-
-ALL_ACTIONS = (
-    ACTION_RUN,
-    ACTION_RUN_UNSANDBOXED,
-    ACTION_MANAGE_ANY,
-    ACTION_CONFIG_MANAGE,
-    ACTION_ANSWER_ANY,
-)

@@ -13,8 +13,8 @@ from dbus_fast.service import ServiceInterface
 from leviathd.agents.service import Agents
 from leviathd.bus import bounds, names, polkit
 from leviathd.bus import caller as bus_caller
-from leviathd.bus.compat import DBusSignature, dbus_method, dbus_signal
-from leviathd.bus.errors import translated
+from leviathd.bus.compat import DBusSignature, dbus_signal
+from leviathd.bus.method import bus_method
 from leviathd.config.edit import append_rule, machine_write_target
 from leviathd.config.load import machine_config_path
 from leviathd.domain.sensitivity import Sensitivity
@@ -67,8 +67,7 @@ class PolicyInterface(ServiceInterface):
         rec = self._agents.records.get(agent_id)
         return rec.user if rec is not None else ""
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_ANSWER_ANY,))
     async def ListApprovals(self) -> VarDictList:
         """Pending approvals of the caller's agents (everyone's with
         org.leviath.approval.answer-any)."""
@@ -77,8 +76,7 @@ class PolicyInterface(ServiceInterface):
         return [request_to_variants(r, self._user(r.agent_id))
                 for r in self._gate.pending(None if everyone else who.uid)]
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_ANSWER_ANY,))
     async def Answer(self, request_id: Str, answer: Str) -> None:
         """Answer a held call: once, session or deny. The agent's owner may;
         anyone else needs org.leviath.approval.answer-any (without it the
@@ -97,8 +95,7 @@ class PolicyInterface(ServiceInterface):
                 raise NotFound(f"no pending approval {request_id!r}")
         self._gate.answer(request_id, parsed, who.uid, admin=admin)
 
-    @dbus_method()
-    @translated
+    @bus_method(needs=names.ACTION_CONFIG_MANAGE, what="change the machine-wide tool policy")
     async def PolicyAdd(self, tool: Str, target: Str, max_sensitivity: Str) -> Str:
         """Append an [[allowlist]] rule to the machine config (needs
         org.leviath.config.manage). The file is parsed before it atomically
@@ -107,8 +104,6 @@ class PolicyInterface(ServiceInterface):
         target = bounds.text(target, MAX_TARGET, "target")
         max_sensitivity = bounds.text(max_sensitivity, 32, "sensitivity")
         who = await bus_caller.current(self._bus)
-        await polkit.require(self._bus, who, names.ACTION_CONFIG_MANAGE,
-                             "change the machine-wide tool policy")
         level = Sensitivity.parse(max_sensitivity)
         if not target or "\0" in target or "\n" in target:
             raise InvalidArgument("target must be a non-empty single-line glob")
@@ -128,8 +123,7 @@ class PolicyInterface(ServiceInterface):
         )
         return str(real)
 
-    @dbus_method()
-    @translated
+    @bus_method(asks=(names.ACTION_CONFIG_MANAGE, names.ACTION_RUN))
     async def PolicyList(self) -> VarDictList:
         """The machine config's allowlist rules as in force. The file may be
         0600: the rules are for whoever they apply to, that is admins and

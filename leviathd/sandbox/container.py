@@ -52,6 +52,7 @@ from leviathd.sandbox import guard, oci_seccomp, pinned
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
 from leviathd.systemd import absent, journal
 from leviathd.systemd.cgroupfs import folders
+from leviathd.systemd.manager import SystemdError, SystemdManager
 
 LABEL_AGENT = "org.leviath.agent"
 LABEL_USER = "org.leviath.user"
@@ -59,7 +60,6 @@ LABEL_DAEMON = "org.leviath.daemon"
 LABEL_CONFIG = "org.leviath.config"
 # How an agent that fell back from the namespace kind is marked (lev ps).
 FALLBACK_MARK = "fallback:container"
-
 # Where the host's catatonit is bound read-only as the container's PID 1: a
 # static init that reaps what exec'd commands leave behind and needs nothing
 # from the image. Without one, the engine's --init runs `sleep infinity`.
@@ -455,20 +455,17 @@ def cgroup_procs_files(cgroup: str, mountinfo: str) -> list[str]:
 _JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
 
-async def _unit_cgroup(unit: str) -> str:
+async def _unit_cgroup(units: SystemdManager, unit: str) -> str:
     if not absent.booted():
         # No systemd: the daemon made the agent's cgroup itself, named so.
         return absent.control_group(unit)
-    proc = await asyncio.create_subprocess_exec(
-        "systemctl", "show", "--property=ControlGroup", "--value", unit,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=engines.ENGINE_ENV,
-    )
-    out, err = await proc.communicate()
-    cgroup = out.decode().strip()
-    if proc.returncode != 0 or not cgroup.startswith("/"):
-        why = err.decode().strip() or "unit not found"
-        raise Unavailable(f"no control group for {unit}: {why}")
+    try:
+        state = await units.unit_state(unit)
+    except SystemdError as exc:
+        raise Unavailable(f"no control group for {unit}: {exc}") from None
+    cgroup = state.control_group if state is not None else ""
+    if not cgroup.startswith("/"):
+        raise Unavailable(f"no control group for {unit}: unit not found")
     return cgroup
 
 
@@ -615,7 +612,7 @@ async def _inspect(eng: engines.Engine, name: str) -> dict[str, Any] | None:
 
 
 async def ensure(
-    agent_id: str, unit: str, spec: SandboxSpec, effective: Any, *,
+    agent_id: str, unit: str, spec: SandboxSpec, effective: Any, *, units: SystemdManager,
     started: set[str] | None = None, pinned_workdir: str | None = None,
 ) -> str:
     """Start (or find) the warm container of `agent_id` for these settings and
@@ -625,6 +622,7 @@ async def ensure(
     `pinned_workdir`: the workdir as the user opened it (spawn.Held.
     workdir_path()); the engine then binds it from a root-only path (pin)
     rather than by the workdir's own path, which the user could change.
+    `units`: the systemd manager, for the control group of the agent's scope.
 
     Call after the agent's scope exists (its cgroup is the container's parent)
     and before the worker runs `run(with_container(spec, name))`."""
@@ -673,7 +671,7 @@ async def ensure(
             await _engine_cmd([*eng.base(), "rm", "-f", name])
         await asyncio.to_thread(_write_identity, spec)
         await asyncio.to_thread(recheck_workdir, spec)
-        cgroup = await _unit_cgroup(unit)
+        cgroup = await _unit_cgroup(units, unit)
         run_options = limits_the_parent_can_take(options, _subtree_control(cgroup))
         argv = [
             "sh", "-c", _JOIN, "join", *_join_files(cgroup), "--",

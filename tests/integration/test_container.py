@@ -59,7 +59,11 @@ from leviathd.config.load import parse_config
 from leviathd.config.merge import resolve
 from leviathd.config.models import SandboxKind
 from leviathd.identity import user_info
+from dbus_fast import BusType
+from dbus_fast.aio import MessageBus
+
 from leviathd.sandbox import container
+from leviathd.systemd.manager import SystemdManager
 from leviathd.sandbox.spec import RunRequest, build_spec_on_host
 
 
@@ -76,18 +80,29 @@ def spec_for(req):
     return build_spec_on_host(eff, user, request, req["agent_id"]), eff
 
 
+async def ensure(arg, spec, eff):
+    # The daemon's own systemd manager, on the bed's system bus.
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    units = SystemdManager(bus)
+    await units.attach()
+    try:
+        return await container.ensure(arg["agent_id"], arg["unit"], spec, eff, units=units)
+    finally:
+        bus.disconnect()
+
+
 def main():
     cmd = sys.argv[1]
     arg = json.load(open(sys.argv[2]))
     if cmd == "run":
         spec, eff = spec_for(arg)
-        name = asyncio.run(container.ensure(arg["agent_id"], arg["unit"], spec, eff))
+        name = asyncio.run(ensure(arg, spec, eff))
         with open(arg["name_file"], "w") as f:
             f.write(name)
         return container.run(container.with_container(spec, name))
     if cmd == "ensure":
         spec, eff = spec_for(arg)
-        print(asyncio.run(container.ensure(arg["agent_id"], arg["unit"], spec, eff)))
+        print(asyncio.run(ensure(arg, spec, eff)))
         return 0
     if cmd == "probe":
         print(json.dumps(container.probe(eff_for(arg))))
