@@ -58,10 +58,6 @@ def blueprint_folder(arg: str | os.PathLike[str], store: Path | None = None) -> 
     )
 
 
-def installed_path(name: str, store: Path | None = None) -> Path:
-    return (store if store is not None else agent_store_path()) / name
-
-
 def _make_dirs(path: Path) -> list[Path]:
     """mkdir -p, returning the folders it created (deepest last) so they can be undone."""
     created: list[Path] = []

@@ -192,14 +192,6 @@ class MergeResult:
     seed: list[list[str]]
     findings: list[Finding]
 
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.level == "error"]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.level == "warn"]
-
 
 class _Findings:
     def __init__(self) -> None:

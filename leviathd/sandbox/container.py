@@ -58,8 +58,6 @@ LABEL_AGENT = "org.leviath.agent"
 LABEL_USER = "org.leviath.user"
 LABEL_DAEMON = "org.leviath.daemon"
 LABEL_CONFIG = "org.leviath.config"
-# How an agent that fell back from the namespace kind is marked (lev ps).
-FALLBACK_MARK = "fallback:container"
 # Where the host's catatonit is bound read-only as the container's PID 1: a
 # static init that reaps what exec'd commands leave behind and needs nothing
 # from the image. Without one, the engine's --init runs `sleep infinity`.
