@@ -58,6 +58,15 @@ def one_pass(bed: Testbed, rounds: int, container: str | None) -> dict[str, floa
     t = json.loads(r.strip().splitlines()[-1])
     out["lev tool"] = t["lev tool"]["median_ms"]
     out["python3 -c pass (agent)"] = t["python3 -c pass"]["median_ms"]
+    # The daemon's own part (request to release), from this instance's journal.
+    inv = bed.run(["systemctl", "show", "-p", "InvocationID", "--value", "leviathd"]).stdout
+    journal = bed.run(["journalctl", "-o", "json", "--no-pager", "LEVIATH_EVENT=start",
+                       f"_SYSTEMD_INVOCATION_ID={inv.strip()}"]).stdout  # fmt: skip
+    for kind in ("none", "namespace", "container"):
+        usec = [int(e["LEVIATH_SPAWN_USEC"]) for e in map(json.loads, journal.splitlines())
+                if e.get("LEVIATH_SANDBOX") == kind and "LEVIATH_SPAWN_USEC" in e]  # fmt: skip
+        if usec:
+            out[f"daemon's part, {kind}"] = statistics.median(usec) / 1e3
     return out
 
 
@@ -97,7 +106,8 @@ def main() -> int:
     med = {name: {k: statistics.median(v) for k, v in rows.items()} for name, rows in got.items()}
     print("| row | before | after |\n| --- | --- | --- |")
     for k in med["before"]:
-        print(f"| {k} (ms, median of passes) | {med['before'][k]:.0f} | {med['after'][k]:.0f} |")
+        after = med["after"].get(k, float("nan"))
+        print(f"| {k} (ms, median of passes) | {med['before'][k]:.0f} | {after:.0f} |")
 
     def ratios(m: dict[str, float]) -> list[str]:
         return [
