@@ -35,6 +35,8 @@ from table import (  # noqa: E402
 )  # fmt: skip
 from testbed import Testbed  # noqa: E402
 
+STAT = "median_ms"
+
 
 def one_pass(bed: Testbed, rounds: int, container: str | None) -> dict[str, float]:
     lev = ["lev", "run", "--workdir", "/home/alice/work", "--", "true"]
@@ -48,7 +50,7 @@ def one_pass(bed: Testbed, rounds: int, container: str | None) -> dict[str, floa
     if container:
         peers["container"] = as_user(bed, "alice", ["lev", "run", "--workdir",
                                                     "/home/alice/work", container])  # fmt: skip
-    out = {k: v["median_ms"] for k, v in interleaved(bed, rounds, peers).items()}
+    out = {k: v[STAT] for k, v in interleaved(bed, rounds, peers).items()}
     tool_inner = json.dumps({"rounds": rounds, "peers": {
         "lev tool": ["lev", "tool", "read_file", "f.txt"],
         "python3 -c pass": [PY, "-c", "pass"],
@@ -56,8 +58,8 @@ def one_pass(bed: Testbed, rounds: int, container: str | None) -> dict[str, floa
     r = bed.run(as_user(bed, "alice", [*lev[:-1], PY, INNER, tool_inner]),
                 cwd="/home/alice/work", timeout=1800).stdout  # fmt: skip
     t = json.loads(r.strip().splitlines()[-1])
-    out["lev tool"] = t["lev tool"]["median_ms"]
-    out["python3 -c pass (agent)"] = t["python3 -c pass"]["median_ms"]
+    out["lev tool"] = t["lev tool"][STAT]
+    out["python3 -c pass (agent)"] = t["python3 -c pass"][STAT]
     # The daemon's own part (request to release), from this instance's journal.
     inv = bed.run(["systemctl", "show", "-p", "InvocationID", "--value", "leviathd"]).stdout
     journal = bed.run(["journalctl", "-o", "json", "--no-pager", "LEVIATH_EVENT=start",
@@ -77,7 +79,11 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--no-container", dest="container", action="store_false")
+    ap.add_argument("--low", action="store_true",
+                    help="each pass's lower quartile instead of its median (a loaded machine)")
     args = ap.parse_args()
+    global STAT
+    STAT = "p25_ms" if args.low else "median_ms"
     trees = {"before": args.before, "after": args.after}
     got: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
     with Testbed() as bed:
@@ -107,7 +113,8 @@ def main() -> int:
     print("| row | before | after |\n| --- | --- | --- |")
     for k in med["before"]:
         after = med["after"].get(k, float("nan"))
-        print(f"| {k} (ms, median of passes) | {med['before'][k]:.0f} | {after:.0f} |")
+        print(f"| {k} (ms, {STAT[:-3]}, median of passes) | {med['before'][k]:.0f} "
+              f"| {after:.0f} |")
 
     def ratios(m: dict[str, float]) -> list[str]:
         return [
