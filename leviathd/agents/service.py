@@ -221,19 +221,10 @@ class Agents:
             identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=stdio,
         )
         scratch_path = ""
-        try:
-            ok, detail = await _read_status(held)
-            if not ok:
-                raise InvalidArgument(detail)
-            real_workdir = detail
-            # Again as resolved: a link in the user's home may lead to /etc.
-            refuse_system_workdir(real_workdir, user.home)
-            # Specs look at the user's workdir (a worktree's git folders...).
-            steps = await self._in_worker(who.uid, self._specs, plan, kinds, user, req,
-                                          real_workdir, agent_id)  # fmt: skip
-            for _label, spec in steps:
-                if spec.kind == "namespace" and not scratch_path:
-                    scratch_path = scratch.create(spec)
+        scope_usec = 0
+
+        async def start_scope() -> None:
+            nonlocal scope_usec
             t_scope = time.perf_counter()
             await self._systemd.start_scope(
                 unit, pids=[held.pid], slice_name=SLICE,
@@ -243,6 +234,33 @@ class Agents:
                 limits=_limits(eff),
             )
             scope_usec = int((time.perf_counter() - t_scope) * 1e6)
+
+        # The scope's job (systemd's share of a start, the longest single
+        # wait) runs while the workdir is checked and the specs are built:
+        # neither depends on it, and the held child runs nothing until it is
+        # released below, inside the scope (issue 18).
+        scope = asyncio.ensure_future(start_scope())
+        try:
+            try:
+                ok, detail = await _read_status(held)
+                if not ok:
+                    raise InvalidArgument(detail)
+                real_workdir = detail
+                # Again as resolved: a link in the user's home may lead to /etc.
+                refuse_system_workdir(real_workdir, user.home)
+                # Specs look at the user's workdir (a worktree's git folders...).
+                steps = await self._in_worker(who.uid, self._specs, plan, kinds, user, req,
+                                              real_workdir, agent_id)  # fmt: skip
+            except BaseException:
+                # The scope's start is over (either way) before the clean-up
+                # below stops it: a stop sent first would leave it behind.
+                with contextlib.suppress(BaseException):
+                    await scope
+                raise
+            await scope
+            for _label, spec in steps:
+                if spec.kind == "namespace" and not scratch_path:
+                    scratch_path = scratch.create(spec)
             rec = AgentRecord(
                 id=agent_id, uid=user.uid, user=user.name, agent=agent_name,
                 command=command or plan[-1][2], workdir=real_workdir, unit=unit,
@@ -266,7 +284,8 @@ class Agents:
                         pinned_workdir=held.workdir_path(),
                     )
                     steps[n] = (label, container.with_container(spec, name))
-            self._store.save_spec(agent_id, [(label, spec.to_dict()) for label, spec in steps])
+            spec_dicts = [(label, spec.to_dict()) for label, spec in steps]
+            self._store.save_spec(agent_id, spec_dicts)
             # Inside the try: an agent whose record cannot be written does not
             # start (a full disk), and nothing of it is left behind.
             self._store.save(rec)
@@ -284,7 +303,7 @@ class Agents:
             self._store.forget(agent_id)
             raise
         self.records[agent_id] = rec
-        supervisor.release(held, [(label, spec.to_dict()) for label, spec in steps])
+        supervisor.release(held, spec_dicts)
         kind = rec.sandbox
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
         self._watch(rec)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import sys
 
 from leviathd.cli.wire import Slow, SyncClient, Variant
@@ -14,8 +13,13 @@ from leviathd.errors import InvalidArgument, NotFound
 
 # typing imports re; mypy reads any TYPE_CHECKING as true (issue 18: start-up).
 TYPE_CHECKING = False
+if not TYPE_CHECKING:
+    # The signal module's C half (the same functions, plain ints): the Python
+    # half makes enums of every signal, a tenth of `lev run`'s imports.
+    import _signal as signal
 if TYPE_CHECKING:
     import argparse
+    import signal
     from collections.abc import Awaitable
     from pathlib import Path
     from typing import Any

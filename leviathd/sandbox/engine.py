@@ -49,6 +49,9 @@ class Engine:
     name: str  # "podman" | "docker"
     path: str
     runtime: str | None  # podman's --runtime, None for the default / docker
+    # podman's configured runtime (`podman info`), which runs containers when
+    # `runtime` is None: where its state is read (container._runtime_state).
+    default_runtime: str = ""
 
     def base(self) -> list[str]:
         """The engine's argv prefix with the global options every command needs."""
@@ -144,7 +147,7 @@ def _check(name: str, path: str) -> Engine:
         )
         if why:
             raise EngineUnavailable(f"podman: {why}")
-        return Engine("podman", path, runtime)
+        return Engine("podman", path, runtime, default_runtime=r.stdout.strip())
     r = _run([path, "info", "--format", "{{.CgroupDriver}}"])
     if r.returncode != 0:
         raise EngineUnavailable(f"docker info failed: {_last_line(r.stderr)}")

@@ -5,8 +5,10 @@ joins, and the engine/runtime/ulimit choices. No root, no engine."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -350,3 +352,38 @@ def test_limits_a_pure_v2_parent_cannot_take_are_left_to_the_scope() -> None:
 def test_on_v1_and_hybrid_hosts_the_engine_keeps_every_limit() -> None:
     opts = ["--pids-limit", "771", "--memory", "512", "--memory-swap", "512"]
     assert container.limits_the_parent_can_take(opts, None) == opts
+
+
+def test_runtime_state_reads_what_inspect_would_give(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record of a container just started comes from the OCI runtime's
+    state (issue 18: one engine call less); anything unexpected means None,
+    and then the engine's `inspect` is asked."""
+    monkeypatch.setattr(container, "RUNTIME_STATE_ROOT", str(tmp_path))
+    cid = "ab" * 32
+    bundle = f"/var/lib/containers/storage/overlay-containers/{cid}/userdata"
+    (tmp_path / "runc" / cid).mkdir(parents=True)
+    state = {"id": cid, "init_process_pid": 4242,
+             "config": {"labels": ["io.container.manager=libpod", f"bundle={bundle}"]}}  # fmt: skip
+    (tmp_path / "runc" / cid / "state.json").write_text(json.dumps(state))
+    eng = engines.Engine("podman", "/usr/bin/podman", None, default_runtime="runc")
+    assert container._runtime_state(eng, f"{cid}\n") == {
+        "State": {"Pid": 4242}, "Id": cid, "OCIRuntime": "runc",
+        "OCIConfigPath": f"{bundle}/config.json",
+    }  # fmt: skip
+    assert container._runtime_state(eng, "not an id\n") is None
+    assert container._runtime_state(DOCKER, f"{cid}\n") is None
+    assert container._runtime_state(engines.Engine("podman", "/p", None), f"{cid}\n") is None
+    for bad in ({**state, "id": "cd" * 32}, {**state, "init_process_pid": 0},
+                {**state, "config": {"labels": ["bundle=relative"]}}):  # fmt: skip
+        (tmp_path / "runc" / cid / "state.json").write_text(json.dumps(bad))
+        assert container._runtime_state(eng, cid) is None
+    (tmp_path / "crun" / cid).mkdir(parents=True)
+    crun_status = {"id": cid, "pid": 7, "bundle": bundle}
+    (tmp_path / "crun" / cid / "status").write_text(json.dumps(crun_status))
+    crun = engines.Engine("podman", "/usr/bin/podman", "crun")
+    assert container._runtime_state(crun, cid) == {
+        "State": {"Pid": 7}, "Id": cid, "OCIRuntime": "crun",
+        "OCIConfigPath": f"{bundle}/config.json",
+    }  # fmt: skip
