@@ -277,7 +277,7 @@ class Agents:
         supervisor.release(held, [(label, spec.to_dict()) for label, spec in steps])
         kind = rec.sandbox
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
-        self._watch(rec)
+        self._await_handover(rec, held)
         journal.record(
             f"agent {agent_id} ({agent_name}) started for {user.name} in {unit}",
             LEVIATH_AGENT=agent_id, LEVIATH_USER=user.name, LEVIATH_UNIT=unit,
@@ -453,12 +453,61 @@ class Agents:
 
     # --- the end of an agent -----------------------------------------------
 
+    def _await_handover(self, rec: AgentRecord, held: spawn.Held) -> None:
+        """The held process either stays as the supervisor (it closes its
+        status pipe) or starts the agent's PID 1, says its pid and leaves
+        (spawn._hand_over): watch whichever stays. Until it has said, its
+        end means nothing, so nothing is watched before."""
+        loop = asyncio.get_running_loop()
+        buf = bytearray()
+
+        def readable() -> None:
+            try:
+                chunk = os.read(held.status_r, 64)
+            except OSError:
+                chunk = b""
+            if chunk and len(buf) < 64:
+                buf.extend(chunk)
+                if not buf.endswith(b"\n"):
+                    return
+            loop.remove_reader(held.status_r)
+            os.close(held.status_r)
+            pid = spawn.read_handover(bytes(buf))
+            if pid is not None and rec.running:
+                self._reap_later(rec.supervisor_pid)
+                rec.supervisor_pid = pid
+                self._save(rec)
+            self._watch(rec)
+
+        loop.add_reader(held.status_r, readable)
+
+    def _reap_later(self, pid: int) -> None:
+        """Our held child, which is leaving: reap it when it has."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+
+        def ended() -> None:
+            asyncio.get_running_loop().remove_reader(pidfd)
+            os.close(pidfd)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+        asyncio.get_running_loop().add_reader(pidfd, ended)
+
     def _watch(self, rec: AgentRecord) -> None:
         """Learn of the supervisor's end through a pidfd, which works whether
         or not this daemon is its parent (after a restart it is not)."""
         try:
             pidfd = os.pidfd_open(rec.supervisor_pid)
         except ProcessLookupError:
+            asyncio.get_running_loop().create_task(self._finalize(rec.id))
+            return
+        if not _supervisor_alive(rec):
+            # A handed-over PID 1 that ended (and whose pid is reused):
+            # the pidfd is pinned now, so this check holds.
+            os.close(pidfd)
             asyncio.get_running_loop().create_task(self._finalize(rec.id))
             return
         self._watches[rec.id] = pidfd
@@ -863,8 +912,9 @@ async def _read_status(held: supervisor.Held) -> tuple[bool, str]:
 
 
 def _supervisor_alive(rec: AgentRecord) -> bool:
-    """The recorded pid is still our supervisor only if it sits in the
-    agent's scope; a reused pid elsewhere does not count."""
+    """The recorded pid (the supervisor, or the PID 1 it handed the agent
+    to) is still ours only if it sits in the agent's scope; a reused pid
+    elsewhere does not count."""
     try:
         with open(f"/proc/{rec.supervisor_pid}/cgroup") as f:
             return rec.unit in f.read()
