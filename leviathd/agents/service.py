@@ -43,6 +43,7 @@ from leviathd.sandbox import container, scratch, supervisor
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdError, SystemdManager
+from leviathd.usage import UsageCache
 from leviathd.userfiles import read_user_file
 
 SLICE = "leviath.slice"
@@ -94,6 +95,8 @@ class Agents:
         self.machine_config = Config()
         self.records: dict[str, AgentRecord] = {}
         self._watches: dict[str, int] = {}
+        # List's memory and tasks figures, from memory (issue 18).
+        self.usage = UsageCache(self._live_by_unit)
         self.readers = Readers(bus)
         self._finalizing: set[str] = set()
         # Records the state filesystem had no room for (a full disk): held
@@ -278,6 +281,7 @@ class Agents:
         kind = rec.sandbox
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
         self._await_handover(rec, held)
+        self.usage.seed(rec.id, rec.unit)
         journal.record(
             f"agent {agent_id} ({agent_name}) started for {user.name} in {unit}",
             LEVIATH_AGENT=agent_id, LEVIATH_USER=user.name, LEVIATH_UNIT=unit,
@@ -569,6 +573,7 @@ class Agents:
             asyncio.get_running_loop().call_later(1.0, self.readers.end_agent, agent_id)
             # Ended records live on disk (and in the store's small index).
             self.records.pop(agent_id, None)
+            self.usage.forget(agent_id)
             self.apply_retention(uid=rec.uid)
         finally:
             self._finalizing.discard(agent_id)
@@ -595,6 +600,7 @@ class Agents:
                 continue
             if _supervisor_alive(rec):
                 self._watch(rec)
+                self.usage.seed(rec.id, rec.unit)
             else:
                 await self._finalize(rec.id)
         try:
@@ -791,6 +797,15 @@ class Agents:
             "memory_max": state.memory_max, "tasks_max": state.tasks_max,
         }  # fmt: skip
 
+    async def _live_by_unit(self, _agent_id: str, unit: str) -> tuple[dict[str, int | None], str]:
+        state = await self._systemd.unit_state(unit)
+        if state is None:
+            return {}, ""
+        return {
+            "memory": state.memory_current, "tasks": state.tasks_current,
+            "memory_max": state.memory_max, "tasks_max": state.tasks_max,
+        }, state.control_group  # fmt: skip
+
     async def get(self, who: Caller, agent_id: str) -> tuple[AgentRecord, dict[str, int | None]]:
         rec = await self._authorize_record(who, agent_id, "inspect agents")
         return rec, await self._live(rec)
@@ -822,7 +837,10 @@ class Agents:
                 continue
             if not page.add(key, rec):
                 break
-        rows = [(rec, await self._live(rec)) for rec in page.records]
+        # From memory: no call per agent (issue 18); the figures of running
+        # agents are refreshed in the background when a List finds them old.
+        rows = [(rec, self.usage.get(rec.id) if rec.active else {}) for rec in page.records]
+        self.usage.touch((r.id, r.unit) for r in self.records.values() if r.active)
         return rows, page.next_cursor
 
     async def inspect(self, who: Caller, agent_id: str) -> str:
