@@ -212,6 +212,7 @@ class Agents:
         held = supervisor.fork_held(
             user, req.workdir, exit_path=self._store.exit_path(agent_id),
             identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=stdio,
+            shell=_shared_shell() if "namespace" in kinds else None,
         )
         scratch_path = ""
         try:
@@ -927,6 +928,15 @@ async def _read_status(held: supervisor.Held) -> tuple[bool, str]:
     finally:
         loop.remove_reader(held.status_r)
     return supervisor.read_status(held.status_r)
+
+
+def _shared_shell() -> int | None:
+    from leviathd.sandbox import namespace
+
+    try:
+        return namespace.shared_sealed(namespace.SHELL_CANDIDATES)
+    except OSError:
+        return None
 
 
 def _supervisor_alive(rec: AgentRecord) -> bool:

@@ -87,8 +87,12 @@ class Held:
 
 
 def fork_held(
-    user: UserInfo, workdir: str, *, exit_path: str, identifier: str, unit: str, stdio: Stdio
+    user: UserInfo, workdir: str, *, exit_path: str, identifier: str, unit: str, stdio: Stdio,
+    shell: int | None = None,
 ) -> Held:
+    """`shell`: the daemon's sealed copy of dash (namespace.shared_sealed),
+    which an agent without a supervisor runs as PID 1; None: every agent
+    gets a supervisor."""
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -102,8 +106,10 @@ def fork_held(
             # The daemon's descriptors (its bus connection above all) must not
             # live on in the agent's supervisor: a supervisor holding the bus
             # socket keeps a dead daemon's name owned.
-            _close_fds_except({0, 1, 2, status_w, go_r, *stdio.fds()})
-            code = _child(user, workdir, status_w, go_r, exit_path, identifier, unit, stdio)
+            keep = {0, 1, 2, status_w, go_r, *stdio.fds()}
+            _close_fds_except(keep | ({shell} if shell is not None else set()))
+            code = _child(user, workdir, status_w, go_r, exit_path, identifier, unit, stdio,
+                          shell)
         except BaseException as exc:
             _complain(f"leviathd supervisor: {exc!r}")
         os._exit(code)
@@ -175,7 +181,7 @@ def _enter_as_user(user: UserInfo, workdir: str) -> str:
 
 def _child(
     user: UserInfo, workdir: str, status_w: int, go_r: int, exit_path: str,
-    identifier: str, unit: str, stdio: Stdio,
+    identifier: str, unit: str, stdio: Stdio, shell: int | None = None,
 ) -> int:
     os.setsid()
     try:
@@ -200,8 +206,10 @@ def _child(
         (str(step["label"]), SandboxSpec.from_dict(step["spec"]))
         for step in json.loads(payload)["steps"]
     ]
-    if _lean(steps, stdio):
-        return _hand_over(steps[0][1], exit_path, identifier, unit, status_w)
+    if shell is not None and _lean(steps, stdio):
+        return _hand_over(steps[0][1], exit_path, identifier, unit, status_w, shell)
+    if shell is not None:
+        os.close(shell)
     os.close(status_w)
     return _supervise(steps, exit_path, identifier, unit, stdio, user)
 
@@ -214,18 +222,11 @@ def _lean(steps: list[tuple[str, SandboxSpec]], stdio: Stdio) -> bool:
         return False
     spec = steps[0][1]
     return (spec.kind == "namespace" and not spec.proxy
-            and os.path.exists(journal.STDOUT_SOCKET)
-            and any(os.path.exists(p) for p in _shells()))
-
-
-def _shells() -> tuple[str, ...]:
-    from leviathd.sandbox.namespace import SHELL_CANDIDATES
-
-    return SHELL_CANDIDATES
+            and os.path.exists(journal.STDOUT_SOCKET))
 
 
 def _hand_over(
-    spec: SandboxSpec, exit_path: str, identifier: str, unit: str, status_w: int
+    spec: SandboxSpec, exit_path: str, identifier: str, unit: str, status_w: int, shell: int
 ) -> int:
     """Start the agent and leave: its PID 1 (a sealed dash) runs the command
     and writes the exit status into the record opened here; its output goes
@@ -256,7 +257,7 @@ def _hand_over(
         os.dup2(j_err, 2)
         for fd in (null, j_out, j_err):
             os.close(fd)
-        pid = namespace.start(spec, workdir_fd=_pinned_workdir(), exit_fd=exit_fd)
+        pid = namespace.start(spec, workdir_fd=_pinned_workdir(), exit_fd=exit_fd, shell=shell)
     except (OSError, Unavailable) as exc:
         _complain(f"leviath: could not start the agent: {exc}")
         _write_exit(exit_path, 127)
