@@ -260,7 +260,7 @@ class RecordStore:
             except OSError:
                 continue
             try:
-                # PID 1 of a handed-over agent (spawn._hand_over) writes
+                # PID 1 of a handed-over agent (sandbox/supervisor._hand_over) writes
                 # this one, with no time: the file's own says when.
                 mtime = os.fstat(fd).st_mtime
                 data = json.loads(os.read(fd, MAX_EXIT_BYTES))

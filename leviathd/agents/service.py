@@ -23,6 +23,7 @@ from dbus_fast.aio import MessageBus
 from leviathd import listing, resource_defaults, safetext
 from leviathd.agents import orphans
 from leviathd.agents.request import RunInput, refuse_system_workdir
+from leviathd.agents.usage import UsageCache
 from leviathd.audit import trail as audit
 from leviathd.audit.readers import Readers
 from leviathd.authority import Authority, Caller, Right
@@ -43,7 +44,6 @@ from leviathd.sandbox import container, scratch, supervisor
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdError, SystemdManager
-from leviathd.usage import UsageCache
 from leviathd.userfiles import read_user_file
 
 SLICE = "leviath.slice"
@@ -458,10 +458,10 @@ class Agents:
 
     # --- the end of an agent -----------------------------------------------
 
-    def _await_handover(self, rec: AgentRecord, held: spawn.Held) -> None:
+    def _await_handover(self, rec: AgentRecord, held: supervisor.Held) -> None:
         """The held process either stays as the supervisor (it closes its
         status pipe) or starts the agent's PID 1, says its pid and leaves
-        (spawn._hand_over): watch whichever stays. Until it has said, its
+        (supervisor._hand_over): watch whichever stays. Until it has said, its
         end means nothing, so nothing is watched before."""
         loop = asyncio.get_running_loop()
         buf = bytearray()
@@ -477,7 +477,7 @@ class Agents:
                     return
             loop.remove_reader(held.status_r)
             os.close(held.status_r)
-            pid = spawn.read_handover(bytes(buf))
+            pid = supervisor.read_handover(bytes(buf))
             if pid is not None and rec.running:
                 self._reap_later(rec.supervisor_pid)
                 rec.supervisor_pid = pid

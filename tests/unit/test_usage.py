@@ -1,4 +1,4 @@
-"""List's usage figures (leviathd/usage.py): served from memory, refreshed in
+"""List's usage figures (leviathd/agents/usage.py): served from memory, refreshed in
 the background, from cgroup v2 files once the scope's cgroup is known, with
 at most MAX_IN_FLIGHT fetches at once; an exit record is read bounded."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from leviathd import usage
+from leviathd.agents import usage
 from leviathd.records import RecordStore
 
 
