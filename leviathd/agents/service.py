@@ -282,7 +282,7 @@ class Agents:
         kind = rec.sandbox
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
         self._await_handover(rec, held)
-        self.usage.seed(rec.id, rec.unit)
+        self.usage.seed(rec.id, rec.unit, cgroup=f"/{SLICE}/{unit}")
         journal.record(
             f"agent {agent_id} ({agent_name}) started for {user.name} in {unit}",
             LEVIATH_AGENT=agent_id, LEVIATH_USER=user.name, LEVIATH_UNIT=unit,

@@ -4,9 +4,9 @@ List costs the same at 5 agents as at 500 (issue 18) instead of three calls
 to systemd per agent. The figures are at most a few seconds old; `Get`
 still asks live.
 
-A refresh reads each scope's cgroup v2 files (memory.current, pids.current)
-where the unified hierarchy is mounted, else asks systemd, never more than
-MAX_IN_FLIGHT at once."""
+A refresh reads each scope's cgroup v2 files (memory.current, pids.current,
+memory.max, pids.max) where the unified hierarchy is mounted, else asks
+systemd, never more than MAX_IN_FLIGHT at once."""
 
 from __future__ import annotations
 
@@ -44,8 +44,13 @@ class UsageCache:
         self._rows.pop(agent_id, None)
         self._cgroups.pop(agent_id, None)
 
-    def seed(self, agent_id: str, unit: str) -> None:
-        """A new agent: its first figures, in the background."""
+    def seed(self, agent_id: str, unit: str, cgroup: str = "") -> None:
+        """A new agent: its first figures, in the background; from its
+        cgroup's files alone when `cgroup` (its control group) is given and
+        cgroup v2 is mounted, so a start costs systemd nothing more."""
+        if cgroup and self._unified and _plain(cgroup):
+            self._cgroups[agent_id] = os.path.join(self._root, cgroup.lstrip("/"))
+            self._rows.setdefault(agent_id, {})
         task = asyncio.get_running_loop().create_task(self._one(agent_id, unit))
         self._seeding.add(task)
         task.add_done_callback(self._seeding.discard)
@@ -84,15 +89,23 @@ class UsageCache:
         with contextlib.suppress(Exception):
             live, cgroup = await self._fetch(agent_id, unit)
             self._rows[agent_id] = live
-            if self._unified and cgroup.startswith("/") and ".." not in cgroup.split("/"):
+            if self._unified and _plain(cgroup):
                 self._cgroups[agent_id] = os.path.join(self._root, cgroup.lstrip("/"))
 
 
+def _plain(cgroup: str) -> bool:
+    return cgroup.startswith("/") and ".." not in cgroup.split("/")
+
+
+_FILES = (("memory", "memory.current"), ("tasks", "pids.current"),
+          ("memory_max", "memory.max"), ("tasks_max", "pids.max"))
+
+
 def _read_counters(folder: str) -> Live | None:
-    """memory.current and pids.current of a v2 cgroup folder; None when it
-    is gone or unreadable (then systemd is asked)."""
+    """Use and limits from a v2 cgroup folder's files ("max": no limit);
+    None when it is gone or unreadable (then systemd is asked)."""
     out: Live = {}
-    for key, name in (("memory", "memory.current"), ("tasks", "pids.current")):
+    for key, name in _FILES:
         try:
             fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
@@ -103,7 +116,10 @@ def _read_counters(folder: str) -> Live | None:
             return None
         finally:
             os.close(fd)
-        if not text.isdigit():
+        if text == b"max":
+            out[key] = None
+        elif text.isdigit():
+            out[key] = int(text)
+        else:
             return None
-        out[key] = int(text)
     return out

@@ -22,6 +22,8 @@ def _cgroup_tree(root: Path, units: list[str]) -> None:
         folder.mkdir(parents=True)
         (folder / "memory.current").write_text("4096\n")
         (folder / "pids.current").write_text("2\n")
+        (folder / "memory.max").write_text("max\n")
+        (folder / "pids.max").write_text("10\n")
 
 
 def test_list_figures_come_from_memory_and_then_from_cgroupfs(tmp_path: Path) -> None:
@@ -51,13 +53,17 @@ def test_list_figures_come_from_memory_and_then_from_cgroupfs(tmp_path: Path) ->
         await cache._task
         assert len(calls) == 40 and most <= usage.MAX_IN_FLIGHT
         assert cache.get("00000001")["tasks"] == 1
-        # Next refresh: the files, not systemd; limits kept from the first.
+        # Next refresh: the files, not systemd.
         cache._refreshed = -1e9
         cache.touch(running)
         await cache._task
         assert len(calls) == 40
         row = cache.get("00000001")
-        assert row == {"memory": 4096, "tasks": 2, "memory_max": 100, "tasks_max": 10}
+        assert row == {"memory": 4096, "tasks": 2, "memory_max": None, "tasks_max": 10}
+        # A new agent whose cgroup is known costs systemd nothing.
+        cache.seed("00000099", units[0], cgroup=f"/leviath.slice/{units[0]}")
+        await asyncio.gather(*cache._seeding)
+        assert len(calls) == 40 and cache.get("00000099")["memory"] == 4096
         # An agent no longer running is dropped.
         cache._refreshed = -1e9
         cache.touch(running[1:])
