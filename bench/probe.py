@@ -204,6 +204,11 @@ def list_cost(user: str, rounds: int) -> dict[str, float]:
         "lev ps": ["lev", "ps"],
         "busctl List": ["busctl", "--system", "call", "org.leviath.Manager1",
                         "/org/leviath/Manager1", "org.leviath.Manager1", "List", "b", "false"],
+        # The same authorisation and sort as List, one row: List minus this
+        # is what the rows cost, the part that grows with agents.
+        "busctl ListPage limit 1": ["busctl", "--system", "call", "org.leviath.Manager1",
+                                    "/org/leviath/Manager1", "org.leviath.Manager1", "ListPage",
+                                    "a{sv}", "1", "limit", "u", "1"],
         "busctl GetId (bus floor)": ["busctl", "--system", "call", "org.freedesktop.DBus",
                                      "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetId"],
     }  # fmt: skip
