@@ -840,6 +840,7 @@ class Agents:
                 break
         # From memory: no call per agent (issue 18); the figures of running
         # agents are refreshed in the background when a List finds them old.
+        await self.usage.fill((r.id, r.unit) for r in page.records if r.active)
         rows = [(rec, self.usage.get(rec.id) if rec.active else {}) for rec in page.records]
         self.usage.touch((r.id, r.unit) for r in self.records.values() if r.active)
         return rows, page.next_cursor

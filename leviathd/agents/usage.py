@@ -23,6 +23,7 @@ Fetch = Callable[[str, str], Awaitable[tuple[Live, str]]]
 
 USAGE_TTL = 2.0
 MAX_IN_FLIGHT = 8
+FILL_AT_ONCE = 8
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
@@ -39,6 +40,14 @@ class UsageCache:
 
     def get(self, agent_id: str) -> Live:
         return dict(self._rows.get(agent_id, {}))
+
+    async def fill(self, agents: Iterable[tuple[str, str]]) -> None:
+        """The first figures of agents never measured yet (one just started
+        where its cgroup files cannot be read, and systemd is asked), at
+        most FILL_AT_ONCE of them: the rest wait for the background."""
+        todo = [(a, u) for a, u in agents if a not in self._rows][:FILL_AT_ONCE]
+        if todo:
+            await asyncio.gather(*(self._one(a, u) for a, u in todo), return_exceptions=True)
 
     def forget(self, agent_id: str) -> None:
         self._rows.pop(agent_id, None)

@@ -105,3 +105,20 @@ def test_an_exit_record_without_a_time_takes_the_files_and_a_huge_one_is_refused
     assert store.read_exit("0000000c") is None
     Path(store.exit_path("0000000d")).write_text("")
     assert store.read_exit("0000000d") is None
+
+
+def test_an_agent_never_measured_is_filled_before_the_list_a_few_at_most(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    async def fetch(agent_id: str, unit: str) -> tuple[usage.Live, str]:
+        calls.append(agent_id)
+        return {"tasks": 3}, ""
+
+    async def scenario() -> None:
+        cache = usage.UsageCache(fetch, cgroup_root=str(tmp_path))  # no cgroup v2 here
+        await cache.fill([(f"{i:08x}", "u") for i in range(20)])
+        assert len(calls) == usage.FILL_AT_ONCE and cache.get("00000000") == {"tasks": 3}
+        await cache.fill([("00000000", "u")])
+        assert len(calls) == usage.FILL_AT_ONCE
+
+    asyncio.run(scenario())
