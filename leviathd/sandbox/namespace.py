@@ -241,6 +241,20 @@ def start(
     return pid
 
 
+def ended_early(pid: int) -> int | None:
+    """After start(): the status of a PID 1 that is gone already (killed
+    while its fence was built: `lev stop` right after the start), as the
+    shell would have recorded it; None while it runs."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if got == 0:
+        return None
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(
+        status)
+
+
 def _run(spec: SandboxSpec, workdir_fd: int | None) -> int:
     relay = 0
     try:
@@ -345,10 +359,15 @@ _MFD_EXEC = 0x10  # kernels with vm.memfd_noexec want it said; older ones refuse
 # every other child while it waits, as an init must), keeps the exit record
 # from it, and writes the status there: 128+N when a signal N ended it. A
 # signal from outside does not reach it (PID 1 without a handler), so `lev
-# stop` still leaves the record; ~150 KB where a Python supervisor held MBs.
+# stop` still leaves the record; ~120 KB where a Python supervisor held MBs.
+# `exec` in a subshell runs the command from PATH as execvp would, never a
+# dash builtin of that name (`echo -e` stays coreutils'). PATH is reset
+# before printf: a PATH with dash's `%builtin` in it would look for printf
+# in the user's folders first, and run her program with the record open.
 SHELL_CANDIDATES = ("/usr/bin/dash", "/bin/dash")
 EXIT_FD = 9
-RECORDER_SCRIPT = f'"$@" {EXIT_FD}>&-; printf \'{{"exit_status": %d}}\\n\' "$?" >&{EXIT_FD}'
+RECORDER_SCRIPT = (f'(exec "$@") {EXIT_FD}>&-; s=$?; PATH=/; '
+                   f'printf \'{{"exit_status": %d}}\\n\' "$s" >&{EXIT_FD}')
 
 
 def sealed_shell() -> int | None:
@@ -448,6 +467,13 @@ def _pid1(
     """`recorder`: (sealed shell, exit record fd) for start(); then nothing
     ties PID 1 to its parent, which does not wait for it."""
     init: int | None = None
+    if recorder is not None:
+        # Its parent ignores `lev stop`'s SIGTERM to finish the handover;
+        # this process must not, or a stop while the fence is built would
+        # leave the command to start afterwards (its parent records how
+        # this one ended).
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
     try:
         if recorder is None:
             _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

@@ -262,6 +262,12 @@ def _hand_over(
         _complain(f"leviath: could not start the agent: {exc}")
         _write_exit(exit_path, 127)
         return 127
+    early = namespace.ended_early(pid)
+    if early is not None:
+        # Killed before its shell ran: we record it and stay the one
+        # watched (the daemon sees our end).
+        _write_exit(exit_path, early)
+        return early
     try:
         os.write(status_w, f"pid {pid}\n".encode())
     except OSError:

@@ -146,7 +146,31 @@ def test_the_exit_status_outlives_a_daemon_killed_while_the_agent_runs(bed: Test
 
 
 def test_lev_stop_leaves_the_signal_status(bed: Testbed) -> None:
-    agent_id, _unit = _start(bed, "sleep", "300")
+    agent_id, unit = _start(bed, "sleep", "300")
+    deadline = time.monotonic() + 30
+    while not any(_cmdline(bed, p).startswith("sleep") for p in _scope_pids(bed, unit)):
+        assert time.monotonic() < deadline, "the command never ran"
+        time.sleep(0.1)
     bed.run(["lev", "stop", agent_id], user="alice")
     row = _wait_ended(bed, agent_id)
     assert row["state"] == "stopped" and row["exit_status"] == 128 + 15, row
+
+
+def test_the_users_path_cannot_put_her_program_in_pid1s_place(bed: Testbed) -> None:
+    """dash looks for builtins where `%builtin` sits in PATH: with it last,
+    a `printf` of hers would run with the exit record open. Seen failing
+    before PID 1 reset PATH (the record said 0, forged). And the command is
+    the one in PATH, not a dash builtin of that name."""
+    home = bed.users["alice"].home
+    bed.run(["mkdir", "-p", f"{home}/work/bin"], user="alice")
+    bed.run(f"cat > {home}/work/bin/printf && chmod +x {home}/work/bin/printf", user="alice",
+            input="#!/bin/sh\necho '{\"exit_status\": 0}' >&9\n")
+    path = f"{home}/work/bin:%builtin:/usr/local/bin:/usr/bin:/bin"
+    agent_id = bed.run(["env", f"PATH={path}", "lev", "run", "--detach", "--workdir",
+                        f"{home}/work", "--", "sh", "-c", "exit 5"], user="alice").stdout.strip()
+    row = _wait_ended(bed, agent_id)
+    assert row["state"] == "exited" and row["exit_status"] == 5, row
+    echo_id, _unit = _start(bed, "echo", "-e", "plain\\tcoreutils")
+    _wait_ended(bed, echo_id)
+    logs = bed.run(["lev", "logs", echo_id], user="alice").stdout
+    assert "plain\tcoreutils" in logs and "-e" not in logs, logs
