@@ -75,13 +75,24 @@ class UsageCache:
         self._task = asyncio.get_running_loop().create_task(self._refresh(list(running)))
 
     async def _refresh(self, running: list[tuple[str, str]]) -> None:
+        # The files of every agent whose cgroup is known, read in one thread
+        # (thousands of small reads stay off the event loop); systemd for
+        # the others, a few at a time.
+        known = [(a, self._cgroups[a]) for a, _u in running
+                 if a in self._cgroups and a in self._rows]
+        read = await asyncio.to_thread(lambda: {a: _read_counters(f) for a, f in known})
+        for agent_id, got in read.items():
+            row = self._rows.get(agent_id)
+            if got is not None and row is not None:
+                row.update(got)
         gate = asyncio.Semaphore(MAX_IN_FLIGHT)
 
         async def one(agent_id: str, unit: str) -> None:
             async with gate:
                 await self._one(agent_id, unit)
 
-        await asyncio.gather(*(one(a, u) for a, u in running), return_exceptions=True)
+        rest = [(a, u) for a, u in running if read.get(a) is None]
+        await asyncio.gather(*(one(a, u) for a, u in rest), return_exceptions=True)
         live = {a for a, _u in running}
         for agent_id in [a for a in self._rows if a not in live]:
             self.forget(agent_id)

@@ -56,19 +56,23 @@ def record_to_variants(rec: AgentRecord, live: dict[str, int | None]) -> dict[st
     """The row on the bus. Its record part is kept per record (what can
     change is the key): building ~15 Variants per agent in every List cost
     milliseconds at hundreds of agents (issue 18)."""
-    key = listing.memo_version(rec)
+    key = (listing.memo_version(rec), *(live.get(name) for name in _LIVE))
     held = _ROWS.get(rec.id)
     if held is None or held[0] != key:
         if len(_ROWS) >= _ROWS_MAX:
             _ROWS.clear()
-        held = (key, _record_variants(rec))
+        row = _record_variants(rec)
+        for name in _LIVE:
+            value = live.get(name)
+            if value is not None:
+                row[name] = Variant("t", value)
+        held = (key, row)
         _ROWS[rec.id] = held
-    out = dict(held[1])
-    for name in ("memory", "tasks", "memory_max", "tasks_max"):
-        value = live.get(name)
-        if value is not None:
-            out[name] = Variant("t", value)
-    return out
+    # A copy: the caller may add to it; the Variants themselves are shared.
+    return dict(held[1])
+
+
+_LIVE = ("memory", "tasks", "memory_max", "tasks_max")
 
 
 def _record_variants(rec: AgentRecord) -> dict[str, Variant]:
