@@ -24,6 +24,11 @@ One linear story, as in bubblewrap:
     no keyring, no TIOCSTI), exec.
 
 The parent waits and returns the agent's exit status (128+signal when killed).
+start() is the other ending, for an agent with no supervisor (detached, one
+step, no proxy): PID 1 execs a sealed dash instead of catatonit, which runs
+the command and writes its status into the exit record it was handed, and
+the parent returns PID 1's pid at once and may leave (sandbox/supervisor.py,
+_hand_over).
 Anything that goes wrong before exec comes back to the parent over a
 close-on-exec pipe and is raised as Unavailable; the namespaces die with their
 processes, so a failed build leaves no mount behind on the host.
