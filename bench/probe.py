@@ -251,7 +251,14 @@ def stopall(users: list[str]) -> dict[str, object]:
         if not left or time.perf_counter() - t0 > wall + 60:
             break
         time.sleep(0.5)
-    return {"stopped": stopped, "wall_s": wall, "units_left": left[:10], **leftovers(),
+    # The daemon closes ended agents' records (exit records, scratch) just
+    # after their scopes go: give it as long again.
+    deadline = time.perf_counter() + 60
+    rest = leftovers()
+    while any(rest.values()) and time.perf_counter() < deadline:
+        time.sleep(0.5)
+        rest = leftovers()
+    return {"stopped": stopped, "wall_s": wall, "units_left": left[:10], **rest,
             "all_gone_s": time.perf_counter() - t0,
             "units_left_count": len(left), "pid_count": len(os.listdir("/proc"))}  # fmt: skip
 
