@@ -140,8 +140,53 @@ def starts(n: int, cmd: str, users: list[str]) -> dict[str, object]:
             errors[key] = errors.get(key, 0) + 1
         else:
             ids.append(out.strip())
+    # All running: every started agent's command runs (a detached start
+    # returns before its fence is built and its command execs).
+    cmd_name = os.path.basename(cmd.split()[0])
+    while True:
+        running = sum(1 for p in slice_pids() if comm(p) == cmd_name)
+        if running >= len(ids) or time.perf_counter() - t0 > max(each) + 120:
+            break
+        time.sleep(0.05)
     return {"n": n, "wall_s": max(each), "p50_return_s": statistics.median(each),
+            "all_running_s": time.perf_counter() - t0, "running": running,
             "failed": n - len(ids), "errors": errors}  # fmt: skip
+
+
+def slice_pids() -> list[int]:
+    """Every process in leviath.slice (cgroup v2 or a hybrid's systemd tree)."""
+    bases = [CGROOT / sub / "leviath.slice" for sub in ("", "unified", "systemd")]
+    base = next((b for b in bases if b.exists()), bases[0])
+    pids: list[int] = []
+    for procs in base.rglob("cgroup.procs"):
+        try:
+            pids += [int(p) for p in procs.read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def leftovers() -> dict[str, int]:
+    """What no agent should leave once all are stopped: processes in the
+    slice, scratch folders, exit records, leviathd processes beyond its main."""
+    main = subprocess.run(["systemctl", "show", "-P", "MainPID", "leviathd"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    ours = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and entry != main:
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(a.endswith(b"/leviathd") for a in argv[:2]):
+                ours += 1
+    def count(folder: str) -> int:
+        try:
+            return len(os.listdir(folder))
+        except OSError:
+            return 0
+    return {"slice_procs": len(slice_pids()), "scratch": count("/var/lib/leviath/scratch"),
+            "exit_records": count("/run/leviath/exit"), "leviathd_procs": ours}  # fmt: skip
 
 
 def home_of(user: str) -> str:
@@ -159,6 +204,11 @@ def list_cost(user: str, rounds: int) -> dict[str, float]:
         "lev ps": ["lev", "ps"],
         "busctl List": ["busctl", "--system", "call", "org.leviath.Manager1",
                         "/org/leviath/Manager1", "org.leviath.Manager1", "List", "b", "false"],
+        # The same authorisation and sort as List, one row: List minus this
+        # is what the rows cost, the part that grows with agents.
+        "busctl ListPage limit 1": ["busctl", "--system", "call", "org.leviath.Manager1",
+                                    "/org/leviath/Manager1", "org.leviath.Manager1", "ListPage",
+                                    "a{sv}", "1", "limit", "u", "1"],
         "busctl GetId (bus floor)": ["busctl", "--system", "call", "org.freedesktop.DBus",
                                      "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetId"],
     }  # fmt: skip
@@ -201,7 +251,14 @@ def stopall(users: list[str]) -> dict[str, object]:
         if not left or time.perf_counter() - t0 > wall + 60:
             break
         time.sleep(0.5)
-    return {"stopped": stopped, "wall_s": wall, "units_left": left[:10],
+    # The daemon closes ended agents' records (exit records, scratch) just
+    # after their scopes go: give it as long again.
+    deadline = time.perf_counter() + 60
+    rest = leftovers()
+    while any(rest.values()) and time.perf_counter() < deadline:
+        time.sleep(0.5)
+        rest = leftovers()
+    return {"stopped": stopped, "wall_s": wall, "units_left": left[:10], **rest,
             "all_gone_s": time.perf_counter() - t0,
             "units_left_count": len(left), "pid_count": len(os.listdir("/proc"))}  # fmt: skip
 

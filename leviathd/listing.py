@@ -57,8 +57,34 @@ def parse_cursor(cursor: str) -> Key | None:
 
 
 def estimate(rec: AgentRecord) -> int:
-    return (len(rec.model_dump_json()) + 20 * _FIELD_OVERHEAD
+    """About the bytes of the row on the bus. Kept per record while the
+    fields that change in a record's life stay the same: a List of 500
+    agents must not serialise 500 records to measure them (issue 18)."""
+    key = _version(rec)
+    held = _ESTIMATES.get(rec.id)
+    if held is not None and held[0] == key:
+        return held[1]
+    size = (len(rec.model_dump_json()) + 20 * _FIELD_OVERHEAD
             + 8 * (len(rec.command) + len(rec.marks)))
+    if len(_ESTIMATES) >= _MEMO_MAX:
+        _ESTIMATES.clear()
+    _ESTIMATES[rec.id] = (key, size)
+    return size
+
+
+_MEMO_MAX = 8192
+_ESTIMATES: dict[str, tuple[tuple[object, ...], int]] = {}
+
+
+def _version(rec: AgentRecord) -> tuple[object, ...]:
+    """What can change in a record once made (the rest is fixed at start;
+    a trimmed copy differs in its command's length)."""
+    return (rec.state, rec.exit_status, rec.ended_at, rec.supervisor_pid, rec.stop_requested,
+            len(rec.command), rec.started_at)
+
+
+def memo_version(rec: AgentRecord) -> tuple[object, ...]:
+    return _version(rec)
 
 
 def trimmed(rec: AgentRecord) -> AgentRecord:

@@ -256,10 +256,22 @@ class RecordStore:
         was full, in the runtime folder (see spawn._write_exit)."""
         for path in (self.exit_path(agent_id), spare_exit_path(agent_id)):
             try:
-                data = json.loads(Path(path).read_bytes())
-                return int(data["exit_status"]), float(data["ended_at"])
-            except (OSError, ValueError, KeyError, TypeError):
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
                 continue
+            try:
+                # PID 1 of a handed-over agent (sandbox/supervisor._hand_over) writes
+                # this one, with no time: the file's own says when.
+                mtime = os.fstat(fd).st_mtime
+                data = json.loads(os.read(fd, MAX_EXIT_BYTES))
+                status = int(data["exit_status"])
+                if not 0 <= status <= 255:
+                    continue
+                return status, float(data.get("ended_at", mtime))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+            finally:
+                os.close(fd)
         return None
 
     def drop_exit(self, agent_id: str) -> None:
@@ -272,6 +284,9 @@ class RecordStore:
                 fsat.unlink_at(dfd, name)
             finally:
                 os.close(dfd)
+
+
+MAX_EXIT_BYTES = 4096
 
 
 def runtime_dir() -> str:

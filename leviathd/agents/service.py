@@ -23,6 +23,7 @@ from dbus_fast.aio import MessageBus
 from leviathd import listing, resource_defaults, safetext
 from leviathd.agents import orphans
 from leviathd.agents.request import RunInput, refuse_system_workdir
+from leviathd.agents.usage import UsageCache
 from leviathd.audit import trail as audit
 from leviathd.audit.readers import Readers
 from leviathd.authority import Authority, Caller, Right
@@ -104,6 +105,8 @@ class Agents:
         self.machine_config = Config()
         self.records: dict[str, AgentRecord] = {}
         self._watches: dict[str, int] = {}
+        # List's memory and tasks figures, from memory (issue 18).
+        self.usage = UsageCache(self._live_by_unit)
         self.readers = Readers(bus)
         self._finalizing: set[str] = set()
         # Records the state filesystem had no room for (a full disk): held
@@ -219,6 +222,7 @@ class Agents:
         held = supervisor.fork_held(
             user, req.workdir, exit_path=self._store.exit_path(agent_id),
             identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=stdio,
+            shell=_shared_shell() if "namespace" in kinds else None,
         )
         scratch_path = ""
         scope_usec = 0
@@ -306,7 +310,8 @@ class Agents:
         supervisor.release(held, spec_dicts)
         kind = rec.sandbox
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
-        self._watch(rec)
+        self._await_handover(rec, held)
+        self.usage.seed(rec.id, rec.unit, cgroup=f"/{SLICE}/{unit}")
         journal.record(
             f"agent {agent_id} ({agent_name}) started for {user.name} in {unit}",
             LEVIATH_AGENT=agent_id, LEVIATH_USER=user.name, LEVIATH_UNIT=unit,
@@ -482,12 +487,61 @@ class Agents:
 
     # --- the end of an agent -----------------------------------------------
 
+    def _await_handover(self, rec: AgentRecord, held: supervisor.Held) -> None:
+        """The held process either stays as the supervisor (it closes its
+        status pipe) or starts the agent's PID 1, says its pid and leaves
+        (supervisor._hand_over): watch whichever stays. Until it has said, its
+        end means nothing, so nothing is watched before."""
+        loop = asyncio.get_running_loop()
+        buf = bytearray()
+
+        def readable() -> None:
+            try:
+                chunk = os.read(held.status_r, 64)
+            except OSError:
+                chunk = b""
+            if chunk and len(buf) < 64:
+                buf.extend(chunk)
+                if not buf.endswith(b"\n"):
+                    return
+            loop.remove_reader(held.status_r)
+            os.close(held.status_r)
+            pid = supervisor.read_handover(bytes(buf))
+            if pid is not None and rec.running:
+                self._reap_later(rec.supervisor_pid)
+                rec.supervisor_pid = pid
+                self._save(rec)
+            self._watch(rec)
+
+        loop.add_reader(held.status_r, readable)
+
+    def _reap_later(self, pid: int) -> None:
+        """Our held child, which is leaving: reap it when it has."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+
+        def ended() -> None:
+            asyncio.get_running_loop().remove_reader(pidfd)
+            os.close(pidfd)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+        asyncio.get_running_loop().add_reader(pidfd, ended)
+
     def _watch(self, rec: AgentRecord) -> None:
         """Learn of the supervisor's end through a pidfd, which works whether
         or not this daemon is its parent (after a restart it is not)."""
         try:
             pidfd = os.pidfd_open(rec.supervisor_pid)
         except ProcessLookupError:
+            asyncio.get_running_loop().create_task(self._finalize(rec.id))
+            return
+        if not _supervisor_alive(rec):
+            # A handed-over PID 1 that ended (and whose pid is reused):
+            # the pidfd is pinned now, so this check holds.
+            os.close(pidfd)
             asyncio.get_running_loop().create_task(self._finalize(rec.id))
             return
         self._watches[rec.id] = pidfd
@@ -549,6 +603,7 @@ class Agents:
             asyncio.get_running_loop().call_later(1.0, self.readers.end_agent, agent_id)
             # Ended records live on disk (and in the store's small index).
             self.records.pop(agent_id, None)
+            self.usage.forget(agent_id)
             self.apply_retention(uid=rec.uid)
         finally:
             self._finalizing.discard(agent_id)
@@ -575,6 +630,7 @@ class Agents:
                 continue
             if _supervisor_alive(rec):
                 self._watch(rec)
+                self.usage.seed(rec.id, rec.unit)
             else:
                 await self._finalize(rec.id)
         try:
@@ -771,6 +827,15 @@ class Agents:
             "memory_max": state.memory_max, "tasks_max": state.tasks_max,
         }  # fmt: skip
 
+    async def _live_by_unit(self, _agent_id: str, unit: str) -> tuple[dict[str, int | None], str]:
+        state = await self._systemd.unit_state(unit)
+        if state is None:
+            return {}, ""
+        return {
+            "memory": state.memory_current, "tasks": state.tasks_current,
+            "memory_max": state.memory_max, "tasks_max": state.tasks_max,
+        }, state.control_group  # fmt: skip
+
     async def get(self, who: Caller, agent_id: str) -> tuple[AgentRecord, dict[str, int | None]]:
         rec = await self._authorize_record(who, agent_id, "inspect agents")
         return rec, await self._live(rec)
@@ -802,7 +867,11 @@ class Agents:
                 continue
             if not page.add(key, rec):
                 break
-        rows = [(rec, await self._live(rec)) for rec in page.records]
+        # From memory: no call per agent (issue 18); the figures of running
+        # agents are refreshed in the background when a List finds them old.
+        await self.usage.fill((r.id, r.unit) for r in page.records if r.active)
+        rows = [(rec, self.usage.get(rec.id) if rec.active else {}) for rec in page.records]
+        self.usage.touch((r.id, r.unit) for r in self.records.values() if r.active)
         return rows, page.next_cursor
 
     async def inspect(self, who: Caller, agent_id: str) -> str:
@@ -891,9 +960,19 @@ async def _read_status(held: supervisor.Held) -> tuple[bool, str]:
     return supervisor.read_status(held.status_r)
 
 
+def _shared_shell() -> int | None:
+    from leviathd.sandbox import namespace
+
+    try:
+        return namespace.shared_sealed(namespace.SHELL_CANDIDATES)
+    except OSError:
+        return None
+
+
 def _supervisor_alive(rec: AgentRecord) -> bool:
-    """The recorded pid is still our supervisor only if it sits in the
-    agent's scope; a reused pid elsewhere does not count."""
+    """The recorded pid (the supervisor, or the PID 1 it handed the agent
+    to) is still ours only if it sits in the agent's scope; a reused pid
+    elsewhere does not count."""
     try:
         with open(f"/proc/{rec.supervisor_pid}/cgroup") as f:
             return rec.unit in f.read()

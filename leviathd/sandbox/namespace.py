@@ -24,6 +24,11 @@ One linear story, as in bubblewrap:
     no keyring, no TIOCSTI), exec.
 
 The parent waits and returns the agent's exit status (128+signal when killed).
+start() is the other ending, for an agent with no supervisor (detached, one
+step, no proxy): PID 1 execs a sealed dash instead of catatonit, which runs
+the command and writes its status into the exit record it was handed, and
+the parent returns PID 1's pid at once and may leave (sandbox/supervisor.py,
+_hand_over).
 Anything that goes wrong before exec comes back to the parent over a
 close-on-exec pipe and is raised as Unavailable; the namespaces die with their
 processes, so a failed build leaves no mount behind on the host.
@@ -196,6 +201,65 @@ def run(spec: SandboxSpec, *, workdir_fd: int | None = None) -> int:
             scratch.remove(spec.scratch)
 
 
+def start(
+    spec: SandboxSpec, *, workdir_fd: int | None, exit_fd: int, shell: int | None = None
+) -> int:
+    """Build the fence and start its PID 1, a sealed shell that runs the
+    command and writes its exit status to `exit_fd`; return PID 1's pid (as
+    seen here) once the command is about to run, without waiting for it.
+
+    For an agent with nothing to copy or sequence (detached, one step, no
+    proxy): the caller may then exit, and PID 1, reparented, is the agent's
+    only process of ours (issue 18). Its parent's death does not end it.
+    The caller has entered the scratch namespace (scratch.enter) and set its
+    stdio to the agent's."""
+    if spec.kind != "namespace" or spec.proxy:
+        raise InvalidArgument("start() runs one namespace step without a proxy")
+    if shell is None:
+        shell = sealed_shell()
+    if shell is None:
+        raise Unavailable("no shell to record the exit status (/usr/bin/dash)")
+    try:
+        unshare(_namespace_flags(spec))
+        if not spec.network:
+            _loopback_up()
+        _check(_libc.sethostname(_b(spec.hostname), len(spec.hostname.encode())), "sethostname")
+    except (FenceError, OSError) as exc:
+        raise Unavailable(f"cannot build the namespace fence: {exc}") from exc
+    rfd, wfd = os.pipe2(os.O_CLOEXEC)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rfd)
+        _pid1(spec, wfd, workdir_fd, recorder=(shell, exit_fd))  # never returns
+    os.close(wfd)
+    os.close(shell)
+    try:
+        report = _read_all(rfd)
+    finally:
+        os.close(rfd)
+    if report:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        raise Unavailable(f"cannot build the namespace fence: {report.decode(errors='replace')}")
+    return pid
+
+
+def ended_early(pid: int) -> int | None:
+    """After start(): the status of a PID 1 that is gone already (killed
+    while its fence was built: `lev stop` right after the start), as the
+    shell would have recorded it; None while it runs."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if got == 0:
+        return None
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(
+        status)
+
+
 def _run(spec: SandboxSpec, workdir_fd: int | None) -> int:
     relay = 0
     try:
@@ -296,13 +360,63 @@ _MAX_INIT_BYTES = 16 << 20
 _MFD_EXEC = 0x10  # kernels with vm.memfd_noexec want it said; older ones refuse it
 
 
-def _sealed_init() -> int | None:
+# PID 1 of a start()ed agent: dash runs the command as its one job (it reaps
+# every other child while it waits, as an init must), keeps the exit record
+# from it, and writes the status there: 128+N when a signal N ended it. A
+# signal from outside does not reach it (PID 1 without a handler), so `lev
+# stop` still leaves the record; ~120 KB where a Python supervisor held MBs.
+# `exec` in a subshell runs the command from PATH as execvp would, never a
+# dash builtin of that name (`echo -e` stays coreutils'). PATH is reset
+# before printf: a PATH with dash's `%builtin` in it would look for printf
+# in the user's folders first, and run her program with the record open.
+SHELL_CANDIDATES = ("/usr/bin/dash", "/bin/dash")
+EXIT_FD = 9
+RECORDER_SCRIPT = (f'(exec "$@") {EXIT_FD}>&-; s=$?; PATH=/; '
+                   f'printf \'{{"exit_status": %d}}\\n\' "$s" >&{EXIT_FD}')
+
+
+def sealed_shell() -> int | None:
+    """A sealed copy of dash, as _sealed_init makes of catatonit: PID 1
+    holds the exit record's descriptor, which the agent (same uid) must not
+    reach through /proc/1/fd or ptrace."""
+    return _sealed_init(SHELL_CANDIDATES)
+
+
+_shared: dict[tuple[str, ...], tuple[tuple[int, int, int, int], int]] = {}
+
+
+def shared_sealed(candidates: tuple[str, ...]) -> int | None:
+    """In the daemon: one sealed copy for every agent (forks inherit the
+    descriptor), not one each: its pages are then shared between all the
+    PID 1s that run it (less PSS), and it is held once, not per agent
+    (dash 125 KB, catatonit 700 KB). Sealed, nobody can change it; made
+    again when the host's file changes (an upgrade)."""
+    for path in candidates:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        held = _shared.get(candidates)
+        if held is not None and held[0] == key:
+            return held[1]
+        fd = _sealed_init((path,))
+        if fd is None:
+            return None
+        if held is not None:
+            os.close(held[1])  # forks made before keep their own copy of it
+        _shared[candidates] = (key, fd)
+        return fd
+    return None
+
+
+def _sealed_init(candidates: tuple[str, ...] = INIT_CANDIDATES) -> int | None:
     """A sealed copy of the host's catatonit in a memfd, root's, mode 0711.
     The agent's user may exec it but not read it, so the kernel makes the
     process non-dumpable at exec: the agent (same uid) cannot ptrace or
     freeze its PID 1, nor open /proc/1/exe or /proc/1/mem. (Run from the
     host's file, which anyone may read, PID 1 would be dumpable.)"""
-    for path in INIT_CANDIDATES:
+    for path in candidates:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
@@ -351,15 +465,28 @@ def _command_missing(argv0: str, env: dict[str, str]) -> int:
     return 126 if found else 127
 
 
-def _pid1(spec: SandboxSpec, wfd: int, workdir_fd: int | None) -> NoReturn:
+def _pid1(
+    spec: SandboxSpec, wfd: int, workdir_fd: int | None,
+    recorder: tuple[int, int] | None = None,
+) -> NoReturn:
+    """`recorder`: (sealed shell, exit record fd) for start(); then nothing
+    ties PID 1 to its parent, which does not wait for it."""
     init: int | None = None
+    if recorder is not None:
+        # Its parent ignores `lev stop`'s SIGTERM to finish the handover;
+        # this process must not, or a stop while the fence is built would
+        # leave the command to start afterwards (its parent records how
+        # this one ended).
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
     try:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        # Read from the host's root, before the fence's is built.
-        try:
-            init = _sealed_init()
-        except OSError:
-            init = None
+        if recorder is None:
+            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            # Read from the host's root, before the fence's is built.
+            try:
+                init = _sealed_init()
+            except OSError:
+                init = None
         unshare(CLONE_NEWNS)
         # Nothing mounted from here on may propagate back to the host.
         mount(None, "/", None, MS_REC | MS_PRIVATE, None)
@@ -371,6 +498,8 @@ def _pid1(spec: SandboxSpec, wfd: int, workdir_fd: int | None) -> NoReturn:
     except BaseException as exc:  # anything at all: report it, never fall through
         _fail(wfd, f"{type(exc).__name__}: {exc}")
 
+    if recorder is not None:
+        _agent(spec, wfd, recorder[0], exit_fd=recorder[1])  # never returns
     if init is not None:
         _agent(spec, wfd, init)  # never returns
     agent = os.fork()
@@ -408,14 +537,17 @@ def _pid1(spec: SandboxSpec, wfd: int, workdir_fd: int | None) -> NoReturn:
     os._exit(code)
 
 
-def _agent(spec: SandboxSpec, wfd: int, init: int | None = None) -> NoReturn:
+def _agent(
+    spec: SandboxSpec, wfd: int, init: int | None = None, exit_fd: int | None = None
+) -> NoReturn:
     """Prepare and exec the agent's command; with `init`, this is PID 1 and
     execs init with the command (init forks and execs it, as this user,
-    under the same filter, in this session)."""
+    under the same filter, in this session). With `exit_fd`, `init` is the
+    sealed shell, which runs the command and writes its status there."""
     try:
         os.setsid()
         drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=True, real_gid=spec.real_gid)
-        if init is not None:
+        if init is not None and exit_fd is None:
             # As PID 1: the change of credentials cleared the parent-death
             # signal; killing the launcher must still end the namespace.
             _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -424,7 +556,15 @@ def _agent(spec: SandboxSpec, wfd: int, init: int | None = None) -> NoReturn:
         for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                     signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
-        keep = sorted({wfd} | ({init} if init is not None else set()))
+        if exit_fd is not None:
+            # The shell names it by a single digit; nothing else may sit there.
+            if wfd == EXIT_FD:
+                wfd = fcntl.fcntl(wfd, fcntl.F_DUPFD_CLOEXEC, 10)
+            if init == EXIT_FD:
+                init = fcntl.fcntl(init, fcntl.F_DUPFD_CLOEXEC, 10)
+            os.dup2(exit_fd, EXIT_FD)
+        keep = sorted({wfd} | ({init} if init is not None else set())
+                      | ({EXIT_FD} if exit_fd is not None else set()))
         low = 3
         for fd in keep:
             os.closerange(low, fd)
@@ -439,6 +579,9 @@ def _agent(spec: SandboxSpec, wfd: int, init: int | None = None) -> NoReturn:
             if missing:
                 raise OSError(errno.ENOENT if missing == 127 else errno.EACCES,
                               os.strerror(errno.ENOENT if missing == 127 else errno.EACCES))
+            if exit_fd is not None:
+                os.execve(init, ["sh", "-c", RECORDER_SCRIPT, "leviath", *spec.argv],
+                          dict(spec.env))
             # PR_SET_PDEATHSIG survives this exec (init is not set-uid): the
             # launcher's death still takes the namespace down.
             os.execve(init, ["catatonit", "--", *spec.argv], dict(spec.env))

@@ -87,8 +87,12 @@ class Held:
 
 
 def fork_held(
-    user: UserInfo, workdir: str, *, exit_path: str, identifier: str, unit: str, stdio: Stdio
+    user: UserInfo, workdir: str, *, exit_path: str, identifier: str, unit: str, stdio: Stdio,
+    shell: int | None = None,
 ) -> Held:
+    """`shell`: the daemon's sealed copy of dash (namespace.shared_sealed),
+    which an agent without a supervisor runs as PID 1; None: every agent
+    gets a supervisor."""
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -102,8 +106,10 @@ def fork_held(
             # The daemon's descriptors (its bus connection above all) must not
             # live on in the agent's supervisor: a supervisor holding the bus
             # socket keeps a dead daemon's name owned.
-            _close_fds_except({0, 1, 2, status_w, go_r, *stdio.fds()})
-            code = _child(user, workdir, status_w, go_r, exit_path, identifier, unit, stdio)
+            keep = {0, 1, 2, status_w, go_r, *stdio.fds()}
+            _close_fds_except(keep | ({shell} if shell is not None else set()))
+            code = _child(user, workdir, status_w, go_r, exit_path, identifier, unit, stdio,
+                          shell)
         except BaseException as exc:
             _complain(f"leviathd supervisor: {exc!r}")
         os._exit(code)
@@ -128,14 +134,25 @@ def read_status(fd: int) -> tuple[bool, str]:
 
 def release(held: Held, steps: list[tuple[str, dict[str, object]]]) -> None:
     """Let the held process go on, handing it the steps to run: (label, the
-    spec as a dict) each."""
+    spec as a dict) each. `held.status_r` stays open: on it comes the
+    handover (read_handover)."""
     payload = json.dumps({"steps": [{"label": lb, "spec": sp} for lb, sp in steps]}).encode()
     view = memoryview(payload)
     while view:
         n = os.write(held.go_w, view)
         view = view[n:]
     os.close(held.go_w)
-    os.close(held.status_r)
+
+
+def read_handover(data: bytes) -> int | None:
+    """The pid of the agent's PID 1 from the held process's last words
+    ("pid N"), when it handed the agent over and left; None when it stays
+    on as the supervisor (or died)."""
+    text = data[:64].decode(errors="replace")
+    if not text.startswith("pid ") or not text.endswith("\n"):
+        return None
+    number = text[4:-1]
+    return int(number) if number.isdigit() and 0 < int(number) < 1 << 22 else None
 
 
 # --- the child -------------------------------------------------------------
@@ -164,7 +181,7 @@ def _enter_as_user(user: UserInfo, workdir: str) -> str:
 
 def _child(
     user: UserInfo, workdir: str, status_w: int, go_r: int, exit_path: str,
-    identifier: str, unit: str, stdio: Stdio,
+    identifier: str, unit: str, stdio: Stdio, shell: int | None = None,
 ) -> int:
     os.setsid()
     try:
@@ -178,7 +195,6 @@ def _child(
         os.write(status_w, f"err {reason}\n".encode())
         return 1
     os.write(status_w, f"ok {real}\n".encode())
-    os.close(status_w)
 
     payload = b""
     while chunk := os.read(go_r, 65536):
@@ -190,7 +206,94 @@ def _child(
         (str(step["label"]), SandboxSpec.from_dict(step["spec"]))
         for step in json.loads(payload)["steps"]
     ]
+    if shell is not None and _lean(steps, stdio):
+        return _hand_over(steps[0][1], exit_path, identifier, unit, status_w, shell)
+    if shell is not None:
+        os.close(shell)
+    os.close(status_w)
     return _supervise(steps, exit_path, identifier, unit, stdio, user)
+
+
+def _lean(steps: list[tuple[str, SandboxSpec]], stdio: Stdio) -> bool:
+    """An agent that needs no supervisor: nothing to copy to a caller, one
+    step, its own namespace fence without a proxy relay, journald there to
+    take its output and dash to record its status (namespace.start)."""
+    if stdio.fds() or len(steps) != 1:
+        return False
+    spec = steps[0][1]
+    return (spec.kind == "namespace" and not spec.proxy
+            and os.path.exists(journal.STDOUT_SOCKET))
+
+
+def _hand_over(
+    spec: SandboxSpec, exit_path: str, identifier: str, unit: str, status_w: int, shell: int
+) -> int:
+    """Start the agent and leave: its PID 1 (a sealed dash) runs the command
+    and writes the exit status into the record opened here; its output goes
+    straight to journald over streams connected here (root, in the scope:
+    journald trusts the unit a root peer names, so the last lines of an
+    agent that is already gone still file under its scope, and it takes
+    the uid from whoever writes, the agent: they land in her journal).
+    The daemon learns PID 1's pid on `status_w` and watches it instead of
+    us; nothing of ours stays but PID 1 (issue 18)."""
+    from leviathd.sandbox import namespace
+
+    agent_id = os.path.basename(exit_path).split(".")[0]
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    # What the daemon's fork inherited and the agent must not: Python's
+    # ignored SIGXFSZ (namespace._agent resets the others) and the
+    # daemon's OOM score (the agent's scope, not the daemon, is to blame).
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    _write_proc("/proc/self/oom_score_adj", "0")
+    try:
+        j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO, unit=unit)
+        j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING, unit=unit)
+        exit_fd = _open_spare_exit(agent_id)
+        scratch.enter(spec)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(j_out, 1)
+        os.dup2(j_err, 2)
+        for fd in (null, j_out, j_err):
+            os.close(fd)
+        pid = namespace.start(spec, workdir_fd=_pinned_workdir(), exit_fd=exit_fd, shell=shell)
+    except (OSError, Unavailable) as exc:
+        _complain(f"leviath: could not start the agent: {exc}")
+        _write_exit(exit_path, 127)
+        return 127
+    early = namespace.ended_early(pid)
+    if early is not None:
+        # Killed before its shell ran: we record it and stay the one
+        # watched (the daemon sees our end).
+        _write_exit(exit_path, early)
+        return early
+    try:
+        os.write(status_w, f"pid {pid}\n".encode())
+    except OSError:
+        pass  # the daemon went away: a restarted one finds PID 1 in the scope
+    return 0
+
+
+def _open_spare_exit(agent_id: str) -> int:
+    """The exit record PID 1 writes, empty until then: in the runtime
+    folder (memory), so a full state disk cannot lose it, and it outlives
+    a daemon restart. RecordStore.read_exit reads it."""
+    from leviathd.records import spare_exit_path
+
+    spare = spare_exit_path(agent_id)
+    runtime_fd, exits = fsat.open_parent(os.path.dirname(spare))
+    try:
+        fsat.mkdir_at(runtime_fd, exits, 0o700, exist_ok=True)
+        exits_fd = fsat.open_dir_at(runtime_fd, exits)
+    finally:
+        os.close(runtime_fd)
+    try:
+        return os.open(os.path.basename(spare),
+                       os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o600, dir_fd=exits_fd)
+    finally:
+        os.close(exits_fd)
 
 
 def _output_streams(

@@ -140,14 +140,23 @@ def test_lev_run_on_a_terminal_says_what_it_waits_for_when_the_start_is_slow(
 
 
 def test_the_journal_relay_is_not_open_to_its_user(bed: Testbed) -> None:
-    """The relay runs as alice in her scope: she must not get at its
-    descriptors or memory (it changed ids, so it is not dumpable)."""
+    """An attached run's relay runs as alice in her scope: she must not get at
+    its descriptors or memory (it changed ids, so it is not dumpable). (A
+    detached agent has no relay: tests/integration/test_agent_processes.py.)"""
+    import subprocess
+
     home = bed.users["alice"].home
-    agent_id = bed.run(["lev", "run", "--detach", "--workdir", f"{home}/work", "--",
-                        "sleep", "30"], user="alice").stdout.strip()
+    attached = subprocess.Popen(
+        bed.command(["lev", "run", "--", "sleep", "30"], user="alice", cwd=f"{home}/work"),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
     try:
-        rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
-        unit = next(r["unit"] for r in rows if r["id"] == agent_id)
+        deadline = time.monotonic() + 30
+        rows: list[dict] = []
+        while not rows and time.monotonic() < deadline:
+            rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
+            time.sleep(0.2)
+        unit = rows[0]["unit"]
         found = bed.run(f"grep -l '{unit}' /proc/[0-9]*/cgroup", check=False).stdout.split()
         pids = [f.split("/")[2] for f in found]
         uid = str(bed.users["alice"].uid)
@@ -161,4 +170,6 @@ def test_the_journal_relay_is_not_open_to_its_user(bed: Testbed) -> None:
                 r = bed.run(probe, user="alice", check=False)
                 assert r.returncode != 0, (probe, r.stdout)
     finally:
-        bed.run(["lev", "stop", agent_id], user="alice")
+        for row in json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout):
+            bed.run(["lev", "stop", row["id"]], user="alice", check=False)
+        attached.wait(timeout=60)
