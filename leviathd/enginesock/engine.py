@@ -18,6 +18,7 @@ from leviathd import fsat
 from leviathd.broker.server import runtime_dir
 from leviathd.enginesock import wire
 from leviathd.enginesock.rules import LABEL_AGENT, LABEL_DAEMON
+from leviathd.sandbox.engine import ENGINE_ENV
 from leviathd.systemd import journal
 
 MAX_REPLY = 8 * 1024 * 1024
@@ -82,6 +83,31 @@ async def is_podman(sock: str) -> bool:
     return False
 
 
+async def cgroup_driver(sock: str) -> str:
+    """The engine's cgroup manager ("cgroupfs", "systemd"), "" if unknown.
+    Only with cgroupfs is a cgroup parent a plain path, such as the agent's
+    scope; with systemd it must name a slice."""
+    with contextlib.suppress(OSError, asyncio.TimeoutError, wire.BadRequest,
+                             asyncio.IncompleteReadError):
+        _status, info = await call(sock, "GET", "/info")
+        if isinstance(info, dict):
+            return str(info.get("CgroupDriver") or "")[:40]
+    return ""
+
+
+def service_argv(podman: str, sock: str) -> list[str]:
+    """podman's API service as the daemon runs it.
+
+    cgroupfs: the filter gives each container the agent's scope as its cgroup
+    parent, a plain path below which runc makes `libpod-<id>` (systemd's
+    manager would want a slice, and a scope cannot hold units). conmon stays
+    in the service's own cgroup: podman leaves it there when systemd started
+    the service (INVOCATION_ID), so the engine keeps its monitor, and the
+    container's exit status, when the agent's scope is stopped."""
+    return [podman, "--cgroup-manager", "cgroupfs", "system", "service", "--time=0",
+            f"unix://{sock}"]
+
+
 class Service:
     """The daemon's rootful podman API service, on a socket in a root-only
     folder (agents never see it: /run/leviath is hidden from them)."""
@@ -96,7 +122,11 @@ class Service:
         sock = service_socket()
         async with self._lock:
             if await reachable(sock):
-                return sock
+                if await cgroup_driver(sock) == "cgroupfs":
+                    return sock
+                # Started by an older daemon, with podman's default manager:
+                # its containers could not be placed under the agents' scopes.
+                await self._stop_unit()
             podman = shutil.which("podman")
             if podman is None:
                 raise OSError("podman is not installed, and [sandbox.containers] names no socket")
@@ -108,9 +138,10 @@ class Service:
                 os.close(dfd)
             if not await self._as_unit(podman, sock):
                 self._proc = await asyncio.create_subprocess_exec(
-                    podman, "system", "service", "--time=0", f"unix://{sock}",
+                    *service_argv(podman, sock),
                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                     stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+                    env=ENGINE_ENV,
                 )
             loop = asyncio.get_running_loop()
             deadline = loop.time() + START_TIMEOUT
@@ -136,7 +167,7 @@ class Service:
         proc = await asyncio.create_subprocess_exec(
             run, "--quiet", "--collect", f"--unit={UNIT}", "--service-type=exec",
             "--description=podman API service for leviathd's filtered engine sockets",
-            podman, "system", "service", "--time=0", f"unix://{sock}",
+            *service_argv(podman, sock),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -147,6 +178,17 @@ class Service:
                            priority=syslog.LOG_WARNING, LEVIATH_EVENT="engine-service")
             return False
         return True
+
+    @staticmethod
+    async def _stop_unit() -> None:
+        run = shutil.which("systemctl")
+        if run is None or not os.path.isdir("/run/systemd/system"):
+            return
+        proc = await asyncio.create_subprocess_exec(
+            run, "stop", UNIT, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            env=ENGINE_ENV)
+        await proc.wait()
 
     async def close(self) -> None:
         proc, self._proc = self._proc, None

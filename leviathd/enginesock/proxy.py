@@ -46,6 +46,10 @@ class Settings:
     engine: str  # the engine's socket
     podman: bool
     daemon: str
+    # The agent's scope's control group, the cgroup parent of every container
+    # it creates; "" where the engine cannot place them there (its cgroup
+    # manager is not cgroupfs: a configured Docker socket, say).
+    cgroup: str = ""
 
 
 class AgentProxy:
@@ -62,6 +66,7 @@ class AgentProxy:
         self.gid = settings.gid
         self.podman = settings.podman
         self.daemon = settings.daemon
+        self.cgroup_parent = settings.cgroup
         self._server: asyncio.AbstractServer | None = None
         self._own: dict[str, dict[str, Any]] = {}
         self._connections = 0
@@ -150,6 +155,9 @@ class AgentProxy:
     async def exec_container(self, exec_id: str) -> dict[str, Any]:
         got = await self._inspect(f"/exec/{engine.ref(exec_id)}/json", "exec instance", exec_id)
         return await self.container(str(got.get("ContainerID") or ""))
+
+    def parent_controllers(self) -> frozenset[str] | None:
+        return parent_controllers(self.cgroup_parent)
 
     async def bind(self, path: str, writable: bool) -> tuple[str, bool]:
         try:
@@ -263,6 +271,19 @@ class AgentProxy:
             LEVIATH_AGENT=self.agent_id,
             LEVIATH_EVENT="engine-allowed" if allowed else "engine-refused",
         )
+
+
+def parent_controllers(cgroup: str) -> frozenset[str] | None:
+    """The controllers `cgroup` passes to its children on a pure cgroup v2
+    host (its cgroup.subtree_control), None on v1 and hybrid hosts, where
+    runc makes the container's cgroup in every v1 hierarchy."""
+    if not cgroup or not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        return None
+    try:
+        with open(f"/sys/fs/cgroup{cgroup}/cgroup.subtree_control", encoding="ascii") as f:
+            return frozenset(f.read(4096).split())
+    except (OSError, ValueError):
+        return frozenset()
 
 
 async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,

@@ -49,6 +49,11 @@ class Checks(Protocol):
     gid: int
     podman: bool
     daemon: str  # this daemon's instance (leviathd.sandbox.container.daemon_instance)
+    cgroup_parent: str  # the agent's scope's control group, "" when not placed
+
+    def parent_controllers(self) -> frozenset[str] | None:
+        """What cgroup_parent passes to its children (cgroup v2), None: all."""
+        ...
 
     async def container(self, ref: str) -> dict[str, Any]:
         """The agent's own container's inspect data, or Refused(404)."""
@@ -190,6 +195,11 @@ async def check_create(body: dict[str, Any], c: Checks) -> dict[str, Any]:
     _check_security_opts(host.get("SecurityOpt") or [])
     if host.get("CgroupParent"):
         raise Refused("--cgroup-parent is not allowed: the daemon places containers")
+    if c.cgroup_parent:
+        # Under the agent's scope: `lev stop` kills what runs there, and the
+        # agent's memory, tasks and CPU limits hold over it.
+        host["CgroupParent"] = c.cgroup_parent
+        _drop_limits_the_parent_cannot_take(host, c.parent_controllers())
     for name in (host.get("Sysctls") or {}):
         if not _NAMESPACED_SYSCTL.match(str(name)):
             raise Refused(f"--sysctl {str(name)[:80]} is not allowed: it is not per container")
@@ -236,6 +246,30 @@ async def check_create(body: dict[str, Any], c: Checks) -> dict[str, Any]:
         config["Labels"][LABEL_USER] = want
     config["HostConfig"] = host
     return config
+
+
+# HostConfig's limits and the cgroup v2 controller each one writes.
+_LIMIT_CONTROLLERS = {
+    "Memory": "memory", "MemorySwap": "memory", "MemoryReservation": "memory",
+    "KernelMemory": "memory", "PidsLimit": "pids", "NanoCpus": "cpu", "CpuQuota": "cpu",
+    "CpuPeriod": "cpu", "CpuShares": "cpu", "CpuRealtimePeriod": "cpu",
+    "CpuRealtimeRuntime": "cpu", "CpusetCpus": "cpuset", "CpusetMems": "cpuset",
+    "BlkioWeight": "io", "BlkioWeightDevice": "io", "BlkioDeviceReadBps": "io",
+    "BlkioDeviceWriteBps": "io", "BlkioDeviceReadIOps": "io", "BlkioDeviceWriteIOps": "io",
+}
+
+
+def _drop_limits_the_parent_cannot_take(host: dict[str, Any],
+                                        enabled: frozenset[str] | None) -> None:
+    """On pure cgroup v2 the agent's scope holds processes (its supervisor),
+    so it can never pass a controller to its children (the no-internal-process
+    rule), and the runtime fails to write a limit there: such a limit is left
+    out. Nothing is lost: the scope's own limits hold over the container."""
+    if enabled is None:
+        return
+    for name, controller in _LIMIT_CONTROLLERS.items():
+        if controller not in enabled and host.get(name):
+            host.pop(name, None)
 
 
 async def _check_network_mode(host: dict[str, Any], c: Checks) -> None:

@@ -38,6 +38,8 @@ from leviathd.records import AgentRecord
 from leviathd.sandbox.container import daemon_instance
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
+from leviathd.systemd.absent import control_group
+from leviathd.systemd.cgroupfs import folders
 
 MAX_PENDING = 256
 
@@ -88,9 +90,25 @@ class EngineSockService:
             agent_id=rec.id, uid=user.uid, gid=user.gid, cap_add=eff.containers.cap_add,
             publish_any=eff.containers.publish == Publish.ANY, engine=sock,
             podman=await engine.is_podman(sock), daemon=daemon_instance(),
+            cgroup=await self._placement(rec, sock),
         )
         await self._open(settings, view)
         await asyncio.to_thread(self._save, settings, view)
+
+    @staticmethod
+    async def _placement(rec: AgentRecord, sock: str) -> str:
+        """The agent's scope's control group as the containers' cgroup parent,
+        or "" (with a warning) where the engine cannot put them there."""
+        cgroup = control_group(rec.unit)
+        driver = await engine.cgroup_driver(sock)
+        if driver == "cgroupfs" and any(os.path.isdir(f) for f in folders(cgroup)):
+            return cgroup
+        journal.record(f"agent {rec.id}: its containers run in the engine's control groups, "
+                       f"not under its scope (engine cgroup manager {driver or 'unknown'!r}): "
+                       "lev stop and its limits do not reach them",
+                       priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,
+                       LEVIATH_EVENT="engine-placement")
+        return ""
 
     async def _open(self, settings: Settings, view: View) -> None:
         proxy = AgentProxy(settings, view, self._gate.lookup)

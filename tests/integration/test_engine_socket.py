@@ -412,3 +412,100 @@ def test_benchmark_against_the_engines_own_socket(bed: Testbed) -> None:
           f"run --rm {d[1]:.1f} ms direct, {f[1]:.1f} ms filtered")
     # Loose: 2 cores shared by a whole team make single runs noisy.
     assert f[0] < 3 * d[0] + 5 and f[1] < 2 * d[1], (d, f)
+
+
+# --- where the agent's containers run (issue 13: under its scope) -------------
+
+
+def _unit_of(bed: Testbed, user: str, agent_id: str) -> str:
+    rows = json.loads(bed.run(["lev", "ps", "--json"], user=user).stdout)
+    return str(next(r["unit"] for r in rows if r["id"] == agent_id))
+
+
+def _running(bed: Testbed, name: str) -> dict[str, int]:
+    deadline = time.monotonic() + 30
+    while True:
+        r = bed.run(["podman", "inspect", "-f", "{{.State.Pid}} {{.State.ConmonPid}}", name],
+                    check=False)
+        pids = r.stdout.split()
+        if r.returncode == 0 and len(pids) == 2 and pids[0] != "0":
+            return {"pid": int(pids[0]), "conmon": int(pids[1])}
+        assert time.monotonic() < deadline, f"{name} never ran: {r.stdout} {r.stderr}"
+        time.sleep(0.3)
+
+
+def _gone(bed: Testbed, pid: int, seconds: float = 30) -> bool:
+    """Dead: no such process, or a zombie (its reaper, conmon, may be frozen)."""
+    deadline = time.monotonic() + seconds
+    state = f"s=$(sed -n 's/.*) //p' /proc/{pid}/stat 2>/dev/null) && [ \"${{s%% *}}\" != Z ]"
+    while bed.run(state, check=False).returncode == 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_an_agents_containers_run_under_its_scope_and_lev_stop_ends_them(bed: Testbed) -> None:
+    agent_id = agent(bed, "alice",
+                     ["POST", "/containers/create?name=scoped-1", _create(["sleep", "300"])],
+                     ["POST", "/containers/scoped-1/start", None],
+                     ["SLEEP", "300", None], detach=True)
+    assert isinstance(agent_id, str)
+    try:
+        unit = _unit_of(bed, "alice", agent_id)
+        procs = _running(bed, "scoped-1")
+        lines = bed.run(["cat", f"/proc/{procs['pid']}/cgroup"]).stdout.splitlines()
+        # Every hierarchy (name=systemd, the unified one, pids, memory...).
+        placed = [ln for ln in lines if ln.split(":", 2)[2] not in ("/", "")]
+        assert placed and all(f"/leviath.slice/{unit}/libpod-" in ln for ln in placed), lines
+        # systemd counts it as the agent's.
+        tasks = int(bed.run(["systemctl", "show", "-P", "TasksCurrent", unit]).stdout)
+        assert tasks >= 3, tasks  # supervisor, command, the container's sleep
+        # With the engine frozen (its API service, conmon), only the scope's
+        # stop can end the container: lev stop does.
+        bed.run(["systemctl", "kill", "--signal=SIGSTOP", "leviath-engine-api.service"])
+        try:
+            bed.run(["lev", "stop", agent_id], user="alice")
+            assert _gone(bed, procs["pid"])
+        finally:
+            bed.run(["systemctl", "kill", "--signal=SIGCONT", "leviath-engine-api.service"])
+    finally:
+        bed.run(["lev", "stop", agent_id], user="alice", check=False)
+        _wait_gone(bed, agent_id)
+        for cid in _leftovers(bed, agent_id):
+            bed.run(["podman", "rm", "-f", cid], check=False)
+
+
+def _with_user_limits(bed: Testbed, limits: str) -> None:
+    home = bed.users["alice"].home
+    bed.run(["mkdir", "-p", f"{home}/.config/leviath"], user="alice")
+    bed.write_file(f"{home}/.config/leviath/config.toml", f"[resources]\n{limits}\n")
+    bed.run(["chown", "alice", f"{home}/.config/leviath/config.toml"])
+
+
+def test_the_agents_tasks_and_memory_limits_hold_over_its_containers(bed: Testbed) -> None:
+    home = bed.users["alice"].home
+    _with_user_limits(bed, 'tasks_max = 24\nmemory_max = "96M"')
+    try:
+        # The engine's own limits would allow both (podman: 2048 pids, no
+        # memory limit); only the agent's scope stops them.
+        forks = "i=0; while [ $i -lt 40 ]; do sleep 30 & i=$((i+1)); done; echo all-forked"
+        out = agent(
+            bed, "alice",
+            ["POST", "/containers/create?name=forks-1", _create(["sh", "-c", forks])],
+            ["POST", "/containers/forks-1/start", None],
+            ["POST", "/containers/forks-1/wait", None],
+            ["GET", "/containers/forks-1/logs?stdout=1&stderr=1", None],
+            ["POST", "/containers/create?name=hog-1",
+             _create(["dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"])],
+            ["POST", "/containers/hog-1/start", None],
+            ["POST", "/containers/hog-1/wait", None],
+        )
+    finally:
+        bed.run(["rm", "-f", f"{home}/.config/leviath/config.toml"])
+    assert isinstance(out, list)
+    assert out[0][0] == 201 and out[4][0] == 201, out
+    logs = str(out[3][1])
+    assert "can't fork" in logs and "all-forked" not in logs, logs
+    hog = out[6][1]
+    assert isinstance(hog, dict) and hog["StatusCode"] == 137, out[6:]  # the kernel's OOM kill

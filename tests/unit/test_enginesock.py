@@ -98,6 +98,11 @@ class _Checks:
     gid = 1000
     podman = True
     daemon = "d"
+    cgroup_parent = "/leviath.slice/leviath-a-x-aaaa1111.scope"
+    controllers: frozenset[str] | None = None
+
+    def parent_controllers(self) -> frozenset[str] | None:
+        return self.controllers
 
     async def container(self, ref: str) -> dict[str, Any]:
         if ref == "mine":
@@ -124,10 +129,11 @@ class _Checks:
         raise rules.Refused("bind refused")
 
 
-def _decide(method: str, path: str, body: object = None) -> rules.Decision:
+def _decide(method: str, path: str, body: object = None,
+            checks: _Checks | None = None) -> rules.Decision:
     target, _, query = path.partition("?")
     raw = None if body is None else json.dumps(body).encode()
-    return asyncio.run(rules.decide(method, target, query, raw, _Checks()))
+    return asyncio.run(rules.decide(method, target, query, raw, checks or _Checks()))
 
 
 def _refused(method: str, path: str, body: object = None) -> str:
@@ -211,3 +217,30 @@ def test_other_endpoints() -> None:
     assert "labels=" in d.target and "aaaa1111" in d.target
     d = _decide("POST", "/containers/mine/attach?stream=1")
     assert d.upgrade and d.target == "/containers/" + "c" * 64 + "/attach?stream=1"
+
+
+def test_containers_are_placed_under_the_agents_scope() -> None:
+    d = _decide("POST", "/containers/create", {"Image": "x", "HostConfig": {
+        "Memory": 1 << 20, "PidsLimit": 5}})
+    assert d.body is not None
+    host = json.loads(d.body)["HostConfig"]
+    assert host["CgroupParent"] == _Checks.cgroup_parent
+    assert host["Memory"] == 1 << 20 and host["PidsLimit"] == 5
+    assert "--cgroup-parent is not allowed" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"CgroupParent": "/machine.slice"}})
+    # Not placed (the engine cannot): the engine's default, still not the agent's choice.
+    unplaced = _Checks()
+    unplaced.cgroup_parent = ""
+    d = _decide("POST", "/containers/create", {"Image": "x"}, unplaced)
+    assert d.body is not None and not json.loads(d.body)["HostConfig"].get("CgroupParent")
+
+
+def test_limits_the_scope_cannot_pass_on_are_left_to_the_scope() -> None:
+    v2 = _Checks()
+    v2.controllers = frozenset({"cpu"})
+    d = _decide("POST", "/containers/create", {"Image": "x", "HostConfig": {
+        "Memory": 1 << 20, "MemorySwap": 1 << 20, "PidsLimit": 5, "NanoCpus": 10**9}}, v2)
+    assert d.body is not None
+    host = json.loads(d.body)["HostConfig"]
+    assert "Memory" not in host and "MemorySwap" not in host and "PidsLimit" not in host
+    assert host["NanoCpus"] == 10**9

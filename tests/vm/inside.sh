@@ -268,6 +268,56 @@ step container_memhog as alice "lev run -- dd if=/dev/zero of=/dev/null bs=100M 
 rm -f /etc/leviath/config.toml
 systemctl reload leviathd
 
+# --- the filtered engine socket (issue 13) on pure cgroup v2: the agent's
+# containers run under its scope, held by its limits, ended by lev stop. The
+# client speaks the Docker API with python's http.client (no docker CLI here).
+cat >/etc/leviath/config.toml <<'EOF5'
+[sandbox.containers]
+enabled = true
+
+[resources]
+memory_max = "96M"
+tasks_max = 48
+EOF5
+systemctl reload leviathd
+sleep 2
+cp /mnt/host/engine_client.py /home/alice/work/engine_client.py
+cat >/home/alice/work/engine_probe.sh <<'EOF6'
+i='"Image": "localhost/leviath-vm-busybox:1"'
+exec python3 engine_client.py \
+  "[\"POST\", \"/containers/create?name=vm-e1\", {$i, \"Cmd\": [\"cat\", \"/proc/self/cgroup\"], \"HostConfig\": {\"NetworkMode\": \"none\", \"Memory\": 52428800, \"PidsLimit\": 20}}]" \
+  '["POST", "/containers/vm-e1/start", null]' \
+  '["POST", "/containers/vm-e1/wait", null]' \
+  '["GET", "/containers/vm-e1/logs?stdout=1&stderr=1", null]' \
+  "[\"POST\", \"/containers/create?name=vm-hog\", {$i, \"Cmd\": [\"dd\", \"if=/dev/zero\", \"of=/dev/null\", \"bs=200M\", \"count=1\"], \"HostConfig\": {\"NetworkMode\": \"none\"}}]" \
+  '["POST", "/containers/vm-hog/start", null]' \
+  '["POST", "/containers/vm-hog/wait", null]' \
+  "[\"POST\", \"/containers/create\", {$i, \"Cmd\": [\"true\"], \"HostConfig\": {\"Privileged\": true}}]" \
+  "[\"POST\", \"/containers/create\", {$i, \"Cmd\": [\"true\"], \"HostConfig\": {\"CgroupParent\": \"/\"}}]"
+EOF6
+cat >/home/alice/work/engine_long.sh <<'EOF7'
+python3 engine_client.py \
+  '["POST", "/containers/create?name=vm-long", {"Image": "localhost/leviath-vm-busybox:1", "Cmd": ["sleep", "600"], "HostConfig": {"NetworkMode": "none"}}]' \
+  '["POST", "/containers/vm-long/start", null]'
+sleep 600
+EOF7
+chown alice: /home/alice/work/engine_client.py /home/alice/work/engine_probe.sh /home/alice/work/engine_long.sh
+step engine_socket as alice "lev run -- sh engine_probe.sh"
+step engine_long_start as alice "lev run --detach -- sh engine_long.sh"
+el=$(tail -n 1 "$R/engine_long_start.out")
+wait_until 90 sh -c 'pid=$(podman inspect -f "{{.State.Pid}}" vm-long) && [ "$pid" != 0 ]'
+el_unit=$(unit_of "$el")
+step engine_stop sh -c "
+    pid=\$(podman inspect -f '{{.State.Pid}}' vm-long); echo pid=\$pid
+    echo cgroup=\$(cat /proc/\$pid/cgroup)
+    echo unit=$el_unit
+    runuser -l alice -c 'cd ~/work && lev stop $el'
+    for i in \$(seq 40); do [ -e /proc/\$pid ] || { echo gone; break; }; sleep 1; done
+    sleep 3; echo left=\$(podman ps -a -q --filter label=org.leviath.engine-agent | wc -l)
+    systemctl is-active leviath-engine-api.service"
+rm -f /etc/leviath/config.toml
+systemctl reload leviathd
+
 # --- agents survive a daemon restart
 step restart systemctl restart leviathd
 sleep 2

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import image
 import qemu
 import rpm
+from integration.test_engine_socket import CLIENT as ENGINE_CLIENT
 
 T = TypeVar("T")
 # The VM's boot and checks (~7 min under TCG on a loaded 2-core host): 40 min by
@@ -103,6 +104,7 @@ def vm() -> Iterator[Run]:
     run = Run(share, None)
     shutil.copy(Path(__file__).with_name("inside.sh"), share / "inside.sh")
     shutil.copy(REPO / "tests" / "escape_probe.py", share / "escape_probe.py")
+    (share / "engine_client.py").write_text(ENGINE_CLIENT)
     # The container check's system-call probe: static, so it runs in the
     # busybox image inside the VM (which has no compiler).
     subprocess.run(["gcc", "-static", "-O1", "-pthread", "-o", str(share / "syscall_probe"),
@@ -404,6 +406,43 @@ def test_a_container_agent_is_refused_io_uring_and_namespaces_by_seccomp(vm: Run
 def test_a_container_agent_is_held_by_its_memory_limit_on_pure_cgroup_v2(vm: Run) -> None:
     out = vm.out("container_memhog")
     assert vm.rc("container_memhog") == 137 and "copied" not in out, out
+
+
+def _engine_replies(vm: Run) -> list[list[object]]:
+    out = vm.ok("engine_socket")
+    lines = [json.loads(ln) for ln in out.splitlines() if ln.startswith("[")]
+    assert lines and lines[0] == ["DOCKER_HOST", "unix:///run/leviath/engine.sock"], out
+    return lines[1:]
+
+
+def test_the_engine_socket_runs_an_agents_container_under_its_scope_on_cgroup_v2(
+        vm: Run) -> None:
+    create, start, wait, logs, *_ = _engine_replies(vm)
+    # Its own --memory and --pids-limit are left out (the scope passes no
+    # controller to its children on pure v2) rather than failing the start.
+    assert create[0] == 201 and start[0] == 204, (create, start)
+    assert wait[1]["StatusCode"] == 0, wait  # type: ignore[index]
+    assert "0::/leviath.slice/leviath-alice-" in str(logs[1]) and "/libpod-" in str(logs[1]), logs
+
+
+def test_the_engine_socket_containers_are_held_by_the_agents_memory_limit(vm: Run) -> None:
+    replies = _engine_replies(vm)
+    hog_create, _start, hog_wait = replies[4:7]
+    assert hog_create[0] == 201, hog_create
+    assert hog_wait[1]["StatusCode"] == 137, hog_wait  # type: ignore[index]
+
+
+def test_the_engine_socket_refuses_privileged_and_cgroup_parent_on_debian13(vm: Run) -> None:
+    priv, parent = _engine_replies(vm)[7:9]
+    assert priv[0] == 403 and "leviathd: privileged" in str(priv[1]), priv
+    assert parent[0] == 403 and "leviathd: --cgroup-parent" in str(parent[1]), parent
+
+
+def test_lev_stop_ends_the_engine_socket_containers_on_debian13(vm: Run) -> None:
+    out = vm.ok("engine_stop")
+    facts = dict(ln.split("=", 1) for ln in out.splitlines() if "=" in ln)
+    assert "/libpod-" in facts["cgroup"] and facts["unit"] in facts["cgroup"], out
+    assert "gone" in out.splitlines() and facts["left"] == "0", out
 
 
 def test_a_lost_bus_restarts_the_daemon_which_serves_and_keeps_its_agents(vm: Run) -> None:
