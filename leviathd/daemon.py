@@ -28,21 +28,15 @@ from leviathd.config import load as config_load
 from leviathd.config.watch import ConfigWatcher
 from leviathd.enginesock.service import EngineSockService
 from leviathd.errors import ConfigError, LeviathError
+from leviathd.events import Event
 from leviathd.gate.service import GateService
+from leviathd.paths import machine_config_path, state_dir
 from leviathd.proxy.service import ProxyService
 from leviathd.records import RecordStore
 from leviathd.systemd import absent, journal, notify
 from leviathd.systemd.manager import SystemdManager
 
 log = logging.getLogger("leviathd")
-
-
-def state_dir() -> str:
-    return os.environ.get("LEVIATH_STATE_DIR", "/var/lib/leviath")
-
-
-def machine_config_path() -> str:
-    return os.environ.get("LEVIATH_CONFIG", "/etc/leviath/config.toml")
 
 
 async def own_name(bus: MessageBus, *, patience: float = 5.0) -> bool:
@@ -107,7 +101,7 @@ async def serve() -> int:
         systemd = absent.NoSystemd(bus)
         journal.record(
             absent.NOTICE.format(logs=journal.logs_dir()),
-            priority=syslog.LOG_WARNING, LEVIATH_EVENT="no-systemd",
+            priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.NO_SYSTEMD,
         )
     store = RecordStore(state_dir())
     store.ensure()
@@ -124,7 +118,7 @@ async def serve() -> int:
     agents = Agents(
         bus, systemd, store,
         authority=polkit.PolkitAuthority(bus),
-        machine_config_path=machine_config_path(),
+        machine_config_path=str(machine_config_path()),
         scratch_dir_default=os.path.join(state_dir(), "scratch"),
         on_started=started, on_ended=ended,
     )
@@ -133,17 +127,17 @@ async def serve() -> int:
     def on_file_change() -> None:
         try:
             agents.load_machine_config()
-            journal.record(f"{machine_config_path()} changed: reloaded", LEVIATH_EVENT="reload")
+            journal.record(f"{machine_config_path()} changed: reloaded", LEVIATH_EVENT=Event.RELOAD)
         except LeviathError as exc:
             journal.record(
                 f"{machine_config_path()} changed but does not load; the old configuration "
                 f"stays in force: {exc}",
-                priority=syslog.LOG_ERR, LEVIATH_EVENT="reload-failed",
+                priority=syslog.LOG_ERR, LEVIATH_EVENT=Event.RELOAD_FAILED,
             )
 
     # Watching before the read and long before READY=1: an edit made the
     # moment `systemctl restart` returns is then seen, by the read or the watch.
-    watcher = ConfigWatcher(machine_config_path(), on_file_change)
+    watcher = ConfigWatcher(str(machine_config_path()), on_file_change)
     watcher.start()
     try:
         agents.load_machine_config()
@@ -182,7 +176,7 @@ async def serve() -> int:
         notify.ready(f"NOT STARTING AGENTS: {agents.config_problem}"[:400])
     else:
         notify.ready(f"serving; {running} agents running")
-    journal.record(f"leviathd ready, {running} agents adopted", LEVIATH_EVENT="ready")
+    journal.record(f"leviathd ready, {running} agents adopted", LEVIATH_EVENT=Event.READY)
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -214,7 +208,7 @@ async def serve() -> int:
         log.error("lost the system bus connection (%s); exiting for a restart", reason)
         journal.record(
             f"leviathd lost its system bus connection ({reason}); exiting so that systemd "
-            "restarts it", priority=syslog.LOG_ERR, LEVIATH_EVENT="bus-lost",
+            "restarts it", priority=syslog.LOG_ERR, LEVIATH_EVENT=Event.BUS_LOST,
         )
     notify.stopping()
     maintenance.cancel()

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from leviathd import fsat
 from leviathd.errors import NoSpace
+from leviathd.paths import runtime_dir
 
 # A full filesystem, or the state folder's owner over quota.
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -287,10 +288,6 @@ class RecordStore:
 
 
 MAX_EXIT_BYTES = 4096
-
-
-def runtime_dir() -> str:
-    return os.environ.get("LEVIATH_RUNTIME_DIR", "/run/leviath")
 
 
 def spare_exit_path(agent_id: str) -> str:

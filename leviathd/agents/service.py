@@ -38,6 +38,7 @@ from leviathd.errors import (
     NotFound,
     Unavailable,
 )
+from leviathd.events import Event
 from leviathd.identity import UserInfo, user_info
 from leviathd.records import FULL, AgentRecord, AgentState, RecordStore
 from leviathd.sandbox import container, scratch, supervisor
@@ -156,7 +157,7 @@ class Agents:
     async def reload(self) -> None:
         """The bus edge has checked org.leviath.config.manage."""
         self.load_machine_config()
-        journal.record("configuration reloaded", LEVIATH_EVENT="reload")
+        journal.record("configuration reloaded", LEVIATH_EVENT=Event.RELOAD)
 
     def user_config(self, user: UserInfo) -> Config | None:
         path = os.path.join(user.home, ".config", "leviath", "config.toml")
@@ -177,7 +178,7 @@ class Agents:
             # configuration in force, and says so where the admin looks.
             journal.record(
                 f"{path} does not load; the last good version stays in force: {exc}",
-                priority=syslog.LOG_ERR, LEVIATH_EVENT="reload-failed", LEVIATH_USER=user.name,
+                priority=syslog.LOG_ERR, LEVIATH_EVENT=Event.RELOAD_FAILED, LEVIATH_USER=user.name,
             )
             return last_good
         self._user_configs[user.uid] = config
@@ -315,7 +316,7 @@ class Agents:
         journal.record(
             f"agent {agent_id} ({agent_name}) started for {user.name} in {unit}",
             LEVIATH_AGENT=agent_id, LEVIATH_USER=user.name, LEVIATH_UNIT=unit,
-            LEVIATH_SANDBOX=kind, LEVIATH_EVENT="start", LEVIATH_SPAWN_USEC=spawn_usec,
+            LEVIATH_SANDBOX=kind, LEVIATH_EVENT=Event.START, LEVIATH_SPAWN_USEC=spawn_usec,
             LEVIATH_POLKIT_USEC=int((t_polkit - t0) * 1e6), LEVIATH_SCOPE_USEC=scope_usec,
         )
         if rec.reads_declared and not rec.reads_granted:
@@ -323,7 +324,7 @@ class Agents:
                 f"agent {agent_id} ({agent_name}) declares {rec.reads_declared} read paths and "
                 "the configuration grants none: reads outside the workdir will be refused",
                 priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
-                LEVIATH_EVENT="reads-not-granted",
+                LEVIATH_EVENT=Event.READS_NOT_GRANTED,
             )
         self._signal_to[agent_id] = who.sender
         self._on_started(agent_id, unit, user.uid, to=who.sender)
@@ -431,7 +432,7 @@ class Agents:
                 journal.record(
                     f"the namespace fence cannot be built here ({reason}); falling back to the "
                     "container kind",
-                    priority=syslog.LOG_WARNING, LEVIATH_EVENT="sandbox-fallback",
+                    priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.SANDBOX_FALLBACK,
                 )
                 return "container", ["fallback:container"]
             reason = f"{reason}; nor can the container fallback: {fallback_problem}"
@@ -444,7 +445,7 @@ class Agents:
             journal.record(
                 f"sandbox {kind} unavailable ({reason}); running on the host as configured "
                 "(on_unavailable = \"warn\")",
-                priority=syslog.LOG_WARNING, LEVIATH_EVENT="sandbox-unavailable",
+                priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.SANDBOX_UNAVAILABLE,
             )
             return "none", ["unsandboxed", f"{kind}-unavailable"]
         raise Unavailable(f"the {kind} sandbox cannot be built here: {reason}")
@@ -586,7 +587,7 @@ class Agents:
                 f"agent {agent_id} ({rec.agent}) of {rec.user} ended: {rec.state.value}"
                 + (f", exit status {rec.exit_status}" if rec.exit_status is not None else ""),
                 LEVIATH_AGENT=agent_id, LEVIATH_USER=rec.user, LEVIATH_UNIT=rec.unit,
-                LEVIATH_EVENT="end", LEVIATH_EXIT_STATUS=rec.exit_status,
+                LEVIATH_EVENT=Event.END, LEVIATH_EXIT_STATUS=rec.exit_status,
             )
             self._on_ended(agent_id, -1 if rec.exit_status is None else rec.exit_status,
                            rec.state.value, to=self._signal_to.pop(agent_id, None))
@@ -619,7 +620,7 @@ class Agents:
                 f"agent record {self._store.dir / name} cannot be read ({why}); moved aside to "
                 f"{moved_to or '(could not move it)'}; its agent, if its scope still runs, is "
                 "listed as unknown",
-                priority=syslog.LOG_WARNING, LEVIATH_EVENT="record-bad",
+                priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.RECORD_BAD,
             )
         for rec in scan.records:
             if not rec.active:
@@ -638,7 +639,7 @@ class Agents:
         except Exception as exc:  # systemd unreachable: keep what the records say
             journal.record(
                 f"could not list leviath scopes from systemd: {exc}",
-                priority=syslog.LOG_ERR, LEVIATH_EVENT="reconcile-failed",
+                priority=syslog.LOG_ERR, LEVIATH_EVENT=Event.RECONCILE_FAILED,
             )
             # Without the scope list, no scratch folder is known to be free.
             return
@@ -681,7 +682,7 @@ class Agents:
                 f"scope {unit} runs without a usable record: listed as agent {agent_id} of "
                 f"{who[1]} in state unknown",
                 priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id, LEVIATH_UNIT=unit,
-                LEVIATH_EVENT="record-unknown",
+                LEVIATH_EVENT=Event.RECORD_UNKNOWN,
             )
         # Its supervisor still writes the exit record when the agent ends
         # (supervisor._write_exit): that is how an unknown agent's end, and its
@@ -703,7 +704,7 @@ class Agents:
             journal.record(
                 f"agent {rec.id} (record unknown) of {rec.user} ended: "
                 + (f"exit status {rec.exit_status}" if got is not None else "its scope is gone"),
-                LEVIATH_AGENT=rec.id, LEVIATH_UNIT=rec.unit, LEVIATH_EVENT="end",
+                LEVIATH_AGENT=rec.id, LEVIATH_UNIT=rec.unit, LEVIATH_EVENT=Event.END,
                 LEVIATH_EXIT_STATUS=rec.exit_status,
             )
             self._on_ended(rec.id, -1 if rec.exit_status is None else rec.exit_status,
@@ -755,7 +756,8 @@ class Agents:
                 journal.record(
                     f"agent {rec.id}: {exc}; its record ({rec.state.value}) is kept in memory "
                     "and written when space returns",
-                    priority=syslog.LOG_ERR, LEVIATH_AGENT=rec.id, LEVIATH_EVENT="record-unsaved",
+                    priority=syslog.LOG_ERR, LEVIATH_AGENT=rec.id,
+                    LEVIATH_EVENT=Event.RECORD_UNSAVED,
                 )
             self.unsaved[rec.id] = rec
             if not rec.active:
@@ -772,7 +774,7 @@ class Agents:
                 self._store.drop_exit(rec.id)
             journal.record(
                 f"agent {rec.id}: its record ({rec.state.value}) is written now",
-                LEVIATH_AGENT=rec.id, LEVIATH_EVENT="record-saved",
+                LEVIATH_AGENT=rec.id, LEVIATH_EVENT=Event.RECORD_SAVED,
             )
 
     def _scratch_dirs(self) -> list[str]:
@@ -812,7 +814,7 @@ class Agents:
             self._save(rec)
         journal.record(
             f"agent {agent_id} stop requested by uid {who.uid}",
-            LEVIATH_AGENT=agent_id, LEVIATH_EVENT="stop", LEVIATH_BY_UID=who.uid,
+            LEVIATH_AGENT=agent_id, LEVIATH_EVENT=Event.STOP, LEVIATH_BY_UID=who.uid,
         )
         await self._systemd.stop_unit(rec.unit)
 

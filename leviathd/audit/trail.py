@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from leviathd.events import Event
 from leviathd.safetext import escape
 from leviathd.systemd import journal
 
@@ -218,7 +219,7 @@ class AuditWriter:
             f"agent {agent_id}: {', '.join(parts)} in the last {seconds:.0f} s "
             f"(over the audit limit of {self._agent_rate:g} records a second: counted, "
             "not recorded one by one)",
-            priority=syslog.LOG_NOTICE, LEVIATH_EVENT="tool-summary", LEVIATH_AGENT=agent_id,
+            priority=syslog.LOG_NOTICE, LEVIATH_EVENT=Event.TOOL_SUMMARY, LEVIATH_AGENT=agent_id,
             LEVIATH_USER=state.user, LEVIATH_COUNT=total,
             LEVIATH_SUMMARY="; ".join(f"{outcome} {tool} {n}"
                                       for (tool, outcome), n in held.most_common()),
@@ -236,7 +237,7 @@ class AuditWriter:
             f"agent {record.agent}: {record.tool} {record.target or '-'}: {record.outcome} "
             f"(rule {record.rule}, taint {record.taint}, clearance {record.clearance})"
             + (f": {record.detail}" if record.detail else ""),
-            priority=priority, LEVIATH_EVENT="tool",
+            priority=priority, LEVIATH_EVENT=Event.TOOL,
             LEVIATH_AT=f"{record.at or time.time():.6f}", LEVIATH_TAINT_AFTER=taint_after,
             **record.journal_fields(),
         )

@@ -32,6 +32,7 @@ from leviathd.broker.requests import Lines, TooLong, parse_request
 from leviathd.broker.tools import RawJSON
 from leviathd.domain.tools import TOOLS
 from leviathd.errors import AccessDenied, LimitExceeded
+from leviathd.paths import runtime_dir
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
 # What asyncio buffers per connection before it stops reading from the
@@ -42,10 +43,6 @@ _open_connections = 0
 
 # cgroup path (as in /proc/<pid>/cgroup) → the agent id whose scope it is, or None.
 AgentLookup = Callable[[str], str | None]
-
-
-def runtime_dir() -> str:
-    return os.environ.get("LEVIATH_RUNTIME_DIR", "/run/leviath")
 
 
 def socket_path_for(agent_id: str) -> str:

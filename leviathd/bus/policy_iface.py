@@ -16,11 +16,12 @@ from leviathd.bus import caller as bus_caller
 from leviathd.bus.compat import DBusSignature, dbus_signal
 from leviathd.bus.method import bus_method
 from leviathd.config.edit import append_rule, machine_write_target
-from leviathd.config.load import machine_config_path
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import checked_tool_name
 from leviathd.errors import InvalidArgument, NotFound
+from leviathd.events import Event
 from leviathd.gate.service import GateService
+from leviathd.paths import machine_config_path
 from leviathd.policy.approvals import Answer, PendingRequest
 from leviathd.systemd import journal
 
@@ -118,7 +119,7 @@ class PolicyInterface(ServiceInterface):
             self._agents.load_machine_config()
         journal.record(
             f"allowlist rule added to {real} by uid {who.uid}: {tool} {target!r} up to {level}",
-            LEVIATH_EVENT="policy-add", LEVIATH_BY_UID=who.uid, LEVIATH_TOOL=tool,
+            LEVIATH_EVENT=Event.POLICY_ADD, LEVIATH_BY_UID=who.uid, LEVIATH_TOOL=tool,
             LEVIATH_TARGET=target,
         )
         return str(real)

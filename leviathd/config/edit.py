@@ -9,13 +9,12 @@ not depend on its own client.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 
+from leviathd import fsat
 from leviathd.config.load import parse_config
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import InvalidArgument
@@ -81,25 +80,16 @@ def machine_write_target(path: Path) -> Path:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace `path` with `text` through fsat (temporary file made by
+    descriptor, fsync of the file and of the folder, rename): the one atomic
+    write of the code base. The file keeps its mode (0644 when new); a missing
+    folder is made."""
     try:
         mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
         mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    dfd, name = fsat.open_parent(str(path.absolute()), create_mode=0o755)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
+        fsat.atomic_write_at(dfd, name, text.encode(), mode=mode)
     finally:
         os.close(dfd)

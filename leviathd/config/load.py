@@ -17,13 +17,12 @@ from pydantic import BaseModel, ValidationError
 from leviathd.config.errors import toml_error, validation_error
 from leviathd.config.models import Blueprint, Config
 from leviathd.errors import ConfigError, NotFound
+from leviathd.paths import machine_config_path
 
-MACHINE_CONFIG = Path("/etc/leviath/config.toml")
 USER_CONFIG_RELATIVE = Path(".config/leviath/config.toml")
 AGENT_STORE_RELATIVE = Path(".local/share/leviath/agents")
 BLUEPRINT_FILE = "blueprint.toml"
 
-ENV_CONFIG = "LEVIATH_CONFIG"
 ENV_USER_CONFIG = "LEVIATH_USER_CONFIG"
 ENV_AGENT_STORE = "LEVIATH_AGENT_STORE"
 
@@ -89,12 +88,6 @@ def _check_shape(data: dict[str, Any], source: str) -> None:
 
 def _home(home: str | os.PathLike[str] | None) -> Path:
     return Path(home) if home is not None else Path.home()
-
-
-def machine_config_path() -> Path:
-    """/etc/leviath/config.toml, or $LEVIATH_CONFIG."""
-    env = os.environ.get(ENV_CONFIG)
-    return Path(env) if env else MACHINE_CONFIG
 
 
 def user_config_path(home: str | os.PathLike[str] | None = None) -> Path:

@@ -15,9 +15,10 @@ from typing import Any
 from urllib.parse import quote
 
 from leviathd import fsat
-from leviathd.broker.server import runtime_dir
 from leviathd.enginesock import wire
 from leviathd.enginesock.rules import LABEL_AGENT, LABEL_DAEMON
+from leviathd.events import Event
+from leviathd.paths import runtime_dir
 from leviathd.sandbox.engine import ENGINE_ENV
 from leviathd.systemd import journal
 
@@ -150,7 +151,7 @@ class Service:
                     break
                 if await reachable(sock):
                     journal.record("podman's API service started for the filtered engine "
-                                   "sockets", LEVIATH_EVENT="engine-service")
+                                   "sockets", LEVIATH_EVENT=Event.ENGINE_SERVICE)
                     return sock
                 await asyncio.sleep(0.1)
             await self.close()
@@ -175,7 +176,7 @@ class Service:
         if proc.returncode != 0:
             journal.record(f"systemd-run of podman's API service failed: "
                            f"{err.decode(errors='replace')[-300:]}; running it as a child",
-                           priority=syslog.LOG_WARNING, LEVIATH_EVENT="engine-service")
+                           priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.ENGINE_SERVICE)
             return False
         return True
 
@@ -245,7 +246,7 @@ async def remove(sock: str, daemon: str, keep: set[str], only: str | None = None
                 status = 0
                 journal.record(f"agent {agent}: could not remove {kind} {name[:64]}: {exc}",
                                priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent,
-                               LEVIATH_EVENT="engine-cleanup")
+                               LEVIATH_EVENT=Event.ENGINE_CLEANUP)
             if status in (200, 204, 404):
                 gone += 1
     return gone

@@ -25,6 +25,7 @@ from leviathd.broker.server import identify
 from leviathd.enginesock import engine, rules, wire
 from leviathd.enginesock.view import BindRefused, View
 from leviathd.errors import AccessDenied
+from leviathd.events import Event
 from leviathd.systemd import journal
 
 SOCKET_NAME = "engine.sock"
@@ -269,7 +270,7 @@ class AgentProxy:
             f"agent {self.agent_id}: engine socket {'allowed' if allowed else 'refused'} {what}",
             priority=syslog.LOG_INFO if allowed else syslog.LOG_WARNING,
             LEVIATH_AGENT=self.agent_id,
-            LEVIATH_EVENT="engine-allowed" if allowed else "engine-refused",
+            LEVIATH_EVENT=Event.ENGINE_ALLOWED if allowed else Event.ENGINE_REFUSED,
         )
 
 

@@ -25,15 +25,16 @@ from typing import Any
 
 from leviathd import fsat
 from leviathd.agents.service import Agents
-from leviathd.broker.server import runtime_dir
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.config.models import Publish
 from leviathd.enginesock import engine
 from leviathd.enginesock.proxy import SOCKET_NAME, AgentProxy, Settings
 from leviathd.enginesock.view import View, _Entry
 from leviathd.errors import Unavailable
+from leviathd.events import Event
 from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
 from leviathd.identity import UserInfo
+from leviathd.paths import runtime_dir
 from leviathd.records import AgentRecord
 from leviathd.sandbox.container import daemon_instance
 from leviathd.sandbox.spec import SandboxSpec
@@ -107,7 +108,7 @@ class EngineSockService:
                        f"not under its scope (engine cgroup manager {driver or 'unknown'!r}): "
                        "lev stop and its limits do not reach them",
                        priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,
-                       LEVIATH_EVENT="engine-placement")
+                       LEVIATH_EVENT=Event.ENGINE_PLACEMENT)
         return ""
 
     async def _open(self, settings: Settings, view: View) -> None:
@@ -136,11 +137,11 @@ class EngineSockService:
         except (TimeoutError, OSError) as exc:
             journal.record(f"agent {rec.id}: its containers could not be removed: {exc}",
                            priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,
-                           LEVIATH_EVENT="engine-cleanup")
+                           LEVIATH_EVENT=Event.ENGINE_CLEANUP)
             return
         if gone:
             journal.record(f"agent {rec.id}: removed {gone} containers, networks and volumes "
-                           "it left", LEVIATH_AGENT=rec.id, LEVIATH_EVENT="engine-cleanup")
+                           "it left", LEVIATH_AGENT=rec.id, LEVIATH_EVENT=Event.ENGINE_CLEANUP)
 
     async def recover(self) -> None:
         """After the gate's recover: proxies for adopted agents, then a sweep
@@ -166,7 +167,7 @@ class EngineSockService:
                 except OSError as exc:
                     journal.record(f"agent {agent_id}: no engine socket after the restart: "
                                    f"{exc}", priority=syslog.LOG_WARNING,
-                                   LEVIATH_AGENT=agent_id, LEVIATH_EVENT="engine-lost")
+                                   LEVIATH_AGENT=agent_id, LEVIATH_EVENT=Event.ENGINE_LOST)
         machine = self._agents.machine_config.sandbox
         configured = machine.containers if machine is not None else None
         if configured is not None and configured.enabled:
@@ -178,7 +179,7 @@ class EngineSockService:
                 if gone:
                     journal.record(f"removed {gone} containers, networks and volumes of "
                                    "agents that ended while the daemon was away",
-                                   LEVIATH_EVENT="engine-cleanup")
+                                   LEVIATH_EVENT=Event.ENGINE_CLEANUP)
 
     async def close(self) -> None:
         for proxy in list(self.live.values()):

@@ -41,13 +41,15 @@ from leviathd import fsat
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord, Broker
-from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of, runtime_dir
+from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of
 from leviathd.broker.tools import MAX_READ, CredentialRequest, ShellRequest
 from leviathd.config.merge import MergeResult
 from leviathd.config.policy_settings import policy_settings
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, NotFound, Unavailable
+from leviathd.events import Event
 from leviathd.identity import UserInfo, user_info
+from leviathd.paths import runtime_dir
 from leviathd.policy.approvals import Answer, ApprovalQueue, PendingRequest
 from leviathd.policy.ledger import Entry, Ledger
 from leviathd.policy.settings import PolicySettings
@@ -189,7 +191,7 @@ class GateService:
                 journal.record(
                     f"agent {agent_id}: no tool broker after the restart: {exc}",
                     priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
-                    LEVIATH_EVENT="broker-lost",
+                    LEVIATH_EVENT=Event.BROKER_LOST,
                 )
         with contextlib.suppress(OSError), _dir(agents_dir()) as afd:
             for name in os.listdir(afd):
@@ -325,7 +327,7 @@ class GateService:
         journal.record(
             f"agent {req.agent_id}: approval {req.id} for {req.tool} {req.target}: "
             f"{answer.value} by {who}",
-            LEVIATH_AGENT=req.agent_id, LEVIATH_EVENT="approval", LEVIATH_REQUEST=req.id,
+            LEVIATH_AGENT=req.agent_id, LEVIATH_EVENT=Event.APPROVAL, LEVIATH_REQUEST=req.id,
             LEVIATH_TOOL=req.tool, LEVIATH_TARGET=req.target, LEVIATH_ANSWER=answer.value,
             LEVIATH_BY_UID=by,
         )

@@ -26,6 +26,7 @@ from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord
 from leviathd.config.merge import MergeResult
 from leviathd.domain.sensitivity import Sensitivity
+from leviathd.events import Event
 from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
@@ -139,7 +140,7 @@ class ProxyService:
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     journal.record(f"agent {agent_id}: no network proxy after the restart: "
                                    f"{exc}", priority=syslog.LOG_WARNING,
-                                   LEVIATH_AGENT=agent_id, LEVIATH_EVENT="proxy-lost")
+                                   LEVIATH_AGENT=agent_id, LEVIATH_EVENT=Event.PROXY_LOST)
             fd = fsat.open_dir(self._snapshots)
             try:
                 for name in names:

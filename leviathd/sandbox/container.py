@@ -47,6 +47,8 @@ from typing import Any
 from leviathd import fsat, resource_defaults
 from leviathd.agents.request import refuse_system_workdir
 from leviathd.errors import InvalidArgument, Unavailable
+from leviathd.events import Event
+from leviathd.paths import runtime_dir, state_dir
 from leviathd.sandbox import engine as engines
 from leviathd.sandbox import guard, oci_seccomp, pinned
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
@@ -104,14 +106,6 @@ _locks: dict[str, asyncio.Lock] = {}
 
 
 # --- identity of this daemon ---------------------------------------------------
-
-
-def state_dir() -> str:
-    return os.environ.get("LEVIATH_STATE_DIR", "/var/lib/leviath")
-
-
-def runtime_dir() -> str:
-    return os.environ.get("LEVIATH_RUNTIME_DIR", "/run/leviath")
 
 
 def seccomp_dir() -> str:
@@ -749,7 +743,7 @@ async def ensure(
         journal.record(
             f"agent {agent_id}: {eng.name} started container {name}"
             + (f": {_tail(err)}" if err.strip() else ""),
-            priority=syslog.LOG_DEBUG, LEVIATH_AGENT=agent_id, LEVIATH_EVENT="container-start",
+            priority=syslog.LOG_DEBUG, LEVIATH_AGENT=agent_id, LEVIATH_EVENT=Event.CONTAINER_START,
         )
     _locks.pop(name, None)
     if started is not None:

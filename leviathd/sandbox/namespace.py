@@ -57,6 +57,7 @@ from typing import NoReturn
 
 from leviathd import resource_defaults
 from leviathd.errors import InvalidArgument, Unavailable
+from leviathd.paths import runtime_dir
 from leviathd.sandbox import guard, scratch, seccomp
 from leviathd.sandbox.privileges import drop_to_user
 from leviathd.sandbox.spec import (
@@ -287,8 +288,7 @@ def _run(spec: SandboxSpec, workdir_fd: int | None) -> int:
 def _start_relay(spec: SandboxSpec) -> int:
     from leviathd.proxy import forwarder
 
-    runtime = os.environ.get("LEVIATH_RUNTIME_DIR", "/run/leviath")
-    path = os.path.join(runtime, "agents", spec.execution_id, forwarder.SOCKET_NAME)
+    path = os.path.join(runtime_dir(), "agents", spec.execution_id, forwarder.SOCKET_NAME)
     sock = forwarder.listen()
     try:
         return forwarder.start(sock, path, spec.uid, spec.gid, spec.groups)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from leviathd import fsat
 from leviathd.errors import Unavailable
+from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.sandbox import scratch
 from leviathd.sandbox.spec import SandboxSpec
@@ -351,13 +352,13 @@ def _supervise(
         if len(steps) > 1:
             journal.record_after_fork(
                 f"agent {agent_id}: {label} starts", LEVIATH_AGENT=agent_id,
-                LEVIATH_STEP=label, LEVIATH_EVENT="step-start",
+                LEVIATH_STEP=label, LEVIATH_EVENT=Event.STEP_START,
             )
         code = _run_step(spec, stdio, j_out, j_err)
         if len(steps) > 1:
             journal.record_after_fork(
                 f"agent {agent_id}: {label} ended with status {code}", LEVIATH_AGENT=agent_id,
-                LEVIATH_STEP=label, LEVIATH_EVENT="step-end", LEVIATH_EXIT_STATUS=code,
+                LEVIATH_STEP=label, LEVIATH_EVENT=Event.STEP_END, LEVIATH_EXIT_STATUS=code,
             )
         if code != 0:
             break

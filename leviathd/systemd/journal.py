@@ -14,6 +14,7 @@ import syslog
 import pystemd.journal
 
 from leviathd import safetext
+from leviathd.paths import state_dir
 
 STDOUT_SOCKET = "/run/systemd/journal/stdout"
 NATIVE_SOCKET = "/run/systemd/journal/socket"
@@ -28,7 +29,7 @@ def available() -> bool:
 
 def logs_dir() -> str:
     """Where agents' output goes when there is no journald."""
-    return os.path.join(os.environ.get("LEVIATH_STATE_DIR", "/var/lib/leviath"), "logs")
+    return os.path.join(state_dir(), "logs")
 
 
 def log_path(agent_id: str) -> str:

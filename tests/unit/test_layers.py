@@ -29,6 +29,8 @@ PARTS: dict[str, str] = {
     "policy": "Policy",
     "config": "Config",
     "domain": "Ground",
+    "paths": "Ground",
+    "events": "Ground",
     "readpatterns": "Ground",
     "authority": "Ground",
     "systemd": "Ground",

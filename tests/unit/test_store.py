@@ -12,8 +12,9 @@ import pytest
 
 from leviathd.cli.main import main
 from leviathd.config.agent_store import blueprint_folder, install, list_installed
-from leviathd.config.load import agent_store_path, machine_config_path, user_config_path
+from leviathd.config.load import agent_store_path, user_config_path
 from leviathd.errors import ConfigError, InvalidArgument, NotFound
+from leviathd.paths import machine_config_path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CTO = FIXTURES / "blueprints" / "cto"
