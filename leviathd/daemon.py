@@ -26,6 +26,7 @@ from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
 from leviathd.config import load as config_load
 from leviathd.config.watch import ConfigWatcher
+from leviathd.creds.service import CredentialService
 from leviathd.enginesock.service import EngineSockService
 from leviathd.errors import ConfigError, LeviathError
 from leviathd.events import Event
@@ -154,6 +155,8 @@ async def serve() -> int:
         log.error("%s", agents.config_problem)
     gate = GateService(bus, agents, state_dir=state_dir())
     gate.install()
+    credentials = CredentialService(agents, gate)
+    credentials.install()
     proxy = ProxyService(agents, gate, state_dir=state_dir())
     proxy.install()
     engine_sockets = EngineSockService(agents, gate, state_dir=state_dir())
@@ -163,6 +166,7 @@ async def serve() -> int:
     bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate))
     await agents.recover()
     await gate.recover()
+    await credentials.recover()
     await proxy.recover()
     maintenance = asyncio.get_running_loop().create_task(agents.maintain())
     # podman's API service may take seconds to start: not in the way of READY.
@@ -215,6 +219,7 @@ async def serve() -> int:
     watcher.close()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(gate.close(), timeout=5)
+        await asyncio.wait_for(credentials.close(), timeout=5)
         await asyncio.wait_for(proxy.close(), timeout=5)
     engine_recovery.cancel()
     with contextlib.suppress(Exception):

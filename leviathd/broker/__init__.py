@@ -21,6 +21,7 @@ What the daemon does for each running agent (phase 2 wiring):
     await server.close(); broker.close()   # agent ended
 
 Modules: core (Broker, AuditRecord), server (socket, peer identity), tools (file
-and credential tools), net (web tools), opener (+ opener_worker: opens files as
-the agent's user), schema (argument schemas, the gate's view of a call).
+and credential tools), gitcreds (which git credential covers a URL), net (web
+tools), opener (+ opener_worker: opens files as the agent's user), schema
+(argument schemas, the gate's view of a call).
 """

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from leviathd.broker import schema
+from leviathd.broker import gitcreds, schema
 from leviathd.broker.limits import Limits, too_large
 from leviathd.broker.net import AddressRefused
 from leviathd.broker.opener import Opener
@@ -24,6 +24,7 @@ from leviathd.broker.tools import (
     RealPathRefused,
     ShellRequest,
     ShellRunner,
+    read_secret,
     run_credential,
     web_tool,
 )
@@ -369,6 +370,16 @@ class Broker:
             )
             _fit_output(out, self._budget())
             return out, predicted
+        if kind is ToolKind.GIT:
+            _, spec = gitcreds.pick(settings.credentials, tool, str(args["url"]))
+            self.start()
+            assert self._opener is not None
+            token = gitcreds.check_token(await read_secret(
+                spec, opener=self._opener, uid=self.user.uid, gid=self.user.gid,
+                groups=self.user.groups, home=self.user.home))
+            return {"username": spec.username, "password": token}, predicted
+        if kind is ToolKind.SSH:
+            raise Unavailable(f"{tool} is the SSH agent's: use SSH_AUTH_SOCK")
         if kind is ToolKind.SHELL:
             if self._shell is None:
                 raise Unavailable("shell is not available for this agent")

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from leviathd.broker.gitcreds import target as git_target
 from leviathd.domain.tools import TOOLS, ToolKind
 from leviathd.errors import InvalidArgument
 from leviathd.policy.gate import Call, normalise
@@ -167,4 +168,10 @@ def call_for(tool: str, args: Mapping[str, Any], workdir: str) -> Call:
         return Call(tool, str(args["command"]))
     if kind is ToolKind.CREDENTIAL:
         return Call(tool, str(args["name"]))
+    if kind is ToolKind.GIT:
+        where = git_target(str(args["url"]))
+        return Call(tool, where, scope=where)
+    if kind is ToolKind.SSH:
+        host = str(args["host"])[:300]
+        return Call(tool, host, scope=host)
     return Call(tool, "")

@@ -490,6 +490,11 @@ async def run_credential(
     working folder and a scrubbed environment (sandbox/credential_fence.py),
     with a real gid its user cannot take (see `_guarded`); never here,
     outside every fence. The secret is cut out of its output."""
+    if spec.kind not in ("command", "cli"):
+        raise InvalidArgument(
+            f"a credential of kind {spec.kind!r} is not a command: the sandbox's "
+            + ("git credential helper" if spec.kind == "git" else "SSH agent") + " uses it"
+        )
     if not spec.command:
         raise Unavailable("credential has no command configured")
     if spec.env:
@@ -500,6 +505,39 @@ async def run_credential(
         )
     if runner is None:
         raise Unavailable("credential commands need the daemon's fence, which this broker lacks")
+    secret = await read_secret(spec, opener=opener, uid=uid, gid=gid, groups=groups, home=home)
+    env = {
+        "PATH": SAFE_PATH,
+        "LANG": "C.UTF-8",
+        # git reads no /etc/gitconfig, asks no one, and takes nothing from the
+        # agent's folders (the fence shows none of them but a read-only workdir).
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+    }
+    argv: tuple[str, ...] = (*spec.command, *args)
+    if spec.kind == "cli":
+        # The wrapped CLI reads its token from a variable: the fence's shell
+        # moves it there from stdin. The variable is as safe as the pipe: the
+        # fence's processes are out of its user's reach (`_guarded`), and its
+        # PID namespace hides them from the agent. The name was validated.
+        argv = ("/bin/sh", "-c", f'IFS= read -r t; {spec.token_env}="$t"; '
+                f'export {spec.token_env}; unset t; exec "$@"', "sh", *argv)
+    out = await runner(CredentialRequest(
+        agent_id, argv, env, secret + "\n", spec.workdir, timeout,
+    ))
+    return {
+        "exit_status": int(out.get("exit_status", -1)),
+        "stdout": redact(str(out.get("stdout", ""))[:MAX_READ], secret),
+        "stderr": redact(str(out.get("stderr", ""))[:MAX_READ], secret),
+    }
+
+
+async def read_secret(
+    spec: CredentialSpec, *, opener: Opener, uid: int, gid: int, groups: Sequence[int],
+    home: str,
+) -> str:
+    """The credential's secret: as root for a credential of the machine
+    config, as the agent's user for a user's own (see `run_credential`)."""
     as_root = spec.from_machine and os.geteuid() == 0
     if spec.secret_command:
         secret = await _secret_from_command(
@@ -519,19 +557,4 @@ async def run_credential(
             os.close(fd)
     if len(secret.encode()) > MAX_SECRET:
         raise InvalidArgument(f"the credential's secret is larger than {MAX_SECRET} bytes")
-    env = {
-        "PATH": SAFE_PATH,
-        "LANG": "C.UTF-8",
-        # git reads no /etc/gitconfig, asks no one, and takes nothing from the
-        # agent's folders (the fence shows none of them but a read-only workdir).
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_TERMINAL_PROMPT": "0",
-    }
-    out = await runner(CredentialRequest(
-        agent_id, (*spec.command, *args), env, secret + "\n", spec.workdir, timeout,
-    ))
-    return {
-        "exit_status": int(out.get("exit_status", -1)),
-        "stdout": redact(str(out.get("stdout", ""))[:MAX_READ], secret),
-        "stderr": redact(str(out.get("stderr", ""))[:MAX_READ], secret),
-    }
+    return secret

@@ -22,11 +22,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def tools_list() -> list[dict[str, Any]]:
-    from leviathd.domain.tools import TOOLS
+    from leviathd.domain.tools import TOOLS, ToolKind
 
+    # The git tools are git's credential helper's and ssh_sign the SSH agent's:
+    # a model is not offered tokens (a direct call still meets the same gate).
     return [
         {"name": s.name, "description": s.description, "inputSchema": s.input_schema()}
-        for s in TOOLS.values()
+        for s in TOOLS.values() if s.kind not in (ToolKind.GIT, ToolKind.SSH)
     ]
 
 

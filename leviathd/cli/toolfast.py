@@ -33,6 +33,9 @@ POSITIONAL: dict[str, tuple[tuple[str, ...], str | None, str | None]] = {
     "http_get": (("url",), None, None),
     "http_post": (("url", "body"), None, None),
     "credential": (("name",), "args", "array"),
+    "git_fetch": (("url",), None, None),
+    "git_push": (("url",), None, None),
+    "ssh_sign": (("host",), None, None),
 }
 # A broker reply is one line; the broker bounds what it sends, this bounds
 # what we keep.

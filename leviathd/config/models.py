@@ -388,26 +388,76 @@ class PolicyRule(_Model):
         return value
 
 
-class CredentialConfig(_Model):
-    """`[credentials.NAME]`: the command the credential tool runs (`command`, the agent
-    adds arguments) and where the secret comes from (exactly one of `secret_file`, an
-    absolute path, or `secret_command`, whose standard output is the secret). The
-    command reads the secret from its standard input. `env` (the secret in a variable
-    of the command's environment, where its user could read it) is retired: still
-    parsed so that old files load, refused when the credential is used."""
+_HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]{1,253}(:[0-9]{1,5})?$")
+_WRAP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
-    command: Argv
+
+def _host_pattern(value: str) -> str:
+    if not _HOST_PATTERN.match(value):
+        raise ValueError(f"{value[:80]!r} is not a host name or pattern (like *.example.com)")
+    return value.lower()
+
+
+HostPattern = Annotated[str, AfterValidator(_host_pattern)]
+CredentialKind = Literal["command", "git", "cli", "ssh"]
+GitAccess = Literal["fetch", "push"]
+
+
+class CredentialConfig(_Model):
+    """`[credentials.NAME]`: what the secret is for (`kind`) and where it comes from
+    (exactly one of `secret_file`, an absolute path, or `secret_command`, whose
+    standard output is the secret). kind "command" (default): the credential tool
+    runs `command` (the agent adds arguments), which reads the secret from its
+    standard input. kind "git": the sandbox's git credential helper is given the
+    secret as the password for `hosts` (fetch, and push when `access` says so).
+    kind "cli": `wrap` (a name first on the sandbox's PATH) runs `command` in the
+    credential fence with the secret in `token_env`. kind "ssh": the sandbox's
+    SSH agent signs with the private key in the secret, for `hosts` only.
+    `env` (the secret in a variable of the command's environment, where its user
+    could read it) is retired: still parsed so that old files load, refused when
+    the credential is used."""
+
+    kind: CredentialKind = "command"
+    command: Argv | None = None
     secret_file: AbsolutePath | None = None
     secret_command: Argv | None = None
     env: EnvName | None = None
     # "ro": the command's fence shows the agent's workdir read-only; "none"
     # (default): nothing of it. It never runs in it (docs/security-model.md).
     workdir: Literal["none", "ro"] = "none"
+    # kind "git" and "ssh": the hosts (fnmatch patterns, host or host:port) covered.
+    hosts: Annotated[list[HostPattern], Field(max_length=64)] = Field(default_factory=list)
+    # kind "git": the user name git sends with the token; which operations get it;
+    # whether plain http (the token in clear on the wire) is served too.
+    username: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\s:]+$")] = (
+        "x-access-token"
+    )
+    access: Annotated[list[GitAccess], Field(min_length=1, max_length=2)] = (
+        Field(default_factory=lambda: list[GitAccess](["fetch"]))
+    )
+    allow_http: bool = False
+    # kind "cli": the name of the wrapper, and the variable the real CLI reads.
+    wrap: str | None = None
+    token_env: EnvName | None = None
+    # kind "ssh": known_hosts files mapping host keys to names (read as the
+    # secret is); default the user's ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts.
+    known_hosts: Annotated[list[AbsolutePath], Field(max_length=8)] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_source(self) -> CredentialConfig:
         if (self.secret_file is None) == (self.secret_command is None):
             raise ValueError("set exactly one of secret_file or secret_command")
+        if self.kind in ("command", "cli") and not self.command:
+            raise ValueError(f"a credential of kind {self.kind!r} needs command")
+        if self.kind in ("git", "ssh") and not self.hosts:
+            raise ValueError(f"a credential of kind {self.kind!r} needs hosts")
+        if self.kind == "cli":
+            if not self.token_env:
+                raise ValueError("a credential of kind 'cli' needs token_env (e.g. GH_TOKEN)")
+            assert self.command is not None
+            name = self.wrap or self.command[0].rsplit("/", 1)[-1]
+            if not _WRAP_NAME.match(name) or name.startswith("git-credential"):
+                raise ValueError(f"wrap = {name[:80]!r} is not a program name")
         return self
 
 

@@ -21,11 +21,16 @@ def policy_settings(eff: Effective, machine: Config | None = None) -> PolicySett
     machine_creds = machine.credentials if machine is not None else {}
     creds: dict[str, CredentialSpec] = {}
     for name, spec in eff.credentials.items():
+        command = tuple(spec.command or ())
         creds[name] = CredentialSpec(
-            tuple(spec.command), spec.secret_file or "", spec.env or "",
+            command, spec.secret_file or "", spec.env or "",
             secret_command=tuple(spec.secret_command or ()),
             from_machine=machine_creds.get(name) == spec,
             workdir=spec.workdir,
+            kind=spec.kind, hosts=tuple(spec.hosts), username=spec.username,
+            access=tuple(spec.access), allow_http=spec.allow_http,
+            wrap=(spec.wrap or command[0].rsplit("/", 1)[-1]) if spec.kind == "cli" else "",
+            token_env=spec.token_env or "", known_hosts=tuple(spec.known_hosts),
         )
     taint = eff.taint
     limits = Limits(**machine.broker.model_dump(exclude_none=True)) if machine else Limits()

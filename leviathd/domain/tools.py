@@ -29,6 +29,8 @@ class ToolKind(StrEnum):
     WEB = "web"  # an http(s) URL on the host network
     SHELL = "shell"  # a command in the agent's own sandbox
     CREDENTIAL = "credential"  # a configured command run with a secret
+    GIT = "git"  # a git credential's token, for the sandbox's git credential helper
+    SSH = "ssh"  # a login signed by the sandbox's SSH agent (called by the daemon only)
 
 
 class SendsOut(StrEnum):
@@ -239,6 +241,33 @@ TOOLS = Registry(
             ToolKind.CREDENTIAL, Sensitivity.PRIVATE, SendsOut.ALWAYS, _INTERNAL,
             positional=("name",),
             variadic="args",
+        ),
+        # Issue 15 §3 (broker/gitcreds.py): a token handed to git is the
+        # agent's from then on, hence Internal; a push sends the workdir's
+        # commits out, and the push token is the means to publish: it asks.
+        Tool(
+            "git_fetch",
+            "The token of a git credential covering the URL, for a fetch (the git "
+            "credential helper calls this).",
+            (_p("url"),),
+            ToolKind.GIT, _INTERNAL,
+            positional=("url",),
+        ),
+        Tool(
+            "git_push",
+            "The token of a git credential covering the URL, for a push.",
+            (_p("url"),),
+            ToolKind.GIT, _INTERNAL, SendsOut.ALWAYS, _INTERNAL,
+            permission=Permission.ASK,
+            positional=("url",),
+        ),
+        # The SSH agent (creds/sshagent.py) puts each covered login to the gate.
+        Tool(
+            "ssh_sign",
+            "A login signed by the sandbox's SSH agent (its socket calls this, not an agent).",
+            (_p("host"),),
+            ToolKind.SSH, _PUBLIC,
+            positional=("host",),
         ),
     ),
     # The seeds call the shell tool "bash".

@@ -42,6 +42,18 @@ class CredentialSpec:
     from_machine: bool = False
     # Whether its fence shows the agent's workdir (read-only) or nothing of it.
     workdir: Literal["none", "ro"] = "none"
+    # What the secret serves (config/models.py CredentialConfig): "command",
+    # "git" (the sandbox's git credential helper), "cli" (a wrapped CLI) or
+    # "ssh" (the sandbox's SSH agent), and their settings. Defaults: a
+    # snapshot written before them reads as the command credential it was.
+    kind: Literal["command", "git", "cli", "ssh"] = "command"
+    hosts: tuple[str, ...] = ()
+    username: str = "x-access-token"
+    access: tuple[str, ...] = ("fetch",)
+    allow_http: bool = False
+    wrap: str = ""
+    token_env: str = ""
+    known_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,9 @@ MASKED_UNITS = (
     "serial-getty@.service",
     "systemd-timesyncd.service",
     "systemd-modules-load.service",
+    # The host's SSH server, if it runs one: tests start their own sshd.
+    "ssh.service",
+    "ssh.socket",
     # Machine-wide kernel interfaces: nothing in the bed needs them mounted.
     "sys-kernel-debug.mount",
     "sys-kernel-tracing.mount",

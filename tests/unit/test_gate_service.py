@@ -14,7 +14,7 @@ from leviathd.config.models import SandboxKind
 from leviathd.config.policy_settings import policy_settings
 from leviathd.gate.service import GateService
 from leviathd.identity import UserInfo
-from leviathd.policy.settings import CompiledPolicy, PolicySettings
+from leviathd.policy.settings import CompiledPolicy, CredentialSpec, PolicySettings
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec
 
 HOME = "/home/alice"
@@ -91,6 +91,22 @@ max_sensitivity = "private"
 command = ["curl"]
 secret_file = "/etc/k"
 env = "K"
+[credentials.gitsrv]
+kind = "git"
+hosts = ["git.example.org:8443"]
+access = ["fetch", "push"]
+allow_http = true
+secret_file = "/etc/g"
+[credentials.gh]
+kind = "cli"
+command = ["/usr/bin/gh"]
+token_env = "GH_TOKEN"
+secret_file = "/etc/h"
+[credentials.deploy]
+kind = "ssh"
+hosts = ["*.example.org"]
+known_hosts = ["/etc/ssh/ssh_known_hosts"]
+secret_file = "/etc/s"
 [[rules]]
 name = "no-pem"
 when = 'call.target.endsWith(".pem")'
@@ -114,4 +130,21 @@ reason = "keys"
     assert [(r.layer, r.name, r.decision) for r in copy.rules] == [
         ("machine", "no-pem", "deny"), ("blueprint", "bp", "ask")]
     assert copy.credentials["api"].from_machine is True
+    # Credential kinds and their settings too (issue 15).
+    assert copy.credentials["gh"].wrap == "gh" and copy.credentials["gh"].token_env == "GH_TOKEN"
+    assert copy.credentials["gitsrv"].access == ("fetch", "push")
+    assert copy.credentials["deploy"].kind == "ssh"
     assert (copy.on_exceed, copy.budget, copy.approval_timeout) == ("deny", 7, 9.0)
+
+
+def test_a_snapshot_from_before_credential_kinds_reads_as_command_credentials() -> None:
+    import json
+
+    data = json.loads(PolicySettings(credentials={"api": CredentialSpec(("curl",), "/k")})
+                      .to_snapshot())
+    old = data["credentials"]["api"]
+    for key in ("kind", "hosts", "username", "access", "allow_http", "wrap", "token_env",
+                "known_hosts"):
+        del old[key]
+    spec = PolicySettings.from_snapshot(json.dumps(data)).credentials["api"]
+    assert spec.kind == "command" and spec.command == ("curl",)

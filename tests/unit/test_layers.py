@@ -24,6 +24,7 @@ PARTS: dict[str, str] = {
     "gate": "Services",
     "proxy": "Services",
     "enginesock": "Services",
+    "creds": "Services",
     "broker": "Broker",
     "sandbox": "Fence",
     "policy": "Policy",

@@ -55,6 +55,7 @@ def test_mcp_initialises_lists_the_gated_tools_and_calls_them(tmp_path: Path) ->
     assert "tools" in by_id[1]["result"]["capabilities"]
     names = {t["name"] for t in by_id[2]["result"]["tools"]}
     assert {"read_file", "http_post", "credential"} <= names
+    assert not names & {"git_fetch", "git_push"}  # git's helper's, not offered to a model
     schema = next(t for t in by_id[2]["result"]["tools"] if t["name"] == "read_file")
     assert schema["inputSchema"]["required"] == ["path"]
     assert by_id[3]["result"]["isError"] is False

@@ -37,5 +37,7 @@ def test_every_outbound_tool_has_a_clearance_and_local_tools_none() -> None:
 
 
 def test_known_tools_default_to_allow_and_unknown_tools_to_deny() -> None:
-    assert {permission_for(t, {}).permission for t in TOOLS} == {"allow"}
+    # But a push token, which asks (issue 15).
+    assert {t: permission_for(t, {}).permission for t in TOOLS
+            if permission_for(t, {}).permission != "allow"} == {"git_push": "ask"}
     assert permission_for("web_search", {"web_search": "allow"}).permission == "deny"

@@ -1,0 +1,185 @@
+"""What an agent's sandbox gets for its credentials of kind git, cli and ssh.
+
+- a spec extension (with the step's effective settings): the folder of
+  helper programs (`bin` in the agent's socket folder, /run/leviath/bin in
+  a namespace sandbox) first on PATH; git's configuration, through
+  GIT_CONFIG_COUNT/KEY/VALUE variables (no file of the user's is written),
+  making the helper git's only credential helper for the covered hosts; and
+  SSH_AUTH_SOCK when an ssh credential exists (creds/sshagent.py);
+- a start hook (after the gate's, which makes the folder): the programs,
+  root's, 0755 (they hold no secret: each asks the broker).
+
+A container agent gets none of it (its image has neither `lev`'s Python nor
+the daemon's package), which its notes say.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import syslog
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from leviathd import fsat
+from leviathd.agents.service import Agents
+from leviathd.broker.core import Broker
+from leviathd.config.merge import Effective, MergeResult
+from leviathd.creds.sshagent import SSHAgentServer
+from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
+from leviathd.identity import UserInfo
+from leviathd.records import AgentRecord
+from leviathd.sandbox.spec import SandboxSpec
+from leviathd.systemd import journal
+
+BIN = "bin"
+GIT_HELPER = "git-credential-leviath"
+SSH_SOCKET = "ssh-agent.sock"
+
+
+def _of_kind(credentials: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    return {n: c for n, c in credentials.items() if getattr(c, "kind", "command") == kind}
+
+
+def wrappers(credentials: Mapping[str, Any]) -> dict[str, str]:
+    """Program name on PATH → the cli credential it runs (the first by name
+    when two wrap the same program)."""
+    out: dict[str, str] = {}
+    for name in sorted(_of_kind(credentials, "cli")):
+        c = credentials[name]
+        prog = c.wrap or str(c.command[0]).rsplit("/", 1)[-1]
+        out.setdefault(prog, name)
+    return out
+
+
+def git_config(credentials: Mapping[str, Any], helper: str) -> dict[str, str]:
+    """GIT_CONFIG_* variables: for each covered URL, the helper list reset
+    and then ours alone (so no helper of the user's answers for those hosts
+    from inside the sandbox), with the path passed (the audit shows the repo)."""
+    pairs: list[tuple[str, str]] = []
+    for name in sorted(_of_kind(credentials, "git")):
+        c = credentials[name]
+        for pattern in c.hosts:
+            for scheme in ("https", "http") if c.allow_http else ("https",):
+                # git matches `*` as one whole label; fnmatch's ? and [..] it
+                # cannot: such a pattern gets the helper for every host.
+                url = "" if any(ch in pattern for ch in "?[]") else f"{scheme}://{pattern}"
+                key = f"credential.{url}." if url else "credential."
+                pairs += [(key + "helper", ""), (key + "helper", helper),
+                          (key + "useHttpPath", "true")]
+    pairs = list(dict.fromkeys(pairs))
+    if not pairs:
+        return {}
+    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+    for i, (k, v) in enumerate(pairs):
+        env[f"GIT_CONFIG_KEY_{i}"] = k
+        env[f"GIT_CONFIG_VALUE_{i}"] = v
+    return env
+
+
+def _script(*args: str) -> bytes:
+    python = shlex.quote(sys.executable)
+    words = " ".join(shlex.quote(a) for a in args)
+    return f'#!/bin/sh\nexec {python} -I -m leviathd.cli.credhelper {words} "$@"\n'.encode()
+
+
+def programs(credentials: Mapping[str, Any]) -> dict[str, bytes]:
+    files = {prog: _script("run", cred) for prog, cred in wrappers(credentials).items()}
+    if _of_kind(credentials, "git"):
+        files[GIT_HELPER] = _script("git-credential")
+    return files
+
+
+class CredentialService:
+    def __init__(self, agents: Agents, gate: GateService) -> None:
+        self._agents = agents
+        self._gate = gate
+        self.ssh: dict[str, SSHAgentServer] = {}
+
+    def install(self) -> None:
+        self._agents.effective_spec_extensions.append(self.extend_spec)
+        self._agents.start_hooks.append(self.on_start)
+        self._agents.end_hooks.append(self.on_end)
+
+    def extend_spec(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
+        creds = dict(eff.credentials)
+        wanted = programs(creds)
+        ssh = bool(_of_kind(creds, "ssh"))
+        if not wanted and not ssh:
+            return spec
+        if spec.kind == "none":
+            base = agent_dir(spec.execution_id)
+        elif spec.kind == "namespace" and any(
+                m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts):
+            base = SANDBOX_RUNTIME
+        else:
+            return replace(spec, notes=(*spec.notes, "credentials of kind git, cli and ssh "
+                                        f"are not offered in a {spec.kind} sandbox"))
+        env = dict(spec.env)
+        if wanted:
+            env["PATH"] = f"{base}/{BIN}:{env.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
+            env.update(git_config(creds, f"{base}/{BIN}/{GIT_HELPER}"))
+        if ssh:
+            env["SSH_AUTH_SOCK"] = f"{base}/{SSH_SOCKET}"
+        return replace(spec, env=env)
+
+    async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
+        creds = dict(merged.agent.credentials)
+        files = programs(creds)
+        if files:
+            write_programs(rec.id, files.items())
+        if _of_kind(creds, "ssh") and rec.sandbox in ("none", "namespace"):
+            await self._open_ssh(rec.id, user.uid, user.gid)
+
+    async def _open_ssh(self, agent_id: str, uid: int, gid: int) -> None:
+        def broker_of() -> Broker | None:
+            live = self._gate.live.get(agent_id)
+            return live.broker if live is not None else None
+
+        server = SSHAgentServer(agent_id, os.path.join(agent_dir(agent_id), SSH_SOCKET),
+                                lookup=self._gate.lookup, broker_of=broker_of)
+        await server.start(uid, gid)
+        self.ssh[agent_id] = server
+
+    async def on_end(self, rec: AgentRecord) -> None:
+        server = self.ssh.pop(rec.id, None)
+        if server is not None:
+            await server.close()
+
+    async def recover(self) -> None:
+        """After the gate's: the SSH agents of the adopted agents whose
+        brokers came back, from the policy each started with."""
+        for agent_id, live in list(self._gate.live.items()):
+            creds = live.broker.policy.settings.credentials
+            if agent_id in self.ssh or not any(c.kind == "ssh" for c in creds.values()):
+                continue
+            if live.rec.sandbox not in ("none", "namespace"):
+                continue
+            try:
+                await self._open_ssh(agent_id, live.broker.user.uid, live.broker.user.gid)
+            except OSError as exc:
+                journal.record(f"agent {agent_id}: no SSH agent after the restart: {exc}",
+                               priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id)
+
+    async def close(self) -> None:
+        for server in list(self.ssh.values()):
+            await server.close()
+        self.ssh.clear()
+
+
+def write_programs(agent_id: str, files: Iterable[tuple[str, bytes]]) -> None:
+    """Into the agent's folder (root's, made by the gate), by descriptor."""
+    fd = fsat.open_dir(agent_dir(agent_id))
+    try:
+        fsat.mkdir_at(fd, BIN, 0o755, exist_ok=True)
+        bfd = fsat.open_dir_at(fd, BIN)
+    finally:
+        os.close(fd)
+    try:
+        fsat.set_owner_mode(bfd, os.geteuid(), os.getegid(), 0o755)
+        for name, data in files:
+            fsat.atomic_write_at(bfd, name, data, mode=0o755)
+    finally:
+        os.close(bfd)
