@@ -10,8 +10,17 @@ daemon's per-agent unix socket, by its host path. It understands nothing: the
 daemon (leviathd/proxy/server.py) speaks HTTP and SOCKS5, decides, resolves
 and connects; it knows which agent is calling from this process's cgroup.
 
+A container's network namespace is the engine's (`--network none`: only
+`lo`), made after the agent's scope: there the daemon runs this module as a
+command (`main`), from a shell that first joined the scope's cgroups, with
+the container's network namespace as an inherited descriptor. It enters
+that namespace, binds, and leaves a relay behind that lives as long as the
+scope (systemd ends it with the agent); the container's processes, in their
+own PID namespace, cannot see it.
+
 Bounded: at most MAX_CONNECTIONS at once (two threads and two 64 KiB buffers
-each); more are closed at once. It dies with the launcher (PDEATHSIG).
+each); more are closed at once. It dies with the launcher (PDEATHSIG), or
+for a container with the agent's scope.
 """
 
 from __future__ import annotations
@@ -22,8 +31,10 @@ import ctypes.util
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 PORT = 3128
 HOST = "127.0.0.1"
@@ -33,7 +44,9 @@ CHUNK = 65536
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
+_CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
 def listen() -> socket.socket:
@@ -52,15 +65,22 @@ def start(
     pid = os.fork()
     if pid != 0:
         return pid
+    _relay(sock, unix_path, uid, gid, groups, tied=True)
+
+
+def _relay(sock: socket.socket, unix_path: str, uid: int, gid: int, groups: Sequence[int],
+           *, tied: bool) -> NoReturn:
+    """In the forked child: become the agent's user and serve; never returns."""
     code = 0
     try:
         from leviathd.sandbox.privileges import drop_to_user
 
         drop_to_user(uid, gid, groups, no_new_privs=True)
         # After the credentials change, which clears both.
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if tied:
+            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-        if os.getppid() == 1:
+        if tied and os.getppid() == 1:
             os._exit(0)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
@@ -68,6 +88,35 @@ def start(
     except BaseException:
         code = 1
     os._exit(code)
+
+
+def main(argv: Sequence[str]) -> int:
+    """`NETNS_FD SOCKET UID GID [GROUP...]` (root, for a container): enter
+    the network namespace open at NETNS_FD, bind there and fork the relay,
+    which outlives this command. Exit 0 once it listens."""
+    try:
+        netns, path, uid, gid = int(argv[0]), argv[1], int(argv[2]), int(argv[3])
+        groups = [int(g) for g in argv[4:]]
+    except (IndexError, ValueError):
+        print("usage: forwarder NETNS_FD SOCKET UID GID [GROUP...]", file=sys.stderr)
+        return 2
+    if _libc.setns(netns, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        print(f"setns: {os.strerror(err)}", file=sys.stderr)
+        return 1
+    os.close(netns)
+    try:
+        sock = listen()
+    except OSError as exc:
+        print(f"listen on {HOST}:{PORT}: {exc}", file=sys.stderr)
+        return 1
+    if os.fork() == 0:
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        _relay(sock, path, uid, gid, groups, tied=False)
+    return 0
 
 
 def serve(sock: socket.socket, unix_path: str) -> None:
@@ -109,3 +158,7 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
     # The other direction may be stuck writing into a peer that stopped reading.
     with contextlib.suppress(OSError):
         src.shutdown(socket.SHUT_RD)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -135,8 +135,11 @@ def test_a_proxied_step_gets_the_proxy_variables_and_gits_setting() -> None:
     assert env["GIT_CONFIG_KEY_2"] == "core.sshCommand"
     assert "lev connect %h %p" in env["GIT_CONFIG_VALUE_2"]
     assert "HTTP_PROXY" not in svc.extend_spec(_spec(proxy=False)).env
-    # A container has no forwarder: no network at all, and it says so.
+    # A container gets the same (the daemon starts its forwarder); unsandboxed
+    # there is no proxy, and the spec says so.
     spec = svc.extend_spec(_spec(kind="container"))
+    assert spec.proxy and spec.env["HTTP_PROXY"] == "http://127.0.0.1:3128"
+    spec = svc.extend_spec(_spec(kind="none"))
     assert not spec.proxy and "HTTP_PROXY" not in spec.env and spec.notes
 
 
