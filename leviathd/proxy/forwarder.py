@@ -5,8 +5,10 @@ listen there itself. The namespace launcher, right after it made the new
 network namespace (and before the PID namespace, so the agent cannot see or
 signal this process), binds 127.0.0.1:PORT as root and forks this relay. The
 relay drops to the agent's user (no capabilities, no_new_privs, not dumpable)
-and copies bytes between each TCP connection and a fresh connection to the
-daemon's per-agent unix socket, by its host path. It understands nothing: the
+and hands each TCP connection (its descriptor, SCM_RIGHTS) to the daemon over
+a fresh connection to the daemon's per-agent unix socket, by its host path;
+the daemon then reads and writes the agent's socket itself, so no byte passes
+through this process. It understands nothing: the
 daemon (leviathd/proxy/server.py) speaks HTTP and SOCKS5, decides, resolves
 and connects; it knows which agent is calling from this process's cgroup.
 
@@ -18,29 +20,27 @@ that namespace, binds, and leaves a relay behind that lives as long as the
 scope (systemd ends it with the agent); the container's processes, in their
 own PID namespace, cannot see it.
 
-Bounded: at most MAX_CONNECTIONS at once (two threads and two 64 KiB buffers
-each); more are closed at once. It dies with the launcher (PDEATHSIG), or
-for a container with the agent's scope.
+Bounded: it holds one connection at a time, for a moment (at most
+HAND_TIMEOUT if the daemon does not take it). It dies with the launcher
+(PDEATHSIG), or for a container with the agent's scope.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import os
 import signal
 import socket
 import sys
-import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
 PORT = 3128
 HOST = "127.0.0.1"
 SOCKET_NAME = "proxy.sock"
-MAX_CONNECTIONS = 256
-CHUNK = 65536
+# A daemon that does not take a connection within this long loses it.
+HAND_TIMEOUT = 5.0
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -120,44 +120,22 @@ def main(argv: Sequence[str]) -> int:
 
 
 def serve(sock: socket.socket, unix_path: str) -> None:
-    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    """Hand each accepted connection to the daemon's proxy: one NUL byte
+    with the connection's descriptor over a fresh connection to its socket
+    (the daemon then reads and writes the agent's socket itself). Nothing is
+    kept here: a connection costs the forwarder a moment, not a thread."""
     while True:
         conn, _ = sock.accept()
-        if not slots.acquire(blocking=False):
-            conn.close()
-            continue
-        threading.Thread(target=_handle, args=(conn, unix_path, slots), daemon=True).start()
-
-
-def _handle(conn: socket.socket, unix_path: str, slots: threading.BoundedSemaphore) -> None:
-    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            up.settimeout(HAND_TIMEOUT)
             up.connect(unix_path)
+            socket.send_fds(up, [b"\0"], [conn.fileno()])
         except OSError:
-            return
-        back = threading.Thread(target=_pump, args=(up, conn), daemon=True)
-        back.start()
-        _pump(conn, up)
-        back.join()
-    finally:
-        up.close()
-        conn.close()
-        slots.release()
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    """Copy until end of file, then pass the half-close on."""
-    try:
-        while data := src.recv(CHUNK):
-            dst.sendall(data)
-    except OSError:
-        pass
-    with contextlib.suppress(OSError):
-        dst.shutdown(socket.SHUT_WR)
-    # The other direction may be stuck writing into a peer that stopped reading.
-    with contextlib.suppress(OSError):
-        src.shutdown(socket.SHUT_RD)
+            pass
+        finally:
+            up.close()
+            conn.close()
 
 
 if __name__ == "__main__":

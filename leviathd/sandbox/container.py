@@ -776,8 +776,8 @@ async def start_forwarder(init_pid: int, cgroup: str, spec: SandboxSpec) -> None
                 str(spec.uid), str(spec.gid), *(str(g) for g in spec.groups)]  # fmt: skip
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, pass_fds=(netns,), env=engines.ENGINE_ENV,
-        )
+            stderr=asyncio.subprocess.PIPE, pass_fds=(netns,),
+        )  # the daemon's own environment: its Python finds this leviathd
         try:
             _out, err = await asyncio.wait_for(proc.communicate(), 30)
         except TimeoutError:

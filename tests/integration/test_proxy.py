@@ -101,6 +101,7 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     bed.run(f"""
         set -e
         ip netns del lvout 2>/dev/null || true
+        ip link del lvh 2>/dev/null || true
         ip netns add lvout
         ip link add lvh type veth peer name lvs netns lvout
         ip addr add 10.77.0.1/24 dev lvh
@@ -112,7 +113,7 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
         printf 'hello from outside\\n' > /srv/www/hello.txt
         printf 'host loopback secret\\n' > /srv/loop/index.html
         git init -q --bare /srv/www/repo.git
-        git init -q /tmp/src && cd /tmp/src && printf 'x\\n' > f
+        rm -rf /tmp/src && git init -q /tmp/src && cd /tmp/src && printf 'x\\n' > f
         git add f && git -c user.name=t -c user.email=t@t commit -qm one
         git push -q /srv/www/repo.git HEAD:master
         git -C /srv/www/repo.git update-server-info
