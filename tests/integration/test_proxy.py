@@ -55,7 +55,7 @@ allow_private_addresses = true
 
 [proxy]
 deny_domains = ["denied.test"]
-ports = [80, 443]
+ports = [22, 80, 443]
 
 [proxy.clearance]
 "allowed.test" = "private"
