@@ -149,6 +149,8 @@ class Broker:
         if settings.budget < len(self.ledger):
             self._settle_writes()  # a smaller budget pushes entries out
         self.policy = self._compile(settings, self.policy.workdir)
+        if self.ledger.taint <= Sensitivity.INTERNAL:
+            self.write_watch.release()
 
     def start(self) -> None:
         """Start the opener process (as the agent's user)."""
@@ -280,6 +282,8 @@ class Broker:
             return limit_error(big)
         self._guard_writes(label)
         entry = self.ledger.add(tool, call.target, label)
+        if self.ledger.taint <= Sensitivity.INTERNAL:
+            self.write_watch.release()
         self._record(call, d.taint, d.clearance, d.rule, "allow")
         return {
             "ok": True,
@@ -304,8 +308,11 @@ class Broker:
             self.caller_pid, self.scope_cgroup
         ):
             self._watch_failed(self.write_watch.failed or "unknown")
-        if len(self.ledger) >= self.ledger.budget:
-            self._settle_writes()
+        entries = self.ledger.entries()
+        top = self.ledger.taint
+        if (len(entries) >= self.ledger.budget and label < top and entries[0].label == top
+                and sum(e.label == top for e in entries) == 1):
+            self._settle_writes()  # the oldest, the last one at the top, is going
 
     def _settle_writes(self) -> None:
         if self.ledger.taint <= Sensitivity.INTERNAL:

@@ -438,6 +438,21 @@ def test_a_file_written_before_the_eviction_keeps_the_label_one_written_after_do
     assert read_back(agent, "after.json") == "internal"
 
 
+def test_a_file_written_before_the_budget_pushed_the_private_entry_out_stays_private(
+    bed: Testbed, agent: Agent
+) -> None:
+    """The other way the taint drops: no eviction, only enough later reads
+    (the bed's budget is 4) to push the Private entry out of the ledger."""
+    home = bed.users["alice"].home
+    evict_private(agent)
+    rc, _out, err = agent.call(
+        f"lev tool read_file {home}/shared/doc.txt > pushed.json && "
+        "for i in 1 2 3 4; do lev tool read_file small.txt >/dev/null || exit 1; done")
+    assert rc == 0, err
+    assert agent.taint() != "private"
+    assert read_back(agent, "pushed.json") == "private"
+
+
 def test_an_adopted_agent_keeps_its_proxy_after_a_daemon_restart(
     bed: Testbed, agent: Agent
 ) -> None:
