@@ -7,8 +7,8 @@ an agent's ledger holds Private data, the daemon (root) watches the agent's
 writable mounts with fanotify and labels every file written there through
 the descriptor the event carries, never by path:
 
-- Mount marks, on the mounts of the agent's own mount namespace (found from
-  a process the kernel says is in the agent's scope, each mount opened
+- Mount marks, on the mounts of the agent's own mount namespaces (found
+  from processes the kernel says are in the agent's scope, each mount opened
   through /proc/<pid>/root and checked by its mount id): only the agent's
   processes write through those mounts, so no pid needs to be trusted or
   matched, and the user's own writes to the same folder outside the sandbox
@@ -156,6 +156,7 @@ class WriteWatch:
         self._on_label = on_label
         self._group: int | None = None
         self._mounts: set[int] = set()
+        self._namespaces: set[int] = set()  # mount namespaces marked (inode numbers)
         self._reading = False
         # Lost events: every later read is labelled at least this.
         self.floor = Sensitivity.PUBLIC
@@ -170,47 +171,44 @@ class WriteWatch:
     # -- marks ---------------------------------------------------------------
 
     def ensure(self, pid: int | None, cgroup: str | None) -> bool:
-        """Mark the agent's writable mounts (once), found from `pid` (a
-        process the kernel tied to the agent's scope) or, if it is gone,
-        another process of the scope in a mount namespace other than the
-        daemon's. False when nothing could be marked (`failed` says why)."""
-        if self._mounts:
-            return True
+        """Mark the writable mounts of the agent's mount namespaces: the first
+        time, of every one its scope holds (its sandbox, a `shell` fence of
+        the moment), then of the calling process's (`pid`, which the kernel
+        tied to the agent's scope) if that one is new. Processes in the
+        daemon's own mount namespace (the launcher, the forwarder) are not
+        the agent's. False when nothing is marked (`failed` says why)."""
         try:
             if self._group is None:
                 self._group = fanotify.init()
-            target = self._sandbox_pid(pid, cgroup)
-            if target is None:
-                self.failed = "no process of the agent in a sandbox of its own"
-                return False
-            self._mark_all(target)
+            scope = scope_dir(cgroup) if cgroup else None
+            if scope is None:
+                self.failed = "the agent's scope was not found"
+                return bool(self._mounts)
+            folder, rel = scope
+            own = os.stat("/proc/self/ns/mnt").st_ino
+            candidates = [pid] if pid else []
+            if not self._namespaces:
+                candidates += list(_scope_pids(folder))
+            for p in candidates:
+                try:
+                    ns = os.stat(f"/proc/{p}/ns/mnt").st_ino
+                except OSError:
+                    continue
+                # The scope is checked after the namespace: a pid recycled
+                # meanwhile is not the scope's.
+                if ns == own or ns in self._namespaces or not _in_scope(p, rel):
+                    continue
+                self._mark_all(p)
+                self._namespaces.add(ns)
         except (OSError, TooBusy) as exc:
             self.failed = str(exc)
-            return False
+            return bool(self._mounts)
         if not self._mounts:
-            self.failed = "no writable mount could be marked"
+            self.failed = "no writable mount of the agent could be marked"
             return False
         self.failed = None
         self._start_reading()
         return True
-
-    def _sandbox_pid(self, pid: int | None, cgroup: str | None) -> int | None:
-        own = os.stat("/proc/self/ns/mnt").st_ino
-        scope = scope_dir(cgroup) if cgroup else None
-        if scope is None:
-            return None
-        folder, rel = scope
-        for p in ([pid] if pid else []) + list(_scope_pids(folder)):
-            try:
-                if os.stat(f"/proc/{p}/ns/mnt").st_ino == own:
-                    continue
-            except OSError:
-                continue
-            # Checked after the namespace: a pid recycled meanwhile is not
-            # the scope's.
-            if _in_scope(p, rel):
-                return p
-        return None
 
     def _mark_all(self, pid: int) -> None:
         assert self._group is not None
@@ -263,6 +261,7 @@ class WriteWatch:
         with contextlib.suppress(OSError):
             fanotify.flush_mounts(self._group)
         self._mounts.clear()
+        self._namespaces.clear()
         self.drain()  # whatever was queued before the flush
 
     def close(self) -> None:
@@ -272,6 +271,7 @@ class WriteWatch:
         os.close(self._group)
         self._group = None
         self._mounts.clear()
+        self._namespaces.clear()
 
     # -- events --------------------------------------------------------------
 

@@ -453,6 +453,24 @@ def test_a_file_written_before_the_budget_pushed_the_private_entry_out_stays_pri
     assert read_back(agent, "pushed.json") == "private"
 
 
+def test_private_data_first_taken_in_a_shell_fence_still_labels_the_agents_own_writes(
+    bed: Testbed, agent: Agent
+) -> None:
+    """The first Private read comes from a process in the `shell` tool's own
+    fence (another mount namespace of the scope): the agent's own fence is
+    watched all the same."""
+    home = bed.users["alice"].home
+    evict_private(agent)
+    rc, out, err = agent.call(
+        f"lev tool shell 'lev tool read_file {home}/shared/doc.txt >/dev/null; echo done'")
+    assert rc == 0 and "done" in out, out + err
+    assert agent.taint() == "private"
+    rc, _out, err = agent.call("echo 'granted text' > fromshell.txt")
+    assert rc == 0, err
+    evict_private(agent)
+    assert read_back(agent, "fromshell.txt") == "private"
+
+
 def test_an_adopted_agent_keeps_its_proxy_after_a_daemon_restart(
     bed: Testbed, agent: Agent
 ) -> None:
