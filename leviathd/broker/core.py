@@ -7,6 +7,7 @@ import asyncio
 import functools
 import json
 import os
+import syslog
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from leviathd.broker.tools import (
     run_credential,
     web_tool,
 )
+from leviathd.broker.writewatch import TooBusy, WriteWatch
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, ToolKind
 from leviathd.errors import LeviathError, LimitExceeded, NotFound, Unavailable
@@ -38,6 +40,7 @@ from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 from leviathd.readpatterns import is_inside
+from leviathd.systemd import journal
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,11 @@ class Broker:
         # the kernel's word): where the file worker runs, so its cost is the
         # agent's.
         self.scope_cgroup: str | None = None
+        # The pid of that process (same source), for finding its mounts.
+        self.caller_pid: int | None = None
+        # Labels on what the agent's own processes write while tainted.
+        self.write_watch = WriteWatch(agent_id, lambda: self.ledger.taint)
+        self._watch_failure: str | None = None
         self._in_flight = 0
         self._pool: ThreadPoolExecutor | None = None
         # Files the agent wrote while its taint was above Internal, with that
@@ -139,7 +147,11 @@ class Broker:
 
     def reload(self, settings: PolicySettings) -> None:
         """New settings (config reload): recompiled here, used by the next call."""
+        if settings.budget < len(self.ledger):
+            self._settle_writes()  # a smaller budget pushes entries out
         self.policy = self._compile(settings, self.policy.workdir)
+        if self.ledger.taint <= Sensitivity.INTERNAL:
+            self.write_watch.release()
 
     def start(self) -> None:
         """Start the opener process (as the agent's user)."""
@@ -155,6 +167,7 @@ class Broker:
 
     def close(self) -> None:
         """The agent ended (or the daemon stops): its worker and its threads go."""
+        self.write_watch.close()
         self._drop_opener()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -268,7 +281,10 @@ class Broker:
                             f"the {tool} reply would be {result.size} bytes")
             self._record(call, d.taint, d.clearance, "limit", "error", str(big))
             return limit_error(big)
+        self._guard_writes(label)
         entry = self.ledger.add(tool, call.target, label)
+        if self.ledger.taint <= Sensitivity.INTERNAL:
+            self.write_watch.release()
         self._record(call, d.taint, d.clearance, d.rule, "allow")
         return {
             "ok": True,
@@ -280,6 +296,40 @@ class Broker:
 
     def _budget(self) -> int:
         return max(0, self.limits.reply_max_bytes - ENVELOPE)
+
+    # -- the agent's own writes (broker/writewatch.py) -------------------
+
+    def _guard_writes(self, label: Sensitivity) -> None:
+        """Before a reply brings data above Internal (or while the agent
+        holds some, e.g. after a daemon restart): its mounts are watched.
+        Before the budget pushes the oldest entry out: its writes are
+        labelled at the taint they were made under."""
+        watched = self.write_watch.ensure
+        if max(label, self.ledger.taint) > Sensitivity.INTERNAL and not watched(
+            self.caller_pid, self.scope_cgroup
+        ):
+            self._watch_failed(self.write_watch.failed or "unknown")
+        entries = self.ledger.entries()
+        top = self.ledger.taint
+        if (len(entries) >= self.ledger.budget and label < top and entries[0].label == top
+                and sum(e.label == top for e in entries) == 1):
+            self._settle_writes()  # the oldest, the last one at the top, is going
+
+    def _settle_writes(self) -> None:
+        if self.ledger.taint <= Sensitivity.INTERNAL:
+            return
+        try:
+            self.write_watch.settle(self.scope_cgroup)
+        except TooBusy:
+            self.write_watch.lost(self.ledger.taint)
+
+    def _watch_failed(self, why: str) -> None:
+        if why == self._watch_failure:
+            return
+        self._watch_failure = why
+        journal.record(f"agent {self.agent_id}: files its own processes write are not "
+                       f"labelled: {why}", priority=syslog.LOG_WARNING,
+                       LEVIATH_AGENT=self.agent_id, LEVIATH_EVENT="write-watch-failed")
 
     def _settle_label(self, files: FileTools, predicted: Sensitivity) -> Sensitivity:
         """The label of a file call, from what was really opened: a read
@@ -301,7 +351,7 @@ class Broker:
             label = max(label, self._tainted_files.get(key, Sensitivity.PUBLIC))
             if kept is not None:
                 label = max(label, kept)
-        return label
+        return max(label, self.write_watch.floor)
 
     def _workdir_fd(self) -> int | None:
         if self._opener is None:
@@ -392,13 +442,24 @@ class Broker:
             # The shell can read back anything written in the workdir while
             # tainted, by this agent or any other, before any restart.
             mark = await self.in_pool(self._workdir_mark)
-            return out, max([predicted, mark, *self._tainted_files.values()])
+            watch = self.write_watch
+            return out, max([predicted, mark, watch.floor, watch.written,
+                             *self._tainted_files.values()])
         raise Unavailable(f"{tool} is not implemented")  # the gate refuses unknown tools
 
     # -- the agent's view of its ledger ---------------------------------
 
     def evict(self, ids: list[int]) -> dict[str, Any]:
+        if self.ledger.taint > Sensitivity.INTERNAL:
+            # What the agent's processes wrote while tainted is labelled
+            # before the taint may drop.
+            try:
+                self.write_watch.settle(self.scope_cgroup)
+            except TooBusy as exc:
+                return _error("busy", f"{exc}; nothing evicted")
         dropped = self.ledger.drop(ids)
+        if self.ledger.taint <= Sensitivity.INTERNAL:
+            self.write_watch.release()
         return {"ok": True, "dropped": dropped, "taint": str(self.ledger.taint)}
 
     def ledger_view(self) -> dict[str, Any]:

@@ -243,6 +243,7 @@ class BrokerServer:
                                                             "message": str(exc)}})
                 return
             self.broker.scope_cgroup = peer.cgroup
+            self.broker.caller_pid = peer.pid
             lines = Lines(reader)
             while True:
                 limits = self.broker.limits

@@ -5,35 +5,48 @@ listen there itself. The namespace launcher, right after it made the new
 network namespace (and before the PID namespace, so the agent cannot see or
 signal this process), binds 127.0.0.1:PORT as root and forks this relay. The
 relay drops to the agent's user (no capabilities, no_new_privs, not dumpable)
-and copies bytes between each TCP connection and a fresh connection to the
-daemon's per-agent unix socket, by its host path. It understands nothing: the
+and hands each TCP connection (its descriptor, SCM_RIGHTS) to the daemon over
+a fresh connection to the daemon's per-agent unix socket, by its host path;
+the daemon then reads and writes the agent's socket itself, so no byte passes
+through this process. It understands nothing: the
 daemon (leviathd/proxy/server.py) speaks HTTP and SOCKS5, decides, resolves
 and connects; it knows which agent is calling from this process's cgroup.
 
-Bounded: at most MAX_CONNECTIONS at once (two threads and two 64 KiB buffers
-each); more are closed at once. It dies with the launcher (PDEATHSIG).
+A container's network namespace is the engine's (`--network none`: only
+`lo`), made after the agent's scope: there the daemon runs this module as a
+command (`main`), from a shell that first joined the scope's cgroups, with
+the container's network namespace as an inherited descriptor. It enters
+that namespace, binds, and leaves a relay behind that lives as long as the
+scope (systemd ends it with the agent); the container's processes, in their
+own PID namespace, cannot see it.
+
+Bounded: it holds one connection at a time, for a moment (at most
+HAND_TIMEOUT if the daemon does not take it). It dies with the launcher
+(PDEATHSIG), or for a container with the agent's scope.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import os
 import signal
 import socket
-import threading
+import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 PORT = 3128
 HOST = "127.0.0.1"
 SOCKET_NAME = "proxy.sock"
-MAX_CONNECTIONS = 256
-CHUNK = 65536
+# A daemon that does not take a connection within this long loses it.
+HAND_TIMEOUT = 5.0
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
+_CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
 def listen() -> socket.socket:
@@ -52,15 +65,22 @@ def start(
     pid = os.fork()
     if pid != 0:
         return pid
+    _relay(sock, unix_path, uid, gid, groups, tied=True)
+
+
+def _relay(sock: socket.socket, unix_path: str, uid: int, gid: int, groups: Sequence[int],
+           *, tied: bool) -> NoReturn:
+    """In the forked child: become the agent's user and serve; never returns."""
     code = 0
     try:
         from leviathd.sandbox.privileges import drop_to_user
 
         drop_to_user(uid, gid, groups, no_new_privs=True)
         # After the credentials change, which clears both.
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if tied:
+            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-        if os.getppid() == 1:
+        if tied and os.getppid() == 1:
             os._exit(0)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
@@ -70,42 +90,53 @@ def start(
     os._exit(code)
 
 
+def main(argv: Sequence[str]) -> int:
+    """`NETNS_FD SOCKET UID GID [GROUP...]` (root, for a container): enter
+    the network namespace open at NETNS_FD, bind there and fork the relay,
+    which outlives this command. Exit 0 once it listens."""
+    try:
+        netns, path, uid, gid = int(argv[0]), argv[1], int(argv[2]), int(argv[3])
+        groups = [int(g) for g in argv[4:]]
+    except (IndexError, ValueError):
+        print("usage: forwarder NETNS_FD SOCKET UID GID [GROUP...]", file=sys.stderr)
+        return 2
+    if _libc.setns(netns, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        print(f"setns: {os.strerror(err)}", file=sys.stderr)
+        return 1
+    os.close(netns)
+    try:
+        sock = listen()
+    except OSError as exc:
+        print(f"listen on {HOST}:{PORT}: {exc}", file=sys.stderr)
+        return 1
+    if os.fork() == 0:
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        _relay(sock, path, uid, gid, groups, tied=False)
+    return 0
+
+
 def serve(sock: socket.socket, unix_path: str) -> None:
-    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    """Hand each accepted connection to the daemon's proxy: one NUL byte
+    with the connection's descriptor over a fresh connection to its socket
+    (the daemon then reads and writes the agent's socket itself). Nothing is
+    kept here: a connection costs the forwarder a moment, not a thread."""
     while True:
         conn, _ = sock.accept()
-        if not slots.acquire(blocking=False):
-            conn.close()
-            continue
-        threading.Thread(target=_handle, args=(conn, unix_path, slots), daemon=True).start()
-
-
-def _handle(conn: socket.socket, unix_path: str, slots: threading.BoundedSemaphore) -> None:
-    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            up.settimeout(HAND_TIMEOUT)
             up.connect(unix_path)
+            socket.send_fds(up, [b"\0"], [conn.fileno()])
         except OSError:
-            return
-        back = threading.Thread(target=_pump, args=(up, conn), daemon=True)
-        back.start()
-        _pump(conn, up)
-        back.join()
-    finally:
-        up.close()
-        conn.close()
-        slots.release()
+            pass
+        finally:
+            up.close()
+            conn.close()
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    """Copy until end of file, then pass the half-close on."""
-    try:
-        while data := src.recv(CHUNK):
-            dst.sendall(data)
-    except OSError:
-        pass
-    with contextlib.suppress(OSError):
-        dst.shutdown(socket.SHUT_WR)
-    # The other direction may be stuck writing into a peer that stopped reading.
-    with contextlib.suppress(OSError):
-        src.shutdown(socket.SHUT_RD)
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

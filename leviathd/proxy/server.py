@@ -18,8 +18,8 @@ per connection (decision, then bytes each way) goes through leviathd/audit/trail
 
 Memory is bounded: at most `max_connections` at once per agent (and the
 daemon's descriptor budget over all agents), a request head of at most
-MAX_HEAD bytes, and relays that read at most CHUNK bytes before the other
-side has taken the last ones (drain).
+MAX_HEAD bytes, and relays in the kernel (proxy/splice.py) that hold at
+most splice.PIPE_BYTES a direction before the other side has taken them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import ipaddress
 import os
 import socket
 import struct
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -44,30 +43,40 @@ from leviathd.broker.server import identify
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, LimitExceeded
 from leviathd.policy.approvals import Answer, ApprovalQueue
-from leviathd.proxy import policy
+from leviathd.proxy import policy, splice
 from leviathd.proxy.policy import Decision, ProxySettings
 
 MAX_HEAD = 16384
-CHUNK = 65536
 HANDSHAKE_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 15.0
 TOOL = "network"
 
 _open_total = 0
-# Per uid: one user's agents together may not hold the whole budget, or every
-# other user's proxied agents get 429 for as long as she keeps them open.
+# Per uid: one user's agents (or a few users' together) may not hold the whole
+# budget, or every other user's proxied agents get 429 for as long as they
+# keep them open.
 _open_by_uid: Counter[int] = Counter()
 
 
+# Descriptors a relayed connection holds: the agent's socket, the upstream,
+# and a pipe (two ends) for each direction of the splice.
+FDS_PER_CONNECTION = 6
+# One user's agents together hold at most this fraction of the proxy's
+# connections: it takes this many users at their full share to fill it.
+USER_SHARES = 8
+
+
 def total_budget() -> int:
-    """Proxied connections over all agents: each holds up to two descriptors
-    (the agent's side and the upstream), within the daemon's client budget."""
-    return max(2, descriptor_budget() // 2)
+    """Proxied connections over all agents: a quarter of the daemon's soft
+    file limit in descriptors (the broker's connections take half; the rest
+    is the daemon's own)."""
+    return max(USER_SHARES, descriptor_budget() // 2 // FDS_PER_CONNECTION)
 
 
 def user_budget() -> int:
-    """One user's agents together: half the total, so others always get in."""
-    return max(1, total_budget() // 2)
+    """One user's agents together: an eighth of the total, so neither one
+    user nor two or three together can shut the others out."""
+    return max(1, total_budget() // USER_SHARES)
 
 
 class Refused(Exception):
@@ -110,7 +119,8 @@ class ProxyServer:
         self.settings = settings
         self.path = path
         self._audit = audit
-        self._server: asyncio.AbstractServer | None = None
+        self._listener: socket.socket | None = None
+        self._acceptor: asyncio.Task[None] | None = None
         self._open = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -124,18 +134,35 @@ class ProxyServer:
                                      gid=self.agent.gid if owner else None)
         finally:
             os.close(dfd)
-        extra: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
         try:
-            self._server = await asyncio.start_unix_server(
-                self._serve, sock=sock, limit=MAX_HEAD, **extra)
+            sock.listen(128)
+            sock.setblocking(False)
         except BaseException:
             sock.close()
             raise
+        self._listener = sock
+        self._acceptor = asyncio.create_task(self._accept())
+
+    async def _accept(self) -> None:
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self._listener)
+            except OSError:
+                await asyncio.sleep(0.1)  # EMFILE and such: the budget is the real bound
+                continue
+            task = asyncio.create_task(self._serve(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        if self._acceptor is not None:
+            self._acceptor.cancel()
+            self._acceptor = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         for task in list(self._tasks):
             task.cancel()
         with contextlib.suppress(OSError):
@@ -147,16 +174,28 @@ class ProxyServer:
 
     # -- one connection -------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, unix: socket.socket) -> None:
+        """A connection from the forwarder: it hands over the agent's TCP
+        connection itself (a descriptor, with one byte), so the relay below
+        reads and writes the agent's socket with no process in between. A
+        forwarder from before that change sends the agent's bytes instead;
+        then the unix connection is the agent's stream."""
         global _open_total
-        task = asyncio.current_task()
-        sock = writer.get_extra_info("socket")
         try:
-            peer = identify(sock)
+            unix.setblocking(False)
+            peer = identify(unix)
             if not self.agent.is_own(peer.cgroup) or peer.uid != self.agent.uid:
                 raise AccessDenied("not this agent")
-        except (AccessDenied, OSError):
-            writer.close()
+            first, stream = await asyncio.wait_for(_handed(unix), HANDSHAKE_TIMEOUT)
+        except (AccessDenied, OSError, TimeoutError, ValueError):
+            unix.close()
+            return
+        if stream is not unix:
+            unix.close()
+        try:
+            reader, writer = await asyncio.open_connection(sock=stream, limit=MAX_HEAD)
+        except OSError:
+            stream.close()
             return
         uid = self.agent.uid
         if (self._open >= self.settings.max_connections or _open_total >= total_budget()
@@ -166,15 +205,14 @@ class ProxyServer:
                          f"{self.settings.max_connections}; this user's agents "
                          f"{_open_by_uid[uid]} of {user_budget()})")
             await _http_error(writer, 429, "too many connections")
+            writer.close()
             return
         self._open += 1
         _open_total += 1
         _open_by_uid[uid] += 1
-        if task is not None:
-            self._tasks.add(task)
         conn = _Conn()
         try:
-            await self._handle(reader, writer, conn)
+            await self._handle(reader, writer, conn, first)
         except asyncio.CancelledError:
             pass
         finally:
@@ -183,15 +221,14 @@ class ProxyServer:
             _open_by_uid[uid] -= 1
             if _open_by_uid[uid] <= 0:
                 del _open_by_uid[uid]
-            if task is not None:
-                self._tasks.discard(task)
             writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      conn: _Conn) -> None:
+                      conn: _Conn, first: bytes) -> None:
         socks = False
         try:
-            first = await asyncio.wait_for(reader.readexactly(1), HANDSHAKE_TIMEOUT)
+            if not first:
+                first = await asyncio.wait_for(reader.readexactly(1), HANDSHAKE_TIMEOUT)
             socks = first == b"\x05"
             if socks:
                 conn.host, conn.port = await asyncio.wait_for(_socks_head(reader, writer),
@@ -200,7 +237,7 @@ class ProxyServer:
             else:
                 conn.host, conn.port, head = await asyncio.wait_for(
                     _http_head(first, reader), HANDSHAKE_TIMEOUT)
-            up_r, up_w = await self._connect(conn)
+            up = await self._connect(conn)
         except Refused as exc:
             self._record(conn, "deny", exc.rule, str(exc))
             if socks:
@@ -214,22 +251,48 @@ class ProxyServer:
         try:
             if socks:
                 await _socks_reply(writer, 0)
-            elif head:
-                up_w.write(head)
-                conn.sent += len(head)
-            else:
+            elif not head:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            await asyncio.gather(self._pump(reader, up_w, conn, "sent"),
-                                 self._pump(up_r, writer, conn, "received"))
+                await writer.drain()
+            await self._relay(reader, writer, up, head, conn)
+        except (ConnectionError, OSError):
+            pass
         finally:
-            up_w.close()
+            up.close()
             d = conn.decision
             self._record(conn, "allow", d.rule if d else "allowed",
                          f"sent {conn.sent} bytes, received {conn.received} bytes")
 
-    async def _connect(
-        self, conn: _Conn
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     up: socket.socket, head: bytes, conn: _Conn) -> None:
+        """The rest of the connection, in the kernel (proxy/splice.py): the
+        stream stops reading, what it had already read goes first, then the
+        agent's socket (a second descriptor on it) and the upstream are
+        spliced both ways."""
+        loop = asyncio.get_running_loop()
+        transport = writer.transport
+        assert isinstance(transport, asyncio.ReadTransport)
+        transport.pause_reading()
+        buffered: bytearray = getattr(reader, "_buffer", bytearray())
+        early = head + bytes(buffered)
+        buffered.clear()
+        if early:
+            await loop.sock_sendall(up, early)
+            conn.sent += len(early)
+        agent = writer.get_extra_info("socket")
+        own = socket.socket(fileno=os.dup(agent.fileno()))
+        # The stream's own descriptor goes (the connection lives on in `own`):
+        # a relay holds six descriptors, not seven.
+        writer.transport.abort()
+        counts = [0, 0]
+        try:
+            await splice.relay(own, up, counts)
+        finally:
+            conn.sent += counts[0]
+            conn.received += counts[1]
+            own.close()
+
+    async def _connect(self, conn: _Conn) -> socket.socket:
         host = policy.normalize_host(conn.host)
         if host is None or not 0 < conn.port < 65536:
             # The agent chose this text: only a bounded, escaped form is recorded.
@@ -259,12 +322,19 @@ class ProxyServer:
             raise Refused("resolve", f"{host} resolved to nothing", status=502, socks=4)
         last: Exception | None = None
         for ip in addrs:
+            family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+            up = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            up.setblocking(False)
             try:
                 # The checked address itself, never the name again.
-                return await asyncio.wait_for(
-                    asyncio.open_connection(ip, conn.port, limit=CHUNK), CONNECT_TIMEOUT)
+                await asyncio.wait_for(loop.sock_connect(up, (ip, conn.port)), CONNECT_TIMEOUT)
+                return up
             except (OSError, TimeoutError) as exc:
+                up.close()
                 last = exc
+            except BaseException:
+                up.close()
+                raise
         raise Refused("connect", f"cannot connect to {host}:{conn.port}: {last}", status=502,
                       socks=5)
 
@@ -288,20 +358,6 @@ class ProxyServer:
                             decision.clearance)
         return Decision("allow", f"approved-{answer.value}", decision.reason, decision.clearance)
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                    conn: _Conn, counter: str) -> None:
-        try:
-            while data := await src.read(CHUNK):
-                dst.write(data)
-                setattr(conn, counter, getattr(conn, counter) + len(data))
-                # Backpressure: nothing more is read until the other side took it.
-                await dst.drain()
-            if dst.can_write_eof():
-                dst.write_eof()
-        except (ConnectionError, OSError):
-            with contextlib.suppress(OSError):
-                dst.close()
-
     def _record(self, conn: _Conn, outcome: str, rule: str, detail: str) -> None:
         clearance = conn.decision.clearance if conn.decision else None
         self._audit(AuditRecord(
@@ -313,6 +369,41 @@ class ProxyServer:
 
 
 # -- the protocols ------------------------------------------------------------
+
+
+async def _handed(unix: socket.socket) -> tuple[bytes, socket.socket]:
+    """What the forwarder sent first: NUL with the agent's TCP connection
+    (returned as the stream, checked to be a TCP socket: the daemon only
+    reads and writes it), or one byte of the agent's own (the unix
+    connection is then the stream)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(unix, 1, 1)
+            break
+        except BlockingIOError:
+            ready = loop.create_future()
+            loop.add_reader(unix.fileno(), ready.set_result, None)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(unix.fileno())
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("nothing was sent")
+    if not fds:
+        return data, unix
+    tcp = socket.socket(fileno=fds[0])
+    for fd in fds[1:]:
+        os.close(fd)
+    if (data != b"\0" or tcp.family not in (socket.AF_INET, socket.AF_INET6)
+            or tcp.type != socket.SOCK_STREAM):
+        tcp.close()
+        raise ValueError("not a TCP connection")
+    tcp.setblocking(False)
+    return b"", tcp
+
 
 
 async def _socks_head(reader: asyncio.StreamReader,

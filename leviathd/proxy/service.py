@@ -91,12 +91,8 @@ class ProxyService:
             return replace(spec, proxy=False, notes=(
                 *spec.notes, 'network = "proxy" has no effect unsandboxed: the agent has '
                 "the host's network"))
-        if spec.kind != "namespace":
-            # A container's engine gives it no network at all ("none"): the
-            # forwarder is the namespace launcher's.
-            return replace(spec, proxy=False, notes=(
-                *spec.notes, f'network = "proxy" is not available in a {spec.kind} sandbox '
-                "yet: it runs with no network"))
+        # namespace: the launcher starts the forwarder in its new network
+        # namespace; container: the daemon, in the engine's (container.py).
         return replace(spec, env=_git_env({**spec.env, **proxy_env()}))
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:

@@ -39,6 +39,7 @@ import os
 import posixpath
 import re
 import signal
+import sys
 import syslog
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -736,7 +737,9 @@ async def ensure(
             own_home(rec.init_pid, spec)
             # Before any agent command runs in it (see guard.py).
             await asyncio.to_thread(guard.apply_in, rec.init_pid, spec)
-        except (OSError, guard.GuardError) as exc:
+            if spec.proxy:
+                await start_forwarder(rec.init_pid, cgroup, spec)
+        except (OSError, guard.GuardError, Unavailable) as exc:
             await _engine_cmd([*eng.base(), "rm", "-f", name])
             raise Unavailable(f"preparing the agent's container: {exc}") from None
         _write_record(name, rec)
@@ -749,6 +752,38 @@ async def ensure(
     if started is not None:
         started.add(name)
     return name
+
+
+async def start_forwarder(init_pid: int, cgroup: str, spec: SandboxSpec) -> None:
+    """network = "proxy": the relay to the daemon's proxy (proxy/forwarder.py)
+    in the container's network namespace (the engine's `none`: only lo),
+    born in the agent's scope so the proxy knows whose it is and systemd
+    ends it with the agent. The namespace travels as a descriptor opened
+    here from the init checked at start, not as a pid the forwarder opens."""
+    from leviathd.proxy import forwarder
+
+    sock = os.path.join(runtime_dir(), "agents", spec.execution_id, forwarder.SOCKET_NAME)
+    netns = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        argv = ["sh", "-c", _JOIN, "join", *_join_files(cgroup), "--",
+                sys.executable, "-m", "leviathd.proxy.forwarder", str(netns), sock,
+                str(spec.uid), str(spec.gid), *(str(g) for g in spec.groups)]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE, pass_fds=(netns,),
+        )  # the daemon's own environment: its Python finds this leviathd
+        try:
+            _out, err = await asyncio.wait_for(proc.communicate(), 30)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise Unavailable("the proxy forwarder did not start within 30 s") from None
+    finally:
+        os.close(netns)
+    if proc.returncode != 0:
+        why = _tail(err.decode(errors="replace"))
+        raise Unavailable(f"the proxy forwarder did not start: {why}")
 
 
 def own_home(init_pid: int, spec: SandboxSpec) -> None:

@@ -55,7 +55,7 @@ allow_private_addresses = true
 
 [proxy]
 deny_domains = ["denied.test"]
-ports = [80, 443]
+ports = [22, 80, 443]
 
 [proxy.clearance]
 "allowed.test" = "private"
@@ -101,6 +101,7 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     bed.run(f"""
         set -e
         ip netns del lvout 2>/dev/null || true
+        ip link del lvh 2>/dev/null || true
         ip netns add lvout
         ip link add lvh type veth peer name lvs netns lvout
         ip addr add 10.77.0.1/24 dev lvh
@@ -112,7 +113,7 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
         printf 'hello from outside\\n' > /srv/www/hello.txt
         printf 'host loopback secret\\n' > /srv/loop/index.html
         git init -q --bare /srv/www/repo.git
-        git init -q /tmp/src && cd /tmp/src && printf 'x\\n' > f
+        rm -rf /tmp/src && git init -q /tmp/src && cd /tmp/src && printf 'x\\n' > f
         git add f && git -c user.name=t -c user.email=t@t commit -qm one
         git push -q /srv/www/repo.git HEAD:master
         git -C /srv/www/repo.git update-server-info
@@ -325,8 +326,6 @@ def test_private_data_cannot_leave_to_an_internal_domain_until_evicted(
     assert rows[-2]["LEVIATH_RULE"] == "taint-exceeds-clearance"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 'taint survives the workdir' for files the "
-                   "agent's own processes write is the taint branch's (issue 21): not built here")
 def test_private_data_laundered_through_a_file_the_agent_wrote_itself_stays_private(
     bed: Testbed, agent: Agent
 ) -> None:
@@ -346,6 +345,130 @@ def test_private_data_laundered_through_a_file_the_agent_wrote_itself_stays_priv
         ids = [str(e["id"]) for e in json.loads(out)["entries"] if e["label"] == "private"]
         if ids:
             agent.call(f"lev tool --evict {' '.join(ids)}")
+
+
+def private_ids(agent: Agent) -> list[str]:
+    rc, out, err = agent.call("lev tool --ledger")
+    assert rc == 0, err
+    return [str(e["id"]) for e in json.loads(out)["entries"] if e["label"] == "private"]
+
+
+def evict_private(agent: Agent) -> None:
+    ids = private_ids(agent)
+    if ids:
+        rc, _out, err = agent.call(f"lev tool --evict {' '.join(ids)}")
+        assert rc == 0, err
+    assert agent.taint() != "private"
+
+
+def read_back(agent: Agent, path: str) -> str:
+    """The taint after the broker reads `path` back (then evicted again)."""
+    rc, _out, err = agent.call(f"lev tool read_file {path}")
+    assert rc == 0, err
+    taint = agent.taint()
+    evict_private(agent)
+    return taint
+
+
+def test_laundering_through_a_subfolder_a_rename_and_a_hard_link_stays_private(
+    bed: Testbed, agent: Agent
+) -> None:
+    """The attacker's side: the agent's own shell writes the granted data
+    deep in a subfolder and links it elsewhere, evicts, then renames it:
+    the label is the inode's, whatever its name."""
+    home = bed.users["alice"].home
+    evict_private(agent)
+    rc, _out, err = agent.call(
+        f"rm -rf deep moved.json linked.json && mkdir -p deep/er && "
+        f"lev tool read_file {home}/shared/doc.txt > deep/er/a.json && "
+        "ln deep/er/a.json linked.json")
+    assert rc == 0, err
+    evict_private(agent)
+    assert agent.call("mv deep/er/a.json moved.json")[0] == 0
+    assert read_back(agent, "moved.json") == "private"
+    assert read_back(agent, "linked.json") == "private"
+
+
+MAPPED = """
+import json, mmap, os, subprocess
+def lev(*a):
+    return subprocess.run(["lev", "tool", *a], capture_output=True, check=True).stdout
+fd = os.open("mapped.json", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+os.ftruncate(fd, 4096)
+m = mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+os.close(fd)  # only the mapping holds the file now: no write(), no close yet
+m[:] = b" " * 4096
+data = lev("read_file", "HOME/shared/doc.txt")
+m[:len(data)] = data
+ids = [str(e["id"]) for e in json.loads(lev("--ledger"))["entries"] if e["label"] == "private"]
+lev("--evict", *ids)
+m.flush()
+m.close()  # the file's close comes now, after the eviction
+"""
+
+
+def test_a_write_through_a_shared_mapping_held_across_the_eviction_stays_private(
+    bed: Testbed, agent: Agent
+) -> None:
+    home = bed.users["alice"].home
+    evict_private(agent)
+    rc, _out, err = agent.call(f"python3 - <<'EOF'\n{MAPPED.replace('HOME', home)}EOF\n")
+    assert rc == 0, err
+    assert agent.taint() != "private"
+    assert read_back(agent, "mapped.json") == "private"
+
+
+def test_a_file_written_before_the_eviction_keeps_the_label_one_written_after_does_not(
+    bed: Testbed, agent: Agent
+) -> None:
+    """Eviction is the agent's word that the data left it (a documented
+    limit): what it writes afterwards is not labelled; what it wrote before
+    is, whenever the daemon reads the event."""
+    home = bed.users["alice"].home
+    evict_private(agent)
+    rc, _out, err = agent.call(
+        f"lev tool read_file {home}/shared/doc.txt > before.json && "
+        "lev tool --ledger > ledger.json && "
+        "ids=$(python3 -c 'import json; print(\" \".join(str(e[\"id\"]) for e in "
+        "json.load(open(\"ledger.json\"))[\"entries\"] if e[\"label\"] == \"private\"))') "
+        "&& lev tool --evict $ids && echo late > after.json")
+    assert rc == 0, err
+    assert agent.taint() != "private"
+    assert read_back(agent, "before.json") == "private"
+    assert read_back(agent, "after.json") == "internal"
+
+
+def test_a_file_written_before_the_budget_pushed_the_private_entry_out_stays_private(
+    bed: Testbed, agent: Agent
+) -> None:
+    """The other way the taint drops: no eviction, only enough later reads
+    (the bed's budget is 4) to push the Private entry out of the ledger."""
+    home = bed.users["alice"].home
+    evict_private(agent)
+    rc, _out, err = agent.call(
+        f"lev tool read_file {home}/shared/doc.txt > pushed.json && "
+        "for i in 1 2 3 4; do lev tool read_file small.txt >/dev/null || exit 1; done")
+    assert rc == 0, err
+    assert agent.taint() != "private"
+    assert read_back(agent, "pushed.json") == "private"
+
+
+def test_private_data_first_taken_in_a_shell_fence_still_labels_the_agents_own_writes(
+    bed: Testbed, agent: Agent
+) -> None:
+    """The first Private read comes from a process in the `shell` tool's own
+    fence (another mount namespace of the scope): the agent's own fence is
+    watched all the same."""
+    home = bed.users["alice"].home
+    evict_private(agent)
+    rc, out, err = agent.call(
+        f"lev tool shell 'lev tool read_file {home}/shared/doc.txt >/dev/null; echo done'")
+    assert rc == 0 and "done" in out, out + err
+    assert agent.taint() == "private"
+    rc, _out, err = agent.call("echo 'granted text' > fromshell.txt")
+    assert rc == 0, err
+    evict_private(agent)
+    assert read_back(agent, "fromshell.txt") == "private"
 
 
 def test_an_adopted_agent_keeps_its_proxy_after_a_daemon_restart(

@@ -53,7 +53,7 @@ for i in $(seq 100); do [ -s held ] && break; sleep 0.1; done; cat held"""
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
     bed = testbed
-    for user in ("alice", "bob"):
+    for user in ("alice", "bob", "dave"):
         h = bed.users[user].home
         bed.run(f"mkdir -p {h}/rtpbp {h}/rtpw/.req && cat > {h}/rtpbp/blueprint.toml",
                 user=user, input=BLUEPRINT)
@@ -98,3 +98,42 @@ def test_one_users_idle_connections_do_not_shut_another_user_out_of_the_proxy(
     finally:
         for a in agents:
             lev(bed, a.user, "stop", a.id, check=False)
+
+
+DROPIN = "/run/systemd/system/leviathd.service.d/nofile.conf"
+
+
+def test_two_users_together_cannot_shut_a_third_out_of_the_proxy(bed: Testbed) -> None:
+    """With a soft limit of 1,024 (systemd's default, as on a unit without
+    LimitNOFILE) the old shares (half the total each) let alice and bob,
+    two agents each, fill the whole proxy: dave got 429. Each user's share
+    is now an eighth."""
+    bed.run(f"mkdir -p {DROPIN.rsplit('/', 1)[0]} && printf '[Service]\\nLimitNOFILE=1024\\n' "
+            f"> {DROPIN} && systemctl daemon-reload && systemctl restart leviathd")
+    agents: list[Agent] = []
+    try:
+        for user in ("alice", "bob"):
+            held = 0
+            for _ in range(2):
+                a = _start(bed, user)
+                agents.append(a)
+                rc, out, err = a.call(HOLD)
+                assert rc == 0, err
+                held += int(out.strip() or 0)
+            assert held >= 64  # the attack really opens connections
+        dave = _start(bed, "dave")
+        agents.append(dave)
+        time.sleep(0.5)
+        rc, out, err = dave.call(
+            "curl -sS --max-time 10 -o /dev/null -w '%{http_code}' "
+            "-x http://127.0.0.1:3128 http://denied.test/")
+        assert out.strip() == "403", (out, err)
+        # And alice herself is held to her share: her next one is refused.
+        rc, out, err = agents[0].call(
+            "curl -sS --max-time 10 -o /dev/null -w '%{http_code}' "
+            "-x http://127.0.0.1:3128 http://denied.test/")
+        assert out.strip() == "429", (out, err)
+    finally:
+        for a in agents:
+            lev(bed, a.user, "stop", a.id, check=False)
+        bed.run(f"rm -f {DROPIN} && systemctl daemon-reload && systemctl restart leviathd")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -135,8 +136,11 @@ def test_a_proxied_step_gets_the_proxy_variables_and_gits_setting() -> None:
     assert env["GIT_CONFIG_KEY_2"] == "core.sshCommand"
     assert "lev connect %h %p" in env["GIT_CONFIG_VALUE_2"]
     assert "HTTP_PROXY" not in svc.extend_spec(_spec(proxy=False)).env
-    # A container has no forwarder: no network at all, and it says so.
+    # A container gets the same (the daemon starts its forwarder); unsandboxed
+    # there is no proxy, and the spec says so.
     spec = svc.extend_spec(_spec(kind="container"))
+    assert spec.proxy and spec.env["HTTP_PROXY"] == "http://127.0.0.1:3128"
+    spec = svc.extend_spec(_spec(kind="none"))
     assert not spec.proxy and "HTTP_PROXY" not in spec.env and spec.notes
 
 
@@ -155,7 +159,7 @@ async def _exchange(path: str, data: bytes) -> bytes:
     try:
         w.write(data)
         return await asyncio.wait_for(r.read(), 5)
-    except ConnectionResetError:
+    except (ConnectionResetError, BrokenPipeError):
         return b""
     finally:
         w.close()
@@ -169,8 +173,10 @@ def test_the_connection_cap_holds_and_refusals_are_audited(tmp_path: Path) -> No
         await srv.start()
         path = str(tmp_path / "proxy.sock")
         held = [await asyncio.open_unix_connection(path) for _ in range(2)]
+        for _r, w in held:
+            w.write(b"C")  # a head begun, never finished
         await asyncio.sleep(0.1)
-        assert b" 429 " in await _exchange(path, b"")
+        assert b" 429 " in await _exchange(path, b"C")
         for _r, w in held:
             w.close()
         await asyncio.sleep(0.1)
@@ -199,6 +205,87 @@ def test_the_connection_cap_holds_and_refusals_are_audited(tmp_path: Path) -> No
     assert all(r.tool == "network" for r in seen)
     assert not any("\x1b" in r.target for r in seen)
     assert any("\\x1b" in r.target for r in seen)
+
+
+def test_a_handed_over_tcp_connection_is_served_and_relayed_in_both_directions(
+    tmp_path: Path,
+) -> None:
+    """The forwarder's way: NUL and the agent's TCP connection as a
+    descriptor; the proxy then speaks on that connection itself, and the
+    relay (splice) carries a large body both ways with its half-closes."""
+    s = socket
+    seen: list[AuditRecord] = []
+    body = os.urandom(3 << 20)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        upstream = s.create_server(("127.0.0.1", 0))
+        upstream.setblocking(False)
+        port = upstream.getsockname()[1]
+
+        async def echo() -> None:
+            c, _ = await loop.sock_accept(upstream)
+            got = b""
+            while data := await loop.sock_recv(c, 1 << 16):
+                got += data
+            await loop.sock_sendall(c, got[::-1])
+            c.close()
+
+        policy_check = policy.check_addresses
+        policy.check_addresses = lambda *_a, **_k: None  # the upstream is on loopback
+        try:
+            srv = _server(tmp_path, ProxySettings(ports=(port,)), seen)
+            await srv.start()
+            task = asyncio.create_task(echo())
+            lst = s.create_server(("127.0.0.1", 0))
+            agent = s.create_connection(lst.getsockname())
+            handed, _ = lst.accept()
+            unix = s.socket(s.AF_UNIX)
+            unix.connect(str(tmp_path / "proxy.sock"))
+            s.send_fds(unix, [b"\0"], [handed.fileno()])
+            unix.close()
+            handed.close()
+            agent.setblocking(False)
+            await loop.sock_sendall(agent, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode()
+                                    + body)
+            agent.shutdown(s.SHUT_WR)
+            got = b""
+            while data := await asyncio.wait_for(loop.sock_recv(agent, 1 << 20), 10):
+                got += data
+            head, _, rest = got.partition(b"\r\n\r\n")
+            assert b" 200 " in head and rest == body[::-1]
+            await task
+            agent.close()
+            await asyncio.sleep(0.1)
+            await srv.close()
+        finally:
+            policy.check_addresses = policy_check
+
+    asyncio.run(go())
+    done = [r for r in seen if r.outcome == "allow"]
+    assert done and f"sent {len(body)} bytes, received {len(body)} bytes" in done[-1].detail
+
+
+def test_a_handed_over_descriptor_that_is_not_tcp_is_dropped(tmp_path: Path) -> None:
+    seen: list[AuditRecord] = []
+
+    async def go() -> None:
+        srv = _server(tmp_path, ProxySettings(), seen)
+        await srv.start()
+        r, w = os.pipe()
+        unix = socket.socket(socket.AF_UNIX)
+        unix.connect(str(tmp_path / "proxy.sock"))
+        socket.send_fds(unix, [b"\0"], [w])
+        unix.setblocking(False)
+        loop = asyncio.get_running_loop()
+        assert await asyncio.wait_for(loop.sock_recv(unix, 100), 5) == b""
+        unix.close()
+        os.close(r)
+        os.close(w)
+        await srv.close()
+
+    asyncio.run(go())
+    assert seen == []
 
 
 def test_a_foreign_peer_is_dropped(tmp_path: Path) -> None:
