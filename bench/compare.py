@@ -49,13 +49,13 @@ def one_pass(bed: Testbed, rounds: int, container: str | None) -> dict[str, floa
     }
     out = {k: v[STAT] for k, v in interleaved(bed, rounds, peers).items()}
     if container:
-        # Apart: a container's teardown (the engine's rm) goes on after its
-        # run ends and would slow whichever start comes next.
+        # Apart, with a pause after each: a container's teardown (the
+        # engine's rm) goes on after its run ends and would slow the next.
         ct = interleaved(bed, rounds, {
             "namespace": peers["namespace"],
             "container": as_user(bed, "alice", ["lev", "run", "--workdir", "/home/alice/work",
                                                 container]),
-        })  # fmt: skip
+        }, pause_s=1.5)  # fmt: skip
         out["namespace (beside container)"] = ct["namespace"][STAT]
         out["container"] = ct["container"][STAT]
     tool_inner = json.dumps({"rounds": rounds, "peers": {
