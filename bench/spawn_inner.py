@@ -20,12 +20,16 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     rounds: int = spec["rounds"]
     peers: dict[str, list[str]] = spec["peers"]
+    # Seconds to wait after each command: a container's teardown (the
+    # engine's rm) goes on after its run returns and would slow the next.
+    pause: float = spec.get("pause_s", 0)
     for argv in peers.values():  # warm caches once
         timed(argv)
     samples: dict[str, list[float]] = {name: [] for name in peers}
     for _ in range(rounds):
         for name, argv in peers.items():
             samples[name].append(timed(argv))
+            time.sleep(pause)
     out = {
         name: {
             "median_ms": statistics.median(v) * 1e3,
