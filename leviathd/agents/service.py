@@ -255,11 +255,18 @@ class Agents:
                 # Specs look at the user's workdir (a worktree's git folders...).
                 steps = await self._in_worker(who.uid, self._specs, plan, kinds, user, req,
                                               real_workdir, agent_id)  # fmt: skip
-            except BaseException:
+            except BaseException as exc:
                 # The scope's start is over (either way) before the clean-up
                 # below stops it: a stop sent first would leave it behind.
-                with contextlib.suppress(BaseException):
+                try:
                     await scope
+                except Exception as scope_exc:
+                    # A scope that failed kills what it held: then the held
+                    # process "ended before it was ready" because of this.
+                    if isinstance(exc, InvalidArgument) and str(exc) == supervisor.ENDED_EARLY:
+                        raise scope_exc from exc
+                except BaseException:
+                    pass
                 raise
             await scope
             for _label, spec in steps:
