@@ -76,9 +76,10 @@ def main() -> int:
             print(f"  PSS KiB by process name: {mem['pss_kib_by_name']}", flush=True)
             if got["failed"]:
                 print(f"  errors: {got['errors']}", flush=True)
-                errs = bed.run(["journalctl", "-u", "leviathd", "-p", "warning", "-n", "40",
-                                "--no-pager", "-o", "cat"], check=False).stdout
-                print("  leviathd's warnings:\n    " + errs.replace("\n", "\n    "), flush=True)
+                errs = bed.run("journalctl -u leviathd --no-pager -o cat | grep -iE "
+                               "'supervisor|traceback|error|warn|fail' | tail -n 40",
+                               check=False).stdout
+                print("  leviathd's complaints:\n    " + errs.replace("\n", "\n    "), flush=True)
             if any(stop[k] for k in ("scratch", "exit_records", "slice_procs")):
                 print("  left: " + bed.run("ls /var/lib/leviath/scratch /run/leviath/exit",
                                            check=False).stdout.replace("\n", " "), flush=True)

@@ -256,11 +256,18 @@ class Agents:
                 # Specs look at the user's workdir (a worktree's git folders...).
                 steps = await self._in_worker(who.uid, self._specs, plan, kinds, user, req,
                                               real_workdir, agent_id)  # fmt: skip
-            except BaseException:
+            except BaseException as exc:
                 # The scope's start is over (either way) before the clean-up
                 # below stops it: a stop sent first would leave it behind.
-                with contextlib.suppress(BaseException):
+                try:
                     await scope
+                except Exception as scope_exc:
+                    # A scope that failed kills what it held: then the held
+                    # process "ended before it was ready" because of this.
+                    if isinstance(exc, InvalidArgument) and str(exc) == supervisor.ENDED_EARLY:
+                        raise scope_exc from exc
+                except BaseException:
+                    pass
                 raise
             await scope
             for _label, spec in steps:
@@ -629,6 +636,13 @@ class Agents:
             self.records[rec.id] = rec
             if rec.state is AgentState.UNKNOWN:
                 continue
+            if not _supervisor_alive(rec):
+                pid1 = _handed_over_pid1(rec)
+                if pid1 is not None:
+                    # We died between releasing it and hearing from it: its
+                    # record still names the held process, long gone.
+                    rec.supervisor_pid = pid1
+                    self._save(rec)
             if _supervisor_alive(rec):
                 self._watch(rec)
                 self.usage.seed(rec.id, rec.unit)
@@ -969,6 +983,35 @@ def _shared_shell() -> int | None:
         return namespace.shared_sealed(namespace.SHELL_CANDIDATES)
     except OSError:
         return None
+
+
+def _handed_over_pid1(rec: AgentRecord) -> int | None:
+    """The PID 1 of a namespace agent the held process handed over
+    (sandbox/supervisor._hand_over), found in its scope: the process that is
+    1 in its own PID namespace (NSpid). An agent cannot make namespaces
+    (seccomp), so no other process of its scope is."""
+    if rec.sandbox != "namespace":
+        return None
+    from leviathd.systemd.cgroupfs import folders
+
+    for folder in folders(f"/{SLICE}/{rec.unit}"):
+        try:
+            with open(os.path.join(folder, "cgroup.procs"), encoding="ascii") as f:
+                pids = [int(p) for p in f.read(1 << 16).split()[:4096]]
+        except (OSError, ValueError):
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+                    status = f.read(1 << 14)
+            except OSError:
+                continue
+            nspid = next((ln.split()[1:] for ln in status.splitlines()
+                          if ln.startswith("NSpid:")), [])
+            if len(nspid) >= 2 and nspid[-1] == "1":
+                return pid
+        return None
+    return None
 
 
 def _supervisor_alive(rec: AgentRecord) -> bool:

@@ -119,6 +119,9 @@ def fork_held(
     return Held(pid=pid, status_r=status_r, go_w=go_w)
 
 
+ENDED_EARLY = "the agent's process ended before it was ready"
+
+
 def read_status(fd: int) -> tuple[bool, str]:
     """The child's answer to the workdir check: (True, real path) or
     (False, reason)."""
@@ -126,7 +129,7 @@ def read_status(fd: int) -> tuple[bool, str]:
     while not data.endswith(b"\n"):
         chunk = os.read(fd, 4096)
         if not chunk:
-            return False, "the agent's process ended before it was ready"
+            return False, ENDED_EARLY
         data += chunk
     text = data.decode(errors="replace").rstrip("\n")
     ok, _, rest = text.partition(" ")

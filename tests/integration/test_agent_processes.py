@@ -174,3 +174,23 @@ def test_the_users_path_cannot_put_her_program_in_pid1s_place(bed: Testbed) -> N
     _wait_ended(bed, echo_id)
     logs = bed.run(["lev", "logs", echo_id], user="alice").stdout
     assert "plain\tcoreutils" in logs and "-e" not in logs, logs
+
+
+def test_a_daemon_killed_before_it_heard_pid1_finds_it_again(bed: Testbed) -> None:
+    """The daemon died between releasing the agent and hearing its PID 1's
+    pid: the record still names the held process, which is gone. Simulated
+    by naming another process there. Seen failing before the restarted
+    daemon looked for PID 1 in the scope: the running agent was `failed`."""
+    agent_id, _unit = _start(bed, "sh", "-c", "sleep 15; exit 6")
+    record = f"/var/lib/leviath/agents/{agent_id}.json"
+    bed.run(["sed", "-i", 's/"supervisor_pid":[0-9]*/"supervisor_pid":1/', record])
+    assert '"supervisor_pid":1,' in bed.run(["cat", record]).stdout
+    bed.run(["systemctl", "kill", "--signal=SIGKILL", "leviathd"])
+    time.sleep(1)
+    bed.run(["systemctl", "restart", "leviathd"])
+    rows = json.loads(bed.run(["lev", "ps", "--all", "--json"], user="alice").stdout)
+    mine = [r for r in rows if r["id"] == agent_id]
+    assert mine and mine[0]["state"] == "running", (mine, bed.run(
+        "journalctl -u leviathd --no-pager -o cat | tail -20", check=False).stdout)
+    row = _wait_ended(bed, agent_id)
+    assert row["state"] == "exited" and row["exit_status"] == 6, row
