@@ -33,6 +33,7 @@ from leviathd.broker.writewatch import TooBusy, WriteWatch
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, ToolKind
 from leviathd.errors import LeviathError, LimitExceeded, NotFound, Unavailable
+from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.policy import filelabels
 from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
@@ -329,7 +330,7 @@ class Broker:
         self._watch_failure = why
         journal.record(f"agent {self.agent_id}: files its own processes write are not "
                        f"labelled: {why}", priority=syslog.LOG_WARNING,
-                       LEVIATH_AGENT=self.agent_id, LEVIATH_EVENT="write-watch-failed")
+                       LEVIATH_AGENT=self.agent_id, LEVIATH_EVENT=Event.WRITE_WATCH_FAILED)
 
     def _settle_label(self, files: FileTools, predicted: Sensitivity) -> Sensitivity:
         """The label of a file call, from what was really opened: a read

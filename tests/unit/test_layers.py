@@ -41,6 +41,7 @@ PARTS: dict[str, str] = {
     "listing": "Ground",
     "errors": "Ground",
     "fsat": "Ground",
+    "fanotify": "Ground",
     "hidden": "Ground",
     "safetext": "Ground",
     "resource_defaults": "Ground",
