@@ -59,14 +59,14 @@ eff = dataclasses.replace(eff, kind=SandboxKind.CONTAINER)
 spec = build_spec_on_host(eff, user, RunRequest(("true",), "/home/alice/work"), req["agent_id"])
 name = asyncio.run(container.ensure(req["agent_id"], req["unit"], spec, eff))
 spec = container.with_container(spec, name)
-eng = container._engine(str(eff.engine))
-init = container.init_binary()
-options = container.container_options(
+eng = c_availability._engine(str(eff.engine))
+init = c_settings.init_binary()
+options = c_settings.container_options(
     spec, eff, eng, ulimits=engine.current_ulimits(),
     network=engine.network_mode(spec.network), init=init,
 )
-rec = container._read_record(name)
-engine_argv = container.exec_argv(name, spec, eng)
+rec = c_records._read_record(name)
+engine_argv = c_worker.exec_argv(name, spec, eng)
 cold_argv = [*eng.base(), "run", "--rm", *options, eff.image, "--", "true"]
 out = {"runtime": [], "engine": [], "cold": []}
 import os
@@ -75,10 +75,10 @@ for _ in range(req["rounds"]):
         fds = ()
         t = time.perf_counter()
         if kind == "runtime":  # what container.run execs, argv built each time as it does
-            argv, fd = container.runtime_exec(rec, spec)
+            argv, fd = c_worker.runtime_exec(rec, spec)
             fds, env = (fd,), dict(engine.ENGINE_ENV)
         elif kind == "engine":
-            argv, env = engine_argv, container.exec_env(spec)
+            argv, env = engine_argv, c_worker.exec_env(spec)
         else:
             argv, env = cold_argv, dict(engine.ENGINE_ENV)
         r = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,

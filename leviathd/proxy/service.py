@@ -92,7 +92,7 @@ class ProxyService:
                 *spec.notes, 'network = "proxy" has no effect unsandboxed: the agent has '
                 "the host's network"))
         # namespace: the launcher starts the forwarder in its new network
-        # namespace; container: the daemon, in the engine's (container.py).
+        # namespace; container: the daemon, in the engine's (sandbox/container/start.py).
         return replace(spec, env=_git_env({**spec.env, **proxy_env()}))
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:

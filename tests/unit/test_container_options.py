@@ -20,6 +20,12 @@ from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.identity import UserInfo
 from leviathd.sandbox import container
 from leviathd.sandbox import engine as engines
+from leviathd.sandbox.container import availability as c_availability
+from leviathd.sandbox.container import cgroups as c_cgroups
+from leviathd.sandbox.container import records as c_records
+from leviathd.sandbox.container import settings as c_settings
+from leviathd.sandbox.container import start as c_start
+from leviathd.sandbox.container import worker as c_worker
 from leviathd.sandbox.spec import Mount, RunRequest, SandboxSpec, build_spec
 
 HOME = "/home/alice"
@@ -52,7 +58,7 @@ def spec_for(
 
 def options(effective: Effective, engine: engines.Engine = PODMAN, **kw: object) -> list[str]:
     spec = spec_for(effective, **kw)  # type: ignore[arg-type]
-    return container.container_options(
+    return c_settings.container_options(
         spec, effective, engine, ulimits=ULIMITS,
         network=engines.network_mode(spec.network), init="/usr/bin/catatonit",
         exists=lambda p: p.endswith(("secret", "token", "/etc/leviath")),
@@ -109,7 +115,7 @@ def test_the_init_runs_as_a_uid_the_agent_lacks_and_identity_files_are_the_daemo
     assert f"{HOME}:rw,nosuid,nodev,mode=0700,uid=1000,gid=1000" in pairs(docker, "--tmpfs")
     spec = spec_for(eff())
     with pytest.raises(InvalidArgument, match="65534"):
-        container.container_options(
+        c_settings.container_options(
             dataclasses.replace(spec, uid=65534), eff(), PODMAN, ulimits=ULIMITS,
             network="none", init=None,
         )  # fmt: skip
@@ -117,7 +123,7 @@ def test_the_init_runs_as_a_uid_the_agent_lacks_and_identity_files_are_the_daemo
 
 def test_the_identity_files_give_the_user_exactly_its_groups_and_no_numeric_names() -> None:
     names = {1000: "alice", 27: "sudo", 990: "1001"}
-    files = container.identity_files(spec_for(eff()), lambda g: names[g])
+    files = c_settings.identity_files(spec_for(eff()), lambda g: names[g])
     assert f"alice:x:1000:1000::{HOME}:/bin/sh" in files["passwd"].splitlines()
     group = files["group"].splitlines()
     assert "alice:x:1000:alice" in group and "sudo:x:27:alice" in group
@@ -142,7 +148,7 @@ def test_binds_added_by_spec_extensions_reach_the_container_read_only_as_given()
     broker = Mount("bind", "/run/leviath", "/run/leviath/agents/0123abcd", readonly=True,
                    why="tool broker socket")  # fmt: skip
     spec = dataclasses.replace(spec, mounts=(*spec.mounts, broker))
-    o = container.mount_options(spec, "podman", exists=lambda _p: False)
+    o = c_settings.mount_options(spec, "podman", exists=lambda _p: False)
     want = "type=bind,source=/run/leviath/agents/0123abcd,destination=/run/leviath,ro=true"
     assert o[-2:] == ["--mount", want]
 
@@ -187,7 +193,7 @@ def test_paths_that_would_break_the_mount_syntax_are_refused() -> None:
 
 def test_identical_settings_share_a_key_and_any_difference_gets_another() -> None:
     def key(e: Effective, **kw: object) -> str:
-        return container.config_key(options(e, **kw), e.image or "", PODMAN)  # type: ignore[arg-type]
+        return c_settings.config_key(options(e, **kw), e.image or "", PODMAN)  # type: ignore[arg-type]
 
     base = key(eff())
     assert base == key(eff())
@@ -195,12 +201,12 @@ def test_identical_settings_share_a_key_and_any_difference_gets_another() -> Non
     assert base != key(eff(image="localhost/other:1"))
     assert base != key(eff(resources=Resources(tasks_max=10)))
     assert base != key(eff(), mode="ro")
-    assert container.container_name("0123abcd", base) == f"leviath-0123abcd-{base}"
+    assert c_settings.container_name("0123abcd", base) == f"leviath-0123abcd-{base}"
 
 
 def test_labels_name_the_agent_the_user_the_daemon_instance_and_the_settings() -> None:
     spec = spec_for(eff())
-    lab = pairs(container.labels(spec, "k" * 12, "d" * 16), "--label")
+    lab = pairs(c_settings.labels(spec, "k" * 12, "d" * 16), "--label")
     assert lab == ["org.leviath.agent=0123abcd", "org.leviath.user=alice",
                    f"org.leviath.daemon={'d' * 16}", f"org.leviath.config={'k' * 12}"]  # fmt: skip
 
@@ -211,10 +217,10 @@ def test_secrets_in_the_environment_travel_by_name_not_on_the_command_line() -> 
     )
     spec = spec.__class__(**{**spec.__dict__, "env": {**spec.env, "API_KEY": "s3cret",
                                                       "CONTAINERS_CONF": "/tmp/evil"}})  # fmt: skip
-    argv = container.exec_argv(spec.hostname, spec, PODMAN)
+    argv = c_worker.exec_argv(spec.hostname, spec, PODMAN)
     assert "s3cret" not in " ".join(argv)
     assert pairs(argv, "-e").count("API_KEY") == 1
-    env = container.exec_env(spec)
+    env = c_worker.exec_env(spec)
     assert env["API_KEY"] == "s3cret"
     # A name the engine itself reads must not configure it: value on argv only.
     assert "CONTAINERS_CONF" not in env and "CONTAINERS_CONF=/tmp/evil" in pairs(argv, "-e")
@@ -279,14 +285,14 @@ def test_ulimits_never_ask_above_the_hard_limits_in_force() -> None:
 
 
 def test_probe_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(container.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(c_availability.os, "geteuid", lambda: 1000)
     assert container.probe(eff()) == "the container kind needs the daemon to run as root"
-    monkeypatch.setattr(container.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(c_availability.os, "geteuid", lambda: 0)
     monkeypatch.setattr(engines, "find_binary", lambda _n: None)
-    container._engine_cache.clear()
+    c_availability._engine_cache.clear()
     reason = container.probe(eff())
     assert reason == "no container engine (podman or docker) on PATH"
-    container._engine_cache.clear()
+    c_availability._engine_cache.clear()
 
 
 def oci_process(**over: object) -> dict[str, object]:
@@ -302,7 +308,7 @@ def oci_process(**over: object) -> dict[str, object]:
 
 def test_a_runtime_exec_keeps_the_containers_user_groups_and_limits_with_the_specs_argv() -> None:
     spec = spec_for(eff(), env={"LANG": "C.UTF-8"})
-    process = container.runtime_process(oci_process(), spec)
+    process = c_worker.runtime_process(oci_process(), spec)
     assert process["args"] == ["sh", "-c", "echo hi"]
     assert process["env"] == [f"{k}={v}" for k, v in spec.env.items()]
     assert "HOSTNAME=x" not in process["env"]
@@ -316,24 +322,24 @@ def test_a_runtime_exec_keeps_the_containers_user_groups_and_limits_with_the_spe
 def test_a_runtime_exec_refuses_a_container_that_is_not_the_users_or_keeps_privileges() -> None:
     spec = spec_for(eff())
     with pytest.raises(Unavailable, match="init does not run as set up"):
-        container.runtime_process(oci_process(user={"uid": 1000, "gid": 1000}), spec)
+        c_worker.runtime_process(oci_process(user={"uid": 1000, "gid": 1000}), spec)
     with pytest.raises(Unavailable, match="capabilities"):
-        container.runtime_process(oci_process(capabilities={"bounding": ["CAP_KILL"]}), spec)
+        c_worker.runtime_process(oci_process(capabilities={"bounding": ["CAP_KILL"]}), spec)
     with pytest.raises(Unavailable, match="privileges"):
-        container.runtime_process(oci_process(noNewPrivileges=False), spec)
+        c_worker.runtime_process(oci_process(noNewPrivileges=False), spec)
 
 
 def test_only_podman_with_runc_or_crun_takes_the_runtime_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     spec = spec_for(eff())
-    docker = container.Record(engine=DOCKER, container_id="c" * 64)
-    assert container.runtime_exec(docker, spec) is None
-    odd = container.Record(engine=PODMAN, container_id="c" * 64, runtime_path="/usr/bin/kata")
-    assert container.runtime_exec(odd, spec) is None
-    monkeypatch.setenv(container.EXEC_ENV, "engine")
-    runc = container.Record(engine=PODMAN, container_id="c" * 64, runtime_path="/usr/sbin/runc")
-    assert container.runtime_exec(runc, spec) is None
+    docker = c_records.Record(engine=DOCKER, container_id="c" * 64)
+    assert c_worker.runtime_exec(docker, spec) is None
+    odd = c_records.Record(engine=PODMAN, container_id="c" * 64, runtime_path="/usr/bin/kata")
+    assert c_worker.runtime_exec(odd, spec) is None
+    monkeypatch.setenv(c_worker.EXEC_ENV, "engine")
+    runc = c_records.Record(engine=PODMAN, container_id="c" * 64, runtime_path="/usr/sbin/runc")
+    assert c_worker.runtime_exec(runc, spec) is None
 
 
 # Seen on Debian 13 (tests/vm/): with a default MemoryMax for every agent the
@@ -343,15 +349,15 @@ def test_only_podman_with_runc_or_crun_takes_the_runtime_path(
 def test_limits_a_pure_v2_parent_cannot_take_are_left_to_the_scope() -> None:
     opts = ["--read-only", "--pids-limit", "771", "--memory", "512", "--memory-swap", "512",
             "--cpus", "0.50", "--user", "1:1"]  # fmt: skip
-    assert container.limits_the_parent_can_take(opts, "") == ["--read-only", "--user", "1:1"]
-    assert container.limits_the_parent_can_take(opts, "cpu pids\n") == [
+    assert c_cgroups.limits_the_parent_can_take(opts, "") == ["--read-only", "--user", "1:1"]
+    assert c_cgroups.limits_the_parent_can_take(opts, "cpu pids\n") == [
         "--read-only", "--pids-limit", "771", "--cpus", "0.50", "--user", "1:1"]
-    assert container.limits_the_parent_can_take(opts, "cpu memory pids") == opts
+    assert c_cgroups.limits_the_parent_can_take(opts, "cpu memory pids") == opts
 
 
 def test_on_v1_and_hybrid_hosts_the_engine_keeps_every_limit() -> None:
     opts = ["--pids-limit", "771", "--memory", "512", "--memory-swap", "512"]
-    assert container.limits_the_parent_can_take(opts, None) == opts
+    assert c_cgroups.limits_the_parent_can_take(opts, None) == opts
 
 
 def test_runtime_state_reads_what_inspect_would_give(
@@ -360,7 +366,7 @@ def test_runtime_state_reads_what_inspect_would_give(
     """The record of a container just started comes from the OCI runtime's
     state (issue 18: one engine call less); anything unexpected means None,
     and then the engine's `inspect` is asked."""
-    monkeypatch.setattr(container, "RUNTIME_STATE_ROOT", str(tmp_path))
+    monkeypatch.setattr(c_start, "RUNTIME_STATE_ROOT", str(tmp_path))
     cid = "ab" * 32
     bundle = f"/var/lib/containers/storage/overlay-containers/{cid}/userdata"
     (tmp_path / "runc" / cid).mkdir(parents=True)
@@ -368,22 +374,22 @@ def test_runtime_state_reads_what_inspect_would_give(
              "config": {"labels": ["io.container.manager=libpod", f"bundle={bundle}"]}}  # fmt: skip
     (tmp_path / "runc" / cid / "state.json").write_text(json.dumps(state))
     eng = engines.Engine("podman", "/usr/bin/podman", None, default_runtime="runc")
-    assert container._runtime_state(eng, f"{cid}\n") == {
+    assert c_start._runtime_state(eng, f"{cid}\n") == {
         "State": {"Pid": 4242}, "Id": cid, "OCIRuntime": "runc",
         "OCIConfigPath": f"{bundle}/config.json",
     }  # fmt: skip
-    assert container._runtime_state(eng, "not an id\n") is None
-    assert container._runtime_state(DOCKER, f"{cid}\n") is None
-    assert container._runtime_state(engines.Engine("podman", "/p", None), f"{cid}\n") is None
+    assert c_start._runtime_state(eng, "not an id\n") is None
+    assert c_start._runtime_state(DOCKER, f"{cid}\n") is None
+    assert c_start._runtime_state(engines.Engine("podman", "/p", None), f"{cid}\n") is None
     for bad in ({**state, "id": "cd" * 32}, {**state, "init_process_pid": 0},
                 {**state, "config": {"labels": ["bundle=relative"]}}):  # fmt: skip
         (tmp_path / "runc" / cid / "state.json").write_text(json.dumps(bad))
-        assert container._runtime_state(eng, cid) is None
+        assert c_start._runtime_state(eng, cid) is None
     (tmp_path / "crun" / cid).mkdir(parents=True)
     crun_status = {"id": cid, "pid": 7, "bundle": bundle}
     (tmp_path / "crun" / cid / "status").write_text(json.dumps(crun_status))
     crun = engines.Engine("podman", "/usr/bin/podman", "crun")
-    assert container._runtime_state(crun, cid) == {
+    assert c_start._runtime_state(crun, cid) == {
         "State": {"Pid": 7}, "Id": cid, "OCIRuntime": "crun",
         "OCIConfigPath": f"{bundle}/config.json",
     }  # fmt: skip
