@@ -59,7 +59,6 @@ class UsageCache:
         cgroup v2 is mounted, so a start costs systemd nothing more."""
         if cgroup and self._unified and _plain(cgroup):
             self._cgroups[agent_id] = os.path.join(self._root, cgroup.lstrip("/"))
-            self._rows.setdefault(agent_id, {})
         task = asyncio.get_running_loop().create_task(self._one(agent_id, unit))
         self._seeding.add(task)
         task.add_done_callback(self._seeding.discard)
@@ -78,13 +77,11 @@ class UsageCache:
         # The files of every agent whose cgroup is known, read in one thread
         # (thousands of small reads stay off the event loop); systemd for
         # the others, a few at a time.
-        known = [(a, self._cgroups[a]) for a, _u in running
-                 if a in self._cgroups and a in self._rows]
+        known = [(a, self._cgroups[a]) for a, _u in running if a in self._cgroups]
         read = await asyncio.to_thread(lambda: {a: _read_counters(f) for a, f in known})
         for agent_id, got in read.items():
-            row = self._rows.get(agent_id)
-            if got is not None and row is not None:
-                row.update(got)
+            if got is not None:
+                self._rows.setdefault(agent_id, {}).update(got)
         gate = asyncio.Semaphore(MAX_IN_FLIGHT)
 
         async def one(agent_id: str, unit: str) -> None:
@@ -99,12 +96,12 @@ class UsageCache:
         self._refreshed = time.monotonic()
 
     async def _one(self, agent_id: str, unit: str) -> None:
+        # A row exists only with figures in it: fill() waits for the others.
         folder = self._cgroups.get(agent_id)
-        row = self._rows.get(agent_id)
-        if folder and row is not None:
+        if folder:
             got = _read_counters(folder)
             if got is not None:
-                row.update(got)
+                self._rows.setdefault(agent_id, {}).update(got)
                 return
         with contextlib.suppress(Exception):
             live, cgroup = await self._fetch(agent_id, unit)

@@ -122,3 +122,29 @@ def test_an_agent_never_measured_is_filled_before_the_list_a_few_at_most(tmp_pat
         assert len(calls) == usage.FILL_AT_ONCE
 
     asyncio.run(scenario())
+
+
+def test_a_seeded_agent_whose_files_cannot_be_read_is_waited_for_not_shown_empty(
+    tmp_path: Path,
+) -> None:
+    """Seen failing: a seed left an empty row while it asked systemd, and a
+    List in between showed the new agent without MEM and TASKS."""
+    (tmp_path / "cgroup.controllers").write_text("")  # v2, but no files for the scope
+    gate = asyncio.Event()
+
+    async def fetch(agent_id: str, unit: str) -> tuple[usage.Live, str]:
+        await gate.wait()
+        return {"tasks": 2, "memory": 10}, ""
+
+    async def scenario() -> None:
+        cache = usage.UsageCache(fetch, cgroup_root=str(tmp_path))
+        cache.seed("a", "u", cgroup="/leviath.slice/u")
+        await asyncio.sleep(0)
+        filling = asyncio.ensure_future(cache.fill([("a", "u")]))
+        await asyncio.sleep(0)
+        assert not filling.done()
+        gate.set()
+        await filling
+        assert cache.get("a") == {"tasks": 2, "memory": 10}
+
+    asyncio.run(scenario())
