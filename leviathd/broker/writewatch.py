@@ -253,16 +253,14 @@ class WriteWatch:
                 os.close(fd)
 
     def release(self) -> None:
-        """The taint is back at Internal or below: events handled, marks
-        dropped until the next rise."""
-        if self._group is None or not self._mounts:
+        """The taint is back at Internal or below: events handled, then the
+        group closed (marks and all) until the next rise. Only agents
+        tainted at this moment hold a group: the kernel allows root 128
+        (fs.fanotify.max_user_groups)."""
+        if self._group is None:
             return
         self.drain()
-        with contextlib.suppress(OSError):
-            fanotify.flush_mounts(self._group)
-        self._mounts.clear()
-        self._namespaces.clear()
-        self.drain()  # whatever was queued before the flush
+        self.close()
 
     def close(self) -> None:
         if self._group is None:
