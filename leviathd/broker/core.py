@@ -112,7 +112,8 @@ class Broker:
         # The pid of that process (same source), for finding its mounts.
         self.caller_pid: int | None = None
         # Labels on what the agent's own processes write while tainted.
-        self.write_watch = WriteWatch(agent_id, lambda: self.ledger.taint)
+        self.write_watch = WriteWatch(agent_id, lambda: self.ledger.taint,
+                                      on_read=self._read_in_sandbox)
         self._watch_failure: str | None = None
         self._in_flight = 0
         self._pool: ThreadPoolExecutor | None = None
@@ -323,6 +324,13 @@ class Broker:
             self.write_watch.settle(self.scope_cgroup)
         except TooBusy:
             self.write_watch.lost(self.ledger.taint)
+
+    def _read_in_sandbox(self, label: Sensitivity, where: str) -> None:
+        """The agent's own process opened a file it had labelled: the data
+        is back in its hands, so back in its ledger (and the audit)."""
+        self.ledger.add("file-open", where, label)
+        self._record(Call("file-open", where), label, None, "labelled-file-opened", "allow",
+                     "a process of the agent opened a file labelled " + str(label))
 
     def _watch_failed(self, why: str) -> None:
         if why == self._watch_failure:

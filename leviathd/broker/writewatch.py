@@ -42,7 +42,10 @@ from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import LeviathError
 from leviathd.policy import filelabels
 
-MASK = fanotify.FAN_CLOSE_WRITE | fanotify.FAN_MODIFY
+WRITES = fanotify.FAN_CLOSE_WRITE | fanotify.FAN_MODIFY
+# Opens too: once the agent's processes wrote labelled files, reading one
+# back while the taint is lower raises the taint again (`on_read`).
+MASK = WRITES | fanotify.FAN_OPEN
 # Events handled per turn of the event loop: an agent writing without pause
 # costs the daemon this much at a time, then the other agents' turn.
 BATCH = 64
@@ -150,10 +153,12 @@ def _scope_pids(scope: str) -> Iterator[int]:
 
 class WriteWatch:
     def __init__(self, agent_id: str, taint: Callable[[], Sensitivity],
-                 on_label: Callable[[Sensitivity], None] | None = None) -> None:
+                 on_label: Callable[[Sensitivity], None] | None = None,
+                 on_read: Callable[[Sensitivity, str], None] | None = None) -> None:
         self.agent_id = agent_id
         self._taint = taint
         self._on_label = on_label
+        self._on_read = on_read
         self._group: int | None = None
         self._mounts: set[int] = set()
         self._namespaces: set[int] = set()  # mount namespaces marked (inode numbers)
@@ -253,16 +258,17 @@ class WriteWatch:
                 os.close(fd)
 
     def release(self) -> None:
-        """The taint is back at Internal or below: events handled, marks
-        dropped until the next rise."""
-        if self._group is None or not self._mounts:
+        """The taint is back at Internal or below: events handled, then the
+        group closed (marks and all) until the next rise, unless the
+        agent's processes wrote labelled files this run: then the marks
+        stay, so that their opening one again (which the broker does not
+        see) raises the taint through `on_read`. Only such agents hold a
+        group: the kernel allows root 128 (fs.fanotify.max_user_groups)."""
+        if self._group is None:
             return
         self.drain()
-        with contextlib.suppress(OSError):
-            fanotify.flush_mounts(self._group)
-        self._mounts.clear()
-        self._namespaces.clear()
-        self.drain()  # whatever was queued before the flush
+        if self.written <= Sensitivity.INTERNAL or self._on_read is None:
+            self.close()
 
     def close(self) -> None:
         if self._group is None:
@@ -315,10 +321,26 @@ class WriteWatch:
         taint = self._taint()
         if ev.mask & fanotify.FAN_Q_OVERFLOW:
             self.lost(taint)
+            if self._on_read is not None and self.written > taint:
+                # Opens were lost too: one may have been of a labelled file.
+                self._on_read(self.written, "(file events lost)")
             return
-        if ev.fd < 0 or taint <= Sensitivity.INTERNAL:
+        if ev.fd < 0:
             return
-        self._label(ev.fd, taint)
+        if ev.mask & WRITES and taint > Sensitivity.INTERNAL:
+            self._label(ev.fd, taint)
+        if ev.mask & fanotify.FAN_OPEN and self._on_read is not None and \
+                taint < Sensitivity.PRIVATE:
+            try:
+                kept = filelabels.read_label(ev.fd)
+            except OSError:
+                kept = None
+            if kept is not None and kept > taint:
+                try:
+                    where = os.readlink(f"/proc/self/fd/{ev.fd}")
+                except OSError:
+                    where = "?"
+                self._on_read(kept, where[:300])
 
     def _label(self, fd: int, taint: Sensitivity) -> None:
         try:

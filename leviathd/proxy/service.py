@@ -158,7 +158,12 @@ class ProxyService:
         def taint() -> Sensitivity:
             live = gate.live.get(rec.id)
             # No broker (it failed to come back after a restart): assume the worst.
-            return live.broker.ledger.taint if live is not None else Sensitivity.PRIVATE
+            if live is None:
+                return Sensitivity.PRIVATE
+            # Opens of labelled files the agent's processes made before this
+            # connection are in the ledger before it is read.
+            live.broker.write_watch.drain()
+            return live.broker.ledger.taint
 
         def approvals() -> ApprovalQueue | None:
             live = gate.live.get(rec.id)

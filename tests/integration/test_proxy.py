@@ -471,6 +471,28 @@ def test_private_data_first_taken_in_a_shell_fence_still_labels_the_agents_own_w
     assert read_back(agent, "fromshell.txt") == "private"
 
 
+def test_the_agents_own_process_opening_a_labelled_file_after_the_eviction_is_private_again(
+    bed: Testbed, agent: Agent
+) -> None:
+    """The attacker's side of what the broker does not see: after the
+    eviction the agent's own process reads the file it labelled and sends
+    it at once (the proxy handles the open before it decides), or copies it
+    to a new name."""
+    home = bed.users["alice"].home
+    evict_private(agent)
+    rc, _out, err = agent.call(f"lev tool read_file {home}/shared/doc.txt > back.json")
+    assert rc == 0, err
+    evict_private(agent)
+    rc, out, _err = agent.call("cat back.json >/dev/null && "
+                               + curl("http://internal.test/hello.txt"))
+    assert rc != 0 and "hello" not in out
+    assert agent.taint() == "private"
+    evict_private(agent)
+    assert agent.call("cp back.json copied.json")[0] == 0
+    evict_private(agent)
+    assert read_back(agent, "copied.json") == "private"
+
+
 def test_an_adopted_agent_keeps_its_proxy_after_a_daemon_restart(
     bed: Testbed, agent: Agent
 ) -> None:

@@ -111,3 +111,24 @@ def test_a_flood_past_the_kernels_queue_becomes_a_floor(child: Child) -> None:
         assert w.floor == Sensitivity.PRIVATE
     finally:
         w.close()
+
+
+def test_after_the_drop_opening_a_labelled_file_again_is_reported(child: Child) -> None:
+    taint = [Sensitivity.PRIVATE]
+    opened: list[tuple[Sensitivity, str]] = []
+    w = WriteWatch("test", lambda: taint[0], on_read=lambda label, where: opened.append(
+        (label, where)))
+    w._group = fanotify.init()
+    w._mark_all(child.proc.pid)
+    try:
+        child.run(f"echo secret > {DIR}/a")
+        w.drain()
+        taint[0] = Sensitivity.INTERNAL
+        w.release()
+        assert w.active  # it wrote labelled files: the marks stay
+        child.run(f"echo plain > {DIR}/p")
+        child.run(f"cat {DIR}/p >/dev/null && cat {DIR}/a >/dev/null")
+        w.drain()
+        assert opened == [(Sensitivity.PRIVATE, f"{DIR}/a")]
+    finally:
+        w.close()
