@@ -34,6 +34,7 @@ from table import (  # noqa: E402
     blueprint,
     configure,
     interleaved,
+    user_kind_namespace,
 )  # fmt: skip
 from testbed import Testbed  # noqa: E402
 
@@ -45,8 +46,8 @@ def cpu_peers(bed: Testbed, container: str | None) -> dict[str, list[str]]:
     props = [a for k, v in LIMITS.items() for a in ("-p", f"{k}={v}")]
     peers = {
         "systemd-run": ["systemd-run", "--scope", "--quiet", *props, "true"],
-        "none": as_user(bed, "alice", [*lev, "--", "true"]),
-        "namespace": as_user(bed, "alice", [*lev, "/home/alice/bp-true"]),
+        "none": as_user(bed, "bob", ["lev", "run", "--workdir", "/home/bob/work", "--", "true"]),
+        "namespace": as_user(bed, "alice", [*lev, "--", "true"]),
     }
     if container:
         peers["container"] = as_user(bed, "alice", [*lev, container])
@@ -57,17 +58,18 @@ def one_pass(bed: Testbed, rounds: int, container: str | None) -> dict[str, floa
     lev = ["lev", "run", "--workdir", "/home/alice/work", "--", "true"]
     lev_ns = ["lev", "run", "--workdir", "/home/alice/work", "/home/alice/bp-true"]
     props = [a for k, v in LIMITS.items() for a in ("-p", f"{k}={v}")]
+    # Same command line: alice's config asks for namespace, bob gets none.
     peers = {
         "systemd-run": ["systemd-run", "--scope", "--quiet", *props, "true"],
-        "none": as_user(bed, "alice", lev),
-        "namespace": as_user(bed, "alice", lev_ns),
+        "none": as_user(bed, "bob", ["lev", "run", "--workdir", "/home/bob/work", "--", "true"]),
+        "namespace": as_user(bed, "alice", lev),
     }
     out = {k: v[STAT] for k, v in interleaved(bed, rounds, peers).items()}
     if container:
         # Apart, with a pause after each: a container's teardown (the
         # engine's rm) goes on after its run ends and would slow the next.
         ct = interleaved(bed, rounds, {
-            "namespace": peers["namespace"],
+            "namespace": as_user(bed, "alice", lev_ns),
             "container": as_user(bed, "alice", ["lev", "run", "--workdir", "/home/alice/work",
                                                 container]),
         }, pause_s=1.5)  # fmt: skip
@@ -152,6 +154,8 @@ def main() -> int:
         bed.add_standard_users()
         bed.copy_in(HERE / "spawn_inner.py", INNER)
         bed.run(["mkdir", "-p", "/home/alice/work"], user="alice")
+        bed.run(["mkdir", "-p", "/home/bob/work"], user="bob")
+        user_kind_namespace(bed, "alice")
         bed.run("echo hello > /home/alice/work/f.txt", user="alice")
         blueprint(bed, "true", "namespace", ["true"])
         container = None

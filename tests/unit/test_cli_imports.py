@@ -101,3 +101,12 @@ def test_short_bus_commands_do_not_import_asyncio_or_dbus_fast(
     names, r = imported(argv, env)
     assert r.returncode != 0 and "cannot reach the system bus" in r.stderr, r.stderr[-2000:]
     assert offenders(names, HEAVY) == []
+
+
+def test_lev_run_of_a_blueprint_folder_imports_neither_pathlib_nor_re(tmp_path: Path) -> None:
+    (tmp_path / "bp").mkdir()
+    (tmp_path / "bp" / "blueprint.toml").write_text('[agent]\nname = "x"\ncommand = ["true"]\n')
+    env = {"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={tmp_path}/none"}
+    names, r = imported(["run", str(tmp_path / "bp")], env)
+    assert r.returncode != 0 and "cannot reach the system bus" in r.stderr, r.stderr[-2000:]
+    assert offenders(names, HEAVY) == []

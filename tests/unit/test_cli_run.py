@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from leviathd.cli import run
 from leviathd.cli.main import parse
-from leviathd.errors import InvalidArgument
+from leviathd.errors import InvalidArgument, NotFound
+from leviathd.safetext import NAME_RE
 
 
 @pytest.mark.parametrize("argv", [
@@ -50,3 +53,27 @@ def test_a_blueprint_given_with_options_after_it_is_read(
     req = run.build_request(parse(["run", "my-agent", "--workdir", str(tmp_path)]))
     assert req["workdir"].value == str(tmp_path)
     assert "my-agent" in req["blueprint"].value and "command" not in req
+    assert req["blueprint_source"].value == str(agent / "blueprint.toml")
+
+
+@given(st.text(alphabet=st.sampled_from("aZ09_-.\n/ é\0x"), max_size=70))
+@example("a" * 64)
+@example("a" * 65)
+@example("a\n")
+@example("a\n\n")
+@example("-a")
+@example("")
+def test_is_name_agrees_with_the_name_rules(arg: str) -> None:
+    # lev run tells an installed agent's name from a path without re.
+    assert run.is_name(arg) == bool(NAME_RE.match(arg))
+
+
+def test_a_blueprint_folder_is_read_by_its_real_path(tmp_path: Path) -> None:
+    (tmp_path / "bp").mkdir()
+    (tmp_path / "bp" / "blueprint.toml").write_text('[agent]\nname = "x"\ncommand = ["true"]\n')
+    (tmp_path / "link").symlink_to(tmp_path / "bp")
+    req = run.build_request(parse(["run", str(tmp_path / "link"), "-w", str(tmp_path)]))
+    assert req["blueprint_source"].value == str(tmp_path / "bp" / "blueprint.toml")
+    assert 'command = ["true"]' in req["blueprint"].value
+    with pytest.raises(NotFound, match="no blueprint at"):
+        run.build_request(parse(["run", str(tmp_path / "none"), "-w", str(tmp_path)]))
