@@ -33,9 +33,9 @@ The axes, and which direction is "tighter":
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from leviathd.config.models import (
     Blueprint,
@@ -49,6 +49,7 @@ from leviathd.config.models import (
     Resources,
     SandboxConfig,
     SandboxKind,
+    TaintConfig,
     TaintPolicy,
 )
 from leviathd.domain.allowrule import AllowRule
@@ -416,6 +417,153 @@ def _perm_table(cfg: Config, agent: str) -> dict[str, Permission]:
     return table
 
 
+@dataclass(frozen=True)
+class _Layer:
+    """How a finding names the layer above the one that asked too much."""
+
+    upper: str  # "the machine config"
+    upper_s: str  # "the machine's"
+    verb: str  # what became of the setting: "ignored", "overruled"
+    hints: bool  # whether the axes' hints are shown (to a blueprint's reader)
+
+
+_BELOW_MACHINE = _Layer("the machine config", "the machine's", "ignored", hints=False)
+_BELOW_CONFIGS = _Layer("your config", "your config's", "overruled", hints=True)
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """A `[sandbox]` setting a lower layer may only tighten: `looser(asked,
+    upper)` says when it asked for more, `text` what the finding says then."""
+
+    name: str
+    code: str
+    looser: Callable[[Any, Any], bool]
+    text: Callable[[Any, Any, _Layer], str]
+    hint: str = ""
+
+
+# The ordered axes, in the order their findings are made.
+_AXES: tuple[_Axis, ...] = (
+    _Axis("kind", "sandbox-kind-overruled", lambda a, u: a.rank < u.rank,
+          lambda a, u, layer: f"kind = {a.value!r} is looser than {layer.upper_s} "
+                              f"{u.value!r}; {u.value!r} applies",
+          "a blueprint may choose a stricter sandbox, never a looser one"),
+    _Axis("network", "network-overruled", lambda a, u: net_rank(a) > net_rank(u),
+          lambda a, u, layer: f"network = {_net_text(a)} is {layer.verb}: {layer.upper} "
+                              f"sets network = {_net_text(u)}"),
+    _Axis("default_mounts", "default-mounts-overruled", lambda a, u: bool(a and not u),
+          lambda a, u, layer: f"default_mounts = true is {layer.verb}: {layer.upper} "
+                              "turns them off"),
+    _Axis("on_unavailable", "on-unavailable-overruled", lambda a, u: a.rank < u.rank,
+          lambda a, u, layer: f"on_unavailable = 'warn' is {layer.verb}: {layer.upper} "
+                              "refuses to run unfenced ('error')"),
+)  # fmt: skip
+
+
+def _narrow_axes(
+    names: tuple[str, ...], asked: SandboxConfig, upper: Mapping[str, object], layer: _Layer,
+    where: Callable[[str], str], out: _Findings,
+) -> dict[str, object]:
+    """The axes `names` of `asked` that do not loosen `upper`; a finding for each that does."""
+    got: dict[str, object] = {}
+    for axis in _AXES:
+        value = getattr(asked, axis.name) if axis.name in names else None
+        if value is None:
+            continue
+        current = upper[axis.name]
+        if axis.looser(value, current):
+            out.add("warn", axis.code, f"{where(axis.name)} {axis.text(value, current, layer)}",
+                    axis.hint if layer.hints else "")
+        else:
+            got[axis.name] = value
+    return got
+
+
+def _tighten_taint(taint: TaintSettings, ut: TaintConfig, w: str, out: _Findings) -> TaintSettings:
+    """The machine's `[taint]`, tightened by the user's: enabled only on,
+    on_exceed only stricter, clearances only lower, a larger ledger budget and
+    a shorter approval timeout, private addresses only off."""
+    on_exceed = taint.on_exceed
+    if ut.on_exceed is not None:
+        if ut.on_exceed.rank < on_exceed.rank:
+            out.add(
+                "warn",
+                "taint-overruled",
+                f"{w} [taint] on_exceed = {ut.on_exceed.value!r} is looser than the "
+                f"machine's {on_exceed.value!r}; {on_exceed.value!r} applies",
+            )
+        else:
+            on_exceed = ut.on_exceed
+    clearance = dict(taint.clearance)
+    for tool, sens in ut.clearance.items():
+        # Against the machine's effective value: its own setting, or the
+        # built-in default it relies on (issue 21 §7).
+        cur = clearance.get(tool)
+        if cur is None:  # (not `or`: Public is 0)
+            cur = _default_clearance(tool)
+        if cur is not None and sens.rank > cur.rank:
+            out.add(
+                "warn",
+                "taint-overruled",
+                f"{w} [taint.clearance] {tool} = {str(sens)!r} is above the machine's "
+                f"{str(cur)!r}; {str(cur)!r} applies",
+            )
+        else:
+            clearance[tool] = sens
+    _check_tools(ut.clearance, f"{w} [taint.clearance]", out)
+    budget = taint.budget
+    if ut.budget is not None:
+        if ut.budget < budget:
+            out.add(
+                "warn",
+                "taint-overruled",
+                f"{w} [taint] budget = {ut.budget} is below the machine's {budget}; "
+                "a smaller ledger forgets taint sooner, so the machine's applies",
+            )
+        else:
+            budget = ut.budget
+    timeout = taint.approval_timeout
+    if ut.approval_timeout is not None:
+        if ut.approval_timeout > timeout:
+            out.add(
+                "warn",
+                "taint-overruled",
+                f"{w} [taint] approval_timeout = {ut.approval_timeout} is above the "
+                f"machine's {timeout}; the machine's applies",
+            )
+        else:
+            timeout = ut.approval_timeout
+    private = taint.allow_private_addresses
+    if ut.allow_private_addresses is not None:
+        if ut.allow_private_addresses and not private:
+            # Loopback and private addresses reach other users' services and the
+            # cloud metadata endpoint: only the machine may open them.
+            out.add(
+                "warn",
+                "taint-overruled",
+                f"{w} [taint] allow_private_addresses = true is ignored: only the "
+                "machine config may allow private addresses",
+            )
+        else:
+            private = ut.allow_private_addresses
+    taint = TaintSettings(
+        enabled=taint.enabled or bool(ut.enabled),
+        on_exceed=on_exceed,
+        budget=budget,
+        approval_timeout=timeout,
+        clearance=clearance,
+        allow_private_addresses=private,
+    )
+    if ut.enabled is False and taint.enabled:
+        out.add(
+            "warn",
+            "taint-overruled",
+            f"{w} [taint] enabled = false is ignored: the machine config turns it on",
+        )
+    return taint
+
+
 def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findings) -> _Base:
     ms = machine.sandbox or SandboxConfig()
     kind = ms.kind or DEFAULT_KIND
@@ -467,16 +615,8 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
     if user is not None:
         w = "user config"
         us = user.sandbox or SandboxConfig()
-        if us.kind is not None:
-            if us.kind.rank < kind.rank:
-                out.add(
-                    "warn",
-                    "sandbox-kind-overruled",
-                    f"{w} [sandbox] kind = {us.kind.value!r} is looser than the machine's "
-                    f"{kind.value!r}; {kind.value!r} applies",
-                )
-            else:
-                kind = us.kind
+        kind = _narrow_axes(("kind",), us, {"kind": kind}, _BELOW_MACHINE,  # type: ignore[assignment]
+                            lambda _n: f"{w} [sandbox]", out).get("kind", kind)
         if us.engine is not None and us.engine != engine:
             out.add(
                 "warn",
@@ -498,36 +638,15 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
                 )
             if us.mounts is not None:
                 mounts = _narrow_mounts(list(us.mounts), mounts, f"{w} [sandbox]", out)
-        if us.network is not None:
-            if net_rank(us.network) > net_rank(network):
-                out.add(
-                    "warn",
-                    "network-overruled",
-                    f"{w} [sandbox] network = {_net_text(us.network)} is ignored: the machine "
-                    f"config sets network = {_net_text(network)}",
-                )
-            else:
-                network = us.network
-        if us.default_mounts is not None:
-            if us.default_mounts and not default_mounts:
-                out.add(
-                    "warn",
-                    "default-mounts-overruled",
-                    f"{w} [sandbox] default_mounts = true is ignored: the machine config "
-                    "turns them off",
-                )
-            else:
-                default_mounts = us.default_mounts
-        if us.on_unavailable is not None:
-            if us.on_unavailable.rank < on_unavailable.rank:
-                out.add(
-                    "warn",
-                    "on-unavailable-overruled",
-                    f"{w} [sandbox] on_unavailable = 'warn' is ignored: the machine "
-                    "config refuses to run unfenced ('error')",
-                )
-            else:
-                on_unavailable = us.on_unavailable
+        narrowed = _narrow_axes(
+            ("network", "default_mounts", "on_unavailable"), us,
+            {"network": network, "default_mounts": default_mounts,
+             "on_unavailable": on_unavailable},
+            _BELOW_MACHINE, lambda _n: f"{w} [sandbox]", out,
+        )
+        network = narrowed.get("network", network)  # type: ignore[assignment]
+        default_mounts = bool(narrowed.get("default_mounts", default_mounts))
+        on_unavailable = narrowed.get("on_unavailable", on_unavailable)  # type: ignore[assignment]
         if us.scratch_dir is not None or us.scratch_size is not None:
             out.add(
                 "warn",
@@ -560,84 +679,7 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
         for name, table in user.agent_tool_permissions.items():
             _check_tools(table, f"{w} [agent_tool_permissions.{name}]", out)
 
-        ut = user.taint
-        on_exceed = taint.on_exceed
-        if ut.on_exceed is not None:
-            if ut.on_exceed.rank < on_exceed.rank:
-                out.add(
-                    "warn",
-                    "taint-overruled",
-                    f"{w} [taint] on_exceed = {ut.on_exceed.value!r} is looser than the "
-                    f"machine's {on_exceed.value!r}; {on_exceed.value!r} applies",
-                )
-            else:
-                on_exceed = ut.on_exceed
-        clearance = dict(taint.clearance)
-        for tool, sens in ut.clearance.items():
-            # Against the machine's effective value: its own setting, or the
-            # built-in default it relies on (issue 21 §7).
-            cur = clearance.get(tool)
-            if cur is None:  # (not `or`: Public is 0)
-                cur = _default_clearance(tool)
-            if cur is not None and sens.rank > cur.rank:
-                out.add(
-                    "warn",
-                    "taint-overruled",
-                    f"{w} [taint.clearance] {tool} = {str(sens)!r} is above the machine's "
-                    f"{str(cur)!r}; {str(cur)!r} applies",
-                )
-            else:
-                clearance[tool] = sens
-        _check_tools(ut.clearance, f"{w} [taint.clearance]", out)
-        budget = taint.budget
-        if ut.budget is not None:
-            if ut.budget < budget:
-                out.add(
-                    "warn",
-                    "taint-overruled",
-                    f"{w} [taint] budget = {ut.budget} is below the machine's {budget}; "
-                    "a smaller ledger forgets taint sooner, so the machine's applies",
-                )
-            else:
-                budget = ut.budget
-        timeout = taint.approval_timeout
-        if ut.approval_timeout is not None:
-            if ut.approval_timeout > timeout:
-                out.add(
-                    "warn",
-                    "taint-overruled",
-                    f"{w} [taint] approval_timeout = {ut.approval_timeout} is above the "
-                    f"machine's {timeout}; the machine's applies",
-                )
-            else:
-                timeout = ut.approval_timeout
-        private = taint.allow_private_addresses
-        if ut.allow_private_addresses is not None:
-            if ut.allow_private_addresses and not private:
-                # Loopback and private addresses reach other users' services and the
-                # cloud metadata endpoint: only the machine may open them.
-                out.add(
-                    "warn",
-                    "taint-overruled",
-                    f"{w} [taint] allow_private_addresses = true is ignored: only the "
-                    "machine config may allow private addresses",
-                )
-            else:
-                private = ut.allow_private_addresses
-        taint = TaintSettings(
-            enabled=taint.enabled or bool(ut.enabled),
-            on_exceed=on_exceed,
-            budget=budget,
-            approval_timeout=timeout,
-            clearance=clearance,
-            allow_private_addresses=private,
-        )
-        if ut.enabled is False and taint.enabled:
-            out.add(
-                "warn",
-                "taint-overruled",
-                f"{w} [taint] enabled = false is ignored: the machine config turns it on",
-            )
+        taint = _tighten_taint(taint, user.taint, w, out)
         allowlist += list(user.allowlist)
         rules += _layer_rules(user.rules, "user", f"{w} [[rules]]", out)
         _check_tools((r.tool for r in user.allowlist if r.tool != "*"), f"{w} [[allowlist]]", out)
@@ -737,17 +779,9 @@ def _apply_sandbox(
     def where(name: str) -> str:
         return origin.get(name, "blueprint [sandbox]")
 
-    if sb.kind is not None:
-        if sb.kind.rank < e.kind.rank:
-            out.add(
-                "warn",
-                "sandbox-kind-overruled",
-                f"{where('kind')} kind = {sb.kind.value!r} is looser than your config's "
-                f"{e.kind.value!r}; {e.kind.value!r} applies",
-                "a blueprint may choose a stricter sandbox, never a looser one",
-            )
-        else:
-            got["kind"] = sb.kind
+    upper = {"kind": e.kind, "network": e.network, "default_mounts": e.default_mounts,
+             "on_unavailable": e.on_unavailable}
+    got.update(_narrow_axes(("kind",), sb, upper, _BELOW_CONFIGS, where, out))
     if sb.engine is not None:
         out.add(
             "warn",
@@ -782,36 +816,8 @@ def _apply_sandbox(
                 )
         else:
             got["mounts"] = _narrow_mounts(list(sb.mounts), e.mounts, where("mounts"), out)
-    if sb.network is not None:
-        if net_rank(sb.network) > net_rank(e.network):
-            out.add(
-                "warn",
-                "network-overruled",
-                f"{where('network')} network = {_net_text(sb.network)} is overruled: your "
-                f"config sets network = {_net_text(e.network)}",
-            )
-        else:
-            got["network"] = sb.network
-    if sb.default_mounts is not None:
-        if sb.default_mounts and not e.default_mounts:
-            out.add(
-                "warn",
-                "default-mounts-overruled",
-                f"{where('default_mounts')} default_mounts = true is overruled: your "
-                "config turns them off",
-            )
-        else:
-            got["default_mounts"] = sb.default_mounts
-    if sb.on_unavailable is not None:
-        if sb.on_unavailable.rank < e.on_unavailable.rank:
-            out.add(
-                "warn",
-                "on-unavailable-overruled",
-                f"{where('on_unavailable')} on_unavailable = 'warn' is overruled: your "
-                "config refuses to run unfenced ('error')",
-            )
-        else:
-            got["on_unavailable"] = sb.on_unavailable
+    got.update(_narrow_axes(("network", "default_mounts", "on_unavailable"), sb, upper,
+                            _BELOW_CONFIGS, where, out))
     if sb.scratch_dir is not None or sb.scratch_size is not None:
         out.add(
             "warn",

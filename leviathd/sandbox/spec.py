@@ -408,6 +408,230 @@ def _depth(path: str) -> int:
     return 0 if path == "/" else path.rstrip("/").count("/")
 
 
+@dataclass
+class _Plan:
+    """What the steps of `build_spec` share: the request and the host's
+    answers, what follows from them, and the builder gathering the mounts."""
+
+    effective: EffectiveLike
+    user: UserInfo
+    request: RunRequest
+    execution_id: str
+    exists: Callable[[str], bool]
+    resolve: Callable[[str], str]
+    read_text: Callable[[str], str | None]
+    links: dict[str, str]
+    other_homes: list[str]
+    git_identity: Mapping[str, str] | None
+    home: str
+    scratch: str
+    workdir: str
+    b: _Builder
+    git_dirs: list[str] = field(default_factory=list)
+
+
+def _system(p: _Plan) -> None:
+    """The system, read-only; a fresh /proc and a minimal /dev; a home and a
+    /tmp of its own, on disk in scratch."""
+    b, exists, resolve = p.b, p.exists, p.resolve
+    for path in SYSTEM_DIRS:
+        if exists(path):
+            b.add(Mount("bind", path, resolve(path), readonly=True, why="system"))
+    for path in SYSTEM_LINK_DIRS:
+        if path in p.links:
+            b.add(Mount("symlink", path, p.links[path], why="system link"))
+        elif exists(path):
+            b.add(Mount("bind", path, resolve(path), readonly=True, why="system"))
+    b.add(Mount("proc", "/proc", why="fresh /proc"))
+    b.add(Mount("dev", "/dev", why="minimal /dev"))
+    b.add(Mount("bind", p.home, posixpath.join(p.scratch, "home"), why="home (scratch)"))
+    b.add(Mount("bind", "/tmp", posixpath.join(p.scratch, "tmp"), why="tmp (scratch)"))
+
+
+def _workdir(p: _Plan) -> None:
+    """The workdir (and a worktree's git folders), in the mode asked for."""
+    b, home, workdir, resolve = p.b, p.home, p.workdir, p.resolve
+    other = [posixpath.normpath(h) for h in p.other_homes]
+
+    def refusal(path: str) -> str | None:
+        """Why `path` may not be bound as a workdir or git folder, or None."""
+        for q in dict.fromkeys((path, resolve(path))):
+            if q == "/" or is_within(home, q) or any(is_within(h, q) for h in other):
+                return f"{q} would show the whole home folder"
+            if is_within(workdir, q) and q != workdir:
+                return f"{q} holds the workdir"
+        hit = b.hidden_hit(path)
+        if hit is not None:
+            return f"{path} is inside the hidden path {hit}"
+        return None
+
+    why = refusal(workdir)
+    if why is not None and "whole home" in why:
+        raise InvalidArgument(f"workdir {why}; choose a project folder")
+    if not p.exists(workdir):
+        raise InvalidArgument(f"workdir {workdir} does not exist")
+    if why is not None:
+        raise InvalidArgument(f"workdir {workdir} is refused: {why}")
+    p.git_dirs, git_notes = _worktree_git_dirs(workdir, p.read_text, p.exists, resolve, refusal)
+    b.notes += git_notes
+    mode = p.request.workdir_mode
+    overlay_index = 0
+    for path, why in [(workdir, "workdir")] + [(d, "worktree git") for d in p.git_dirs]:
+        if mode == "throwaway":
+            layer = posixpath.join(p.scratch, "overlay", str(overlay_index))
+            overlay_index += 1
+            b.add(Mount("overlay", path, resolve(path), upper=posixpath.join(layer, "upper"),
+                        work=posixpath.join(layer, "work"), why=f"{why} (throwaway layer)"))
+        else:
+            b.add(Mount("bind", path, resolve(path), readonly=mode == "ro", why=why))
+
+
+def _home_entries(p: _Plan) -> None:
+    """Agent tool state, and with default_mounts the toolchains and caches;
+    ~/.ssh/known_hosts, the one entry taken from a hidden folder."""
+    b, home, exists = p.b, p.home, p.exists
+    for rel in AGENT_STATE:
+        path = posixpath.join(home, rel)
+        if exists(path):
+            b.user_bind(path, readonly=False, why="agent tool state", refuse=False)
+    if p.effective.default_mounts:
+        for rel in TOOLCHAINS:
+            path = posixpath.join(home, rel)
+            if exists(path):
+                b.user_bind(path, readonly=True, why="toolchain", refuse=False)
+        for rel in CACHES:
+            path = posixpath.join(home, rel)
+            if exists(path):
+                b.user_bind(path, readonly=False, why="cache", refuse=False)
+    known_hosts = posixpath.join(home, KNOWN_HOSTS)
+    if exists(known_hosts):
+        real = p.resolve(known_hosts)
+        own = posixpath.join(p.resolve(posixpath.join(home, ".ssh")), "known_hosts")
+        leads = next((h for h in b.hidden if is_within(real, h)), None)
+        if real == own or leads is None:
+            b.add(Mount("bind", known_hosts, real, readonly=True, exact=True, why="known_hosts"))
+        else:
+            b.notes.append(f"{known_hosts}: leads into hidden {leads}, not mounted")
+
+
+def _config_mounts(p: _Plan) -> None:
+    """Extra mounts from config: refused when inside a hidden path."""
+    for m in p.effective.mounts:
+        path = expand(m.path, p.home)
+        if m.access not in ("read", "write"):
+            raise InvalidArgument(f"mount {m.path}: access must be read or write")
+        if is_within(p.home, path):
+            raise InvalidArgument(f"mount {m.path} would show the whole home folder")
+        p.b.user_bind(path, readonly=m.access != "write", why="config mount", refuse=True)
+
+
+def _protected(p: _Plan) -> None:
+    """What git or an agent tool would later run on the host: read-only, even
+    inside folders the agent may write. (Kind "none" has no fence to apply
+    them in: it lists none.)"""
+    b = p.b
+    writable_mounts = [
+        m for m in b.mounts
+        if m.kind == "bind" and not m.readonly and not is_within(m.source, p.scratch)
+    ]  # fmt: skip
+    candidates = protected.entries(
+        home=p.home,
+        workdir=p.workdir,
+        git=protected.git_folders(p.workdir, p.git_dirs, p.read_text, p.exists, p.resolve),
+        extra=protected.refuse_bad(getattr(p.effective, "protected_paths", None) or ()),
+        exists=p.exists,
+    )
+    if str(p.effective.kind) == "none":
+        return
+    for entry in protected.build(
+        candidates, writable=[m.target for m in writable_mounts], exists=p.exists,
+        hidden=b.hidden_hit, resolve=p.resolve, sources=[m.source for m in writable_mounts],
+    ):
+        b.add(Mount("protect", entry.path, "dir" if entry.folder else "file",
+                    readonly=not entry.pin, why=entry.why))
+
+
+def _masks(p: _Plan) -> None:
+    """Hidden things inside a mounted folder are covered."""
+    b = p.b
+    masks: dict[str, None] = {}
+    for mount in b.mounts:
+        if mount.kind not in ("bind", "overlay") or mount.exact:
+            continue
+        if is_within(mount.source, p.scratch):
+            continue
+        for h in b.hidden:
+            for base in (mount.source, mount.target):
+                if h != base and is_within(h, base):
+                    masks.setdefault(posixpath.join(mount.target, h[len(base) :].lstrip("/")), None)
+    for target in masks:
+        b.add(Mount("mask", target, why="hidden"))
+
+
+# The agent's root, step by step (after nsjail's containProc): each step adds
+# mounts (or refuses the request); their order is the order of ties below.
+_STEPS: tuple[tuple[str, Callable[[_Plan], None]], ...] = (
+    ("system", _system),
+    ("workdir", _workdir),
+    ("home entries", _home_entries),
+    ("config mounts", _config_mounts),
+    ("protected paths", _protected),
+    ("masks", _masks),
+)
+
+
+def _assemble(p: _Plan) -> SandboxSpec:
+    """The spec: mounts parents before children (the steps' order breaks
+    ties, masks last), namespaces, environment, limits."""
+    effective, user, request = p.effective, p.user, p.request
+    ordered = sorted(p.b.mounts, key=lambda m: _depth(m.target))
+    kind = str(effective.kind)
+    # Only `true` is the host's network: "proxy" (truthy) must never be read as it.
+    host_network = effective.network is True
+    namespaces: tuple[str, ...] = ()
+    if kind == "namespace":
+        namespaces = ("ipc", "mnt", "pid", "uts") + (() if host_network else ("net",))
+    env = build_environment(
+        request.env,
+        user,
+        env_pass=effective.env_pass,
+        env_withhold=effective.env_withhold,
+        blueprint_env=effective.env,
+        git_identity=p.git_identity,
+    )
+    res = effective.resources
+    return SandboxSpec(
+        kind=kind,
+        argv=tuple(request.argv),
+        env=env,
+        workdir=p.workdir,
+        workdir_mode=request.workdir_mode,
+        uid=user.uid,
+        gid=user.gid,
+        groups=tuple(user.groups),
+        user=user.name,
+        home=p.home,
+        sandbox_home=p.home,
+        mounts=tuple(ordered),
+        hidden=tuple(p.b.hidden),
+        namespaces=tuple(sorted(namespaces)),
+        network=host_network,
+        scratch=p.scratch,
+        hostname=f"leviath-{p.execution_id}"[:64],
+        execution_id=p.execution_id,
+        limits={
+            "memory_max": res.memory_max,
+            "tasks_max": res.tasks_max,
+            "cpu_quota": res.cpu_quota,
+            "cpu_weight": res.cpu_weight,
+        },
+        notes=tuple(p.b.notes),
+        scratch_size=int(getattr(effective, "scratch_size", None) or DEFAULT_SCRATCH_SIZE),
+        allow_io_uring=bool(getattr(effective, "allow_io_uring", False)),
+        proxy=effective.network == "proxy",
+    )
+
+
 def build_spec(
     effective: EffectiveLike,
     user: UserInfo,
@@ -440,215 +664,28 @@ def build_spec(
         )
     exists = _as_predicate(existing)
     resolve_fn: Callable[[str], str] = resolve or posixpath.normpath
-    read_fn: Callable[[str], str | None] = read_text or (lambda _p: None)
-    system_links = dict(links or {})
-
+    other = list(other_homes)
     home = posixpath.normpath(user.home)
     scratch_dir = posixpath.normpath(effective.scratch_dir or DEFAULT_SCRATCH_DIR)
-    scratch = posixpath.join(scratch_dir, execution_id)
-    workdir = expand(request.workdir, home)
 
-    declared = hidden_paths(
-        user, effective.hidden_paths, scratch_dir=scratch_dir, other_homes=other_homes
-    )
+    declared = hidden_paths(user, effective.hidden_paths, scratch_dir=scratch_dir,
+                            other_homes=other)
     # A hidden path is hidden under its own name and wherever it really lives.
     hidden: dict[str, None] = {}
     for h in declared:
         hidden.setdefault(h, None)
         hidden.setdefault(resolve_fn(h), None)
-    b = _Builder(
-        user=user,
-        home=home,
-        exists=exists,
-        resolve=resolve_fn,
-        hidden=list(hidden),
+    plan = _Plan(
+        effective=effective, user=user, request=request, execution_id=execution_id,
+        exists=exists, resolve=resolve_fn, read_text=read_text or (lambda _p: None),
+        links=dict(links or {}), other_homes=other, git_identity=git_identity,
+        home=home, scratch=posixpath.join(scratch_dir, execution_id),
+        workdir=expand(request.workdir, home),
+        b=_Builder(user=user, home=home, exists=exists, resolve=resolve_fn, hidden=list(hidden)),
     )
-
-    # The system, read-only.
-    for path in SYSTEM_DIRS:
-        if exists(path):
-            b.add(Mount("bind", path, resolve_fn(path), readonly=True, why="system"))
-    for path in SYSTEM_LINK_DIRS:
-        if path in system_links:
-            b.add(Mount("symlink", path, system_links[path], why="system link"))
-        elif exists(path):
-            b.add(Mount("bind", path, resolve_fn(path), readonly=True, why="system"))
-    b.add(Mount("proc", "/proc", why="fresh /proc"))
-    b.add(Mount("dev", "/dev", why="minimal /dev"))
-    # A home and a /tmp of its own, on disk in scratch.
-    b.add(Mount("bind", home, posixpath.join(scratch, "home"), why="home (scratch)"))
-    b.add(Mount("bind", "/tmp", posixpath.join(scratch, "tmp"), why="tmp (scratch)"))
-
-    # The workdir (and a worktree's git folders), in the mode asked for.
-    other = [posixpath.normpath(h) for h in other_homes]
-
-    def refusal(path: str) -> str | None:
-        """Why `path` may not be bound as a workdir or git folder, or None."""
-        for p in dict.fromkeys((path, resolve_fn(path))):
-            if p == "/" or is_within(home, p) or any(is_within(h, p) for h in other):
-                return f"{p} would show the whole home folder"
-            if is_within(workdir, p) and p != workdir:
-                return f"{p} holds the workdir"
-        hit = b.hidden_hit(path)
-        if hit is not None:
-            return f"{path} is inside the hidden path {hit}"
-        return None
-
-    why = refusal(workdir)
-    if why is not None and "whole home" in why:
-        raise InvalidArgument(f"workdir {why}; choose a project folder")
-    if not exists(workdir):
-        raise InvalidArgument(f"workdir {workdir} does not exist")
-    if why is not None:
-        raise InvalidArgument(f"workdir {workdir} is refused: {why}")
-    git_dirs, git_notes = _worktree_git_dirs(workdir, read_fn, exists, resolve_fn, refusal)
-    b.notes += git_notes
-    overlay_index = 0
-    for path, why in [(workdir, "workdir")] + [(d, "worktree git") for d in git_dirs]:
-        if request.workdir_mode == "throwaway":
-            layer = posixpath.join(scratch, "overlay", str(overlay_index))
-            overlay_index += 1
-            b.add(
-                Mount(
-                    "overlay",
-                    path,
-                    resolve_fn(path),
-                    upper=posixpath.join(layer, "upper"),
-                    work=posixpath.join(layer, "work"),
-                    why=f"{why} (throwaway layer)",
-                )
-            )
-        else:
-            b.add(
-                Mount(
-                    "bind", path, resolve_fn(path), readonly=request.workdir_mode == "ro", why=why
-                )
-            )
-
-    # Home entries.
-    for rel in AGENT_STATE:
-        path = posixpath.join(home, rel)
-        if exists(path):
-            b.user_bind(path, readonly=False, why="agent tool state", refuse=False)
-    if effective.default_mounts:
-        for rel in TOOLCHAINS:
-            path = posixpath.join(home, rel)
-            if exists(path):
-                b.user_bind(path, readonly=True, why="toolchain", refuse=False)
-        for rel in CACHES:
-            path = posixpath.join(home, rel)
-            if exists(path):
-                b.user_bind(path, readonly=False, why="cache", refuse=False)
-    known_hosts = posixpath.join(home, KNOWN_HOSTS)
-    if exists(known_hosts):
-        real = resolve_fn(known_hosts)
-        own = posixpath.join(resolve_fn(posixpath.join(home, ".ssh")), "known_hosts")
-        leads = next((h for h in b.hidden if is_within(real, h)), None)
-        if real == own or leads is None:
-            b.add(Mount("bind", known_hosts, real, readonly=True, exact=True, why="known_hosts"))
-        else:
-            b.notes.append(f"{known_hosts}: leads into hidden {leads}, not mounted")
-
-    # Extra mounts from config: refused when inside a hidden path.
-    for m in effective.mounts:
-        path = expand(m.path, home)
-        if m.access not in ("read", "write"):
-            raise InvalidArgument(f"mount {m.path}: access must be read or write")
-        if is_within(home, path):
-            raise InvalidArgument(f"mount {m.path} would show the whole home folder")
-        b.user_bind(path, readonly=m.access != "write", why="config mount", refuse=True)
-
-    # What git or an agent tool would later run on the host: read-only, even
-    # inside folders the agent may write.
-    writable_mounts = [
-        m for m in b.mounts
-        if m.kind == "bind" and not m.readonly and not is_within(m.source, scratch)
-    ]  # fmt: skip
-    writable = [m.target for m in writable_mounts]
-    candidates = protected.entries(
-        home=home,
-        workdir=workdir,
-        git=protected.git_folders(workdir, git_dirs, read_fn, exists, resolve_fn),
-        extra=protected.refuse_bad(getattr(effective, "protected_paths", None) or ()),
-        exists=exists,
-    )
-    # (kind "none" has no fence to apply them in: it lists none)
-    for p in protected.build(
-        candidates, writable=writable, exists=exists, hidden=b.hidden_hit, resolve=resolve_fn,
-        sources=[m.source for m in writable_mounts],
-    ) if str(effective.kind) != "none" else ():
-        b.add(
-            Mount(
-                "protect",
-                p.path,
-                "dir" if p.folder else "file",
-                readonly=not p.pin,
-                why=p.why,
-            )
-        )
-
-    # Hidden things inside a mounted folder are covered.
-    masks: dict[str, None] = {}
-    for mount in b.mounts:
-        if mount.kind not in ("bind", "overlay") or mount.exact:
-            continue
-        if is_within(mount.source, scratch):
-            continue
-        for h in b.hidden:
-            for base in (mount.source, mount.target):
-                if h != base and is_within(h, base):
-                    masks.setdefault(posixpath.join(mount.target, h[len(base) :].lstrip("/")), None)
-    for target in masks:
-        b.add(Mount("mask", target, why="hidden"))
-
-    # Parents before children; the order above breaks ties (masks last).
-    ordered = sorted(b.mounts, key=lambda m: _depth(m.target))
-
-    kind = str(effective.kind)
-    # Only `true` is the host's network: "proxy" (truthy) must never be read as it.
-    host_network = effective.network is True
-    namespaces: tuple[str, ...] = ()
-    if kind == "namespace":
-        namespaces = ("ipc", "mnt", "pid", "uts") + (() if host_network else ("net",))
-    env = build_environment(
-        request.env,
-        user,
-        env_pass=effective.env_pass,
-        env_withhold=effective.env_withhold,
-        blueprint_env=effective.env,
-        git_identity=git_identity,
-    )
-    res = effective.resources
-    return SandboxSpec(
-        kind=kind,
-        argv=tuple(request.argv),
-        env=env,
-        workdir=workdir,
-        workdir_mode=request.workdir_mode,
-        uid=user.uid,
-        gid=user.gid,
-        groups=tuple(user.groups),
-        user=user.name,
-        home=home,
-        sandbox_home=home,
-        mounts=tuple(ordered),
-        hidden=tuple(b.hidden),
-        namespaces=tuple(sorted(namespaces)),
-        network=host_network,
-        scratch=scratch,
-        hostname=f"leviath-{execution_id}"[:64],
-        execution_id=execution_id,
-        limits={
-            "memory_max": res.memory_max,
-            "tasks_max": res.tasks_max,
-            "cpu_quota": res.cpu_quota,
-            "cpu_weight": res.cpu_weight,
-        },
-        notes=tuple(b.notes),
-        scratch_size=int(getattr(effective, "scratch_size", None) or DEFAULT_SCRATCH_SIZE),
-        allow_io_uring=bool(getattr(effective, "allow_io_uring", False)),
-        proxy=effective.network == "proxy",
-    )
+    for _name, step in _STEPS:
+        step(plan)
+    return _assemble(plan)
 
 
 # --- the host's answers, for callers that run on the real machine -----------
