@@ -509,3 +509,22 @@ def test_the_agents_tasks_and_memory_limits_hold_over_its_containers(bed: Testbe
     assert "can't fork" in logs and "all-forked" not in logs, logs
     hog = out[6][1]
     assert isinstance(hog, dict) and hog["StatusCode"] == 137, out[6:]  # the kernel's OOM kill
+
+
+def test_a_restarting_container_does_not_outlive_the_agent(bed: Testbed) -> None:
+    """A restart policy would bring the container back after lev stop kills
+    it: the removal at the agent's end must still leave nothing, neither
+    the container nor a control group below the gone scope."""
+    agent_id = agent(bed, "alice",
+                     ["POST", "/containers/create?name=again-1", _create(
+                         ["sleep", "300"], {"RestartPolicy": {"Name": "always"}})],
+                     ["POST", "/containers/again-1/start", None],
+                     ["SLEEP", "300", None], detach=True)
+    assert isinstance(agent_id, str)
+    unit = _unit_of(bed, "alice", agent_id)
+    _running(bed, "again-1")
+    bed.run(["lev", "stop", agent_id], user="alice")
+    assert _wait_gone(bed, agent_id) == []
+    time.sleep(2)
+    left = bed.run(f"ls -d /sys/fs/cgroup/*/leviath.slice/{unit} 2>/dev/null || true").stdout
+    assert left.strip() == "", left
