@@ -4,7 +4,8 @@ Docker-compatible API service, started by the daemon). The image is imported
 from a tarball of the host's static busybox (no registry).
 
 Each agent speaks the Docker Engine API over DOCKER_HOST with python's
-http.client (the docker CLI is not in the bed): CLIENT below is what it runs.
+http.client: CLIENT below is what it runs (tests/vm/ runs it in the Debian 13
+VM too). The docker CLI and compose are test_engine_socket_cli.py's.
 """
 
 from __future__ import annotations
