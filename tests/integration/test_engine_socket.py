@@ -529,3 +529,22 @@ def test_a_restarting_container_does_not_outlive_the_agent(bed: Testbed) -> None
     time.sleep(2)
     left = bed.run(f"ls -d /sys/fs/cgroup/*/leviath.slice/{unit} 2>/dev/null || true").stdout
     assert left.strip() == "", left
+
+
+def test_an_engine_service_left_with_systemds_manager_is_started_again(bed: Testbed) -> None:
+    """A service an older daemon started (podman's default, systemd's cgroup
+    manager) could not place containers under the agents' scopes: it is
+    stopped and started again with cgroupfs before the agent is served."""
+    bed.run(["systemctl", "stop", "leviath-engine-api.service"], check=False, timeout=120)
+    bed.run(["systemd-run", "--quiet", "--collect", "--unit=leviath-engine-api.service",
+             "--service-type=exec", "podman", "system", "service", "--time=0",
+             "unix:///run/leviath/engine/podman.sock"])
+    deadline = time.monotonic() + 20
+    while bed.run(["test", "-S", "/run/leviath/engine/podman.sock"], check=False).returncode:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    out = agent(bed, "alice", ["GET", "/info", None])
+    assert isinstance(out, list)
+    assert out[0][1]["CgroupDriver"] == "cgroupfs", out[0]  # type: ignore[index]
+    main = bed.run(["systemctl", "show", "-P", "ExecStart", "leviath-engine-api.service"]).stdout
+    assert "cgroupfs" in main, main
