@@ -45,6 +45,22 @@ from leviathd.systemd.cgroupfs import folders
 MAX_PENDING = 256
 
 
+def remove_cgroups(cgroup: str) -> None:
+    """The empty control groups runc left below the agent's (gone) scope.
+    In the v1 hierarchies systemd does not manage for a scope (cpuset,
+    cpuacct, freezer...) runc made the scope's folder itself, and nothing
+    else removes it; a container an engine restarted after the scope's stop
+    may also have made them again in the others. Only empty ones go (rmdir
+    of a cgroup with processes or children fails), deepest first."""
+    for top in folders(cgroup):
+        if not os.path.isdir(top):
+            continue
+        found = [d for d, _subdirs, _files in os.walk(top)]
+        for d in sorted(found, key=lambda d: d.count("/"), reverse=True):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+
+
 class EngineSockService:
     def __init__(self, agents: Agents, gate: GateService, *, state_dir: str) -> None:
         self._agents = agents
@@ -142,6 +158,8 @@ class EngineSockService:
         if gone:
             journal.record(f"agent {rec.id}: removed {gone} containers, networks and volumes "
                            "it left", LEVIATH_AGENT=rec.id, LEVIATH_EVENT=Event.ENGINE_CLEANUP)
+        if settings.cgroup:
+            await asyncio.to_thread(remove_cgroups, control_group(rec.unit))
 
     async def recover(self) -> None:
         """After the gate's recover: proxies for adopted agents, then a sweep

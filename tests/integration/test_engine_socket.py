@@ -4,7 +4,8 @@ Docker-compatible API service, started by the daemon). The image is imported
 from a tarball of the host's static busybox (no registry).
 
 Each agent speaks the Docker Engine API over DOCKER_HOST with python's
-http.client (the docker CLI is not in the bed): CLIENT below is what it runs.
+http.client: CLIENT below is what it runs (tests/vm/ runs it in the Debian 13
+VM too). The docker CLI and compose are test_engine_socket_cli.py's.
 """
 
 from __future__ import annotations
@@ -509,3 +510,41 @@ def test_the_agents_tasks_and_memory_limits_hold_over_its_containers(bed: Testbe
     assert "can't fork" in logs and "all-forked" not in logs, logs
     hog = out[6][1]
     assert isinstance(hog, dict) and hog["StatusCode"] == 137, out[6:]  # the kernel's OOM kill
+
+
+def test_a_restarting_container_does_not_outlive_the_agent(bed: Testbed) -> None:
+    """A restart policy would bring the container back after lev stop kills
+    it: the removal at the agent's end must still leave nothing, neither
+    the container nor a control group below the gone scope."""
+    agent_id = agent(bed, "alice",
+                     ["POST", "/containers/create?name=again-1", _create(
+                         ["sleep", "300"], {"RestartPolicy": {"Name": "always"}})],
+                     ["POST", "/containers/again-1/start", None],
+                     ["SLEEP", "300", None], detach=True)
+    assert isinstance(agent_id, str)
+    unit = _unit_of(bed, "alice", agent_id)
+    _running(bed, "again-1")
+    bed.run(["lev", "stop", agent_id], user="alice")
+    assert _wait_gone(bed, agent_id) == []
+    time.sleep(2)
+    left = bed.run(f"ls -d /sys/fs/cgroup/*/leviath.slice/{unit} 2>/dev/null || true").stdout
+    assert left.strip() == "", left
+
+
+def test_an_engine_service_left_with_systemds_manager_is_started_again(bed: Testbed) -> None:
+    """A service an older daemon started (podman's default, systemd's cgroup
+    manager) could not place containers under the agents' scopes: it is
+    stopped and started again with cgroupfs before the agent is served."""
+    bed.run(["systemctl", "stop", "leviath-engine-api.service"], check=False, timeout=120)
+    bed.run(["systemd-run", "--quiet", "--collect", "--unit=leviath-engine-api.service",
+             "--service-type=exec", "podman", "system", "service", "--time=0",
+             "unix:///run/leviath/engine/podman.sock"])
+    deadline = time.monotonic() + 20
+    while bed.run(["test", "-S", "/run/leviath/engine/podman.sock"], check=False).returncode:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    out = agent(bed, "alice", ["GET", "/info", None])
+    assert isinstance(out, list)
+    assert out[0][1]["CgroupDriver"] == "cgroupfs", out[0]  # type: ignore[index]
+    main = bed.run(["systemctl", "show", "-P", "ExecStart", "leviath-engine-api.service"]).stdout
+    assert "cgroupfs" in main, main

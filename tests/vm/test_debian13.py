@@ -422,7 +422,9 @@ def test_the_engine_socket_runs_an_agents_container_under_its_scope_on_cgroup_v2
     # controller to its children on pure v2) rather than failing the start.
     assert create[0] == 201 and start[0] == 204, (create, start)
     assert wait[1]["StatusCode"] == 0, wait  # type: ignore[index]
-    assert "0::/leviath.slice/leviath-alice-" in str(logs[1]) and "/libpod-" in str(logs[1]), logs
+    # Inside, its own cgroup namespace shows "0::/"; where it sits on the host
+    # is test_lev_stop_ends_the_engine_socket_containers_on_debian13's.
+    assert "0::/" in str(logs[1]), logs
 
 
 def test_the_engine_socket_containers_are_held_by_the_agents_memory_limit(vm: Run) -> None:
