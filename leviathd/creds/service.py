@@ -21,18 +21,20 @@ import sys
 import syslog
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leviathd import fsat
 from leviathd.agents.service import Agents
 from leviathd.broker.core import Broker
 from leviathd.config.merge import Effective, MergeResult
-from leviathd.creds.sshagent import SSHAgentServer
 from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
 from leviathd.identity import UserInfo
 from leviathd.records import AgentRecord
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
+
+if TYPE_CHECKING:
+    from leviathd.creds.sshagent import SSHAgentServer
 
 BIN = "bin"
 GIT_HELPER = "git-credential-leviath"
@@ -137,6 +139,10 @@ class CredentialService:
         def broker_of() -> Broker | None:
             live = self._gate.live.get(agent_id)
             return live.broker if live is not None else None
+
+        # asyncssh costs the daemon ~12 MB and a third of a second at start:
+        # loaded with the first ssh credential, not by every daemon.
+        from leviathd.creds.sshagent import SSHAgentServer
 
         server = SSHAgentServer(agent_id, os.path.join(agent_dir(agent_id), SSH_SOCKET),
                                 lookup=self._gate.lookup, broker_of=broker_of)
