@@ -106,6 +106,11 @@ step ps as alice "lev ps"
 long_unit=$(unit_of "$long")
 echo "$long $long_unit" >"$R/long_agent.out"
 step status systemctl status --no-pager "$long_unit"
+# issue 18: a detached agent keeps one process of ours (a sealed dash as PID 1
+# of its namespace), no leviathd process: "pid comm pss_kib" per process.
+step agent_procs sh -c "for p in \$(cat $(cgroup_of "$long_unit")/cgroup.procs); do
+    echo \$p \$(cat /proc/\$p/comm) \$(awk '/^Pss:/ {print \$2}' /proc/\$p/smaps_rollup)
+done"
 marker=journal-marker-$RANDOM
 step journal_agent as alice "lev run --detach -- sh -c 'echo $marker; sleep 1'"
 jid=$(tail -n 1 "$R/journal_agent.out")

@@ -224,6 +224,16 @@ def test_a_member_sees_the_agent_in_lev_ps_and_systemctl_status(vm: Run) -> None
     assert "Active: active (running)" in status and "leviath.slice" in status, status
 
 
+def test_a_detached_agent_costs_one_small_process_of_ours(vm: Run) -> None:
+    """Issue 18 on the real machine: the command and PID 1 (dash, well under
+    a MiB of PSS); no supervisor, worker or relay of leviathd per agent."""
+    rows = [ln.split() for ln in vm.ok("agent_procs").splitlines() if ln.strip()]
+    assert len(rows) == 2 and any(r[1] == "sleep" for r in rows), rows
+    ours = [r for r in rows if r[1] != "sleep"]
+    assert len(ours) == 1 and not any(w in ours[0][1] for w in ("python", "leviathd")), rows
+    assert int(ours[0][2]) < 1024, rows
+
+
 def test_the_agents_output_is_in_the_journal_under_its_scope(vm: Run) -> None:
     marker = vm.out("journal_marker").strip()
     out = vm.ok("journal_root")
