@@ -15,10 +15,13 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import leviathd.broker.net as net
 from leviathd.domain.sensitivity import Sensitivity
+
+if TYPE_CHECKING:
+    from leviathd.config.merge import Effective
 
 DEFAULT_PORTS = (22, 80, 443)
 DEFAULT_MAX_CONNECTIONS = 64
@@ -82,18 +85,19 @@ class ProxySettings:
         )
 
 
-def from_effective(eff: object, *, taint_enabled: bool, on_exceed: str,
+def from_effective(eff: Effective, *, taint_enabled: bool, on_exceed: str,
                    shell_clearance: Sensitivity | None, allow_private: bool) -> ProxySettings:
-    """From `Effective.proxy` (leviathd/config/merge.py ProxyRules)."""
-    rules = getattr(eff, "proxy", None)
-    ports = getattr(rules, "ports", None)
-    cap = getattr(rules, "max_connections", None)
+    """From `Effective.proxy` (leviathd/config/merge.py ProxyRules), read by
+    name: a field renamed there fails mypy here instead of reading as an
+    empty, permissive list."""
+    rules = eff.proxy
     return ProxySettings(
-        allow=tuple(tuple(a) for a in getattr(rules, "allow", ())),
-        deny=tuple(getattr(rules, "deny", ())),
-        ports=tuple(ports) if ports is not None else DEFAULT_PORTS,
-        clearance=tuple((p, Sensitivity.parse(s)) for p, s in getattr(rules, "clearance", ())),
-        max_connections=int(cap) if cap is not None else DEFAULT_MAX_CONNECTIONS,
+        allow=tuple(tuple(a) for a in rules.allow),
+        deny=tuple(rules.deny),
+        ports=tuple(rules.ports) if rules.ports is not None else DEFAULT_PORTS,
+        clearance=tuple(rules.clearance),
+        max_connections=rules.max_connections if rules.max_connections is not None
+        else DEFAULT_MAX_CONNECTIONS,
         taint_enabled=taint_enabled,
         on_exceed=on_exceed if on_exceed in ("allow", "deny", "ask") else "ask",
         default_clearance=shell_clearance if shell_clearance is not None

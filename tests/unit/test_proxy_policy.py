@@ -304,3 +304,15 @@ def test_a_foreign_peer_is_dropped(tmp_path: Path) -> None:
 
     asyncio.run(go())
     assert seen == []
+
+
+def test_rules_missing_a_field_are_refused_not_read_as_no_rules() -> None:
+    # Read with getattr fallbacks, rules without `allow` gave no allow list at
+    # all: every domain passed.
+    from types import SimpleNamespace
+
+    bare = SimpleNamespace(proxy=SimpleNamespace(deny=(), ports=None, clearance=(),
+                                                 max_connections=None))
+    with pytest.raises(AttributeError, match="allow"):
+        policy.from_effective(bare, taint_enabled=True, on_exceed="deny",  # type: ignore[arg-type]
+                              shell_clearance=Sensitivity.INTERNAL, allow_private=False)
