@@ -153,6 +153,15 @@ class EffectiveLike(Protocol):
     @property
     def hidden_paths(self) -> Sequence[str]: ...
 
+    @property
+    def protected_paths(self) -> Sequence[str]: ...
+
+    @property
+    def scratch_size(self) -> int | None: ...
+
+    @property
+    def allow_io_uring(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class Mount:
@@ -538,7 +547,7 @@ def _protected(p: _Plan) -> None:
         home=p.home,
         workdir=p.workdir,
         git=protected.git_folders(p.workdir, p.git_dirs, p.read_text, p.exists, p.resolve),
-        extra=protected.refuse_bad(getattr(p.effective, "protected_paths", None) or ()),
+        extra=protected.refuse_bad(p.effective.protected_paths),
         exists=p.exists,
     )
     if str(p.effective.kind) == "none":
@@ -626,8 +635,8 @@ def _assemble(p: _Plan) -> SandboxSpec:
             "cpu_weight": res.cpu_weight,
         },
         notes=tuple(p.b.notes),
-        scratch_size=int(getattr(effective, "scratch_size", None) or DEFAULT_SCRATCH_SIZE),
-        allow_io_uring=bool(getattr(effective, "allow_io_uring", False)),
+        scratch_size=effective.scratch_size or DEFAULT_SCRATCH_SIZE,
+        allow_io_uring=effective.allow_io_uring,
         proxy=effective.network == "proxy",
     )
 
