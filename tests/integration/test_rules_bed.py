@@ -327,3 +327,36 @@ def test_lev_policy_add_rule_system_needs_config_manage_and_goes_to_rules_d(
             lev(bed, "alice", "stop", a.id, check=False)
     finally:
         _clear_rules_d(bed)
+
+
+RULE_ADD = r"""
+import asyncio, sys
+from dbus_fast import BusType, Message
+from dbus_fast.aio import MessageBus
+
+async def main():
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    big = "true || " * (1 << 17)
+    for body in (["big", big, "deny", ""], ["nl", "true\ntrue", "deny", ""],
+                 ["odd", "true", "maybe", ""], ["x" * 100, "true", "deny", ""]):
+        reply = await bus.call(Message(
+            destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+            interface="org.leviath.Policy1", member="RuleAdd", signature="ssss", body=body))
+        print(reply.error_name, len(str(reply.body[0])))
+
+asyncio.run(main())
+"""
+
+
+def test_rule_add_refuses_oversized_and_malformed_arguments(bed: Testbed) -> None:
+    """A megabyte condition, a newline, an unknown decision and a long name
+    each get InvalidArgument with a short message, and nothing is written."""
+    py = "/opt/leviath-dev/venv/bin/python"
+    try:
+        out = bed.run([py, "-c", RULE_ADD]).stdout.split("\n")
+        rows = [line.split() for line in out if line.strip()]
+        assert [r[0] for r in rows] == ["org.leviath.Error.InvalidArgument"] * 4, rows
+        assert all(int(r[1]) < 1000 for r in rows), rows
+        assert bed.run(["ls", RULES_D]).stdout.strip() == ""
+    finally:
+        _clear_rules_d(bed)
