@@ -40,6 +40,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     ls = psub.add_parser("list", help="permissions, clearances, allowlist and rules in force")
     ls.add_argument("--agent", help="show the tables for this agent name")
+    ls.add_argument("--blueprint", help="blueprint folder or file: its rules, permissions and "
+                    "own tools ([tools.NAME]) too")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=run_list)
 
@@ -86,11 +88,11 @@ def _settings(agent: str, blueprint: str | None) -> PolicySettings:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    s = _settings(args.agent or "", None)
+    s = _settings(args.agent or "", args.blueprint)
     table = CompiledPolicy(s, home=str(Path.home()), workdir=os.getcwd())
     rows: list[dict[str, str | None]] = []
-    for tool in TOOLS.names:
-        perm = permission_for(tool, table.permissions)
+    for tool in table.registry.names:
+        perm = permission_for(tool, table.permissions, table.registry)
         clearance = table.clearances[tool]
         rows.append({"tool": tool, "permission": perm.permission, "source": perm.source,
                      "clearance": str(clearance) if clearance is not None else None})
