@@ -510,6 +510,10 @@ class Broker:
         the gate's business at call time; a tool denied outright is left out."""
         tools: list[dict[str, Any]] = []
         for t in self.policy.registry.values():
+            if t.kind in (ToolKind.GIT, ToolKind.SSH):
+                # git's credential helper's and the SSH agent's: a model is not
+                # offered tokens (a direct call still meets the same gate).
+                continue
             row: dict[str, Any] = {"name": t.name, "description": t.description,
                                    "inputSchema": t.input_schema(), "source": "builtin"}
             if t.kind is ToolKind.BLUEPRINT:

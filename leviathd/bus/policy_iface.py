@@ -149,7 +149,8 @@ class PolicyInterface(ServiceInterface):
             self._agents.load_machine_config()
         journal.record(
             f"policy rule {name!r} ({decision}) added to {where} by uid {who.uid}",
-            LEVIATH_EVENT="rule-add", LEVIATH_BY_UID=who.uid, LEVIATH_RULE=f"rule:machine:{name}",
+            LEVIATH_EVENT=Event.RULE_ADD, LEVIATH_BY_UID=who.uid,
+            LEVIATH_RULE=f"rule:machine:{name}",
         )
         return str(where)
 
