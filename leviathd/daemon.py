@@ -140,6 +140,9 @@ async def serve() -> int:
     # moment `systemctl restart` returns is then seen, by the read or the watch.
     watcher = ConfigWatcher(str(machine_config_path()), on_file_change)
     watcher.start()
+    rules_watcher = ConfigWatcher(str(config_load.machine_rules_dir(machine_config_path())),
+                                  on_file_change, suffix=".toml")
+    rules_watcher.start()
     try:
         agents.load_machine_config()
     except ConfigError as exc:
@@ -217,6 +220,7 @@ async def serve() -> int:
     notify.stopping()
     maintenance.cancel()
     watcher.close()
+    rules_watcher.close()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(gate.close(), timeout=5)
         await asyncio.wait_for(credentials.close(), timeout=5)
@@ -250,8 +254,7 @@ def check_config() -> int:
     file fails `systemctl reload` visibly instead of being ignored."""
     path = machine_config_path()
     try:
-        if os.path.exists(path):
-            config_load.load_config(path)
+        config_load.load_machine(path)
     except ConfigError as exc:
         print(f"leviathd: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -30,6 +30,7 @@ class Event(StrEnum):
     TOOL_SUMMARY = "tool-summary"  # calls over the audit budget, counted
     APPROVAL = "approval"  # a person answered a held call
     POLICY_ADD = "policy-add"  # an allowlist rule added to the machine config
+    RULE_ADD = "rule-add"  # a policy rule added to /etc/leviath/rules.d (RuleAdd)
     WRITE_WATCH_FAILED = "write-watch-failed"  # files an agent's processes write go unlabelled
     BROKER_LOST = "broker-lost"  # no tool broker for an adopted agent after a restart
     PROXY_LOST = "proxy-lost"  # no network proxy for an adopted agent after a restart

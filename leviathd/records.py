@@ -178,7 +178,7 @@ class RecordStore:
         """Remove every file of an agent (one that never started, or one past
         retention)."""
         with self._fd() as fd:
-            for suffix in (".json", ".spec.json", ".exit"):
+            for suffix in (".json", ".spec.json", ".exit", ".step"):
                 fsat.unlink_at(fd, f"{agent_id}{suffix}")
         self._unindex(agent_id)
 
@@ -251,6 +251,16 @@ class RecordStore:
         except OSError:
             return ""
         return str(self.dir / BAD_DIR / dest)
+
+    def read_step(self, agent_id: str) -> tuple[int, str] | None:
+        """The step the agent's supervisor last started (spawn._write_step):
+        its index in the recorded spec and its label; None before the first."""
+        try:
+            with self._fd() as fd:
+                data = json.loads(fsat.read_at(fd, f"{agent_id}.step", 4096))
+            return int(data["index"]), str(data["label"])[:200]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def read_exit(self, agent_id: str) -> tuple[int, float] | None:
         """The supervisor's exit record: in the state folder, or, when that

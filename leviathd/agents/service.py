@@ -148,10 +148,9 @@ class Agents:
     def load_machine_config(self) -> None:
         """Raises ConfigError and keeps the old config when the file is bad."""
         self._namespace_probe = _UNPROBED
-        if os.path.exists(self._machine_path):
-            self.machine_config = config_load.load_config(self._machine_path)
-        else:
-            self.machine_config = Config()
+        # With /etc/leviath/rules.d (root's files only), checked as one: a
+        # bad file there keeps the old configuration like a bad config.toml.
+        self.machine_config = config_load.load_machine(self._machine_path)
         self.config_problem = None
 
     async def reload(self) -> None:

@@ -19,6 +19,8 @@ from leviathd.broker.limits import Limits, too_large
 from leviathd.broker.net import AddressRefused
 from leviathd.broker.opener import Opener
 from leviathd.broker.tools import (
+    ArgvRequest,
+    ArgvRunner,
     CredentialRunner,
     FileTools,
     RawJSON,
@@ -31,7 +33,7 @@ from leviathd.broker.tools import (
 )
 from leviathd.broker.writewatch import TooBusy, WriteWatch
 from leviathd.domain.sensitivity import Sensitivity
-from leviathd.domain.tools import TOOLS, ToolKind
+from leviathd.domain.tools import TOOLS, SendsOut, ToolKind
 from leviathd.errors import LeviathError, LimitExceeded, NotFound, Unavailable
 from leviathd.events import Event
 from leviathd.identity import UserInfo
@@ -40,6 +42,7 @@ from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
 from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
+from leviathd.policy.tooldef import check_args, command_line, render
 from leviathd.readpatterns import is_inside
 from leviathd.systemd import journal
 
@@ -94,6 +97,8 @@ class Broker:
         shell: ShellRunner | None = None,
         credential: CredentialRunner | None = None,
         agent_facts: Mapping[str, Any] | None = None,
+        tool_runner: ArgvRunner | None = None,
+        stage: Callable[[], str] | None = None,
     ) -> None:
         self.agent_id = agent_id
         # What policy rules see of the agent (gate.Facts).
@@ -104,6 +109,9 @@ class Broker:
         self.audit = audit
         self._shell = shell
         self._credential = credential
+        self._tool_runner = tool_runner
+        # The stage the agent runs now (agent.stage in rules), asked per call.
+        self._stage = stage
         self._opener: Opener | None = None
         # The cgroup of an agent process that called (set by the server from
         # the kernel's word): where the file worker runs, so its cost is the
@@ -212,11 +220,11 @@ class Broker:
 
     async def decide(self, tool: str, args: Mapping[str, Any]) -> Decision:
         """Gate a call, holding it for a person when policy says ask."""
-        call = schema.call_for(tool, args, self.policy.workdir)
+        call = self._call_for(tool, args)
         view: ApprovalView = self.approvals.session
         for _ in range(3):  # at most a permission ask and a taint ask
             taint = self.ledger.taint
-            facts = self._facts(args) if self.policy.rules else Facts()
+            facts = self._facts(self._rule_args(tool, args)) if self.policy.rules else Facts()
             d = decide(self.policy, call, taint, view, facts)
             if d.outcome != "ask":
                 return d
@@ -224,7 +232,7 @@ class Broker:
             self._record(call, taint, d.clearance, d.rule, "ask")
             answer = await self.approvals.ask(
                 kind=d.ask_kind, tool=tool, target=call.target, taint=taint,
-                clearance=d.clearance, rule=d.rule, detail=schema.describe(tool, args),
+                clearance=d.clearance, rule=d.rule, detail=self._describe(tool, args),
                 scope=call.approval_key,
             )
             if answer is Answer.DENY:
@@ -234,9 +242,32 @@ class Broker:
                 view = OnceApproval(view, d.ask_kind, tool, call.approval_key, taint)
         raise Unavailable("approval loop did not settle")  # pragma: no cover
 
+    def _describe(self, tool: str, args: Mapping[str, Any]) -> str:
+        own = self.policy.tools.get(tool)
+        if own is None:
+            return schema.describe(tool, args)
+        argv = render(own, check_args(own, args))
+        return f"blueprint tool {tool} runs in the agent's fence: {command_line(argv, 1400)}"
+
+    def _rule_args(self, tool: str, args: Mapping[str, Any]) -> Mapping[str, Any]:
+        """What rules see as call.args: a blueprint tool's with its defaults."""
+        own = self.policy.tools.get(tool)
+        return check_args(own, args) if own is not None else args
+
+    def _call_for(self, tool: str, args: Mapping[str, Any]) -> Call:
+        own = self.policy.tools.get(tool)
+        if own is None:
+            return schema.call_for(tool, args, self.policy.workdir)
+        # The target is the command line it would run: what rules, allowlist
+        # globs and the person answering an approval see.
+        return Call(tool, command_line(render(own, check_args(own, args))))
+
     def _facts(self, args: Mapping[str, Any]) -> Facts:
         ledger = tuple((e.tool, e.target, str(e.label)) for e in self.ledger.entries())
-        return Facts(args=args, agent=self.agent_facts, ledger=ledger)
+        agent = self.agent_facts
+        if self._stage is not None:
+            agent = {**agent, "stage": self._stage()}
+        return Facts(args=args, agent=agent, ledger=ledger)
 
     async def call(self, tool: str, args: Mapping[str, Any]) -> dict[str, Any]:
         """Run one tool call; returns the JSON-able reply (ok or error)."""
@@ -454,7 +485,44 @@ class Broker:
             watch = self.write_watch
             return out, max([predicted, mark, watch.floor, watch.written,
                              *self._tainted_files.values()])
+        own = self.policy.tools.get(tool)
+        if own is not None:
+            if self._tool_runner is None:
+                raise Unavailable(f"{tool}: blueprint tools need the daemon's fence, which "
+                                  "this broker lacks")
+            argv = tuple(render(own, check_args(own, args)))
+            out = dict(await self._tool_runner(ArgvRequest(self.agent_id, argv, own.timeout)))
+            _fit_output(out, self._budget())
+            # It runs where the shell runs, so it carries at least what the
+            # shell would; its declaration can only raise that.
+            mark = await self.in_pool(self._workdir_mark)
+            watch = self.write_watch
+            return out, max([predicted, own.output, Sensitivity.INTERNAL, mark, watch.floor,
+                             watch.written,
+                             *self._tainted_files.values()])
         raise Unavailable(f"{tool} is not implemented")  # the gate refuses unknown tools
+
+    # -- what the agent may call -----------------------------------------
+
+    def tool_list(self) -> dict[str, Any]:
+        """The built-in tools and this agent's blueprint tools, with their
+        schemas (`lev tool list`, MCP tools/list). Whether a call passes is
+        the gate's business at call time; a tool denied outright is left out."""
+        tools: list[dict[str, Any]] = []
+        for t in self.policy.registry.values():
+            if t.kind in (ToolKind.GIT, ToolKind.SSH):
+                # git's credential helper's and the SSH agent's: a model is not
+                # offered tokens (a direct call still meets the same gate).
+                continue
+            row: dict[str, Any] = {"name": t.name, "description": t.description,
+                                   "inputSchema": t.input_schema(), "source": "builtin"}
+            if t.kind is ToolKind.BLUEPRINT:
+                row.update(source="blueprint", output=str(t.label),
+                           sends_data=t.sends_out is SendsOut.ALWAYS)
+            tools.append(row)
+        table = self.policy.permissions
+        shown = [t for t in tools if table.get(t["name"]) != "deny"]
+        return {"ok": True, "tools": shown}
 
     # -- the agent's view of its ledger ---------------------------------
 

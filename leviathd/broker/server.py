@@ -319,6 +319,8 @@ class BrokerServer:
                 reply = self.broker.evict(ids)
         elif op == "ledger":
             reply = self.broker.ledger_view()
+        elif op == "tools":
+            reply = self.broker.tool_list()
         else:
             shown_op = str(op)[:40]
             reply = {"ok": False, "error": {"code": "invalid",

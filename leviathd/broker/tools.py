@@ -52,6 +52,19 @@ class ShellRequest:
 ShellRunner = Callable[[ShellRequest], Awaitable[Mapping[str, Any]]]
 
 
+@dataclass(frozen=True)
+class ArgvRequest:
+    """A blueprint tool's command (policy/tooldef.py rendered it), for the
+    daemon to run as the shell's are: in the agent's own scope and fence."""
+
+    agent_id: str
+    argv: tuple[str, ...]
+    timeout: int
+
+
+ArgvRunner = Callable[[ArgvRequest], Awaitable[Mapping[str, Any]]]
+
+
 class RawJSON:
     """A reply's result already encoded as JSON, in parts: file content is
     encoded once, by the worker in the agent's scope, and relayed as is."""

@@ -15,7 +15,7 @@ from leviathd.bus import bounds, names, polkit
 from leviathd.bus import caller as bus_caller
 from leviathd.bus.compat import DBusSignature, dbus_signal
 from leviathd.bus.method import bus_method
-from leviathd.config.edit import append_rule, machine_write_target
+from leviathd.config.edit import add_machine_rule, append_rule, machine_write_target
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import checked_tool_name
 from leviathd.errors import InvalidArgument, NotFound
@@ -29,6 +29,7 @@ VarDictList = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]
 Str = Annotated[str, DBusSignature("s")]
 # An allowlist target is a glob over a URL or path: PATH_MAX is room enough.
 MAX_TARGET = 4096
+MAX_RULE = 4096  # a rule's condition compiles only up to this many characters
 
 
 def request_to_variants(req: PendingRequest, user: str) -> dict[str, Variant]:
@@ -123,6 +124,35 @@ class PolicyInterface(ServiceInterface):
             LEVIATH_TARGET=target,
         )
         return str(real)
+
+    @bus_method(needs=names.ACTION_CONFIG_MANAGE, what="change the machine-wide tool policy")
+    async def RuleAdd(self, name: Str, when: Str, decision: Str, reason: Str) -> Str:
+        """Append a machine [[rules]] policy rule to
+        /etc/leviath/rules.d/50-lev-policy-add.toml (needs
+        org.leviath.config.manage). Checked with the machine config and every
+        rules.d file before it replaces the file atomically; then reloaded.
+        Returns the file's path."""
+        name = bounds.text(name, 64, "name")
+        when = bounds.text(when, MAX_RULE, "when")
+        decision = bounds.text(decision, 8, "decision")
+        reason = bounds.text(reason, 200, "reason")
+        who = await bus_caller.current(self._bus)
+        if decision not in ("allow", "deny", "ask"):
+            raise InvalidArgument("decision must be allow, deny or ask")
+        path = Path(machine_config_path())
+        async with self._lock:
+            try:
+                where = await asyncio.to_thread(add_machine_rule, path, name, when, decision,
+                                                reason)
+            except OSError as exc:
+                raise InvalidArgument(f"cannot write the rule: {exc.strerror}") from None
+            self._agents.load_machine_config()
+        journal.record(
+            f"policy rule {name!r} ({decision}) added to {where} by uid {who.uid}",
+            LEVIATH_EVENT=Event.RULE_ADD, LEVIATH_BY_UID=who.uid,
+            LEVIATH_RULE=f"rule:machine:{name}",
+        )
+        return str(where)
 
     @bus_method(asks=(names.ACTION_CONFIG_MANAGE, names.ACTION_RUN))
     async def PolicyList(self) -> VarDictList:

@@ -36,6 +36,20 @@ class McpServer:
     def __init__(self, client: BrokerClient) -> None:
         self.client = client
 
+    def tools(self) -> list[dict[str, Any]]:
+        """The broker's list (built-in tools and the blueprint's own); the
+        built-in list alone from a broker too old to say."""
+        try:
+            reply = self.client.request({"op": "tools"})
+        except LeviathError:
+            reply = {}
+        listed = reply.get("tools") if reply.get("ok") else None
+        if not isinstance(listed, list):
+            return tools_list()
+        return [{"name": str(t.get("name")), "description": str(t.get("description", "")),
+                 "inputSchema": t.get("inputSchema") or {"type": "object"}}
+                for t in listed if isinstance(t, dict)]
+
     def handle(self, msg: Any) -> dict[str, Any] | None:
         if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
             return _err(None, -32600, "invalid request")
@@ -59,7 +73,7 @@ class McpServer:
         if method == "ping":
             return _ok(mid, {})
         if method == "tools/list":
-            return _ok(mid, {"tools": tools_list()})
+            return _ok(mid, {"tools": self.tools()})
         if method == "tools/call":
             name = params.get("name")
             arguments = params.get("arguments") or {}

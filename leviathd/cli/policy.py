@@ -1,11 +1,12 @@
 """`lev policy list | add | test`: the tool policy as the gate sees it.
 
-`add` edits the user's config.toml by appending an `[[allowlist]]` table to
-the text, so comments and layout survive; the result is parsed before it
-replaces the file, and the replacement is atomic (temporary file, fsync,
-rename). With --system the rule goes to the machine config through the
-daemon (`PolicyAdd`, polkit org.leviath.config.manage), which writes the file
-the same way and reloads it.
+`add` edits the user's config.toml by appending an `[[allowlist]]` table
+(or, with --rule, a `[[rules]]` table) to the text, so comments and layout
+survive; the result is parsed before it replaces the file, and the
+replacement is atomic (temporary file, fsync, rename). With --system the
+rule goes to the machine's policy through the daemon (`PolicyAdd` to the
+machine config, `RuleAdd` to /etc/leviath/rules.d; polkit
+org.leviath.config.manage), which writes the file the same way and reloads it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from leviathd.config.edit import append_rule
+from leviathd.config.edit import append_rule, append_user_rule
 from leviathd.config.load import (
     load_blueprint,
     load_configs,
@@ -39,15 +40,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     ls = psub.add_parser("list", help="permissions, clearances, allowlist and rules in force")
     ls.add_argument("--agent", help="show the tables for this agent name")
+    ls.add_argument("--blueprint", help="blueprint folder or file: its rules, permissions and "
+                    "own tools ([tools.NAME]) too")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=run_list)
 
-    add = psub.add_parser("add", help="add an [[allowlist]] rule")
-    add.add_argument("tool", help="the tool the rule is for (http_post, ...)")
-    add.add_argument("--target", required=True, metavar="GLOB",
+    add = psub.add_parser(
+        "add", help="add an [[allowlist]] rule, or a [[rules]] policy rule with --rule",
+        description="`lev policy add TOOL --target GLOB --max-sensitivity LEVEL` adds an "
+        "[[allowlist]] rule; `lev policy add --rule NAME --when CEL --decision D` a "
+        "[[rules]] policy rule (a user's may ask or deny; with --system, into "
+        "/etc/leviath/rules.d, it may also allow).")
+    add.add_argument("tool", nargs="?", help="the tool the rule is for (http_post, ...)")
+    add.add_argument("--target", metavar="GLOB",
                      help="where the tool may send: a host, path or name glob (*.example.com)")
-    add.add_argument("--max-sensitivity", required=True, metavar="LEVEL",
+    add.add_argument("--max-sensitivity", metavar="LEVEL",
                      help="public, internal or private")
+    add.add_argument("--rule", metavar="NAME", help="add a [[rules]] policy rule of this name")
+    add.add_argument("--when", metavar="CEL", help="the rule's condition (with --rule)")
+    add.add_argument("--decision", choices=("allow", "deny", "ask"),
+                     help="what the rule decides when it matches (with --rule)")
+    add.add_argument("--reason", default="", metavar="TEXT",
+                     help="why, shown to the agent and in the audit (with --rule)")
     add.add_argument("--system", action="store_true",
                      help="the machine config, through the daemon "
                           "(polkit org.leviath.config.manage)")
@@ -74,11 +88,11 @@ def _settings(agent: str, blueprint: str | None) -> PolicySettings:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    s = _settings(args.agent or "", None)
+    s = _settings(args.agent or "", args.blueprint)
     table = CompiledPolicy(s, home=str(Path.home()), workdir=os.getcwd())
     rows: list[dict[str, str | None]] = []
-    for tool in TOOLS.names:
-        perm = permission_for(tool, table.permissions)
+    for tool in table.registry.names:
+        perm = permission_for(tool, table.permissions, table.registry)
         clearance = table.clearances[tool]
         rows.append({"tool": tool, "permission": perm.permission, "source": perm.source,
                      "clearance": str(clearance) if clearance is not None else None})
@@ -113,7 +127,35 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_add_rule(args: argparse.Namespace) -> int:
+    if args.tool is not None or args.target or args.max_sensitivity or args.force:
+        raise InvalidArgument("--rule takes --when, --decision and --reason, not a tool, "
+                              "--target, --max-sensitivity or --force")
+    if not args.when or not args.decision:
+        raise InvalidArgument("--rule needs --when CEL and --decision allow|deny|ask")
+    if args.system:
+        where = asyncio.run(_system_call(
+            "RuleAdd", "ssss", [args.rule, args.when, args.decision, args.reason]))
+        print(f"added to {where}: rule {args.rule!r}: {args.decision} when {args.when}")
+        return 0
+    if args.decision == "allow":
+        raise InvalidArgument(
+            "a user's rule may ask or deny, never allow (rules tighten: only machine rules "
+            "allow); use --system with the right to manage the machine config")
+    path = user_config_path()
+    append_user_rule(path, args.rule, args.when, args.decision, args.reason)
+    print(f"added to {path}: rule {args.rule!r}: {args.decision} when {args.when}")
+    return 0
+
+
 def run_add(args: argparse.Namespace) -> int:
+    if args.rule is not None:
+        return run_add_rule(args)
+    if args.when or args.decision or args.reason:
+        raise InvalidArgument("--when, --decision and --reason go with --rule NAME")
+    if args.tool is None or args.max_sensitivity is None or args.target is None:
+        raise InvalidArgument("give TOOL --target GLOB --max-sensitivity LEVEL (an allowlist "
+                              "rule), or --rule NAME --when CEL --decision D (a policy rule)")
     level = Sensitivity.parse(args.max_sensitivity)
     if not args.target:
         raise InvalidArgument("--target must not be empty")
@@ -159,12 +201,16 @@ def catch_all(target: str) -> str | None:
 
 
 async def _system_add(tool: str, target: str, level: Sensitivity) -> str:
+    return await _system_call("PolicyAdd", "sss", [tool, target, str(level)])
+
+
+async def _system_call(method: str, signature: str, body: list[str]) -> str:
     from leviathd.cli.approvals import policy_call
     from leviathd.cli.client import Client
 
     client = await Client.connect()
     try:
-        (where,) = await policy_call(client, "PolicyAdd", "sss", [tool, target, str(level)])
+        (where,) = await policy_call(client, method, signature, body)
     finally:
         client.close()
     return str(where)

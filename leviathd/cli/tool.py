@@ -94,10 +94,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "tool",
         help="call a gated tool through the agent's broker (inside a sandbox)",
         description="Call a tool through the broker ($LEVIATH_BROKER or "
-        f"{DEFAULT_SOCKET}). `lev tool --ledger` shows the taint ledger; "
+        f"{DEFAULT_SOCKET}). `lev tool list` lists the tools this agent has (the "
+        "built-in ones and its blueprint's); `lev tool --ledger` shows the taint ledger; "
         "`lev tool --evict ID...` reports entries dropped from the agent's context.",
     )
-    p.add_argument("name", nargs="?", help="tool name, e.g. read_file")
+    p.add_argument("name", nargs="?", help="tool name, e.g. read_file, or list")
     p.add_argument("args", nargs="*", help="positional arguments of the tool")
     p.add_argument("--json", dest="json_args", metavar="JSON", help="arguments as a JSON object")
     p.add_argument("--ledger", action="store_true", help="print the taint ledger")
@@ -105,8 +106,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def build_args(name: str, positional: list[str], json_args: str | None) -> dict[str, Any]:
+def build_args(
+    name: str, positional: list[str], json_args: str | None,
+    tools: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """`tools`: the broker's list (`lev tool list`), for a blueprint tool's
+    positional arguments: taken in the order its schema declares them."""
     from leviathd.broker.schema import args_from_positional
+    from leviathd.domain.tools import TOOLS as TOOL_SPECS
 
     if json_args is not None:
         if positional:
@@ -118,10 +125,49 @@ def build_args(name: str, positional: list[str], json_args: str | None) -> dict[
         if not isinstance(parsed, dict):
             raise InvalidArgument("--json must be a JSON object")
         return parsed
+    own = next((t for t in tools or () if t.get("name") == name
+                and t.get("source") == "blueprint"), None)
+    if own is not None and name not in TOOL_SPECS:
+        return _blueprint_positional(name, own.get("inputSchema") or {}, positional)
+    if name not in TOOL_SPECS and not positional:
+        return {}  # a tool the list does not show (denied, or nobody's): the broker says
     args = args_from_positional(name, positional)
     if name == "write_file" and "content" not in args and "path" in args:
         args["content"] = sys.stdin.read()
     return args
+
+
+def _blueprint_positional(
+    name: str, schema: dict[str, Any], values: list[str]
+) -> dict[str, Any]:
+    props = list((schema.get("properties") or {}).items())
+    if len(values) > len(props):
+        raise InvalidArgument(f"{name}: too many arguments (it takes {len(props)})")
+    out: dict[str, Any] = {}
+    for (prop, sub), text in zip(props, values, strict=False):
+        kind = sub.get("type", "string") if isinstance(sub, dict) else "string"
+        try:
+            out[prop] = (int(text) if kind == "integer" else float(text) if kind == "number"
+                         else text == "true" if kind == "boolean" and text in ("true", "false")
+                         else text)
+        except ValueError:
+            raise InvalidArgument(f"{name}: argument {prop!r} must be a {kind}") from None
+    return out
+
+
+def tool_rows(tools: list[dict[str, Any]]) -> list[str]:
+    from leviathd.cli.text import field
+
+    width = max((len(str(t.get("name", ""))) for t in tools), default=4)
+    rows = []
+    for t in tools:
+        extra = ""
+        if t.get("source") == "blueprint":
+            extra = f" [blueprint; output {t.get('output')}"
+            extra += "; sends data out]" if t.get("sends_data") else "]"
+        rows.append(f"{field(str(t.get('name', '')))[:64]:<{width}}  "
+                    f"{field(str(t.get('description', '')))[:300]}{field(extra)}")
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,8 +177,23 @@ def run(args: argparse.Namespace) -> int:
             reply = client.request({"op": "ledger"})
         elif args.evict:
             reply = client.request({"op": "evict", "ids": args.evict})
+        elif args.name == "list" and not args.args:
+            reply = client.request({"op": "tools"})
+            if reply.get("ok"):
+                listed = list(reply.get("tools") or [])
+                # `lev tool list --json {}`: the list as JSON, schemas and all.
+                print("\n".join(tool_rows(listed)) if args.json_args is None
+                      else json.dumps(listed, indent=2, ensure_ascii=False))
+                return 0
         elif args.name:
-            reply = client.call(args.name, build_args(args.name, args.args, args.json_args))
+            from leviathd.domain.tools import TOOLS as TOOL_SPECS
+
+            tools = None
+            if args.name not in TOOL_SPECS and args.json_args is None:
+                known = client.request({"op": "tools"})
+                tools = list(known.get("tools") or []) if known.get("ok") else None
+            reply = client.call(args.name, build_args(args.name, args.args, args.json_args,
+                                                      tools))
         else:
             raise InvalidArgument("name a tool, or use --ledger / --evict")
     finally:

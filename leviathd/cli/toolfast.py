@@ -171,6 +171,8 @@ def main(argv: list[str]) -> int | None:
     if not argv or any(a.startswith("-") for a in argv):
         return None
     name, values = argv[0], argv[1:]
+    if name not in POSITIONAL:
+        return None  # `list`, a blueprint's tool (its schema is the broker's): cli/tool.py
     args = positional_args(name, values)
     if args is None:
         return None

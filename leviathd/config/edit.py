@@ -1,4 +1,5 @@
-"""Editing a config file as text: append an `[[allowlist]]` rule.
+"""Editing a config file as text: append an `[[allowlist]]` rule, or a
+`[[rules]]` policy rule (to a user's config, or to the machine's rules.d).
 
 The rule is appended to the text, so comments and layout survive; the
 result is parsed before it replaces the file, and the replacement is atomic
@@ -15,9 +16,21 @@ import stat
 from pathlib import Path
 
 from leviathd import fsat
-from leviathd.config.load import parse_config
+from leviathd.config.load import (
+    MAX_TEXT_BYTES,
+    combine_rules,
+    load_config,
+    load_rules_dir,
+    machine_rules_dir,
+    parse_config,
+    parse_rules_file,
+)
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import InvalidArgument
+
+# The rules.d file `lev policy add --rule --system` appends to; the admin's
+# own files sort around it (10-*.toml before, 90-*.toml after).
+ADDED_RULES_FILE = "50-lev-policy-add.toml"
 
 
 def allowlist_block(tool: str, target: str, level: Sensitivity) -> str:
@@ -93,3 +106,73 @@ def atomic_write(path: Path, text: str) -> None:
         fsat.atomic_write_at(dfd, name, text.encode(), mode=mode)
     finally:
         os.close(dfd)
+
+
+def _toml_string(text: str) -> str:
+    # JSON's escapes are TOML's for what json.dumps emits without ensure_ascii
+    # (\" \\ \n \t \uXXXX); whatever TOML still refuses fails the parse below.
+    return json.dumps(text, ensure_ascii=False)
+
+
+def rule_block(name: str, when: str, decision: str, reason: str) -> str:
+    block = (f"\n[[rules]]\nname = {_toml_string(name)}\nwhen = {_toml_string(when)}\n"
+             f"decision = {_toml_string(decision)}\n")
+    if reason:
+        block += f"reason = {_toml_string(reason)}\n"
+    return block
+
+
+def append_user_rule(path: Path, name: str, when: str, decision: str, reason: str) -> None:
+    """A [[rules]] table at the end of a user's config.toml (parsed first)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    if text and not text.endswith("\n"):
+        text += "\n"
+    new = text + rule_block(name, when, decision, reason)
+    cfg = parse_config(new, str(path))  # a rule that does not compile: file, line, column
+    if sum(1 for r in cfg.rules if r.name == name) > 1:
+        raise InvalidArgument(f"{path}: a rule named {name!r} is already there")
+    atomic_write(path, new)
+
+
+def add_machine_rule(config_path: Path, name: str, when: str, decision: str,
+                     reason: str) -> Path:
+    """Append a rule to rules.d/ADDED_RULES_FILE beside the machine config,
+    as root: the folder opened by descriptor (created root's 0755 if
+    missing) and refused unless root's alone, the file replaced atomically
+    in it, and only once the machine config, every rules.d file and the new
+    text load together (syntax, compile, unique names, the count)."""
+    folder = machine_rules_dir(config_path)
+    dfd = fsat.open_dir(str(folder), create_mode=0o755)
+    try:
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise InvalidArgument(f"{folder} is not root's alone (owner uid {st.st_uid}, "
+                                  f"mode {st.st_mode & 0o7777:o}): not writing there")
+        old = fsat.lstat_at(dfd, ADDED_RULES_FILE)
+        text = ""
+        if old is not None:
+            if (not stat.S_ISREG(old.st_mode) or old.st_uid != os.geteuid()
+                    or old.st_mode & 0o022 or old.st_nlink != 1):
+                raise InvalidArgument(f"{folder / ADDED_RULES_FILE} is not a regular file "
+                                      "root alone may write: not writing there")
+            text = fsat.read_at(dfd, ADDED_RULES_FILE, MAX_TEXT_BYTES).decode("utf-8")
+        if text and not text.endswith("\n"):
+            text += "\n"
+        if not text:
+            text = ("# Machine policy rules added by `lev policy add --rule ... --system`\n"
+                    "# (docs/configuration.md, [[rules]]). Edit by hand as you like.\n")
+        new = text + rule_block(name, when, decision, reason)
+        target = str(folder / ADDED_RULES_FILE)
+        added = parse_rules_file(new, target)
+        files = [(p, r) for p, r in load_rules_dir(folder) if p != target]
+        files = sorted([*files, (target, added)], key=lambda f: f[0])
+        combine_rules(load_config(config_path), str(config_path), files, str(folder))
+        fsat.atomic_write_at(dfd, ADDED_RULES_FILE, new.encode(), mode=0o644)
+    except ValueError as exc:  # not UTF-8, or larger than a config may be
+        raise InvalidArgument(f"{folder / ADDED_RULES_FILE}: {exc}") from None
+    finally:
+        os.close(dfd)
+    return folder / ADDED_RULES_FILE

@@ -7,7 +7,9 @@ failure is a ConfigError (or NotFound) whose message names the file, the line an
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,13 +17,17 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from leviathd.config.errors import toml_error, validation_error
-from leviathd.config.models import Blueprint, Config
+from leviathd.config.models import Blueprint, Config, RulesFile
 from leviathd.errors import ConfigError, NotFound
 from leviathd.paths import machine_config_path
 
 USER_CONFIG_RELATIVE = Path(".config/leviath/config.toml")
 AGENT_STORE_RELATIVE = Path(".local/share/leviath/agents")
 BLUEPRINT_FILE = "blueprint.toml"
+# Beside the machine config: [[rules]] files of the admin's, one a concern.
+RULES_DIR = "rules.d"
+MAX_RULE_FILES = 64
+MAX_MACHINE_RULES = 256  # the machine config's and rules.d's together
 
 ENV_USER_CONFIG = "LEVIATH_USER_CONFIG"
 ENV_AGENT_STORE = "LEVIATH_AGENT_STORE"
@@ -178,7 +184,117 @@ def load_blueprint(path_or_folder: str | os.PathLike[str]) -> Blueprint:
 def load_configs(home: str | os.PathLike[str] | None = None) -> tuple[Config, Config | None]:
     """The machine config and the user's (None when the user has no file), as local
     commands such as `lev validate` see them."""
-    machine = load_config(machine_config_path())
+    machine = load_machine(machine_config_path())
     upath = user_config_path(home)
     user = load_config(upath) if upath.exists() else None
     return machine, user
+
+
+def machine_rules_dir(config_path: str | os.PathLike[str]) -> Path:
+    """/etc/leviath/rules.d: beside the machine config ($LEVIATH_CONFIG moves both)."""
+    return Path(config_path).parent / RULES_DIR
+
+
+def _not_roots(st: os.stat_result) -> str:
+    """Why a file or folder is not the admin's alone ("" when it is)."""
+    if st.st_uid != 0:
+        return f"owned by uid {st.st_uid}, not root"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {st.st_mode & 0o7777:o})"
+    return ""
+
+
+def parse_rules_file(text: str, source: str) -> RulesFile:
+    """A rules.d file: `[[rules]]` tables and nothing else."""
+    return _parse(text, source, RulesFile)
+
+
+def load_rules_dir(folder: str | os.PathLike[str]) -> list[tuple[str, RulesFile]]:
+    """The `*.toml` files of `folder` in name order, each parsed, as (path,
+    rules). Machine policy, so only root's: the folder and each file must be
+    root's and writable by nobody else, or the whole set is refused (a
+    ConfigError, as for a broken machine config: the daemon keeps the last
+    good configuration, or starts no agent). Opened by descriptor, with
+    O_NOFOLLOW, so a link cannot lead the read elsewhere. A missing folder is
+    no rules."""
+    path = Path(folder)
+    try:
+        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ConfigError(f"{path}: not a folder (a link is not followed)") from None
+        raise ConfigError(f"{path}: cannot open: {exc.strerror}") from None
+    try:
+        why = _not_roots(os.fstat(dfd))
+        if why:
+            raise ConfigError(f"{path}: {why}; machine rules are root's alone")
+        names = sorted(n for n in os.listdir(dfd)
+                       if n.endswith(".toml") and not n.startswith("."))
+        if len(names) > MAX_RULE_FILES:
+            raise ConfigTooLarge(f"{path}: {len(names)} files (at most {MAX_RULE_FILES})")
+        return [(str(path / name), _read_rules_at(dfd, path / name)) for name in names]
+    finally:
+        os.close(dfd)
+
+
+def _read_rules_at(dfd: int, path: Path) -> RulesFile:
+    try:
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{path}: a symbolic link; machine rules are regular files") \
+                from None
+        raise ConfigError(f"{path}: cannot open: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: not a regular file")
+        why = _not_roots(st)
+        if why:
+            raise ConfigError(f"{path}: {why}; machine rules are root's alone")
+        if st.st_size > MAX_TEXT_BYTES:
+            raise ConfigTooLarge(f"{path}: larger than {MAX_TEXT_BYTES // 1024} KiB")
+        raw = os.read(fd, MAX_TEXT_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8") from None
+    return parse_rules_file(text, str(path))
+
+
+def with_rules_dir(machine: Config, source: str, folder: str | os.PathLike[str]) -> Config:
+    """The machine config with rules.d's rules after its own [[rules]]."""
+    return combine_rules(machine, source, load_rules_dir(folder), str(folder))
+
+
+def combine_rules(
+    machine: Config, source: str, files: list[tuple[str, RulesFile]], folder: str
+) -> Config:
+    """rules.d's rules after the machine config's own (file name order),
+    checked together: at most MAX_MACHINE_RULES, names unique (a name is what
+    the audit and `lev policy test` show)."""
+    if not files:
+        return machine
+    seen: dict[str, str] = {r.name: source for r in machine.rules}
+    rules = list(machine.rules)
+    for path, got in files:
+        for r in got.rules:
+            if r.name in seen:
+                raise ConfigError(f"{path}: rule {r.name!r} is already defined in {seen[r.name]}")
+            seen[r.name] = path
+            rules.append(r)
+    if len(rules) > MAX_MACHINE_RULES:
+        raise ConfigTooLarge(f"{folder}: {len(rules)} machine rules with the machine config's "
+                             f"(at most {MAX_MACHINE_RULES})")
+    return machine.model_copy(update={"rules": rules})
+
+
+def load_machine(path: str | os.PathLike[str]) -> Config:
+    """The machine config (a missing file is every default) and its rules.d."""
+    return with_rules_dir(load_config(path), str(path), machine_rules_dir(path))

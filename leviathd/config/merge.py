@@ -57,9 +57,10 @@ from leviathd.domain.engine import Engine
 from leviathd.domain.mounts import Access, Mount
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Sensitivity
-from leviathd.domain.tools import TOOLS
+from leviathd.domain.tools import TOOLS, Registry
 from leviathd.policy.rules import RuleSpec
 from leviathd.policy.shellrule import ShellPattern
+from leviathd.policy.tooldef import ToolDef, make_tool, with_blueprint_tools
 from leviathd.readpatterns import ReadPathError, active_patterns, parse_pattern
 
 Level = Literal["error", "warn", "note"]
@@ -178,6 +179,8 @@ class Effective:
     allowlist: list[AllowRule] = field(default_factory=list)
     rules: list[RuleSpec] = field(default_factory=list)
     credentials: dict[str, CredentialConfig] = field(default_factory=dict)
+    # The blueprint's [tools.NAME], checked (policy/tooldef.py); every stage has them.
+    tools: dict[str, ToolDef] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
     proxy: ProxyRules = field(default_factory=ProxyRules)
     containers: ContainerSettings = field(default_factory=ContainerSettings)
@@ -370,13 +373,16 @@ def _tighten_containers(
     return got
 
 
-def _check_tools(names: Iterable[str], where: str, out: _Findings) -> None:
+def _check_tools(
+    names: Iterable[str], where: str, out: _Findings, known: Registry = TOOLS
+) -> None:
+    """`known`: the built-in tools and the blueprint's own ([tools.NAME])."""
     for name in names:
-        if TOOLS.find(name) is None:
+        if known.find(name) is None:
             out.add(
                 "warn",
                 "unknown-tool",
-                f"{where}: unknown tool {name!r}; known tools: {', '.join(TOOLS.names)}",
+                f"{where}: unknown tool {name!r}; known tools: {', '.join(known.names)}",
             )
 
 
@@ -480,7 +486,9 @@ def _narrow_axes(
     return got
 
 
-def _tighten_taint(taint: TaintSettings, ut: TaintConfig, w: str, out: _Findings) -> TaintSettings:
+def _tighten_taint(
+    taint: TaintSettings, ut: TaintConfig, w: str, out: _Findings, known: Registry = TOOLS
+) -> TaintSettings:
     """The machine's `[taint]`, tightened by the user's: enabled only on,
     on_exceed only stricter, clearances only lower, a larger ledger budget and
     a shorter approval timeout, private addresses only off."""
@@ -511,7 +519,7 @@ def _tighten_taint(taint: TaintSettings, ut: TaintConfig, w: str, out: _Findings
             )
         else:
             clearance[tool] = sens
-    _check_tools(ut.clearance, f"{w} [taint.clearance]", out)
+    _check_tools(ut.clearance, f"{w} [taint.clearance]", out, known)
     budget = taint.budget
     if ut.budget is not None:
         if ut.budget < budget:
@@ -564,7 +572,10 @@ def _tighten_taint(taint: TaintSettings, ut: TaintConfig, w: str, out: _Findings
     return taint
 
 
-def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findings) -> _Base:
+def _config_layer(
+    machine: Config, user: Config | None, agent: str, out: _Findings,
+    known: Registry = TOOLS,
+) -> _Base:
     ms = machine.sandbox or SandboxConfig()
     kind = ms.kind or DEFAULT_KIND
     engine = ms.engine or DEFAULT_ENGINE
@@ -604,12 +615,12 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
     if user is not None:
         proxy = narrow_proxy(proxy, user.proxy)
 
-    _check_tools(machine.tool_permissions, "machine config [tool_permissions]", out)
+    _check_tools(machine.tool_permissions, "machine config [tool_permissions]", out, known)
     for name, table in machine.agent_tool_permissions.items():
-        _check_tools(table, f"machine config [agent_tool_permissions.{name}]", out)
-    _check_tools(mt.clearance, "machine config [taint.clearance]", out)
+        _check_tools(table, f"machine config [agent_tool_permissions.{name}]", out, known)
+    _check_tools(mt.clearance, "machine config [taint.clearance]", out, known)
     _check_tools((r.tool for r in machine.allowlist if r.tool != "*"),
-                 "machine config [[allowlist]]", out)
+                 "machine config [[allowlist]]", out, known)
     _check_rules(machine.allowlist, "machine config [[allowlist]]", out)
 
     if user is not None:
@@ -675,14 +686,15 @@ def _config_layer(machine: Config, user: Config | None, agent: str, out: _Findin
             else:
                 perms[tool] = level
         configured_tools |= set(uperms)
-        _check_tools(user.tool_permissions, f"{w} [tool_permissions]", out)
+        _check_tools(user.tool_permissions, f"{w} [tool_permissions]", out, known)
         for name, table in user.agent_tool_permissions.items():
-            _check_tools(table, f"{w} [agent_tool_permissions.{name}]", out)
+            _check_tools(table, f"{w} [agent_tool_permissions.{name}]", out, known)
 
-        taint = _tighten_taint(taint, user.taint, w, out)
+        taint = _tighten_taint(taint, user.taint, w, out, known)
         allowlist += list(user.allowlist)
         rules += _layer_rules(user.rules, "user", f"{w} [[rules]]", out)
-        _check_tools((r.tool for r in user.allowlist if r.tool != "*"), f"{w} [[allowlist]]", out)
+        _check_tools((r.tool for r in user.allowlist if r.tool != "*"), f"{w} [[allowlist]]",
+                     out, known)
         _check_rules(user.allowlist, f"{w} [[allowlist]]", out)
 
         usec = user.security
@@ -914,6 +926,15 @@ def _read_path_findings(name: str, declared: list[str], granted: list[str], out:
     )
 
 
+def tools_of(blueprint: Blueprint) -> dict[str, ToolDef]:
+    """The blueprint's tools as the broker takes them (the model checked them)."""
+    return {
+        name: make_tool(name, description=t.description, schema=t.arguments, argv=t.argv,
+                        output=str(t.output), sends_data=t.sends_data, timeout=t.timeout)
+        for name, t in blueprint.tools.items()
+    }
+
+
 def resolve(
     machine: Config, user: Config | None, blueprint: Blueprint | None, agent_name: str
 ) -> MergeResult:
@@ -921,7 +942,9 @@ def resolve(
     config), from `blueprint` (None: the configs alone). Pure; never raises for content
     the models accepted."""
     out = _Findings()
-    base = _config_layer(machine, user, agent_name, out)
+    own = tools_of(blueprint) if blueprint is not None else {}
+    known = with_blueprint_tools(own.values())
+    base = _config_layer(machine, user, agent_name, out, known)
     _check_patterns(base.grants, "config [security] read_paths", out)
     _check_patterns(base.agent_grants, f"config [agent_read_paths.{agent_name}]", out)
     if blueprint is None:
@@ -931,7 +954,7 @@ def resolve(
     _check_patterns(declared_raw, "blueprint [read_paths] allow", out)
     declared = active_patterns(declared_raw, declared_raw, allow_all=True)  # valid, deduped
     granted = active_patterns(declared, base.grants + base.agent_grants, allow_all=base.allow_all)
-    _check_tools(blueprint.permissions, "blueprint [permissions]", out)
+    _check_tools(blueprint.permissions, "blueprint [permissions]", out, known)
     permissions = _apply_permissions(base, blueprint.permissions, out)
     proxy = narrow_proxy(base.eff.proxy, blueprint.proxy)
     resources = _tighten_resources(base.eff.resources, blueprint.resources, "blueprint", out)
@@ -958,6 +981,7 @@ def resolve(
             credentials=dict(fenced.credentials),
             command=list(command),
             proxy=proxy,
+            tools=dict(own),
         )
 
     top, origin = _overlay(blueprint.sandbox, None, "")

@@ -32,9 +32,16 @@ from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.engine import Engine
 from leviathd.domain.mounts import Mount, MountPath
 from leviathd.domain.permission import Permission
-from leviathd.domain.sensitivity import Label
+from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.policy.cel import CelError
 from leviathd.policy.rules import compile_rule
+from leviathd.policy.tooldef import (
+    DEFAULT_TIMEOUT,
+    MAX_TOOLS,
+    ToolDefError,
+    check_name,
+    make_tool,
+)
 from leviathd.readpatterns import parse_pattern
 from leviathd.sandbox.protected import check_config_path as check_protected_path
 
@@ -388,6 +395,12 @@ class PolicyRule(_Model):
         return value
 
 
+class RulesFile(_Model):
+    """A file of /etc/leviath/rules.d: machine `[[rules]]`, nothing else."""
+
+    rules: Annotated[list[PolicyRule], Field(max_length=256)] = Field(default_factory=list)
+
+
 _HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]{1,253}(:[0-9]{1,5})?$")
 _WRAP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -520,6 +533,44 @@ def _env_table(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+class BlueprintTool(_Model):
+    """`[tools.NAME]`: a command the agent may call as a tool, run in the
+    agent's own fence (leviathd/policy/tooldef.py: the schema subset and the
+    substitution rules; docs/configuration.md)."""
+
+    description: Annotated[str, Field(max_length=500)] = ""
+    # A JSON Schema (subset) of the arguments; `arguments` rather than
+    # `schema`, which pydantic's BaseModel already uses.
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    argv: Argv
+    output: Label = Sensitivity.INTERNAL
+    sends_data: StrictBool = False
+    timeout: Annotated[StrictInt, Field(ge=1, le=300)] = DEFAULT_TIMEOUT
+
+    @model_validator(mode="after")
+    def _usable(self) -> BlueprintTool:
+        # Checked here so the error names the tool's own table and line; its
+        # name is the table's key, checked below.
+        try:
+            make_tool("tool", description=self.description, schema=self.arguments,
+                      argv=self.argv, output=str(self.output), sends_data=self.sends_data,
+                      timeout=self.timeout)
+        except ToolDefError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+def _tools(value: dict[str, BlueprintTool]) -> dict[str, BlueprintTool]:
+    if len(value) > MAX_TOOLS:
+        raise ValueError(f"at most {MAX_TOOLS} tools")
+    for name in value:
+        try:
+            check_name(name)
+        except ToolDefError as exc:
+            raise ValueError(f"[tools.{name[:64]}]: {exc}") from None
+    return value
+
+
 class Blueprint(_Model):
     """A blueprint folder's blueprint.toml. Stages keep the file's order."""
 
@@ -533,6 +584,8 @@ class Blueprint(_Model):
     env: Annotated[dict[str, str], AfterValidator(_env_table)] = Field(default_factory=dict)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     rules: Annotated[list[PolicyRule], Field(max_length=256)] = Field(default_factory=list)
+    tools: Annotated[dict[str, BlueprintTool], AfterValidator(_tools)] = Field(
+        default_factory=dict)
 
     @model_validator(mode="after")
     def _has_something_to_run(self) -> Blueprint:

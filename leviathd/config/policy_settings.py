@@ -49,4 +49,5 @@ def policy_settings(eff: Effective, machine: Config | None = None) -> PolicySett
         credentials=creds,
         limits=limits,
         rules=tuple(eff.rules),
+        tools=dict(eff.tools),
     )

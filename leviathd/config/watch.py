@@ -14,9 +14,15 @@ log = logging.getLogger(__name__)
 
 
 class ConfigWatcher:
-    def __init__(self, path: str, on_change: Callable[[], None], *, settle: float = 0.1) -> None:
-        self._path = path
-        self._name = os.path.basename(path)
+    def __init__(
+        self, path: str, on_change: Callable[[], None], *, settle: float = 0.1,
+        suffix: str = "",
+    ) -> None:
+        """`suffix`: watch every file of the folder `path` whose name ends so
+        (rules.d's `.toml`) instead of the one file `path`."""
+        self._path = path if not suffix else os.path.join(path, "")
+        self._name = os.path.basename(path) if not suffix else ""
+        self._suffix = suffix
         self._on_change = on_change
         self._settle = settle
         self._inotify: Any = None
@@ -47,7 +53,9 @@ class ConfigWatcher:
     def _readable(self) -> None:
         assert self._inotify is not None
         events = self._inotify.read(timeout=0)
-        if not any(ev.name == self._name for ev in events):
+        if not any(ev.name == self._name if not self._suffix
+                   else ev.name.endswith(self._suffix) and not ev.name.startswith(".")
+                   for ev in events):
             return
         # One save is often several events (write, rename): act once they settle.
         if self._pending is not None:

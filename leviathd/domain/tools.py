@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -31,6 +31,7 @@ class ToolKind(StrEnum):
     CREDENTIAL = "credential"  # a configured command run with a secret
     GIT = "git"  # a git credential's token, for the sandbox's git credential helper
     SSH = "ssh"  # a login signed by the sandbox's SSH agent (called by the daemon only)
+    BLUEPRINT = "blueprint"  # a blueprint's [tools.NAME] argv, in the agent's own sandbox
 
 
 class SendsOut(StrEnum):
@@ -73,8 +74,13 @@ class Tool:
     # the last may be variadic.
     positional: tuple[str, ...] = ()
     variadic: str | None = None
+    # A blueprint tool's own JSON Schema (policy/tooldef.py checked it); the
+    # built-in tools' is made from `params`.
+    schema: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def input_schema(self) -> dict[str, Any]:
+        if self.schema is not None:
+            return {**self.schema, "additionalProperties": False}
         props: dict[str, Any] = {}
         for p in self.params:
             schema: dict[str, Any] = {"type": p.type}

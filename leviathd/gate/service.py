@@ -17,7 +17,8 @@ from their snapshots: an agent keeps the policy it started with, restart or
 not, and its ledger (saved after every call that changed it), so a restart
 does not reset its taint. Every decision goes to the journal through leviathd/audit/trail.py
 (`lev audit <id>`).
-The `shell` tool runs in the agent's own scope and sandbox (see `run_shell`).
+The `shell` tool and a blueprint's own tools run in the agent's own scope
+and sandbox (see `run_shell`, `run_tool`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord, Broker
 from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of
-from leviathd.broker.tools import MAX_READ, CredentialRequest, ShellRequest
+from leviathd.broker.tools import MAX_READ, ArgvRequest, CredentialRequest, ShellRequest
 from leviathd.config.merge import MergeResult
 from leviathd.config.policy_settings import policy_settings
 from leviathd.domain.sensitivity import Sensitivity
@@ -86,8 +87,7 @@ def _agent_facts(rec: AgentRecord, user: UserInfo, settings: PolicySettings) -> 
             groups.append(grp.getgrgid(gid).gr_name)
         except KeyError:
             groups.append(str(gid))
-    # The stage is "" for now: one broker serves all of an agent's stages and
-    # is not told when one ends (docs/configuration.md says so).
+    # "stage" is filled in per call (GateService.stage_of).
     return {"id": rec.id, "blueprint": rec.agent, "stage": "", "user": rec.user,
             "uid": rec.uid, "groups": tuple(groups), "sandbox": rec.sandbox,
             "network": settings.network}
@@ -238,6 +238,7 @@ class GateService:
             ledger=ledger or Ledger(settings.budget), approvals=approvals,
             audit=lambda record: self._audit(rec.id, record), shell=self.run_shell,
             credential=self.run_credential, agent_facts=_agent_facts(rec, user, settings),
+            tool_runner=self.run_tool, stage=lambda: self.stage_of(rec.id),
         )
         server = BrokerServer(broker, lookup=self.lookup,
                               path=os.path.join(folder, SOCKET_NAME), mode=0o600)
@@ -364,14 +365,30 @@ class GateService:
 
     # -- the shell tool -------------------------------------------------------
 
+    def stage_of(self, agent_id: str) -> str:
+        """The name of the [stages.NAME] the agent runs now, as its supervisor
+        (root, in the scope) last wrote it; "" in a seed command, for an
+        agent without stages, or before the first step."""
+        step = self._store.read_step(agent_id)
+        if step is None or not step[1].startswith("stage "):
+            return ""
+        return step[1].removeprefix("stage ")
+
     def _agent_spec(self, agent_id: str) -> tuple[_Live, dict[str, Any]]:
+        """The recorded spec of the step that runs now (its fence: each stage
+        may have its own), else of the last step."""
         live = self.live.get(agent_id)
         if live is None or not live.rec.running:
             raise Unavailable(f"agent {agent_id} is not running")
         steps = self._store.load_spec(agent_id)
         if not steps:
             raise Unavailable(f"agent {agent_id} has no recorded sandbox spec")
-        return live, dict(steps[-1]["spec"])  # type: ignore[call-overload]
+        chosen = steps[-1]
+        step = self._store.read_step(agent_id)
+        here = steps[step[0]] if step is not None and 0 <= step[0] < len(steps) else None
+        if here is not None and step is not None and here.get("label") == step[1]:
+            chosen = here
+        return live, dict(chosen["spec"])  # type: ignore[call-overload]
 
     async def run_shell(self, req: ShellRequest) -> Mapping[str, Any]:
         """Run the command in the agent's own scope and sandbox: a child of
@@ -384,6 +401,17 @@ class GateService:
         spec["argv"] = ["/bin/sh", "-c", req.command]
         timeout = min(req.timeout or SHELL_TIMEOUT, SHELL_TIMEOUT)
         return await self._run_in_scope(live, spec, timeout)
+
+    async def run_tool(self, req: ArgvRequest) -> Mapping[str, Any]:
+        """A blueprint tool's argv, run exactly as the shell is (its scope,
+        its recorded fence, its user): the blueprint chose the command, never
+        where or as whom it runs."""
+        live, spec = self._agent_spec(req.agent_id)
+        if spec.get("kind") not in ("namespace", "none"):
+            raise Unavailable(f"blueprint tools are not available in a {spec.get('kind')} "
+                              "sandbox yet")
+        spec["argv"] = list(req.argv)
+        return await self._run_in_scope(live, spec, min(req.timeout, SHELL_TIMEOUT))
 
     async def run_credential(self, req: CredentialRequest) -> Mapping[str, Any]:
         """A credential command in the agent's scope (its limits apply) but in

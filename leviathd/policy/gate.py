@@ -111,14 +111,17 @@ def decide(
     outside = kind is ToolKind.READ and any(not is_inside(p, policy.workdir) for p in call.paths)
     # For reads this is the label the requested paths predict; the broker
     # settles it on the real paths of the files actually opened.
-    label = label_for(tool, outside_workdir=outside)
+    own = policy.tools.get(tool)
+    # A blueprint tool's is its declared label; the broker raises it to what
+    # the shell would get, since the tool runs in the same fence.
+    label = label_for(tool, outside_workdir=outside, tools=policy.registry)
     clearance = policy.clearances.get(tool)
 
     def done(outcome: Outcome, rule: str, kind: AskKind | None = None) -> Decision:
         return Decision(outcome, rule, tuple(steps), call, taint, clearance, label, kind)
 
     # 1. Permission.
-    perm = permission_for(tool, policy.permissions)
+    perm = permission_for(tool, policy.permissions, policy.registry)
     if perm.source == "unknown-tool":
         steps.append(Step("permission", "deny", f"{tool!r} is not a known tool (fail closed)"))
         return done("deny", "unknown-tool")
@@ -167,6 +170,9 @@ def decide(
                 steps.append(Step("write-path", "deny", f"{path} is outside the workdir"))
                 return done("deny", "write-outside-workdir")
             steps.append(Step("write-path", "inside", f"{path} is inside the workdir"))
+    elif own is not None:
+        steps.append(Step("read-path", "fence", f"{tool} is a blueprint tool: it runs in the "
+                          "agent's fence and sees what its shell sees"))
     else:
         steps.append(Step("read-path", "n/a", f"{tool} reads no host paths"))
 

@@ -14,13 +14,14 @@ from leviathd.broker.limits import Limits
 from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Label, Sensitivity
-from leviathd.domain.tools import TOOLS
+from leviathd.domain.tools import Registry, ToolKind
 from leviathd.hidden import builtin_hidden
 from leviathd.policy.allowlist import Allowlist, compile_allowlist
 from leviathd.policy.labels import clearance_for
 from leviathd.policy.permissions import compile_permissions
 from leviathd.policy.readgrant import GrantIndex, build_index
 from leviathd.policy.rules import RuleSet, RuleSpec, compile_rules
+from leviathd.policy.tooldef import ToolDef, with_blueprint_tools
 
 OnExceed = Literal["allow", "deny", "ask"]
 
@@ -79,6 +80,8 @@ class PolicySettings:
     # [[rules]] of the machine, then the user, then the blueprint (tighten-only:
     # the merge dropped the lower layers' allow rules).
     rules: tuple[RuleSpec, ...] = ()
+    # The blueprint's own tools ([tools.NAME]), run in the agent's fence.
+    tools: Mapping[str, ToolDef] = field(default_factory=dict)
 
     def to_snapshot(self) -> bytes:
         return _SNAPSHOT.dump_json(self)
@@ -98,8 +101,8 @@ class PolicySettings:
 
 
 _SNAPSHOT = TypeAdapter(PolicySettings)
-# Snapshots written before `limits` and `rules` existed take their defaults.
-_SNAPSHOT_KEYS = {f.name for f in fields(PolicySettings)} - {"limits", "rules"}
+# Snapshots written before `limits`, `rules` and `tools` existed take their defaults.
+_SNAPSHOT_KEYS = {f.name for f in fields(PolicySettings)} - {"limits", "rules", "tools"}
 
 
 class CompiledPolicy:
@@ -117,7 +120,15 @@ class CompiledPolicy:
         self.workdir = self.grant.workdir
         self.allowlist: Allowlist = compile_allowlist(settings.allowlist)
         self.rules = RuleSet(compile_rules(settings.rules))
+        # The built-in tools and this agent's blueprint's: another agent's
+        # gate does not know them (unknown-tool).
+        self.registry: Registry = with_blueprint_tools(settings.tools.values())
+        self.tools: dict[str, ToolDef] = {
+            name: t for name, t in settings.tools.items()
+            if self.registry.kind_of(name) is ToolKind.BLUEPRINT
+        }
         self.clearances: dict[str, Sensitivity | None] = {
-            tool: clearance_for(tool, settings.clearance, network=settings.network)
-            for tool in TOOLS
+            tool: clearance_for(tool, settings.clearance, network=settings.network,
+                                tools=self.registry)
+            for tool in self.registry
         }

@@ -18,6 +18,7 @@ scratch tmpfs in a mount namespace of its own (sandbox/scratch.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import json
@@ -351,7 +352,8 @@ def _supervise(
         except (OSError, Unavailable) as exc:
             _complain(f"leviath: could not make the agent's scratch: {exc}")
             steps, code = [], 127
-    for label, spec in steps:
+    for index, (label, spec) in enumerate(steps):
+        _write_step(exit_path, index, label)
         if len(steps) > 1:
             journal.record_after_fork(
                 f"agent {agent_id}: {label} starts", LEVIATH_AGENT=agent_id,
@@ -545,6 +547,32 @@ def _write_all(fd: int, data: bytes) -> bool:
     except OSError:
         return False
     return True
+
+
+def step_path(exit_path: str) -> str:
+    """Beside the exit record: which step runs now (RecordStore.read_step)."""
+    return exit_path.removesuffix(".exit") + ".step"
+
+
+def _write_step(exit_path: str, index: int, label: str) -> None:
+    """Which step runs now, for the gate: policy rules see `agent.stage`, and
+    the shell and blueprint tools run in this step's fence. Written by this
+    process (root, in the scope), never by anything the agent runs. A state
+    folder that cannot take it (full) must not leave the previous step's in
+    force: the old record is removed, and the daemon then knows no stage
+    (agent.stage "", the last step's fence, as before stages were told)."""
+    data = json.dumps({"index": index, "label": label}).encode()
+    try:
+        dir_fd, name = fsat.open_parent(step_path(exit_path))
+    except OSError:
+        return
+    try:
+        fsat.atomic_write_at(dir_fd, name, data, mode=0o644)
+    except OSError:
+        with contextlib.suppress(OSError):
+            fsat.unlink_at(dir_fd, name)
+    finally:
+        os.close(dir_fd)
 
 
 def _write_exit(path: str, code: int) -> None:

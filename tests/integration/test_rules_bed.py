@@ -9,6 +9,7 @@ The agent loop and helpers are test_gate_bed.py's."""
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -56,10 +57,38 @@ when = 'call.tool == "list_dir" && call.args.depth > 1'
 decision = "allow"
 
 [[rules]]
+name = "no-read-in-build"
+when = 'agent.stage == "build" && call.tool == "read_file"'
+decision = "deny"
+reason = "the build stage reads nothing"
+
+[[rules]]
 name = "private-get"
 when = 'call.tool == "http_get" && taint == "private"'
 decision = "ask"
 reason = "a private agent fetching from the web"
+"""
+
+STAGED = """
+[agent]
+name = "staged"
+
+[stages.plan]
+command = ["sh", "step.sh", "plan"]
+
+[stages.plan.sandbox]
+network = false
+
+[stages.build]
+command = ["sh", "step.sh", "build"]
+"""
+
+# Each stage reads a file and, through the shell tool, tries the bed's
+# loopback server (reachable only with the network the build stage has).
+STEP = f"""
+lev tool read_file small.txt > $1.out 2>&1; echo rc=$? >> $1.out
+lev tool shell "python3 -c 'import socket; \\
+socket.create_connection((\\"127.0.0.1\\", {PORT}), 3); print(\\"REACHED\\")'" > $1.net 2>&1
 """
 
 SERVER = f"""
@@ -90,13 +119,17 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     h = bed.users["alice"].home
     bed.run(f"""
         set -e
-        mkdir -p {h}/rw/.req {h}/rbp {h}/rshared
+        mkdir -p {h}/rw/.req {h}/rbp {h}/rshared {h}/rstaged {h}/rsw
+        printf 'small\\n' > {h}/rsw/small.txt
         cat > {h}/rbp/blueprint.toml
         printf 'granted text\\n' > {h}/rshared/doc.txt
         printf -- '-----BEGIN PRIVATE KEY-----\\nRULEKEY\\n' > {h}/rw/server.pem
         printf 'small\\n' > {h}/rw/small.txt
     """, user="alice", input=BLUEPRINT)
     bed.run(["sh", "-c", "cat > loop.sh"], user="alice", cwd=f"{h}/rw", input=LOOP)
+    bed.run(["sh", "-c", "cat > blueprint.toml"], user="alice", cwd=f"{h}/rstaged",
+            input=STAGED)
+    bed.run(["sh", "-c", "cat > step.sh"], user="alice", cwd=f"{h}/rsw", input=STEP)
     old_config = bed.run(["cat", "/etc/leviath/config.toml"], check=False).stdout
     bed.write_file("/etc/leviath/config.toml", CONFIG)
     bed.write_file("/root/rsrv.py", SERVER)
@@ -170,3 +203,160 @@ def test_a_machine_rule_asks_before_http_get_when_taint_is_private(
     gets = [r for r in audit(bed, agent.id) if r.get("LEVIATH_TOOL") == "http_get"]
     assert [r["LEVIATH_OUTCOME"] for r in gets] == ["allow", "ask", "deny", "ask", "allow"]
     assert {r["LEVIATH_RULE"] for r in gets[1:]} >= {"rule:machine:private-get"}
+
+
+def test_a_rule_sees_the_stage_the_agent_runs(bed: Testbed) -> None:
+    """`agent.stage` is the running [stages.NAME] (it was always "" before,
+    so a stage rule never matched: seen failing), and the shell tool runs in
+    that stage's fence (before, always in the last stage's: the plan stage's
+    shell had the build stage's network; seen failing)."""
+    home = bed.users["alice"].home
+    lev(bed, "alice", "run", f"{home}/rstaged", cwd=f"{home}/rsw", check=False)
+    plan = bed.read_file(f"{home}/rsw/plan.out")
+    build = bed.read_file(f"{home}/rsw/build.out")
+    assert "small" in plan and "rc=0" in plan, plan
+    assert "rule:machine:no-read-in-build" in build and "rc=0" not in build, build
+    assert "REACHED" in bed.read_file(f"{home}/rsw/build.net")
+    assert "REACHED" not in bed.read_file(f"{home}/rsw/plan.net")
+
+
+RULES_D = "/etc/leviath/rules.d"
+NO_SMALL = """
+[[rules]]
+name = "no-small"
+when = 'call.tool == "read_file" && call.target.endsWith("/small.txt")'
+decision = "deny"
+reason = "rules.d says no"
+"""
+LET_OUT = """
+[[rules]]
+name = "let-it-out"
+when = 'call.tool == "http_get"'
+decision = "allow"
+"""
+
+
+def _reloaded(bed: Testbed) -> None:
+    # The daemon watches rules.d; `systemctl reload` would fail on a refused set.
+    time.sleep(1.5)
+
+
+def _clear_rules_d(bed: Testbed) -> None:
+    bed.run(f"rm -f {RULES_D}/*.toml; chown root:root {RULES_D}; chmod 755 {RULES_D}",
+            check=False)
+    _reloaded(bed)
+
+
+def test_a_rule_in_rules_d_decides_and_a_users_file_there_is_refused(bed: Testbed) -> None:
+    """Machine rules from /etc/leviath/rules.d are in force; a file there that
+    is not root's alone (a user's, or group-writable) is refused with the whole
+    set, so the configuration in force stays the last good one (seen failing
+    with the ownership check removed: alice's allow rule let a private agent's
+    http_get through)."""
+    home = bed.users["alice"].home
+    url = f"http://127.0.0.1:{PORT}"
+    try:
+        bed.write_file(f"{RULES_D}/10-small.toml", NO_SMALL)
+        _reloaded(bed)
+        a = Agent(bed, "alice", lev(bed, "alice", "run", "--detach", f"{home}/rbp",
+                                    cwd=f"{home}/rw").stdout.strip(), f"{home}/rw")
+        try:
+            rc, _out, err = a.call("lev tool read_file small.txt")
+            assert rc != 0 and "rule:machine:no-small" in err and "rules.d says no" in err
+        finally:
+            lev(bed, "alice", "stop", a.id, check=False)
+        # alice's file (an admin's slip: chown, or a group-writable folder).
+        bed.write_file(f"{RULES_D}/20-alice.toml", LET_OUT)
+        bed.run(["chown", "alice", f"{RULES_D}/20-alice.toml"])
+        _reloaded(bed)
+        r = bed.run(["systemctl", "reload", "leviathd"], check=False)
+        assert r.returncode != 0
+        assert "not root" in bed.run(["journalctl", "-u", "leviathd", "-n", "50"]).stdout
+        bed.run(["rm", "-f", "/root/rhits.log"])
+        a = Agent(bed, "alice", lev(bed, "alice", "run", "--detach", f"{home}/rbp",
+                                    cwd=f"{home}/rw").stdout.strip(), f"{home}/rw")
+        try:
+            rc, _out, err = a.call(f"lev tool read_file {home}/rshared/doc.txt")
+            assert rc == 0 and a.taint() == "private", err
+            n = a.submit(f"lev tool http_get {url}/leaked")
+            row = pending(bed, "alice", a.id)
+            assert row["rule"] == "rule:machine:private-get", row
+            lev(bed, "alice", "approve", row["id"], "--deny")
+            assert a.result(n)[0] != 0 and "/leaked" not in hits(bed)
+            # The last good set is still in force: no-small still decides.
+            rc, _out, err = a.call("lev tool read_file small.txt")
+            assert rc != 0 and "rule:machine:no-small" in err
+        finally:
+            lev(bed, "alice", "stop", a.id, check=False)
+    finally:
+        _clear_rules_d(bed)
+        bed.run(["systemctl", "restart", "leviathd"])
+
+
+def test_lev_policy_add_rule_system_needs_config_manage_and_goes_to_rules_d(
+    bed: Testbed,
+) -> None:
+    home = bed.users["alice"].home
+    args = ["policy", "add", "--rule", "no-small-sys", "--when",
+            'call.tool == "read_file" && call.target.endsWith("/small.txt")',
+            "--decision", "deny", "--reason", "added by dave", "--system"]
+    try:
+        r = lev(bed, "alice", *args, check=False)
+        assert r.returncode != 0 and "org.leviath.config.manage" in r.stderr, r
+        assert bed.run(["ls", RULES_D]).stdout.strip() == ""
+        r = lev(bed, "dave", *args)
+        assert "50-lev-policy-add.toml" in r.stdout, r
+        text = bed.read_file(f"{RULES_D}/50-lev-policy-add.toml")
+        assert 'name = "no-small-sys"' in text
+        st = bed.run(["stat", "-c", "%u %a", f"{RULES_D}/50-lev-policy-add.toml"]).stdout
+        assert st.split() == ["0", "644"]
+        # The same name again is refused (names are what the audit shows).
+        r = lev(bed, "dave", *args, check=False)
+        assert r.returncode != 0 and "already defined" in r.stderr, r
+        # A rule that does not compile is refused with its column, nothing written.
+        r = lev(bed, "dave", "policy", "add", "--rule", "bad", "--when", "call.tool = 1",
+                "--decision", "deny", "--system", check=False)
+        assert r.returncode != 0 and "does not compile" in r.stderr, r
+        assert "bad" not in bed.read_file(f"{RULES_D}/50-lev-policy-add.toml")
+        a = Agent(bed, "alice", lev(bed, "alice", "run", "--detach", f"{home}/rbp",
+                                    cwd=f"{home}/rw").stdout.strip(), f"{home}/rw")
+        try:
+            rc, _out, err = a.call("lev tool read_file small.txt")
+            assert rc != 0 and "rule:machine:no-small-sys" in err and "added by dave" in err
+        finally:
+            lev(bed, "alice", "stop", a.id, check=False)
+    finally:
+        _clear_rules_d(bed)
+
+
+RULE_ADD = r"""
+import asyncio, sys
+from dbus_fast import BusType, Message
+from dbus_fast.aio import MessageBus
+
+async def main():
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    big = "true || " * (1 << 17)
+    for body in (["big", big, "deny", ""], ["nl", "true\ntrue", "deny", ""],
+                 ["odd", "true", "maybe", ""], ["x" * 100, "true", "deny", ""]):
+        reply = await bus.call(Message(
+            destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+            interface="org.leviath.Policy1", member="RuleAdd", signature="ssss", body=body))
+        print(reply.error_name, len(str(reply.body[0])))
+
+asyncio.run(main())
+"""
+
+
+def test_rule_add_refuses_oversized_and_malformed_arguments(bed: Testbed) -> None:
+    """A megabyte condition, a newline, an unknown decision and a long name
+    each get InvalidArgument with a short message, and nothing is written."""
+    py = "/opt/leviath-dev/venv/bin/python"
+    try:
+        out = bed.run([py, "-c", RULE_ADD]).stdout.split("\n")
+        rows = [line.split() for line in out if line.strip()]
+        assert [r[0] for r in rows] == ["org.leviath.Error.InvalidArgument"] * 4, rows
+        assert all(int(r[1]) < 1000 for r in rows), rows
+        assert bed.run(["ls", RULES_D]).stdout.strip() == ""
+    finally:
+        _clear_rules_d(bed)

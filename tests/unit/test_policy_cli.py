@@ -159,3 +159,54 @@ def test_bash_is_the_shell_tool(configs: Path, capsys: pytest.CaptureFixture[str
     args = _parse(["policy", "test", "bash", "--target", "git status"])
     args.func(args)
     assert "unknown-tool" not in capsys.readouterr().out
+
+
+BLUEPRINT_WITH_A_TOOL = """
+[agent]
+name = "bp"
+command = ["true"]
+
+[tools.upload]
+argv = ["curl", "-d", "@-", "--", "{url}"]
+sends_data = true
+
+[tools.upload.arguments.properties.url]
+type = "string"
+"""
+
+
+def test_policy_list_and_test_know_a_blueprints_own_tool(
+    configs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "bp").mkdir()
+    (tmp_path / "bp" / "blueprint.toml").write_text(BLUEPRINT_WITH_A_TOOL)
+    args = _parse(["policy", "list", "--blueprint", str(tmp_path / "bp")])
+    assert args.func(args) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("upload"))
+    assert row.split()[:3] == ["upload", "allow", "internal"]
+    args = _parse(["policy", "test", "upload", "--target", "curl x", "--taint", "private",
+                   "--blueprint", str(tmp_path / "bp")])
+    assert args.func(args) == 2  # held: private above its clearance
+    assert "blueprint tool" in capsys.readouterr().out
+    # Without the blueprint, the name is nobody's tool.
+    args = _parse(["policy", "test", "upload", "--target", "curl x"])
+    assert args.func(args) == 1
+
+
+def test_policy_add_rule_goes_to_the_users_config_and_never_allows(configs: Path) -> None:
+    args = _parse(["policy", "add", "--rule", "careful", "--when", 'call.tool == "shell"',
+                   "--decision", "ask", "--reason", "think first"])
+    assert args.func(args) == 0
+    assert 'name = "careful"' in configs.read_text()
+    args = _parse(["policy", "add", "--rule", "loose", "--when", "true", "--decision", "allow"])
+    with pytest.raises(InvalidArgument, match="never allow"):
+        args.func(args)
+    args = _parse(["policy", "add", "--rule", "x", "--decision", "deny"])
+    with pytest.raises(InvalidArgument, match="--when"):
+        args.func(args)
+    args = _parse(["policy", "add", "http_post", "--rule", "x", "--when", "true",
+                   "--decision", "deny"])
+    with pytest.raises(InvalidArgument, match="not a tool"):
+        args.func(args)
+    assert "loose" not in configs.read_text()

@@ -23,6 +23,7 @@ def test_policy1_has_the_documented_methods_and_signal() -> None:
         "ListApprovals": ("", "aa{sv}"),
         "Answer": ("ss", ""),
         "PolicyAdd": ("sss", "s"),
+        "RuleAdd": ("ssss", "s"),
         "PolicyList": ("", "aa{sv}"),
     }
     signals = {s.name: s.signature for s in ServiceInterface._get_signals(iface)}
