@@ -231,6 +231,25 @@ step proxy as alice "lev run -- python3 proxy_probe.py"
 step proxy_ps as alice "lev ps --all"
 step rule_pem as alice "lev run -- lev tool read_file server.pem"
 step rule_plain as alice "lev run -- lev tool read_file small.txt"
+# --- a blueprint's own tool (issue 15 §2): runs in the agent's fence, its
+# arguments substituted into one element each, an option-like value refused.
+runuser -l alice -c 'mkdir -p ~/bp && cat >~/bp/blueprint.toml' <<'EOF5'
+[agent]
+name = "vmtools"
+version = "1.0.0"
+description = "a blueprint tool on Debian 13"
+command = ["sh", "-c", "lev tool showfile --json '{\"path\": \"small.txt\"}'; echo ==; lev tool showfile --json '{\"path\": \"/home/alice/.ssh/id_ed25519\"}'; echo ==; lev tool showfile --json '{\"path\": \"-n\"}'; echo ==; lev tool list"]
+
+[tools.showfile]
+description = "print one file"
+argv = ["cat", "{path}"]
+[tools.showfile.arguments]
+required = ["path"]
+[tools.showfile.arguments.properties.path]
+type = "string"
+maxLength = 200
+EOF5
+step bptool as alice "lev run ~/bp"
 step rule_audit sh -c 'journalctl --no-pager -o verbose -u leviathd | grep -a "no-pem" | head -n 5'
 kill "$webserver"
 rm -f /etc/leviath/config.toml

@@ -321,6 +321,16 @@ def test_a_machine_rule_denies_read_file_of_a_pem_file(vm: Run) -> None:
     assert "no-pem" in vm.out("rule_audit"), vm.out("rule_audit")
 
 
+def test_a_blueprint_tool_runs_in_the_fence_and_refuses_an_option_like_value(vm: Run) -> None:
+    parts = vm.out("bptool").split("==")
+    assert len(parts) == 4, vm.out("bptool")
+    own, key, option, listed = parts
+    assert "plain-text" in own, own
+    assert "planted" not in key and "OPENSSH" not in key, key  # the home is not in the fence
+    assert "starts with '-'" in option, option
+    assert "showfile" in listed, listed
+
+
 def test_a_non_member_is_refused_by_polkit(vm: Run) -> None:
     out = vm.out("nonmember")
     assert vm.rc("nonmember") != 0, out
