@@ -137,6 +137,13 @@ def mkdir_at(dir_fd: int, name: str, mode: int = 0o700, *, exist_ok: bool = Fals
             raise
 
 
+def subdir_at(dir_fd: int, name: str, mode: int = 0o700) -> int:
+    """The folder `name` under dir_fd, made with `mode` when missing, opened
+    without following a link (a link planted there fails with ELOOP/ENOTDIR)."""
+    mkdir_at(dir_fd, name, mode, exist_ok=True)
+    return open_dir_at(dir_fd, name)
+
+
 def open_at(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
     """os.open of one entry that never follows a symlink in its place (ELOOP)."""
     return os.open(_entry(name), flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
@@ -192,6 +199,15 @@ def unlink_at(dir_fd: int, name: str, *, missing_ok: bool = True) -> None:
     except FileNotFoundError:
         if not missing_ok:
             raise
+
+
+def unlink_path(path: str, *, missing_ok: bool = True) -> None:
+    """Remove the file at `path`, every folder on the way opened by descriptor."""
+    dfd, name = open_parent(path)
+    try:
+        unlink_at(dfd, name, missing_ok=missing_ok)
+    finally:
+        os.close(dfd)
 
 
 def rmdir_at(dir_fd: int, name: str, *, missing_ok: bool = True) -> None:

@@ -107,8 +107,7 @@ class RecordStore:
         # mode, or 0755 when made here (users reach scratch under the state folder).
         parent, name = fsat.open_parent(str(self.dir), create_mode=0o755)
         try:
-            fsat.mkdir_at(parent, name, 0o700, exist_ok=True)
-            fd = fsat.open_dir_at(parent, name)
+            fd = fsat.subdir_at(parent, name, 0o700)
         finally:
             os.close(parent)
         try:
@@ -290,11 +289,7 @@ class RecordStore:
             fsat.unlink_at(fd, f"{agent_id}.exit")
         spare = spare_exit_path(agent_id)
         with contextlib.suppress(OSError):
-            dfd, name = fsat.open_parent(spare)
-            try:
-                fsat.unlink_at(dfd, name)
-            finally:
-                os.close(dfd)
+            fsat.unlink_path(spare)
 
 
 MAX_EXIT_BYTES = 4096

@@ -161,26 +161,16 @@ class BrokerServer:
         """Take the socket's name away: new connects fail (ENOENT: the client
         waits and retries, see cli/tool.py) while connections the kernel
         already queued are still accepted and answered before close()."""
-        folder, name = os.path.split(self.path)
         with contextlib.suppress(OSError):
-            dfd = fsat.open_dir(folder)
-            try:
-                fsat.unlink_at(dfd, name)
-            finally:
-                os.close(dfd)
+            fsat.unlink_path(self.path)
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
-        folder, name = os.path.split(self.path)
         with contextlib.suppress(OSError):
-            dfd = fsat.open_dir(folder)
-            try:
-                fsat.unlink_at(dfd, name)
-            finally:
-                os.close(dfd)
+            fsat.unlink_path(self.path)
 
     def _check(self, peer: Peer) -> None:
         agent = self.lookup(peer.cgroup)

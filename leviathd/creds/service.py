@@ -179,8 +179,7 @@ def write_programs(agent_id: str, files: Iterable[tuple[str, bytes]]) -> None:
     """Into the agent's folder (root's, made by the gate), by descriptor."""
     fd = fsat.open_dir(agent_dir(agent_id))
     try:
-        fsat.mkdir_at(fd, BIN, 0o755, exist_ok=True)
-        bfd = fsat.open_dir_at(fd, BIN)
+        bfd = fsat.subdir_at(fd, BIN, 0o755)
     finally:
         os.close(fd)
     try:

@@ -121,13 +121,8 @@ class SSHAgentServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
             self._server = None
-        folder, name = os.path.split(self.path)
         with contextlib.suppress(OSError):
-            dfd = fsat.open_dir(folder)
-            try:
-                fsat.unlink_at(dfd, name)
-            finally:
-                os.close(dfd)
+            fsat.unlink_path(self.path)
 
     def _broker(self) -> Broker:
         broker = self._broker_of()

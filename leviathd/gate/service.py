@@ -507,15 +507,13 @@ def _prepare_folder(agent_id: str, user: UserInfo) -> None:
     planted inside is removed by descriptor."""
     with _dir(runtime_dir(), create_mode=0o755) as rfd:
         _own_root(rfd, runtime_dir(), 0o755)
-        fsat.mkdir_at(rfd, "agents", 0o755, exist_ok=True)
-        afd = fsat.open_dir_at(rfd, "agents")
+        afd = fsat.subdir_at(rfd, "agents", 0o755)
     try:
         _own_root(afd, agents_dir(), 0o755)
         st = fsat.lstat_at(afd, agent_id)
         if st is not None and not stat.S_ISDIR(st.st_mode):
             fsat.unlink_at(afd, agent_id)
-        fsat.mkdir_at(afd, agent_id, 0o700, exist_ok=True)
-        fd = fsat.open_dir_at(afd, agent_id)
+        fd = fsat.subdir_at(afd, agent_id, 0o700)
     finally:
         os.close(afd)
     try:
@@ -538,8 +536,7 @@ def _credential_home(agent_id: str) -> str:
         st = fsat.lstat_at(afd, CREDENTIAL_HOME)
         if st is not None and not stat.S_ISDIR(st.st_mode):
             fsat.unlink_at(afd, CREDENTIAL_HOME)
-        fsat.mkdir_at(afd, CREDENTIAL_HOME, 0o755, exist_ok=True)
-        fd = fsat.open_dir_at(afd, CREDENTIAL_HOME)
+        fd = fsat.subdir_at(afd, CREDENTIAL_HOME, 0o755)
     try:
         fsat.set_owner_mode(fd, os.geteuid(), os.getegid(), 0o755)
         for name in os.listdir(fd):

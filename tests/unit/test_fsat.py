@@ -123,3 +123,44 @@ def test_bind_unix_at_has_its_mode_from_the_start(tmp_path: Path) -> None:
     st = os.lstat(d / "sock")
     assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_subdir_at_makes_or_opens_a_folder_but_never_a_planted_link(
+    tmp_path: Path, victim: Path
+) -> None:
+    top = fsat.open_dir(str(tmp_path))
+    try:
+        fd = fsat.subdir_at(top, "made", 0o711)
+        os.close(fd)
+        assert stat.S_IMODE((tmp_path / "made").stat().st_mode) == 0o711 & ~_umask()
+        fd = fsat.subdir_at(top, "made", 0o700)  # there already: opened as it is
+        os.close(fd)
+        (tmp_path / "planted").symlink_to(victim.parent)
+        with pytest.raises(OSError):
+            fsat.subdir_at(top, "planted")
+    finally:
+        os.close(top)
+
+
+def test_unlink_path_removes_the_name_not_what_a_link_on_the_way_points_to(
+    tmp_path: Path, victim: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "victim").write_text("keep")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: anyone may put a link here
+    (shared / "via").symlink_to(elsewhere)
+    with pytest.raises(OSError):
+        fsat.unlink_path(str(shared / "via" / "victim"))
+    assert (elsewhere / "victim").read_text() == "keep"
+    fsat.unlink_path(str(victim))
+    assert not victim.exists()
+    fsat.unlink_path(str(victim))  # already gone: missing_ok
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old
