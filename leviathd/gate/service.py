@@ -383,12 +383,18 @@ class GateService:
         steps = self._store.load_spec(agent_id)
         if not steps:
             raise Unavailable(f"agent {agent_id} has no recorded sandbox spec")
-        chosen = steps[-1]
+        if len(steps) == 1:
+            return live, dict(steps[0]["spec"])  # type: ignore[call-overload]
+        # Stages may each have their own fence (a plan stage without network):
+        # when the step running now is not known (its record could not be
+        # written, e.g. a full state disk), no fence is guessed, since the
+        # last one may be looser than the one the agent is in.
         step = self._store.read_step(agent_id)
         here = steps[step[0]] if step is not None and 0 <= step[0] < len(steps) else None
-        if here is not None and step is not None and here.get("label") == step[1]:
-            chosen = here
-        return live, dict(chosen["spec"])  # type: ignore[call-overload]
+        if here is None or step is None or here.get("label") != step[1]:
+            raise Unavailable(f"agent {agent_id}: the step it runs now is not recorded, so "
+                              "the fence to run this in is not known")
+        return live, dict(here["spec"])  # type: ignore[call-overload]
 
     async def run_shell(self, req: ShellRequest) -> Mapping[str, Any]:
         """Run the command in the agent's own scope and sandbox: a child of

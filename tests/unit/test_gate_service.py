@@ -148,3 +148,25 @@ def test_a_snapshot_from_before_credential_kinds_reads_as_command_credentials() 
         del old[key]
     spec = PolicySettings.from_snapshot(json.dumps(data)).credentials["api"]
     assert spec.kind == "command" and spec.command == ("curl",)
+
+
+def test_an_agent_with_stages_whose_step_is_unknown_gets_no_guessed_fence(
+    gate: GateService,
+) -> None:
+    """The last stage's fence may be looser than the one the agent runs in
+    (a plan stage without network before a build stage with it): with no step
+    record (a full state disk) shell and blueprint tools are refused, not run
+    in the last fence. A live agent is stood in by a plain value here."""
+    from types import SimpleNamespace
+
+    from leviathd.errors import Unavailable
+
+    gate.live[AGENT] = SimpleNamespace(rec=SimpleNamespace(running=True))  # type: ignore[assignment]
+    plan = {"kind": "namespace", "network": False}
+    build = {"kind": "namespace", "network": True}
+    gate._store.ensure()
+    gate._store.save_spec(AGENT, [("stage plan", plan), ("stage build", build)])
+    with pytest.raises(Unavailable, match="not recorded"):
+        gate._agent_spec(AGENT)
+    gate._store.save_spec(AGENT, [("command", build)])
+    assert gate._agent_spec(AGENT)[1] == build  # one step: no doubt which
