@@ -348,6 +348,13 @@ class Broker:
                 and sum(e.label == top for e in entries) == 1):
             self._settle_writes()  # the oldest, the last one at the top, is going
 
+    def watch_new_fence(self) -> None:
+        """A `shell` fence of this agent was just built (new mounts, which
+        the marks set so far do not cover): its mounts are marked before
+        its command runs."""
+        if not self.write_watch.ensure(None, self.scope_cgroup, rescan=True):
+            self._watch_failed(self.write_watch.failed or "unknown")
+
     def _settle_writes(self) -> None:
         if self.ledger.taint <= Sensitivity.INTERNAL:
             return

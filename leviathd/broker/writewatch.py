@@ -175,13 +175,14 @@ class WriteWatch:
 
     # -- marks ---------------------------------------------------------------
 
-    def ensure(self, pid: int | None, cgroup: str | None) -> bool:
+    def ensure(self, pid: int | None, cgroup: str | None, *, rescan: bool = False) -> bool:
         """Mark the writable mounts of the agent's mount namespaces: the first
-        time, of every one its scope holds (its sandbox, a `shell` fence of
-        the moment), then of the calling process's (`pid`, which the kernel
-        tied to the agent's scope) if that one is new. Processes in the
-        daemon's own mount namespace (the launcher, the forwarder) are not
-        the agent's. False when nothing is marked (`failed` says why)."""
+        time (or with `rescan`), of every one its scope holds (its sandbox, a
+        `shell` fence of the moment), then of the calling process's (`pid`,
+        which the kernel tied to the agent's scope) if that one is new.
+        Processes in the daemon's own mount namespace (the launcher, the
+        forwarder) are not the agent's. False when nothing is marked
+        (`failed` says why)."""
         try:
             if self._group is None:
                 self._group = fanotify.init()
@@ -192,7 +193,7 @@ class WriteWatch:
             folder, rel = scope
             own = os.stat("/proc/self/ns/mnt").st_ino
             candidates = [pid] if pid else []
-            if not self._namespaces:
+            if rescan or not self._namespaces:
                 candidates += list(_scope_pids(folder))
             for p in candidates:
                 try:

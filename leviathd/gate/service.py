@@ -29,6 +29,7 @@ import grp
 import json
 import os
 import signal
+import socket
 import stat
 import sys
 import syslog
@@ -406,7 +407,12 @@ class GateService:
             raise Unavailable(f"shell is not available in a {spec.get('kind')} sandbox yet")
         spec["argv"] = ["/bin/sh", "-c", req.command]
         timeout = min(req.timeout or SHELL_TIMEOUT, SHELL_TIMEOUT)
-        return await self._run_in_scope(live, spec, timeout)
+        # A fresh fence is a fresh mount namespace, new mounts: while the
+        # agent's writes are watched, its command waits until they are too,
+        # or what it writes there (Private data in the command line, a copy
+        # of a labelled file) would come back unlabelled after an eviction.
+        watched = spec.get("kind") == "namespace" and live.broker.write_watch.active
+        return await self._run_in_scope(live, spec, timeout, watched=watched)
 
     async def run_tool(self, req: ArgvRequest) -> Mapping[str, Any]:
         """A blueprint tool's argv, run exactly as the shell is (its scope,
@@ -432,15 +438,27 @@ class GateService:
         return await self._run_in_scope(live, spec, req.timeout, stdin=req.stdin)
 
     async def _run_in_scope(
-        self, live: _Live, spec: dict[str, Any], timeout: float, *, stdin: str = ""
+        self, live: _Live, spec: dict[str, Any], timeout: float, *, stdin: str = "",
+        watched: bool = False,
     ) -> Mapping[str, Any]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "leviathd.gate.shell",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-        )
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        ours, theirs = socket.socketpair() if watched else (None, None)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "leviathd.gate.shell",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True,
+                pass_fds=(theirs.fileno(),) if theirs is not None else (),
+            )
+        except BaseException:
+            for s in (ours, theirs):
+                if s is not None:
+                    s.close()
+            raise
         message: dict[str, Any] = {"unit": live.rec.unit, "spec": spec}
+        if theirs is not None:
+            message["hold"] = theirs.fileno()
+            theirs.close()
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         if stdin:
             message["stdin"] = stdin
         try:
@@ -448,11 +466,15 @@ class GateService:
             proc.stdin.write(json.dumps(message).encode())
             await proc.stdin.drain()
             proc.stdin.close()
+            if ours is not None:
+                await asyncio.wait_for(_mark_fence(live, ours, proc), timeout)
             out, err = await asyncio.wait_for(
                 asyncio.gather(_read_capped(proc.stdout), _read_capped(proc.stderr)), timeout
             )
             status = await proc.wait()
         except TimeoutError:
+            if ours is not None:
+                ours.close()
             _kill_group(proc.pid)
             await proc.wait()
             return {"exit_status": 124, "stdout": "", "stderr": f"timed out after {timeout:.0f}s",
@@ -461,6 +483,9 @@ class GateService:
             _kill_group(proc.pid)
             await proc.wait()
             raise
+        finally:
+            if ours is not None:
+                ours.close()
         return {"exit_status": 128 - status if status < 0 else status,
                 "stdout": out.decode("utf-8", "replace"),
                 "stderr": err.decode("utf-8", "replace")}
@@ -484,6 +509,28 @@ class GateService:
                     f.write(str(pid))
         except OSError as exc:
             raise Unavailable(f"cannot move the shell into {rec.unit}: {exc}") from None
+
+
+async def _mark_fence(live: _Live, sock: socket.socket, proc: asyncio.subprocess.Process
+                      ) -> None:
+    """The shell's PID 1 built its mounts and waits on `sock`: they are
+    marked (every mount namespace of the scope looked at again), then it
+    may run the command. A fence that failed ends the process instead."""
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    ready = asyncio.ensure_future(loop.sock_recv(sock, 1))
+    ended = asyncio.ensure_future(proc.wait())
+    try:
+        await asyncio.wait({ready, ended}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ended.cancel()
+    if not ready.done():
+        ready.cancel()
+        return
+    if ready.exception() is None and ready.result():
+        live.broker.watch_new_fence()
+        with contextlib.suppress(OSError):
+            await loop.sock_sendall(sock, b"g")
 
 
 @contextlib.contextmanager

@@ -67,7 +67,8 @@ def main() -> int:
     if spec.kind == "namespace":
         from leviathd.sandbox import namespace
 
-        return namespace.run(spec)
+        hold = message.get("hold")
+        return namespace.run(spec, hold=hold if isinstance(hold, int) else None)
     if spec.kind == "none":
         from leviathd.sandbox import none
 

@@ -1,0 +1,108 @@
+"""Red team, issue 12 (taint survives the workdir): ways an agent tries to
+write Private data somewhere the fanotify labels miss, evict, and read it
+back unlabelled. Each is the attacker's side, from inside a real agent
+(namespace fence, no network, so its `shell` tool can send nothing and runs
+while Private: the broker's http_post is the way out once the taint drops).
+
+The agent loop and helpers are test_gate_bed.py's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from test_gate_bed import LOOP, Agent, lev
+from testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+BLUEPRINT = """
+[agent]
+name = "washer"
+description = "launders"
+command = ["sh", "loop.sh"]
+
+[read_paths]
+allow = ["~/shared"]
+"""
+
+CONFIG = """
+[sandbox]
+kind = "namespace"
+network = false
+
+[agent_read_paths.washer]
+allow = ["~/shared"]
+
+[taint]
+enabled = true
+on_exceed = "deny"
+budget = 16
+"""
+
+
+@pytest.fixture(scope="module")
+def bed(testbed: Testbed) -> Iterator[Testbed]:
+    bed = testbed
+    h = bed.users["alice"].home
+    bed.run(f"""
+        set -e
+        mkdir -p {h}/ww/.req {h}/wbp {h}/shared
+        cat > {h}/wbp/blueprint.toml
+        printf 'granted text\\n' > {h}/shared/doc.txt
+    """, user="alice", input=BLUEPRINT)
+    bed.run(["sh", "-c", "cat > loop.sh"], user="alice", cwd=f"{h}/ww", input=LOOP)
+    old_config = bed.run(["cat", "/etc/leviath/config.toml"], check=False).stdout
+    bed.write_file("/etc/leviath/config.toml", CONFIG)
+    bed.run(["systemctl", "restart", "leviathd"])
+    yield bed
+    bed.write_file("/etc/leviath/config.toml", old_config)
+
+
+@pytest.fixture(scope="module")
+def agent(bed: Testbed) -> Iterator[Agent]:
+    home = bed.users["alice"].home
+    out = lev(bed, "alice", "run", "--detach", f"{home}/wbp", cwd=f"{home}/ww").stdout.strip()
+    a = Agent(bed, "alice", out, f"{home}/ww")
+    yield a
+    lev(bed, "alice", "stop", a.id, check=False)
+
+
+def _evict(agent: Agent) -> None:
+    rc, out, err = agent.call("lev tool --ledger")
+    assert rc == 0, err
+    ids = [str(e["id"]) for e in json.loads(out)["entries"] if e["label"] == "private"]
+    if ids:
+        rc, _out, err = agent.call(f"lev tool --evict {' '.join(ids)}")
+        assert rc == 0, err
+    assert agent.taint() != "private"
+
+
+def _read_back(agent: Agent, path: str) -> str:
+    rc, _out, err = agent.call(f"lev tool read_file {path}")
+    assert rc == 0, err
+    taint = agent.taint()
+    _evict(agent)
+    return taint
+
+
+def test_a_file_the_shell_tool_writes_while_private_keeps_the_label(
+    bed: Testbed, agent: Agent
+) -> None:
+    """The `shell` tool builds a fresh fence (a mount namespace of its own,
+    new mounts) per command; with no network it runs while Private. What it
+    writes in the workdir must be labelled like the agent's own writes."""
+    home = bed.users["alice"].home
+    _evict(agent)
+    rc, _out, err = agent.call(
+        f"lev tool read_file {home}/shared/doc.txt > held.json && "
+        "lev tool shell 'cp held.json viashell.json; echo kept > viashell2.txt'")
+    assert rc == 0, err
+    assert agent.taint() == "private"
+    # The agent's own copy is labelled (its fence is watched)...
+    _evict(agent)
+    assert _read_back(agent, "held.json") == "private"
+    # ...and the one the shell tool's fence wrote must be too.
+    assert _read_back(agent, "viashell.json") == "private"
+    assert _read_back(agent, "viashell2.txt") == "private"
