@@ -423,7 +423,10 @@ class GateService:
             raise Unavailable(f"blueprint tools are not available in a {spec.get('kind')} "
                               "sandbox yet")
         spec["argv"] = list(req.argv)
-        return await self._run_in_scope(live, spec, min(req.timeout, SHELL_TIMEOUT))
+        # Its fence is as new as the shell's: marked first (run_shell).
+        watched = spec.get("kind") == "namespace" and live.broker.write_watch.active
+        return await self._run_in_scope(live, spec, min(req.timeout, SHELL_TIMEOUT),
+                                        watched=watched)
 
     async def run_credential(self, req: CredentialRequest) -> Mapping[str, Any]:
         """A credential command in the agent's scope (its limits apply) but in

@@ -25,6 +25,17 @@ command = ["sh", "loop.sh"]
 
 [read_paths]
 allow = ["~/shared"]
+
+[tools.note]
+description = "writes a note in the workdir"
+argv = ["sh", "-c", "printf '%s' \\"$1\\" > note.txt", "note", "{text}"]
+
+[tools.note.arguments]
+required = ["text"]
+
+[tools.note.arguments.properties.text]
+type = "string"
+maxLength = 200
 """
 
 CONFIG = """
@@ -106,3 +117,18 @@ def test_a_file_the_shell_tool_writes_while_private_keeps_the_label(
     # ...and the one the shell tool's fence wrote must be too.
     assert _read_back(agent, "viashell.json") == "private"
     assert _read_back(agent, "viashell2.txt") == "private"
+
+
+def test_a_file_a_blueprint_tool_writes_while_private_keeps_the_label(
+    bed: Testbed, agent: Agent
+) -> None:
+    """A blueprint tool runs in a fresh fence too, while Private when its
+    fence has no network: the data it is handed and writes is labelled."""
+    home = bed.users["alice"].home
+    _evict(agent)
+    rc, _out, err = agent.call(
+        f"lev tool read_file {home}/shared/doc.txt >/dev/null && lev tool note granted")
+    assert rc == 0, err
+    assert agent.taint() == "private"
+    _evict(agent)
+    assert _read_back(agent, "note.txt") == "private"
