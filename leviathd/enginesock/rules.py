@@ -140,15 +140,82 @@ def _labels(value: object, c: Checks, what: str) -> dict[str, str]:
     return labels
 
 
+# The engine decodes a body as Go's encoding/json does: a key matches a field
+# whatever its case ('privileged', 'hostConfig'; 'ſ' for 's' and the Kelvin
+# sign for 'k' too), and a key given twice is decoded twice into the same
+# field. The checks here read one exact spelling from one decoded dict, so a
+# key the engine could read as one of them, spelt otherwise or repeated, is
+# refused: the CLIs and compose send the API's own spelling, once.
+_CHECKED_KEYS = frozenset({
+    "Annotations", "BindOptions", "Binds", "BlkioDeviceReadBps", "BlkioDeviceReadIOps",
+    "BlkioDeviceWriteBps", "BlkioDeviceWriteIOps", "BlkioWeight", "BlkioWeightDevice",
+    "CapAdd", "Cgroup", "CgroupParent", "CgroupnsMode", "Config", "ConfigFrom", "ConfigOnly",
+    "Container", "CpuPeriod", "CpuQuota", "CpuRealtimePeriod", "CpuRealtimeRuntime",
+    "CpuShares", "CpusetCpus", "CpusetMems", "DeviceCgroupRules", "DeviceRequests", "Devices",
+    "Driver", "DriverConfig", "DriverOpts", "EndpointsConfig", "GroupAdd", "HostConfig",
+    "HostIp", "Ingress", "IpcMode", "KernelMemory", "Labels", "Links", "MaskedPaths", "Memory",
+    "MemoryReservation", "MemorySwap", "Mounts", "NanoCpus", "NetworkMode", "NetworkingConfig",
+    "NonRecursive", "OomScoreAdj", "PidMode", "PidsLimit", "PortBindings", "Privileged",
+    "Propagation", "PublishAllPorts", "ReadOnly", "ReadOnlyNonRecursive", "ReadonlyPaths",
+    "Runtime", "SecurityOpt", "Source", "Sysctls", "Type", "UTSMode", "User", "UsernsMode",
+    "VolumeDriver", "VolumeOptions", "VolumesFrom",
+})
+
+
+def _go_fold(key: str) -> str:
+    out = []
+    for ch in key:
+        folded = ch.lower() if ch.isascii() else ch.casefold()
+        out.append(folded if len(folded) == 1 and folded.isascii() else ch)
+    return "".join(out)
+
+
+_CANONICAL: dict[str, frozenset[str]] = {}
+for _k in _CHECKED_KEYS:
+    _CANONICAL[_go_fold(_k)] = _CANONICAL.get(_go_fold(_k), frozenset()) | {_k}
+
+
+# Fields that are maps (their keys are names, labels, options: any spelling
+# is someone's data); their values are looked into all the same.
+_MAP_FIELDS = frozenset({"Labels", "DriverOpts", "Options", "Sysctls", "Annotations",
+                         "PortBindings", "ExposedPorts", "Volumes", "EndpointsConfig",
+                         "StorageOpt", "Tmpfs", "Config"})
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise Refused(f"the key {key[:60]!r} is given twice", 400)
+        out[key] = value
+    return out
+
+
+def _check_spelling(value: object, depth: int = 0, *, names: bool = False) -> None:
+    if depth > 64:
+        raise Refused("the request body is nested too deeply", 400)
+    if isinstance(value, list):
+        for item in value:
+            _check_spelling(item, depth + 1)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            want = None if names else _CANONICAL.get(_go_fold(key))
+            if want is not None and key not in want:
+                raise Refused(f"the key {key[:60]!r} is spelt {min(want)!r} in the engine's "
+                              "API (the engine reads both as one)", 400)
+            _check_spelling(item, depth + 1, names=not names and key in _MAP_FIELDS)
+
+
 def _json_body(body: bytes | None) -> dict[str, Any]:
     if not body:
         return {}
     try:
-        parsed = json.loads(body)
+        parsed = json.loads(body, object_pairs_hook=_no_repeats)
     except ValueError:
         raise Refused("the request body is not JSON", 400) from None
     if not isinstance(parsed, dict):
         raise Refused("the request body is not a JSON object", 400)
+    _check_spelling(parsed)
     return parsed
 
 

@@ -244,3 +244,17 @@ def test_limits_the_scope_cannot_pass_on_are_left_to_the_scope() -> None:
     host = json.loads(d.body)["HostConfig"]
     assert "Memory" not in host and "MemorySwap" not in host and "PidsLimit" not in host
     assert host["NanoCpus"] == 10**9
+
+
+def test_a_key_the_engine_would_read_as_a_checked_one_is_refused() -> None:
+    """Go's encoding/json matches keys to fields whatever their case (and
+    'ſ' as 's'): each of these made a privileged container before."""
+    for key in ("privileged", "PRIVILEGED", "Privileged".replace("i", "I", 1)):
+        assert "spelt 'Privileged'" in _refused(
+            "POST", "/containers/create", {"HostConfig": {key: True}})
+    assert "spelt 'HostConfig'" in _refused(
+        "POST", "/containers/create", {"hoſtConfig": {"Privileged": True}})
+    with pytest.raises(rules.Refused, match="given twice"):
+        rules._json_body(b'{"HostConfig": {"Privileged": true}, "HostConfig": {}}')
+    # A map's keys are data, whatever they spell.
+    assert rules._json_body(b'{"Labels": {"privileged": "x"}, "DriverOpts": {"type": "none"}}')
