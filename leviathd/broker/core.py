@@ -355,6 +355,17 @@ class Broker:
         if not self.write_watch.ensure(None, self.scope_cgroup, rescan=True):
             self._watch_failed(self.write_watch.failed or "unknown")
 
+    def engine_changed(self) -> None:
+        """The agent's engine socket is about to run or store something
+        (a container started, an exec, a create, a build). Its containers'
+        mounts are the engine's, built after our marks, and the engine keeps
+        what it is given (a command line, a volume): while the agent holds
+        data above Internal, what went there is unknown, as after lost
+        events, so every later read of this agent is labelled at least
+        that taint."""
+        if self.ledger.taint > Sensitivity.INTERNAL:
+            self.write_watch.lost(self.ledger.taint)
+
     def _settle_writes(self) -> None:
         if self.ledger.taint <= Sensitivity.INTERNAL:
             return

@@ -56,8 +56,12 @@ class Settings:
 class AgentProxy:
     """Implements rules.Checks for one agent."""
 
-    def __init__(self, settings: Settings, view: View, lookup: Callable[[str], str | None]) -> None:
+    def __init__(self, settings: Settings, view: View, lookup: Callable[[str], str | None],
+                 on_change: Callable[[], None] | None = None) -> None:
         self.s = settings
+        # Told before a request that runs or stores something in the engine
+        # is forwarded (the agent's taint: Broker.engine_changed).
+        self._on_change = on_change
         self.view = view
         self.lookup = lookup
         self.agent_id = settings.agent_id
@@ -216,6 +220,8 @@ class AgentProxy:
             return
         if decision.mutating:
             self._audit(decision.what, allowed=True)
+        if (decision.mutating or decision.upgrade) and self._on_change is not None:
+            self._on_change()
         await self._forward(head, decision, reader, writer)
 
     async def _forward(self, head: wire.Head, d: rules.Decision, reader: asyncio.StreamReader,

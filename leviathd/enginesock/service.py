@@ -128,7 +128,14 @@ class EngineSockService:
         return ""
 
     async def _open(self, settings: Settings, view: View) -> None:
-        proxy = AgentProxy(settings, view, self._gate.lookup)
+        agent_id = settings.agent_id
+
+        def changed() -> None:
+            live = self._gate.live.get(agent_id)
+            if live is not None:
+                live.broker.engine_changed()
+
+        proxy = AgentProxy(settings, view, self._gate.lookup, changed)
         await proxy.start(agent_dir(settings.agent_id))
         self.live[settings.agent_id] = proxy
 

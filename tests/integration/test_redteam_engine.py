@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_engine_socket import BED_HOST_CONFIG, IMAGE, _podman, agent, bed  # noqa: F401
+from test_engine_socket import BED_HOST_CONFIG, CONFIG, IMAGE, _create, _podman, agent, bed  # noqa: F401
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -52,3 +52,70 @@ def test_a_key_spelt_in_another_case_is_checked_all_the_same(
                            "label=org.leviath.engine-agent").split():
             bed.run(["podman", "rm", "-f", cid], check=False)
     assert json.dumps(out)
+
+
+BLUEPRINT = """
+[agent]
+name = "launderer"
+description = "runs launder.sh"
+command = ["sh", "launder.sh"]
+
+[read_paths]
+allow = ["~/shared"]
+"""
+
+TAINT = """
+[agent_read_paths.launderer]
+allow = ["~/shared"]
+
+[taint]
+enabled = true
+on_exceed = "deny"
+budget = 16
+"""
+
+LAUNDER = """set -e
+lev tool read_file "$HOME/shared/doc.txt" >/dev/null
+python3 -c 'import subprocess; subprocess.run(["python3", "client.py", \
+  *open("reqs.txt").read().splitlines()], check=True, stdout=subprocess.DEVNULL)'
+ids=$(lev tool --ledger | python3 -c 'import json,sys; print(" ".join(str(e["id"]) \
+  for e in json.load(sys.stdin)["entries"] if e["label"] == "private"))')
+lev tool --evict $ids >/dev/null
+lev tool read_file laundered.txt >/dev/null
+lev tool --ledger | python3 -c 'import json,sys; print("TAINT", json.load(sys.stdin)["taint"])'
+"""
+
+
+def test_a_file_a_container_writes_while_private_is_not_read_back_as_internal(
+    bed: Testbed,  # noqa: F811
+) -> None:
+    """Issue 12 against issue 13: the agent, holding Private data, runs a
+    container through its engine socket with the workdir bound; the engine
+    builds that container's mounts after the write watch marked the
+    agent's, so what it writes there is not labelled. Read back after the
+    eviction, it must not come back as Internal."""
+    home = bed.users["alice"].home
+    bed.run(f"mkdir -p {home}/shared && echo granted > {home}/shared/doc.txt && "
+            f"rm -f {home}/engine-work/laundered.txt", user="alice")
+    bed.run(f"mkdir -p {home}/rtbp", user="alice")
+    for path, text in ((f"{home}/engine-work/launder.sh", LAUNDER),
+                       (f"{home}/rtbp/blueprint.toml", BLUEPRINT)):
+        bed.write_file(path, text)
+        bed.run(["chown", "alice", path])
+    bed.write_file("/etc/leviath/config.toml", CONFIG + TAINT)
+    bed.run(["systemctl", "restart", "leviathd"])
+    try:
+        reqs = [["POST", "/containers/create?name=launder-1",
+                 _create(["sh", "-c", "echo granted > /w/laundered.txt"],
+                         {"Binds": [f"{home}/engine-work:/w"]})],
+                ["POST", "/containers/launder-1/start", None],
+                ["POST", "/containers/launder-1/wait", None]]
+        bed.write_file(f"{home}/engine-work/reqs.txt", "".join(json.dumps(q) + "\n" for q in reqs))
+        r = bed.run(["lev", "run", f"{home}/rtbp"],
+                    user="alice", cwd=f"{home}/engine-work", check=False, timeout=180)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert "granted" in bed.read_file(f"{home}/engine-work/laundered.txt")
+        assert "TAINT private" in r.stdout, r.stdout
+    finally:
+        bed.write_file("/etc/leviath/config.toml", CONFIG)
+        bed.run(["systemctl", "restart", "leviathd"])
