@@ -132,3 +132,36 @@ def test_a_file_a_blueprint_tool_writes_while_private_keeps_the_label(
     assert agent.taint() == "private"
     _evict(agent)
     assert _read_back(agent, "note.txt") == "private"
+
+
+def test_a_write_through_a_mount_past_the_first_256_is_not_laundered(bed: Testbed) -> None:
+    """The agent's workdir names 64 submodules (its own .gitmodules, from an
+    earlier run): the next agent there gets six mounts for each git folder
+    (the pin and the protected files), more than the watch read of its
+    mount table. A write through a late one (a submodule's pinned .git)
+    must not come back unlabelled after the eviction."""
+    home = bed.users["alice"].home
+    wd = f"{home}/ww2"
+    bed.run(f"""
+        set -e
+        rm -rf {wd} && mkdir -p {wd}/.req
+        cd {wd}
+        for i in $(seq 0 63); do
+            mkdir -p s$i/.git && echo 'ref: refs/heads/main' > s$i/.git/HEAD
+            printf '[submodule "s%s"]\\n\\tpath = s%s\\n' $i $i >> .gitmodules
+        done
+    """, user="alice")
+    bed.run(["sh", "-c", "cat > loop.sh"], user="alice", cwd=wd, input=LOOP)
+    out = lev(bed, "alice", "run", "--detach", f"{home}/wbp", cwd=wd).stdout.strip()
+    a = Agent(bed, "alice", out, wd)
+    try:
+        rc, mounts, err = a.call("wc -l < /proc/self/mountinfo")
+        assert rc == 0 and int(mounts) > 256, (mounts, err)
+        rc, _out, err = a.call(
+            f"lev tool read_file {home}/shared/doc.txt > s63/.git/late.json")
+        assert rc == 0, err
+        assert a.taint() == "private"
+        _evict(a)
+        assert _read_back(a, "s63/.git/late.json") == "private"
+    finally:
+        lev(bed, "alice", "stop", a.id, check=False)
