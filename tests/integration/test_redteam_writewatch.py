@@ -165,3 +165,34 @@ def test_a_write_through_a_mount_past_the_first_256_is_not_laundered(bed: Testbe
         assert _read_back(a, "s63/.git/late.json") == "private"
     finally:
         lev(bed, "alice", "stop", a.id, check=False)
+
+
+FLOOD = """
+import os
+os.makedirs("flood", exist_ok=True)
+for i in range(20000):
+    fd = os.open(f"flood/f{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, b"x")
+    os.close(fd)
+"""
+
+
+def test_a_labelled_file_opened_behind_a_flood_of_events_still_raises_the_taint_first(
+    bed: Testbed, agent: Agent
+) -> None:
+    """The agent opens its labelled file after the eviction, behind tens of
+    thousands of its own file events, and asks the broker to send at once:
+    the broker must have seen the open before it reads the taint."""
+    home = bed.users["alice"].home
+    _evict(agent)
+    rc, _out, err = agent.call(f"lev tool read_file {home}/shared/doc.txt > flooded.json")
+    assert rc == 0, err
+    _evict(agent)
+    rc, out, err = agent.call(
+        f"rm -rf flood; python3 - <<'EOF'\n{FLOOD}EOF\n"
+        "cat flooded.json >/dev/null; lev tool http_get http://127.0.0.1:9/x")
+    agent.call("rm -rf flood")
+    try:
+        assert "on_exceed=deny" in out + err, out + err
+    finally:
+        _evict(agent)
