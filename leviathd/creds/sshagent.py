@@ -279,8 +279,9 @@ class SSHAgentServer:
         for path in spec.known_hosts or DEFAULT_KNOWN_HOSTS:
             if path.startswith("~/"):
                 path = os.path.join(broker.user.home, path[2:])
-            text = await asyncio.to_thread(_read_as_user, broker, path)
-            name = covered_name(text, hostkey, spec.hosts) if text else None
+            # Parsed off the loop too: the text is the user's (up to 1 MiB of
+            # hashed names, each tried against every pattern: a second).
+            name = await asyncio.to_thread(_lookup, broker, path, hostkey, spec.hosts)
             if name is not None:
                 return name
         return None
@@ -319,6 +320,11 @@ def _userauth_user(data: bytes, bind: _Bind, blob: bytes) -> str:
     if not hmac.compare_digest(session_id, bind.session_id):
         raise Refused("the data to sign is for another session than the bound one")
     return user.decode("utf-8", "replace")
+
+
+def _lookup(broker: Broker, path: str, hostkey: bytes, hosts: tuple[str, ...]) -> str | None:
+    text = _read_as_user(broker, path)
+    return covered_name(text, hostkey, hosts) if text else None
 
 
 def _read_as_user(broker: Broker, path: str) -> str:

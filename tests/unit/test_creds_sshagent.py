@@ -184,3 +184,41 @@ def test_ssh_sign_denied_by_permission_signs_nothing(tmp: str) -> None:
         assert c.bind(HOST, b"S" * 32) == 6
         assert c.sign(key, userauth(b"S" * 32, key)) == 5
         assert any("refused by policy" in a.detail for a in r.audit if a.tool == "ssh_sign")
+
+
+def test_a_large_known_hosts_is_not_parsed_on_the_daemons_loop(tmp: str) -> None:
+    """Red team: the known_hosts text is the user's (a `kind = "none"`
+    agent's too), up to 1 MiB of hashed names, each tried against every
+    covered pattern; parsed on the event loop, each sign request stalled
+    every other user's calls for most of a second."""
+    pub = HOST.export_public_key().decode().split()
+    names = ",".join(hashed(f"decoy{i}.example") for i in range(20))
+    line = f"{names} {pub[0]} {pub[1]}\n"
+    with agent_socket(tmp) as (path, r, key):
+        known = os.path.join(tmp, "known_hosts")
+        with open(known, "w") as f:
+            f.write(line * ((1 << 20) // len(line) - 1))
+            f.write(f"[git.example.com]:2222 {pub[0]} {pub[1]}\n")
+        spec = r.broker.policy.settings.credentials["deploy"]
+        many = CredentialSpec((), spec.secret_file, kind="ssh", known_hosts=(known,),
+                              hosts=(*(f"h{i}.example" for i in range(20)),
+                                     "git.example.com:2222"))
+        r.broker.policy.settings.credentials["deploy"] = many  # type: ignore[index]
+        gaps: list[float] = []
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            last = r.loop.time()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+                now = r.loop.time()
+                gaps.append(now - last)
+                last = now
+
+        fut = asyncio.run_coroutine_threadsafe(ticker(), r.loop)
+        with Client(path) as c:
+            assert c.bind(HOST, b"S" * 32) == 6
+            assert c.sign(key, userauth(b"S" * 32, key)) == 14
+        r.loop.call_soon_threadsafe(stop.set)
+        fut.result(10)
+        assert max(gaps) < 0.2, max(gaps)
