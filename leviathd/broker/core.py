@@ -348,13 +348,6 @@ class Broker:
                 and sum(e.label == top for e in entries) == 1):
             self._settle_writes()  # the oldest, the last one at the top, is going
 
-    def watch_new_fence(self) -> None:
-        """A `shell` fence of this agent was just built (new mounts, which
-        the marks set so far do not cover): its mounts are marked before
-        its command runs."""
-        if not self.write_watch.ensure(None, self.scope_cgroup, rescan=True):
-            self._watch_failed(self.write_watch.failed or "unknown")
-
     def engine_changed(self) -> None:
         """The agent's engine socket is about to run or store something
         (a container started, an exec, a create, a build). Its containers'
@@ -365,6 +358,20 @@ class Broker:
         that taint."""
         if self.ledger.taint > Sensitivity.INTERNAL:
             self.write_watch.lost(self.ledger.taint)
+
+    def watch_fence(self, pid: int, cgroup: str) -> None:
+        """The `shell` tool's fence (`pid`, its PID 1, in the agent's scope
+        by the kernel's word) is built and waits: while the agent holds
+        data above Internal, or its processes wrote labelled files this run
+        (whose opening must raise the taint), its mounts are marked before
+        the command runs. If they cannot be, the command does not run."""
+        watch = self.write_watch
+        if self.ledger.taint <= Sensitivity.INTERNAL and not watch.active:
+            return
+        if not watch.ensure_fence(pid, cgroup):
+            why = watch.failed or "unknown"
+            self._watch_failed(why)
+            raise Unavailable(f"the shell's writes cannot be watched: {why}")
 
     def _settle_writes(self) -> None:
         if self.ledger.taint <= Sensitivity.INTERNAL:

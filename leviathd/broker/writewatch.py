@@ -216,6 +216,21 @@ class WriteWatch:
         self._start_reading()
         return True
 
+    def ensure_fence(self, pid: int, cgroup: str) -> bool:
+        """The `shell` tool's fence, built and waiting to run its command
+        (gate/fencehold.py): every writable mount of its namespace is
+        marked, even if a scan of the scope met that namespace half built."""
+        try:
+            ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino
+        except OSError as exc:
+            self.failed = str(exc)
+            return False
+        self._namespaces.discard(ns)
+        marked = self.ensure(pid, cgroup) and ns in self._namespaces
+        if not marked and self.failed is None:
+            self.failed = "the shell's fence is not the agent's"
+        return marked
+
     def _mark_all(self, pid: int) -> None:
         assert self._group is not None
         with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="replace") as f:
