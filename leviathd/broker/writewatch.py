@@ -168,6 +168,9 @@ class WriteWatch:
         # The highest label set on a file (what the shell may read back).
         self.written = Sensitivity.PUBLIC
         self.failed: str | None = None
+        # Watched for the agent's whole life: it started in a workdir
+        # holding labelled files (opens must be seen whatever the taint).
+        self.sticky = False
 
     @property
     def active(self) -> bool:
@@ -283,7 +286,7 @@ class WriteWatch:
         if self._group is None:
             return
         self.drain()
-        if self.written <= Sensitivity.INTERNAL or self._on_read is None:
+        if (self.written <= Sensitivity.INTERNAL or self._on_read is None) and not self.sticky:
             self.close()
 
     def close(self) -> None:

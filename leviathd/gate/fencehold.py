@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 _UCRED = struct.Struct("iII")
 
@@ -39,12 +41,40 @@ def _sender(ancillary: list[tuple[int, int, bytes]]) -> int | None:
     return None
 
 
-async def release(sock: socket.socket, mark: Callable[[int], None]) -> None:
-    """Wait for the fence's word, `mark(pid)`, then let it run. If `mark`
-    raises, or the word carries no pid, the fence is left to fail (our end
-    closes unanswered). Returns at once when the child ends without a word
-    (its fence failed before)."""
+def waiter(fd: int) -> Callable[[], None]:
+    """The fence's end (in its PID 1, mounts built): say so, wait for the
+    daemon's answer. No answer (the daemon failed to mark, or is gone)
+    raises, and the fence fails."""
+    def ready() -> None:
+        # The kernel attaches this process's pid (our peer has SO_PASSCRED).
+        os.write(fd, b"r")
+        answer = os.read(fd, 1)
+        os.close(fd)
+        if answer != b"g":
+            raise OSError(errno.EPERM, "the daemon could not watch the fence's writes")
+    return ready
+
+
+async def serve(sock: socket.socket, mark: Callable[[int], Awaitable[None]]) -> None:
+    """The agent's own fences, one per step, each waiting in turn: `mark`
+    each, until the supervisor ends. Our end is closed when this returns."""
+    try:
+        while await release(sock, mark, keep=True):
+            pass
+    finally:
+        with contextlib.suppress(OSError):
+            sock.close()
+
+
+async def release(sock: socket.socket, mark: Callable[[int], Awaitable[None] | None], *,
+                  keep: bool = False) -> bool:
+    """Wait for the fence's word, `mark(pid)`, then let it run (True). If
+    `mark` raises, or the word carries no pid, the fence is left to fail (our
+    end closes unanswered). Returns False at once when the child ends without
+    a word (its fence failed before). `keep`: our end stays open after an
+    answer, for the next fence."""
     loop = asyncio.get_running_loop()
+    answered = False
     try:
         while True:
             try:
@@ -64,14 +94,19 @@ async def release(sock: socket.socket, mark: Callable[[int], None]) -> None:
                 finally:
                     loop.remove_reader(sock)
         if data != b"r":
-            return
+            return False
         pid = _sender(ancillary)
         if pid is None:
-            return
-        mark(pid)
+            return False
+        pending = mark(pid)
+        if pending is not None:
+            await pending
         sock.send(b"g")
+        answered = True
+        return True
     except OSError:
-        return
+        return False
     finally:
-        with contextlib.suppress(OSError):
-            sock.close()
+        if not (keep and answered):
+            with contextlib.suppress(OSError):
+                sock.close()

@@ -121,6 +121,7 @@ class GateService:
         self._agents.spec_extensions.append(self.extend_spec)
         self._agents.start_hooks.append(self.on_start)
         self._agents.end_hooks.append(self.on_end)
+        self._agents.fence_hooks.append(self.on_fence)
 
     # -- what the agent sees ----------------------------------------------
 
@@ -160,6 +161,13 @@ class GateService:
         )
 
     # -- life cycle ---------------------------------------------------------
+
+    async def on_fence(self, rec: AgentRecord, pid: int) -> None:
+        """An agent's own fence in a labelled workdir waits for its marks."""
+        live = self.live.get(rec.id)
+        if live is None:
+            raise Unavailable(f"agent {rec.id} has no broker")
+        live.broker.watch_from_start(pid, cgroup_of(rec.supervisor_pid))
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
         settings = policy_settings(merged.agent, self._agents.machine_config)

@@ -18,13 +18,12 @@ A credential command (issue 21) comes the same way, with a spec of its own
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable
 
+from leviathd.gate import fencehold
 from leviathd.sandbox.spec import SandboxSpec
 
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -56,18 +55,6 @@ def _stdin(text: object) -> None:
     os.close(fd)
 
 
-def _held(fd: int) -> Callable[[], None]:
-    def ready() -> None:
-        # The kernel attaches this process's pid (the daemon's end has
-        # SO_PASSCRED): the fence's PID 1, whose mounts are to be marked.
-        os.write(fd, b"r")
-        answer = os.read(fd, 1)
-        os.close(fd)
-        if answer != b"g":
-            raise OSError(errno.EPERM, "the daemon could not watch the fence's writes")
-    return ready
-
-
 def main() -> int:
     payload = sys.stdin.buffer.read()
     if not payload:
@@ -82,7 +69,7 @@ def main() -> int:
     ready = None
     if isinstance(hold, int) and hold > 2:
         os.set_inheritable(hold, False)
-        ready = _held(hold)
+        ready = fencehold.waiter(hold)
     _stdin(message.get("stdin"))
     for sig in _RESET_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)

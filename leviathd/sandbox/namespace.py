@@ -209,7 +209,8 @@ def run(
 
 
 def start(
-    spec: SandboxSpec, *, workdir_fd: int | None, exit_fd: int, shell: int | None = None
+    spec: SandboxSpec, *, workdir_fd: int | None, exit_fd: int, shell: int | None = None,
+    ready: Callable[[], None] | None = None,
 ) -> int:
     """Build the fence and start its PID 1, a sealed shell that runs the
     command and writes its exit status to `exit_fd`; return PID 1's pid (as
@@ -239,7 +240,7 @@ def start(
     pid = os.fork()
     if pid == 0:
         os.close(rfd)
-        _pid1(spec, wfd, workdir_fd, recorder=(shell, exit_fd))  # never returns
+        _pid1(spec, wfd, workdir_fd, recorder=(shell, exit_fd), ready=ready)  # never returns
     os.close(wfd)
     os.close(shell)
     try:

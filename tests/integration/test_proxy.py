@@ -556,9 +556,6 @@ def test_private_data_written_by_the_shell_tools_command_stays_private(
     evict_private(agent)
 
 
-@pytest.mark.xfail(strict=True, reason="open hole (docs/security-model.md, Limits): a new "
-                   "agent's own processes opening a file labelled in an earlier run are not "
-                   "watched")
 def test_a_file_labelled_in_an_earlier_run_cannot_be_sent_out_by_the_next_agent(
     bed: Testbed, agent: Agent
 ) -> None:
