@@ -61,6 +61,8 @@ async def serve(sock: socket.socket, mark: Callable[[int], Awaitable[None]]) -> 
     try:
         while await release(sock, mark, keep=True):
             pass
+    except Exception:
+        return
     finally:
         with contextlib.suppress(OSError):
             sock.close()
