@@ -30,6 +30,7 @@ from leviathd.authority import Authority, Caller, Right
 from leviathd.config import load as config_load
 from leviathd.config.merge import Effective, MergeResult, resolve
 from leviathd.config.models import Blueprint, Config, SandboxKind
+from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import (
     Busy,
     ConfigError,
@@ -39,7 +40,9 @@ from leviathd.errors import (
     Unavailable,
 )
 from leviathd.events import Event
+from leviathd.gate import fencehold
 from leviathd.identity import UserInfo, user_info
+from leviathd.policy import filelabels
 from leviathd.records import FULL, AgentRecord, AgentState, RecordStore
 from leviathd.sandbox import container, scratch, supervisor
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
@@ -141,6 +144,11 @@ class Agents:
         # released (a hook that raises aborts the start, leaving nothing);
         # end_hooks run when it has ended, before its scratch is removed.
         self.start_hooks: list[Callable[[AgentRecord, MergeResult, UserInfo], Awaitable[None]]] = []
+        # Called with the pid of an agent's fence whose mounts are built and
+        # which waits (gate/fencehold.py) before its command runs; raising
+        # leaves it unanswered, so the fence fails.
+        self.fence_hooks: list[Callable[[AgentRecord, int], Awaitable[None]]] = []
+        self._holds: set[asyncio.Future[None]] = set()
         self.end_hooks: list[Callable[[AgentRecord], Awaitable[None]]] = [container.end_hook]
 
     # --- configuration -----------------------------------------------------
@@ -219,11 +227,24 @@ class Agents:
 
         agent_id = self._new_id()
         unit = unit_name(user.name, agent_name, agent_id)
-        held = supervisor.fork_held(
-            user, req.workdir, exit_path=self._store.exit_path(agent_id),
-            identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=stdio,
-            shell=_shared_shell() if "namespace" in kinds else None,
-        )
+        # Each namespace fence may have to wait for the daemon's marks
+        # (gate/fencehold.py): decided once the workdir is known.
+        hold = fencehold.pair() if "namespace" in kinds and self.fence_hooks else None
+        try:
+            held = supervisor.fork_held(
+                user, req.workdir, exit_path=self._store.exit_path(agent_id),
+                identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=stdio,
+                shell=_shared_shell() if "namespace" in kinds else None,
+                hold=hold[1].fileno() if hold else None,
+            )
+        except BaseException:
+            if hold:
+                hold[0].close()
+            raise
+        finally:
+            if hold:
+                hold[1].close()
+        holding = False
         scratch_path = ""
         scope_usec = 0
 
@@ -252,6 +273,7 @@ class Agents:
                 real_workdir = detail
                 # Again as resolved: a link in the user's home may lead to /etc.
                 refuse_system_workdir(real_workdir, user.home)
+                holding = hold is not None and _labelled_workdir(held)
                 # Specs look at the user's workdir (a worktree's git folders...).
                 steps = await self._in_worker(who.uid, self._specs, plan, kinds, user, req,
                                               real_workdir, agent_id)  # fmt: skip
@@ -301,6 +323,8 @@ class Agents:
             # start (a full disk), and nothing of it is left behind.
             self._store.save(rec)
         except BaseException:
+            if hold:
+                hold[0].close()
             held.abort()
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(held.pid, 0)
@@ -314,7 +338,14 @@ class Agents:
             self._store.forget(agent_id)
             raise
         self.records[agent_id] = rec
-        supervisor.release(held, spec_dicts)
+        supervisor.release(held, spec_dicts, hold=holding)
+        if hold and holding:
+            task = asyncio.ensure_future(
+                fencehold.serve(hold[0], lambda pid: self._fence_ready(rec, pid)))
+            self._holds.add(task)
+            task.add_done_callback(self._holds.discard)
+        elif hold:
+            hold[0].close()
         kind = rec.sandbox
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
         self._await_handover(rec, held)
@@ -335,6 +366,10 @@ class Agents:
         self._signal_to[agent_id] = who.sender
         self._on_started(agent_id, unit, user.uid, to=who.sender)
         return rec
+
+    async def _fence_ready(self, rec: AgentRecord, pid: int) -> None:
+        for hook in self.fence_hooks:
+            await hook(rec, pid)
 
     # --- planning, off the event loop ------------------------------------
 
@@ -958,6 +993,25 @@ def _limits(eff: Effective) -> ScopeLimits:
         memory_max=got["memory_max"], tasks_max=got["tasks_max"],
         cpu_quota_percent=got["cpu_quota"], cpu_weight=got["cpu_weight"],
     )
+
+
+def _labelled_workdir(held: supervisor.Held) -> bool:
+    """Whether an agent's processes ever wrote data above Internal in this
+    workdir (its mark, policy/filelabels.py): then the new agent's fences
+    wait until its opens there are watched, so a file labelled in an
+    earlier run is not read unseen. Read through the descriptor the held
+    child opened as the user."""
+    try:
+        fd = os.open(held.workdir_path(), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        mark = filelabels.dir_mark(fd)
+    except OSError:
+        return True  # unreadable: as if labelled
+    finally:
+        os.close(fd)
+    return mark is not None and mark > Sensitivity.INTERNAL
 
 
 async def _read_status(held: supervisor.Held) -> tuple[bool, str]:

@@ -4,6 +4,7 @@ ledger, and every decision becomes an audit record."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -121,6 +122,7 @@ class Broker:
         self.caller_pid: int | None = None
         # Labels on what the agent's own processes write while tainted.
         self.write_watch = WriteWatch(agent_id, lambda: self.ledger.taint,
+                                      on_label=self._labelled,
                                       on_read=self._read_in_sandbox)
         self._watch_failure: str | None = None
         self._in_flight = 0
@@ -348,13 +350,6 @@ class Broker:
                 and sum(e.label == top for e in entries) == 1):
             self._settle_writes()  # the oldest, the last one at the top, is going
 
-    def watch_new_fence(self) -> None:
-        """A `shell` fence of this agent was just built (new mounts, which
-        the marks set so far do not cover): its mounts are marked before
-        its command runs."""
-        if not self.write_watch.ensure(None, self.scope_cgroup, rescan=True):
-            self._watch_failed(self.write_watch.failed or "unknown")
-
     def engine_changed(self) -> None:
         """The agent's engine socket is about to run or store something
         (a container started, an exec, a create, a build). Its containers'
@@ -365,6 +360,54 @@ class Broker:
         that taint."""
         if self.ledger.taint > Sensitivity.INTERNAL:
             self.write_watch.lost(self.ledger.taint)
+
+    def watch_fence(self, pid: int, cgroup: str) -> None:
+        """The `shell` tool's fence (`pid`, its PID 1, in the agent's scope
+        by the kernel's word) is built and waits: while the agent holds
+        data above Internal, or its processes wrote labelled files this run
+        (whose opening must raise the taint), its mounts are marked before
+        the command runs. If they cannot be, the command does not run."""
+        watch = self.write_watch
+        if self.ledger.taint <= Sensitivity.INTERNAL and not watch.active:
+            return
+        if not watch.ensure_fence(pid, cgroup):
+            why = watch.failed or "unknown"
+            self._watch_failed(why)
+            raise Unavailable(f"the shell's writes cannot be watched: {why}")
+
+    def watch_from_start(self, pid: int, cgroup: str) -> None:
+        """The agent's own fence, in a workdir where some agent's processes
+        wrote data above Internal, waits before its command runs: its mounts
+        are marked and stay marked for the agent's life, so its processes
+        opening a file labelled in an earlier run raise the taint
+        (`_read_in_sandbox`) as in the run that labelled it."""
+        self.write_watch.sticky = True
+        if not self.write_watch.ensure_fence(pid, cgroup):
+            why = self.write_watch.failed or "unknown"
+            self._watch_failed(why)
+            raise Unavailable(f"the agent's opens cannot be watched: {why}")
+
+    def _labelled(self, label: Sensitivity) -> None:
+        """The watch labelled a file (or lost events) at `label`: the
+        workdir keeps the mark, so the next agent there is watched from its
+        start (agents/service.py, _labelled_workdir)."""
+        if label <= Sensitivity.INTERNAL:
+            return
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().run_in_executor(
+                self.pool(), self._mark_workdir, label)
+
+    def _mark_workdir(self, label: Sensitivity) -> None:
+        self.start()
+        fd = self._workdir_fd()
+        if fd is None:
+            return
+        try:
+            filelabels.raise_dir_mark(fd, label)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def _settle_writes(self) -> None:
         if self.ledger.taint <= Sensitivity.INTERNAL:

@@ -168,6 +168,9 @@ class WriteWatch:
         # The highest label set on a file (what the shell may read back).
         self.written = Sensitivity.PUBLIC
         self.failed: str | None = None
+        # Watched for the agent's whole life: it started in a workdir
+        # holding labelled files (opens must be seen whatever the taint).
+        self.sticky = False
 
     @property
     def active(self) -> bool:
@@ -215,6 +218,21 @@ class WriteWatch:
         self.failed = None
         self._start_reading()
         return True
+
+    def ensure_fence(self, pid: int, cgroup: str) -> bool:
+        """The `shell` tool's fence, built and waiting to run its command
+        (gate/fencehold.py): every writable mount of its namespace is
+        marked, even if a scan of the scope met that namespace half built."""
+        try:
+            ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino
+        except OSError as exc:
+            self.failed = str(exc)
+            return False
+        self._namespaces.discard(ns)
+        marked = self.ensure(pid, cgroup) and ns in self._namespaces
+        if not marked and self.failed is None:
+            self.failed = "the shell's fence is not the agent's"
+        return marked
 
     def _mark_all(self, pid: int) -> None:
         assert self._group is not None
@@ -268,7 +286,7 @@ class WriteWatch:
         if self._group is None:
             return
         self.drain()
-        if self.written <= Sensitivity.INTERNAL or self._on_read is None:
+        if (self.written <= Sensitivity.INTERNAL or self._on_read is None) and not self.sticky:
             self.close()
 
     def close(self) -> None:

@@ -29,7 +29,6 @@ import grp
 import json
 import os
 import signal
-import socket
 import stat
 import sys
 import syslog
@@ -50,6 +49,7 @@ from leviathd.config.policy_settings import policy_settings
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, NotFound, Unavailable
 from leviathd.events import Event
+from leviathd.gate import fencehold
 from leviathd.identity import UserInfo, user_info
 from leviathd.paths import runtime_dir
 from leviathd.policy.approvals import Answer, ApprovalQueue, PendingRequest
@@ -121,6 +121,7 @@ class GateService:
         self._agents.spec_extensions.append(self.extend_spec)
         self._agents.start_hooks.append(self.on_start)
         self._agents.end_hooks.append(self.on_end)
+        self._agents.fence_hooks.append(self.on_fence)
 
     # -- what the agent sees ----------------------------------------------
 
@@ -160,6 +161,13 @@ class GateService:
         )
 
     # -- life cycle ---------------------------------------------------------
+
+    async def on_fence(self, rec: AgentRecord, pid: int) -> None:
+        """An agent's own fence in a labelled workdir waits for its marks."""
+        live = self.live.get(rec.id)
+        if live is None:
+            raise Unavailable(f"agent {rec.id} has no broker")
+        live.broker.watch_from_start(pid, cgroup_of(rec.supervisor_pid))
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
         settings = policy_settings(merged.agent, self._agents.machine_config)
@@ -407,12 +415,10 @@ class GateService:
             raise Unavailable(f"shell is not available in a {spec.get('kind')} sandbox yet")
         spec["argv"] = ["/bin/sh", "-c", req.command]
         timeout = min(req.timeout or SHELL_TIMEOUT, SHELL_TIMEOUT)
-        # A fresh fence is a fresh mount namespace, new mounts: while the
-        # agent's writes are watched, its command waits until they are too,
-        # or what it writes there (Private data in the command line, a copy
-        # of a labelled file) would come back unlabelled after an eviction.
-        watched = spec.get("kind") == "namespace" and live.broker.write_watch.active
-        return await self._run_in_scope(live, spec, timeout, watched=watched)
+        # A fence of its own: a mount namespace the broker's write watch has
+        # not seen. Its PID 1 waits until the broker has marked it.
+        hold = live.broker.watch_fence if spec.get("kind") == "namespace" else None
+        return await self._run_in_scope(live, spec, timeout, hold=hold)
 
     async def run_tool(self, req: ArgvRequest) -> Mapping[str, Any]:
         """A blueprint tool's argv, run exactly as the shell is (its scope,
@@ -424,9 +430,9 @@ class GateService:
                               "sandbox yet")
         spec["argv"] = list(req.argv)
         # Its fence is as new as the shell's: marked first (run_shell).
-        watched = spec.get("kind") == "namespace" and live.broker.write_watch.active
+        hold = live.broker.watch_fence if spec.get("kind") == "namespace" else None
         return await self._run_in_scope(live, spec, min(req.timeout, SHELL_TIMEOUT),
-                                        watched=watched)
+                                        hold=hold)
 
     async def run_credential(self, req: CredentialRequest) -> Mapping[str, Any]:
         """A credential command in the agent's scope (its limits apply) but in
@@ -442,42 +448,46 @@ class GateService:
 
     async def _run_in_scope(
         self, live: _Live, spec: dict[str, Any], timeout: float, *, stdin: str = "",
-        watched: bool = False,
+        hold: Callable[[int, str], None] | None = None,
     ) -> Mapping[str, Any]:
-        ours, theirs = socket.socketpair() if watched else (None, None)
+        held = fencehold.pair() if hold is not None else None
+        # The child's end keeps its number across the exec (pass_fds).
+        child_end = held[1].fileno() if held else -1
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "leviathd.gate.shell",
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True,
-                pass_fds=(theirs.fileno(),) if theirs is not None else (),
+                pass_fds=(child_end,) if held else (),
             )
         except BaseException:
-            for s in (ours, theirs):
-                if s is not None:
-                    s.close()
+            if held:
+                held[0].close()
             raise
-        message: dict[str, Any] = {"unit": live.rec.unit, "spec": spec}
-        if theirs is not None:
-            message["hold"] = theirs.fileno()
-            theirs.close()
+        finally:
+            if held:
+                held[1].close()
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        message: dict[str, Any] = {"unit": live.rec.unit, "spec": spec}
         if stdin:
             message["stdin"] = stdin
         try:
-            await self._attach(live.rec, proc.pid)
+            cgroup = await self._attach(live.rec, proc.pid)
+            if held:
+                message["hold"] = child_end
             proc.stdin.write(json.dumps(message).encode())
             await proc.stdin.drain()
             proc.stdin.close()
-            if ours is not None:
-                await asyncio.wait_for(_mark_fence(live, ours, proc), timeout)
-            out, err = await asyncio.wait_for(
-                asyncio.gather(_read_capped(proc.stdout), _read_capped(proc.stderr)), timeout
+            out, err, _ = await asyncio.wait_for(
+                asyncio.gather(
+                    _read_capped(proc.stdout), _read_capped(proc.stderr),
+                    fencehold.release(held[0], lambda pid: hold(pid, cgroup))
+                    if held and hold is not None else asyncio.sleep(0),
+                ),
+                timeout,
             )
             status = await proc.wait()
         except TimeoutError:
-            if ours is not None:
-                ours.close()
             _kill_group(proc.pid)
             await proc.wait()
             return {"exit_status": 124, "stdout": "", "stderr": f"timed out after {timeout:.0f}s",
@@ -487,13 +497,13 @@ class GateService:
             await proc.wait()
             raise
         finally:
-            if ours is not None:
-                ours.close()
+            if held:
+                held[0].close()
         return {"exit_status": 128 - status if status < 0 else status,
                 "stdout": out.decode("utf-8", "replace"),
                 "stderr": err.decode("utf-8", "replace")}
 
-    async def _attach(self, rec: AgentRecord, pid: int) -> None:
+    async def _attach(self, rec: AgentRecord, pid: int) -> str:
         """Move `pid` into the agent's scope in every cgroup hierarchy, as the
         container launcher does for its engine. systemd's own
         AttachProcessesToUnit refuses units without Delegate=yes, which agent
@@ -512,28 +522,7 @@ class GateService:
                     f.write(str(pid))
         except OSError as exc:
             raise Unavailable(f"cannot move the shell into {rec.unit}: {exc}") from None
-
-
-async def _mark_fence(live: _Live, sock: socket.socket, proc: asyncio.subprocess.Process
-                      ) -> None:
-    """The shell's PID 1 built its mounts and waits on `sock`: they are
-    marked (every mount namespace of the scope looked at again), then it
-    may run the command. A fence that failed ends the process instead."""
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    ready = asyncio.ensure_future(loop.sock_recv(sock, 1))
-    ended = asyncio.ensure_future(proc.wait())
-    try:
-        await asyncio.wait({ready, ended}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        ended.cancel()
-    if not ready.done():
-        ready.cancel()
-        return
-    if ready.exception() is None and ready.result():
-        live.broker.watch_new_fence()
-        with contextlib.suppress(OSError):
-            await loop.sock_sendall(sock, b"g")
+        return cgroup
 
 
 @contextlib.contextmanager

@@ -8,6 +8,10 @@ the scope. It then checks that it really sits in the scope named in the spec
 message, puts /dev/null on stdin and runs the command through the same
 launcher as the agent (a fresh fence built from the agent's recorded spec),
 exiting with the command's status. stdout and stderr are the daemon's pipes.
+With `hold` in the message (a socket the daemon passed), the fence's PID 1
+says so on it once its mounts are built and runs nothing of the command
+until the daemon answers: the daemon marks those mounts for its write watch
+first (broker/writewatch.py), so no write of the command goes unseen.
 A credential command (issue 21) comes the same way, with a spec of its own
 (sandbox/credential_fence.py) and its secret as `stdin`.
 """
@@ -19,6 +23,7 @@ import os
 import signal
 import sys
 
+from leviathd.gate import fencehold
 from leviathd.sandbox.spec import SandboxSpec
 
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -60,6 +65,11 @@ def main() -> int:
         print(f"leviathd shell: not inside {unit}; refusing to run", file=sys.stderr)
         return 125
     spec = SandboxSpec.from_dict(message["spec"])
+    hold = message.get("hold")
+    ready = None
+    if isinstance(hold, int) and hold > 2:
+        os.set_inheritable(hold, False)
+        ready = fencehold.waiter(hold)
     _stdin(message.get("stdin"))
     for sig in _RESET_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
@@ -67,8 +77,7 @@ def main() -> int:
     if spec.kind == "namespace":
         from leviathd.sandbox import namespace
 
-        hold = message.get("hold")
-        return namespace.run(spec, hold=hold if isinstance(hold, int) else None)
+        return namespace.run(spec, ready=ready)
     if spec.kind == "none":
         from leviathd.sandbox import none
 

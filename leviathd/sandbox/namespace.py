@@ -52,7 +52,7 @@ import socket
 import stat
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 from leviathd import resource_defaults
@@ -176,7 +176,10 @@ def _loopback_up() -> None:
         sock.close()
 
 
-def run(spec: SandboxSpec, *, workdir_fd: int | None = None, hold: int | None = None) -> int:
+def run(
+    spec: SandboxSpec, *, workdir_fd: int | None = None,
+    ready: Callable[[], None] | None = None,
+) -> int:
     """Build the fence described by `spec`, run its command inside, return its
     exit status. Must run as root, in a process of its own.
 
@@ -184,11 +187,9 @@ def run(spec: SandboxSpec, *, workdir_fd: int | None = None, hold: int | None = 
     for (sandbox/supervisor.py); it is what gets mounted, whatever the path names by now.
     The scratch tmpfs is normally mounted by the supervisor (scratch.enter);
     when it is not, this process mounts its own and drops it at the end.
-
-    `hold`: a socket on which PID 1, once the fence's mounts are built and
-    before the command runs, says so and waits for a byte back (the daemon
-    marks the new mounts for the agent's write watch meanwhile: the `shell`
-    tool's fence of a tainted agent, broker/writewatch.py)."""
+    `ready`: called in PID 1 once the fence's mounts are all built, before
+    anything of the command runs (the `shell` tool: the daemon marks the
+    new mounts for its write watch then); raising fails the fence."""
     if spec.kind != "namespace":
         raise InvalidArgument(f"the namespace launcher cannot run a {spec.kind!r} spec")
     if os.geteuid() != 0:
@@ -197,10 +198,10 @@ def run(spec: SandboxSpec, *, workdir_fd: int | None = None, hold: int | None = 
     mounted = scratch.open_mounted(spec) if existed else None
     if mounted is not None:
         os.close(mounted)
-        return _run(spec, workdir_fd, hold)
+        return _run(spec, workdir_fd, ready)
     scratch.enter(spec)
     try:
-        return _run(spec, workdir_fd, hold)
+        return _run(spec, workdir_fd, ready)
     finally:
         scratch.leave(spec)
         if not existed:
@@ -208,7 +209,8 @@ def run(spec: SandboxSpec, *, workdir_fd: int | None = None, hold: int | None = 
 
 
 def start(
-    spec: SandboxSpec, *, workdir_fd: int | None, exit_fd: int, shell: int | None = None
+    spec: SandboxSpec, *, workdir_fd: int | None, exit_fd: int, shell: int | None = None,
+    ready: Callable[[], None] | None = None,
 ) -> int:
     """Build the fence and start its PID 1, a sealed shell that runs the
     command and writes its exit status to `exit_fd`; return PID 1's pid (as
@@ -238,7 +240,7 @@ def start(
     pid = os.fork()
     if pid == 0:
         os.close(rfd)
-        _pid1(spec, wfd, workdir_fd, recorder=(shell, exit_fd))  # never returns
+        _pid1(spec, wfd, workdir_fd, recorder=(shell, exit_fd), ready=ready)  # never returns
     os.close(wfd)
     os.close(shell)
     try:
@@ -266,7 +268,9 @@ def ended_early(pid: int) -> int | None:
         status)
 
 
-def _run(spec: SandboxSpec, workdir_fd: int | None, hold: int | None = None) -> int:
+def _run(
+    spec: SandboxSpec, workdir_fd: int | None, ready: Callable[[], None] | None = None
+) -> int:
     relay = 0
     try:
         flags = _namespace_flags(spec)
@@ -285,7 +289,7 @@ def _run(spec: SandboxSpec, workdir_fd: int | None, hold: int | None = None) -> 
         _stop_relay(relay)
         raise Unavailable(f"cannot build the namespace fence: {exc}") from exc
     try:
-        return _run_pid1(spec, workdir_fd, hold)
+        return _run_pid1(spec, workdir_fd, ready)
     finally:
         _stop_relay(relay)
 
@@ -309,7 +313,9 @@ def _stop_relay(pid: int) -> None:
             os.waitpid(pid, 0)
 
 
-def _run_pid1(spec: SandboxSpec, workdir_fd: int | None, hold: int | None = None) -> int:
+def _run_pid1(
+    spec: SandboxSpec, workdir_fd: int | None, ready: Callable[[], None] | None = None
+) -> int:
 
     rfd, wfd = os.pipe2(os.O_CLOEXEC)
     sys.stdout.flush()
@@ -317,10 +323,8 @@ def _run_pid1(spec: SandboxSpec, workdir_fd: int | None, hold: int | None = None
     pid = os.fork()
     if pid == 0:  # PID 1 of the new PID namespace
         os.close(rfd)
-        _pid1(spec, wfd, workdir_fd, hold=hold)  # never returns
+        _pid1(spec, wfd, workdir_fd, ready=ready)  # never returns
     os.close(wfd)
-    if hold is not None:
-        os.close(hold)
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -474,7 +478,7 @@ def _command_missing(argv0: str, env: dict[str, str]) -> int:
 
 def _pid1(
     spec: SandboxSpec, wfd: int, workdir_fd: int | None,
-    recorder: tuple[int, int] | None = None, hold: int | None = None,
+    recorder: tuple[int, int] | None = None, ready: Callable[[], None] | None = None,
 ) -> NoReturn:
     """`recorder`: (sealed shell, exit record fd) for start(); then nothing
     ties PID 1 to its parent, which does not wait for it."""
@@ -500,12 +504,8 @@ def _pid1(
         _build_root(spec, workdir_fd)
         if workdir_fd is not None:
             os.close(workdir_fd)
-        if hold is not None:
-            # Nothing of the command runs before the daemon has seen the
-            # mounts; a daemon gone (EOF) lets it run unwatched, as before.
-            os.write(hold, b"r")
-            os.read(hold, 1)
-            os.close(hold)
+        if ready is not None:
+            ready()
     except (FenceError, OSError, Unavailable) as exc:
         _fail(wfd, str(exc))
     except BaseException as exc:  # anything at all: report it, never fall through

@@ -27,6 +27,7 @@ import resource
 import select
 import signal
 import syslog
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from leviathd import fsat
@@ -48,6 +49,9 @@ def _workdir_fd() -> int:
 
 
 WORKDIR_FD = _workdir_fd()
+# Where the held child keeps its end of the daemon's hold socket
+# (gate/fencehold.py), when the daemon asks for one: below the workdir's.
+HOLD_FD = WORKDIR_FD - 1
 
 
 @dataclass
@@ -90,11 +94,13 @@ class Held:
 
 def fork_held(
     user: UserInfo, workdir: str, *, exit_path: str, identifier: str, unit: str, stdio: Stdio,
-    shell: int | None = None,
+    shell: int | None = None, hold: int | None = None,
 ) -> Held:
     """`shell`: the daemon's sealed copy of dash (namespace.shared_sealed),
     which an agent without a supervisor runs as PID 1; None: every agent
-    gets a supervisor."""
+    gets a supervisor. `hold`: the child's end of a hold socket; when the
+    steps say `hold`, each fence's PID 1 waits on it for the daemon to mark
+    its mounts before the command runs (gate/fencehold.py)."""
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -109,7 +115,12 @@ def fork_held(
             # live on in the agent's supervisor: a supervisor holding the bus
             # socket keeps a dead daemon's name owned.
             keep = {0, 1, 2, status_w, go_r, *stdio.fds()}
-            _close_fds_except(keep | ({shell} if shell is not None else set()))
+            holding = (hold is not None and HOLD_FD > 2 and HOLD_FD not in keep
+                       and shell != HOLD_FD)
+            if holding and hold is not None:
+                os.dup2(hold, HOLD_FD, inheritable=False)
+            _close_fds_except(keep | ({shell} if shell is not None else set())
+                              | ({HOLD_FD} if holding else set()))
             code = _child(user, workdir, status_w, go_r, exit_path, identifier, unit, stdio,
                           shell)
         except BaseException as exc:
@@ -137,11 +148,14 @@ def read_status(fd: int) -> tuple[bool, str]:
     return ok == "ok", rest
 
 
-def release(held: Held, steps: list[tuple[str, dict[str, object]]]) -> None:
+def release(
+    held: Held, steps: list[tuple[str, dict[str, object]]], *, hold: bool = False
+) -> None:
     """Let the held process go on, handing it the steps to run: (label, the
     spec as a dict) each. `held.status_r` stays open: on it comes the
     handover (read_handover)."""
-    payload = json.dumps({"steps": [{"label": lb, "spec": sp} for lb, sp in steps]}).encode()
+    payload = json.dumps({"steps": [{"label": lb, "spec": sp} for lb, sp in steps],
+                          "hold": hold}).encode()
     view = memoryview(payload)
     while view:
         n = os.write(held.go_w, view)
@@ -207,10 +221,17 @@ def _child(
     os.close(go_r)
     if not payload:
         return 1  # the daemon gave up on this agent
+    message = json.loads(payload)
     steps = [
         (str(step["label"]), SandboxSpec.from_dict(step["spec"]))
-        for step in json.loads(payload)["steps"]
+        for step in message["steps"]
     ]
+    if not message.get("hold"):
+        with contextlib.suppress(OSError):
+            os.close(HOLD_FD)
+    elif _held() is None:
+        _complain("leviathd supervisor: the daemon's hold is missing; not starting")
+        return 1
     if shell is not None and _lean(steps, stdio):
         return _hand_over(steps[0][1], exit_path, identifier, unit, status_w, shell)
     if shell is not None:
@@ -262,7 +283,8 @@ def _hand_over(
         os.dup2(j_err, 2)
         for fd in (null, j_out, j_err):
             os.close(fd)
-        pid = namespace.start(spec, workdir_fd=_pinned_workdir(), exit_fd=exit_fd, shell=shell)
+        pid = namespace.start(spec, workdir_fd=_pinned_workdir(), exit_fd=exit_fd, shell=shell,
+                              ready=_held())
     except (OSError, Unavailable) as exc:
         _complain(f"leviath: could not start the agent: {exc}")
         _write_exit(exit_path, 127)
@@ -390,7 +412,7 @@ def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
             for sig in _RESET_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             _write_proc("/proc/self/oom_score_adj", "0")
-            os.closerange(3, WORKDIR_FD)
+            os.closerange(3, HOLD_FD)
             os.closerange(WORKDIR_FD + 1, _max_fd())
             code = _launch(spec)
         except BaseException as exc:
@@ -402,6 +424,18 @@ def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
     _, wstatus = os.waitpid(worker, 0)
     code = os.waitstatus_to_exitcode(wstatus)
     return 128 - code if code < 0 else code
+
+
+def _held() -> Callable[[], None] | None:
+    """The fence's wait for the daemon, when the daemon asked for one (the
+    hold socket is open)."""
+    try:
+        os.fstat(HOLD_FD)
+    except OSError:
+        return None
+    from leviathd.gate import fencehold
+
+    return fencehold.waiter(HOLD_FD)
 
 
 def _pinned_workdir() -> int | None:
@@ -435,7 +469,7 @@ def _launch(spec: SandboxSpec) -> int:
         from leviathd.sandbox import namespace
 
         pinned = _pinned_workdir()
-        return namespace.run(spec, workdir_fd=pinned)
+        return namespace.run(spec, workdir_fd=pinned, ready=_held())
     if spec.kind == "container":
         from leviathd.sandbox import container
 

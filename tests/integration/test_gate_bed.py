@@ -408,6 +408,12 @@ def test_the_credential_tool_uses_a_root_only_secret_the_agent_never_sees(
 ) -> None:
     r = bed.run(["cat", "/etc/leviath/api.key"], user="alice", check=False)
     assert r.returncode != 0  # alice herself cannot read it
+    # Earlier tests' agents left Private output in gw/.req: the workdir's mark
+    # (and so the shell's output) is Private; start from a clean ledger.
+    rc, out, err = alice_agent.call("lev tool --ledger")
+    ids = [str(e["id"]) for e in json.loads(out)["entries"] if e["label"] == "private"]
+    if ids:
+        assert alice_agent.call(f"lev tool --evict {' '.join(ids)}")[0] == 0
     rc, out, err = alice_agent.call("lev tool credential api one two")
     assert rc == 0, err
     result = json.loads(out)
