@@ -59,13 +59,28 @@ def listen() -> socket.socket:
 
 
 def start(
-    sock: socket.socket, unix_path: str, uid: int, gid: int, groups: Sequence[int]
+    sock: socket.socket, unix_path: str, uid: int, gid: int, groups: Sequence[int],
+    *, tied: bool = True,
 ) -> int:
-    """Fork the relay; returns its pid. The caller closes its copy of `sock`."""
+    """Fork the relay; returns its pid. The caller closes its copy of `sock`.
+    `tied`: it dies with the caller (PDEATHSIG); untied, it lives as long as
+    the agent's scope, for a caller that leaves (namespace.start)."""
     pid = os.fork()
     if pid != 0:
         return pid
-    _relay(sock, unix_path, uid, gid, groups, tied=True)
+    if not tied:
+        # The caller's descriptors (the exit record, the journal streams,
+        # the workdir) are not the relay's to keep once the caller is gone.
+        try:
+            os.setsid()
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.closerange(3, sock.fileno())
+            os.closerange(sock.fileno() + 1, 65536)
+        except OSError:
+            os._exit(1)
+    _relay(sock, unix_path, uid, gid, groups, tied=tied)
 
 
 def _relay(sock: socket.socket, unix_path: str, uid: int, gid: int, groups: Sequence[int],

@@ -25,10 +25,10 @@ One linear story, as in bubblewrap:
 
 The parent waits and returns the agent's exit status (128+signal when killed).
 start() is the other ending, for an agent with no supervisor (detached, one
-step, no proxy): PID 1 execs a sealed dash instead of catatonit, which runs
-the command and writes its status into the exit record it was handed, and
-the parent returns PID 1's pid at once and may leave (sandbox/supervisor.py,
-_hand_over).
+step; behind the proxy its relay stays too, untied): PID 1 execs a sealed
+dash instead of catatonit, which runs the command and writes its status
+into the exit record it was handed, and the parent returns PID 1's pid at
+once and may leave (sandbox/supervisor.py, _hand_over).
 Anything that goes wrong before exec comes back to the parent over a
 close-on-exec pipe and is raised as Unavailable; the namespaces die with their
 processes, so a failed build leaves no mount behind on the host.
@@ -214,23 +214,35 @@ def start(
     command and writes its exit status to `exit_fd`; return PID 1's pid (as
     seen here) once the command is about to run, without waiting for it.
 
-    For an agent with nothing to copy or sequence (detached, one step, no
-    proxy): the caller may then exit, and PID 1, reparented, is the agent's
-    only process of ours (issue 18). Its parent's death does not end it.
+    For an agent with nothing to copy or sequence (detached, one step): the
+    caller may then exit, and PID 1, reparented, is the agent's only process
+    of ours (issue 18), with the proxy relay beside it for network =
+    "proxy". Its parent's death does not end it.
     The caller has entered the scratch namespace (scratch.enter) and set its
     stdio to the agent's."""
-    if spec.kind != "namespace" or spec.proxy:
-        raise InvalidArgument("start() runs one namespace step without a proxy")
+    if spec.kind != "namespace":
+        raise InvalidArgument("start() runs one namespace step")
     if shell is None:
         shell = sealed_shell()
     if shell is None:
         raise Unavailable("no shell to record the exit status (/usr/bin/dash)")
+    relay = 0
     try:
-        unshare(_namespace_flags(spec))
-        if not spec.network:
+        flags = _namespace_flags(spec)
+        if spec.proxy:
+            # As in _run, but the relay is not tied to this process, which
+            # leaves: it ends with the scope, which the daemon stops once
+            # PID 1 has ended (AgentService._finalize).
+            unshare(CLONE_NEWNET)
+            _loopback_up()
+            relay = _start_relay(spec, tied=False)
+            flags &= ~CLONE_NEWNET
+        unshare(flags)
+        if not spec.network and not spec.proxy:
             _loopback_up()
         _check(_libc.sethostname(_b(spec.hostname), len(spec.hostname.encode())), "sethostname")
     except (FenceError, OSError) as exc:
+        _stop_relay(relay)
         raise Unavailable(f"cannot build the namespace fence: {exc}") from exc
     rfd, wfd = os.pipe2(os.O_CLOEXEC)
     sys.stdout.flush()
@@ -248,6 +260,7 @@ def start(
     if report:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
+        _stop_relay(relay)
         raise Unavailable(f"cannot build the namespace fence: {report.decode(errors='replace')}")
     return pid
 
@@ -290,13 +303,13 @@ def _run(spec: SandboxSpec, workdir_fd: int | None, hold: int | None = None) -> 
         _stop_relay(relay)
 
 
-def _start_relay(spec: SandboxSpec) -> int:
+def _start_relay(spec: SandboxSpec, *, tied: bool = True) -> int:
     from leviathd.proxy import forwarder
 
     path = os.path.join(runtime_dir(), "agents", spec.execution_id, forwarder.SOCKET_NAME)
     sock = forwarder.listen()
     try:
-        return forwarder.start(sock, path, spec.uid, spec.gid, spec.groups)
+        return forwarder.start(sock, path, spec.uid, spec.gid, spec.groups, tied=tied)
     finally:
         sock.close()
 

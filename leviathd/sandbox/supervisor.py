@@ -221,13 +221,13 @@ def _child(
 
 def _lean(steps: list[tuple[str, SandboxSpec]], stdio: Stdio) -> bool:
     """An agent that needs no supervisor: nothing to copy to a caller, one
-    step, its own namespace fence without a proxy relay, journald there to
-    take its output and dash to record its status (namespace.start)."""
+    step, its own namespace fence (with its proxy relay, if any, beside
+    PID 1), journald there to take its output and dash to record its status
+    (namespace.start)."""
     if stdio.fds() or len(steps) != 1:
         return False
     spec = steps[0][1]
-    return (spec.kind == "namespace" and not spec.proxy
-            and os.path.exists(journal.STDOUT_SOCKET))
+    return spec.kind == "namespace" and os.path.exists(journal.STDOUT_SOCKET)
 
 
 def _hand_over(
