@@ -300,6 +300,12 @@ class Agents:
             # Inside the try: an agent whose record cannot be written does not
             # start (a full disk), and nothing of it is left behind.
             self._store.save(rec)
+            try:
+                supervisor.release(held, spec_dicts)
+            except BrokenPipeError as exc:
+                # Gone since it said its workdir was fine: nothing of it runs,
+                # so nothing of it may stay (its record, scratch, scope).
+                raise Unavailable(supervisor.ENDED_EARLY) from exc
         except BaseException:
             held.abort()
             with contextlib.suppress(ChildProcessError):
@@ -314,7 +320,6 @@ class Agents:
             self._store.forget(agent_id)
             raise
         self.records[agent_id] = rec
-        supervisor.release(held, spec_dicts)
         kind = rec.sandbox
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
         self._await_handover(rec, held)

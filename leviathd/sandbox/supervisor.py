@@ -110,6 +110,12 @@ def fork_held(
             # socket keeps a dead daemon's name owned.
             keep = {0, 1, 2, status_w, go_r, *stdio.fds()}
             _close_fds_except(keep | ({shell} if shell is not None else set()))
+            # A daemon with many agents holds over WORKDIR_FD descriptors:
+            # what we keep may sit there, where the workdir goes next.
+            status_w, go_r = _off_workdir_fd(status_w), _off_workdir_fd(go_r)
+            shell = None if shell is None else _off_workdir_fd(shell)
+            stdio = Stdio(*(None if fd is None else _off_workdir_fd(fd)
+                            for fd in (stdio.stdin, stdio.stdout, stdio.stderr)))
             code = _child(user, workdir, status_w, go_r, exit_path, identifier, unit, stdio,
                           shell)
         except BaseException as exc:
@@ -609,6 +615,19 @@ def _write_exit(path: str, code: int) -> None:
         fsat.atomic_write_at(exits_fd, os.path.basename(spare), data, mode=0o600)
     finally:
         os.close(exits_fd)
+
+
+def _off_workdir_fd(fd: int) -> int:
+    """`fd`, moved to the lowest free number if it is WORKDIR_FD (with its
+    close-on-exec flag as it was)."""
+    if fd != WORKDIR_FD:
+        return fd
+    import fcntl
+
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.set_inheritable(moved, os.get_inheritable(fd))
+    os.close(fd)
+    return moved
 
 
 def _close_fds_except(keep: set[int]) -> None:
