@@ -142,6 +142,10 @@ class Agents:
         # end_hooks run when it has ended, before its scratch is removed.
         self.start_hooks: list[Callable[[AgentRecord, MergeResult, UserInfo], Awaitable[None]]] = []
         self.end_hooks: list[Callable[[AgentRecord], Awaitable[None]]] = [container.end_hook]
+        # handover_hooks run when the held process has handed the agent to
+        # its PID 1 and left (supervisor._hand_over); rec.supervisor_pid is
+        # that PID 1.
+        self.handover_hooks: list[Callable[[AgentRecord], None]] = []
 
     # --- configuration -----------------------------------------------------
 
@@ -523,6 +527,9 @@ class Agents:
                 self._reap_later(rec.supervisor_pid)
                 rec.supervisor_pid = pid
                 self._save(rec)
+                for hook in self.handover_hooks:
+                    with _logged(f"agent {rec.id}: handover hook"):
+                        hook(rec)
             self._watch(rec)
 
         loop.add_reader(held.status_r, readable)
