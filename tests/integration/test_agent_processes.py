@@ -209,8 +209,8 @@ def test_a_proxied_agent_keeps_only_pid1_and_its_proxy_works_across_a_restart(
     before = _leviathd_pids(bed)
     probe = "curl -s -o /dev/null -w 'code=%{http_code}\\n' http://denied.invalid/"
     try:
-        script = (f"echo proxy=$http_proxy; ls -l /proc/self/fd/ | grep -q socket && "
-                  f"echo has-socket; {probe}; sleep 4; {probe}; exec sleep 300")
+        script = (f"echo proxy=$http_proxy; echo fds: $(ls /proc/$$/fd/); {probe}; sleep 4; {probe}; "
+                  "exec sleep 300")
         agent_id, unit = _start(bed, "sh", "-c", script)
         deadline = time.monotonic() + 30
         while not any(_cmdline(bed, p).startswith("sleep 4") for p in _scope_pids(bed, unit)):
@@ -238,7 +238,9 @@ def test_a_proxied_agent_keeps_only_pid1_and_its_proxy_works_across_a_restart(
         # which is curl's word for a connection nobody took.
         assert "proxy=http://127.0.0.1:3128" in logs, logs
         assert logs.count("code=") == 2 and "code=000" not in logs, logs
-        assert "has-socket" not in logs, logs  # the command does not get PID 1's
+        # The command does not get PID 1's descriptors (8: the socket, 9: the record).
+        fds = next(line for line in logs.splitlines() if line.startswith("fds:")).split()
+        assert fds[:4] == ["fds:", "0", "1", "2"] and "8" not in fds and "9" not in fds, logs
         bed.run(["lev", "stop", agent_id], user="alice")
         row = _wait_ended(bed, agent_id)
         assert row["state"] == "stopped" and row["exit_status"] == 128 + 15, row
