@@ -209,8 +209,8 @@ def test_a_proxied_agent_keeps_only_pid1_and_its_proxy_works_across_a_restart(
     before = _leviathd_pids(bed)
     probe = "curl -s -o /dev/null -w 'code=%{http_code}\\n' http://denied.invalid/"
     try:
-        script = (f"echo proxy=$http_proxy; echo fds: $(ls /proc/$$/fd/); {probe}; sleep 4; {probe}; "
-                  "exec sleep 300")
+        script = (f"echo proxy=$http_proxy; echo fds: $(ls /proc/$$/fd/); {probe}; "
+                  f"sleep 4; {probe}; exec sleep 300")
         agent_id, unit = _start(bed, "sh", "-c", script)
         deadline = time.monotonic() + 30
         while not any(_cmdline(bed, p).startswith("sleep 4") for p in _scope_pids(bed, unit)):
