@@ -227,6 +227,7 @@ class Agents:
             user, req.workdir, exit_path=self._store.exit_path(agent_id),
             identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=stdio,
             shell=_shared_shell() if "namespace" in kinds else None,
+            init=_shared_shell(init=True) if "namespace" in kinds else None,
         )
         scratch_path = ""
         scope_usec = 0
@@ -987,11 +988,13 @@ async def _read_status(held: supervisor.Held) -> tuple[bool, str]:
     return supervisor.read_status(held.status_r)
 
 
-def _shared_shell() -> int | None:
+def _shared_shell(*, init: bool = False) -> int | None:
+    """The daemon's sealed dash (or with `init`, catatonit), one for every agent."""
     from leviathd.sandbox import namespace
 
     try:
-        return namespace.shared_sealed(namespace.SHELL_CANDIDATES)
+        return namespace.shared_sealed(
+            namespace.INIT_CANDIDATES if init else namespace.SHELL_CANDIDATES)
     except OSError:
         return None
 

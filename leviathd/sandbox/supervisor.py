@@ -90,11 +90,12 @@ class Held:
 
 def fork_held(
     user: UserInfo, workdir: str, *, exit_path: str, identifier: str, unit: str, stdio: Stdio,
-    shell: int | None = None,
+    shell: int | None = None, init: int | None = None,
 ) -> Held:
     """`shell`: the daemon's sealed copy of dash (namespace.shared_sealed),
     which an agent without a supervisor runs as PID 1; None: every agent
-    gets a supervisor."""
+    gets a supervisor. `init`: the daemon's sealed copy of catatonit, which
+    a supervised namespace agent's PID 1 runs (None: PID 1 makes its own)."""
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -109,15 +110,16 @@ def fork_held(
             # live on in the agent's supervisor: a supervisor holding the bus
             # socket keeps a dead daemon's name owned.
             keep = {0, 1, 2, status_w, go_r, *stdio.fds()}
-            _close_fds_except(keep | ({shell} if shell is not None else set()))
+            _close_fds_except(keep | {fd for fd in (shell, init) if fd is not None})
             # A daemon with many agents holds over WORKDIR_FD descriptors:
             # what we keep may sit there, where the workdir goes next.
             status_w, go_r = _off_workdir_fd(status_w), _off_workdir_fd(go_r)
             shell = None if shell is None else _off_workdir_fd(shell)
+            init = None if init is None else _off_workdir_fd(init)
             stdio = Stdio(*(None if fd is None else _off_workdir_fd(fd)
                             for fd in (stdio.stdin, stdio.stdout, stdio.stderr)))
             code = _child(user, workdir, status_w, go_r, exit_path, identifier, unit, stdio,
-                          shell)
+                          shell, init)
         except BaseException as exc:
             _complain(f"leviathd supervisor: {exc!r}")
         os._exit(code)
@@ -193,6 +195,7 @@ def _enter_as_user(user: UserInfo, workdir: str) -> str:
 def _child(
     user: UserInfo, workdir: str, status_w: int, go_r: int, exit_path: str,
     identifier: str, unit: str, stdio: Stdio, shell: int | None = None,
+    init: int | None = None,
 ) -> int:
     os.setsid()
     try:
@@ -222,7 +225,7 @@ def _child(
     if shell is not None:
         os.close(shell)
     os.close(status_w)
-    return _supervise(steps, exit_path, identifier, unit, stdio, user)
+    return _supervise(steps, exit_path, identifier, unit, stdio, user, init)
 
 
 def _lean(steps: list[tuple[str, SandboxSpec]], stdio: Stdio) -> bool:
@@ -336,7 +339,7 @@ def _output_streams(
 
 def _supervise(
     steps: list[tuple[str, SandboxSpec]], exit_path: str, identifier: str, unit: str,
-    stdio: Stdio, user: UserInfo | None = None,
+    stdio: Stdio, user: UserInfo | None = None, init: int | None = None,
 ) -> int:
     """Run each step (seed commands, then stages or the command) in turn, in
     its own fence, stopping at the first that fails; the agent's exit status
@@ -365,7 +368,7 @@ def _supervise(
                 f"agent {agent_id}: {label} starts", LEVIATH_AGENT=agent_id,
                 LEVIATH_STEP=label, LEVIATH_EVENT=Event.STEP_START,
             )
-        code = _run_step(spec, stdio, j_out, j_err)
+        code = _run_step(spec, stdio, j_out, j_err, init)
         if len(steps) > 1:
             journal.record_after_fork(
                 f"agent {agent_id}: {label} ended with status {code}", LEVIATH_AGENT=agent_id,
@@ -381,7 +384,9 @@ def _supervise(
     return code
 
 
-def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
+def _run_step(
+    spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int, init: int | None = None
+) -> int:
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     worker = os.fork()
@@ -396,8 +401,15 @@ def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
             for sig in _RESET_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             _write_proc("/proc/self/oom_score_adj", "0")
-            os.closerange(3, WORKDIR_FD)
-            os.closerange(WORKDIR_FD + 1, _max_fd())
+            low = 3
+            for fd in sorted({WORKDIR_FD} | ({init} if init is not None else set())):
+                os.closerange(low, fd)
+                low = fd + 1
+            os.closerange(low, _max_fd())
+            if init is not None and spec.kind == "namespace":
+                from leviathd.sandbox import namespace
+
+                namespace.shared_init = init
             code = _launch(spec)
         except BaseException as exc:
             _complain(f"leviath: could not start the agent: {exc}")

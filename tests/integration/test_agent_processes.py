@@ -247,3 +247,44 @@ def test_a_proxied_agent_keeps_only_pid1_and_its_proxy_works_across_a_restart(
     finally:
         bed.write_file("/etc/leviath/config.toml", CONFIG)
         bed.run(["systemctl", "restart", "leviathd"])
+
+
+def test_supervised_agents_pid1s_run_one_shared_sealed_catatonit(bed: Testbed) -> None:
+    """An attached run keeps its supervisor; its PID 1 runs the daemon's one
+    sealed copy of catatonit (the same memfd for every agent) instead of a
+    700 KB copy of its own. Seen failing before: one inode per agent."""
+    import subprocess
+
+    home = bed.users["alice"].home
+    clients = [subprocess.Popen(bed.command(
+        ["lev", "run", "--workdir", f"{home}/work", "--", "sleep", "300"], user="alice"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+    ids: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        pid1s: list[str] = []
+        while time.monotonic() < deadline:
+            rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
+            mine = [r for r in rows if r["command"] == ["sleep", "300"]]
+            ids = [r["id"] for r in mine]
+            pid1s = []
+            for row in mine:
+                for p in _scope_pids(bed, row["unit"]):
+                    ns = bed.run(f"grep NSpid /proc/{p}/status", check=False).stdout.split()
+                    if len(ns) > 2 and ns[-1] == "1":
+                        pid1s.append(p)
+            if len(pid1s) == 2:
+                break
+            time.sleep(0.3)
+        assert len(pid1s) == 2, (ids, pid1s)
+        exes = [bed.run(["stat", "-L", "-c", "%d:%i", f"/proc/{p}/exe"]).stdout.strip()
+                for p in pid1s]
+        names = [bed.run(["readlink", f"/proc/{p}/exe"]).stdout for p in pid1s]
+        assert all("memfd:leviath-init" in n for n in names), names
+        assert exes[0] == exes[1], exes
+    finally:
+        for agent_id in ids:
+            bed.run(["lev", "stop", agent_id], user="alice", check=False)
+        for client in clients:
+            client.kill()
+            client.wait()
