@@ -10,7 +10,7 @@ processes in leviath.slice, scratch folders, exit records, leviathd
 processes beyond the daemon).
 
     sudo /opt/leviath-dev/venv/bin/python bench/scale.py [--counts 50,150]
-        [--kind namespace] [--repo DIR]
+        [--kind namespace] [--network proxy] [--repo DIR]
 
 500 agents need a machine with room.
 """
@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repo", type=Path, default=REPO)
+    ap.add_argument("--network", default="", help='e.g. "proxy": [sandbox] network')
     args = ap.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     with Testbed() as bed:
@@ -46,7 +47,8 @@ def main() -> int:
         bed.copy_in(HERE / "probe.py", PROBE)
         for user in USERS:
             bed.run(["mkdir", "-p", f"{bed.users[user].home}/work"], user=user)
-        configure(bed, args.kind, reload=False)
+        configure(bed, args.kind, f'network = "{args.network}"' if args.network else "",
+                  reload=False)
         bed.start_service("leviathd")
         print("| agents | all started | all running | failed | own PSS (private)/agent | "
               "own procs/agent | leviathd private | busctl List - GetId | of which rows | "

@@ -150,6 +150,10 @@ class Agents:
         self.fence_hooks: list[Callable[[AgentRecord, int], Awaitable[None]]] = []
         self._holds: set[asyncio.Future[None]] = set()
         self.end_hooks: list[Callable[[AgentRecord], Awaitable[None]]] = [container.end_hook]
+        # handover_hooks run when the held process has handed the agent to
+        # its PID 1 and left (supervisor._hand_over); rec.supervisor_pid is
+        # that PID 1.
+        self.handover_hooks: list[Callable[[AgentRecord], None]] = []
 
     # --- configuration -----------------------------------------------------
 
@@ -235,6 +239,7 @@ class Agents:
                 user, req.workdir, exit_path=self._store.exit_path(agent_id),
                 identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=stdio,
                 shell=_shared_shell() if "namespace" in kinds else None,
+                init=_shared_shell(init=True) if "namespace" in kinds else None,
                 hold=hold[1].fileno() if hold else None,
             )
         except BaseException:
@@ -322,6 +327,12 @@ class Agents:
             # Inside the try: an agent whose record cannot be written does not
             # start (a full disk), and nothing of it is left behind.
             self._store.save(rec)
+            try:
+                supervisor.release(held, spec_dicts, hold=holding)
+            except BrokenPipeError as exc:
+                # Gone since it said its workdir was fine: nothing of it runs,
+                # so nothing of it may stay (its record, scratch, scope).
+                raise Unavailable(supervisor.ENDED_EARLY) from exc
         except BaseException:
             if hold:
                 hold[0].close()
@@ -338,7 +349,6 @@ class Agents:
             self._store.forget(agent_id)
             raise
         self.records[agent_id] = rec
-        supervisor.release(held, spec_dicts, hold=holding)
         if hold and holding:
             task = asyncio.ensure_future(
                 fencehold.serve(hold[0], lambda pid: self._fence_ready(rec, pid)))
@@ -553,6 +563,9 @@ class Agents:
                 self._reap_later(rec.supervisor_pid)
                 rec.supervisor_pid = pid
                 self._save(rec)
+                for hook in self.handover_hooks:
+                    with _logged(f"agent {rec.id}: handover hook"):
+                        hook(rec)
             self._watch(rec)
 
         loop.add_reader(held.status_r, readable)
@@ -1029,11 +1042,13 @@ async def _read_status(held: supervisor.Held) -> tuple[bool, str]:
     return supervisor.read_status(held.status_r)
 
 
-def _shared_shell() -> int | None:
+def _shared_shell(*, init: bool = False) -> int | None:
+    """The daemon's sealed dash (or with `init`, catatonit), one for every agent."""
     from leviathd.sandbox import namespace
 
     try:
-        return namespace.shared_sealed(namespace.SHELL_CANDIDATES)
+        return namespace.shared_sealed(
+            namespace.INIT_CANDIDATES if init else namespace.SHELL_CANDIDATES)
     except OSError:
         return None
 

@@ -47,6 +47,7 @@ _PR_SET_DUMPABLE = 4
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+_libc.syscall.restype = ctypes.c_long
 
 
 def listen() -> socket.socket:
@@ -56,6 +57,48 @@ def listen() -> socket.socket:
     sock.bind((HOST, PORT))
     sock.listen(128)
     return sock
+
+
+# Where a handed-over PID 1 keeps the listening socket (namespace.LISTEN_FD).
+PID1_LISTEN_FD = 8
+_SYS_PIDFD_GETFD = 438  # the same number on every architecture
+
+
+def take_listener(pid: int) -> socket.socket | None:
+    """A copy of the listening socket the agent's PID 1 keeps (an agent
+    without a relay: namespace.start), for the daemon to accept on; None
+    when `pid` is not such a PID 1 (1 in a PID namespace of its own,
+    holding a listening TCP socket bound to HOST:PORT). Needs
+    CAP_SYS_PTRACE: PID 1 is not dumpable."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+            nspid = next((ln.split()[1:] for ln in f.read(1 << 14).splitlines()
+                          if ln.startswith("NSpid:")), [])
+        if len(nspid) < 2 or nspid[-1] != "1":
+            return None
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        fd = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, PID1_LISTEN_FD, 0)
+    finally:
+        os.close(pidfd)
+    if fd < 0:
+        return None
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    try:
+        if (sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM
+                and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                and sock.getsockname() == (HOST, PORT)):
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None
 
 
 def start(

@@ -121,6 +121,8 @@ class ProxyServer:
         self._audit = audit
         self._listener: socket.socket | None = None
         self._acceptor: asyncio.Task[None] | None = None
+        self._tcp_listener: socket.socket | None = None
+        self._tcp_acceptor: asyncio.Task[None] | None = None
         self._open = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -156,13 +158,40 @@ class ProxyServer:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def adopt(self, listener: socket.socket) -> None:
+        """Accept the agent's connections on its own listening socket, in
+        its network namespace (forwarder.take_listener): no relay process
+        between. Only this agent's processes share that namespace, so what
+        connects there is the agent."""
+        if self._tcp_listener is not None:
+            listener.close()
+            return
+        listener.setblocking(False)
+        self._tcp_listener = listener
+        self._tcp_acceptor = asyncio.create_task(self._accept_tcp(listener))
+
+    async def _accept_tcp(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError:
+                await asyncio.sleep(0.1)  # EMFILE and such: the budget is the real bound
+                continue
+            conn.setblocking(False)
+            task = asyncio.create_task(self._serve_stream(b"", conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
     async def close(self) -> None:
-        if self._acceptor is not None:
-            self._acceptor.cancel()
-            self._acceptor = None
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        for acceptor in (self._acceptor, self._tcp_acceptor):
+            if acceptor is not None:
+                acceptor.cancel()
+        self._acceptor = self._tcp_acceptor = None
+        for listener in (self._listener, self._tcp_listener):
+            if listener is not None:
+                listener.close()
+        self._listener = self._tcp_listener = None
         for task in list(self._tasks):
             task.cancel()
         with contextlib.suppress(OSError):
@@ -180,7 +209,6 @@ class ProxyServer:
         reads and writes the agent's socket with no process in between. A
         forwarder from before that change sends the agent's bytes instead;
         then the unix connection is the agent's stream."""
-        global _open_total
         try:
             unix.setblocking(False)
             peer = identify(unix)
@@ -192,6 +220,11 @@ class ProxyServer:
             return
         if stream is not unix:
             unix.close()
+        await self._serve_stream(first, stream)
+
+    async def _serve_stream(self, first: bytes, stream: socket.socket) -> None:
+        """The agent's connection (`first`: a byte of it already read)."""
+        global _open_total
         try:
             reader, writer = await asyncio.open_connection(sock=stream, limit=MAX_HEAD)
         except OSError:

@@ -83,6 +83,16 @@ class ProxyService:
         self._agents.spec_extensions.append(self.extend_spec)
         self._agents.start_hooks.append(self.on_start)
         self._agents.end_hooks.append(self.on_end)
+        self._agents.handover_hooks.append(self.on_handover)
+
+    def on_handover(self, rec: AgentRecord) -> None:
+        """The agent's PID 1 runs with no relay beside it (namespace.start):
+        take its listening socket and accept there."""
+        server = self.live.get(rec.id)
+        if server is not None:
+            listener = forwarder.take_listener(rec.supervisor_pid)
+            if listener is not None:
+                server.adopt(listener)
 
     def extend_spec(self, spec: SandboxSpec) -> SandboxSpec:
         if not spec.proxy:
@@ -133,6 +143,7 @@ class ProxyService:
                     with open(os.path.join(self._snapshots, name), encoding="utf-8") as f:
                         settings = policy.ProxySettings.from_json(json.load(f))
                     await self._open(rec, user_info(rec.uid), settings)
+                    self.on_handover(rec)
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     journal.record(f"agent {agent_id}: no network proxy after the restart: "
                                    f"{exc}", priority=syslog.LOG_WARNING,

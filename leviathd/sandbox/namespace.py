@@ -25,10 +25,11 @@ One linear story, as in bubblewrap:
 
 The parent waits and returns the agent's exit status (128+signal when killed).
 start() is the other ending, for an agent with no supervisor (detached, one
-step, no proxy): PID 1 execs a sealed dash instead of catatonit, which runs
-the command and writes its status into the exit record it was handed, and
-the parent returns PID 1's pid at once and may leave (sandbox/supervisor.py,
-_hand_over).
+step; behind the proxy PID 1 also keeps the proxy's listening socket for
+the daemon, with no relay process): PID 1 execs a sealed dash instead of
+catatonit, which runs the command and writes its status into the exit
+record it was handed, and the parent returns PID 1's pid at
+once and may leave (sandbox/supervisor.py, _hand_over).
 Anything that goes wrong before exec comes back to the parent over a
 close-on-exec pipe and is raised as Unavailable; the namespaces die with their
 processes, so a failed build leaves no mount behind on the host.
@@ -216,23 +217,34 @@ def start(
     command and writes its exit status to `exit_fd`; return PID 1's pid (as
     seen here) once the command is about to run, without waiting for it.
 
-    For an agent with nothing to copy or sequence (detached, one step, no
-    proxy): the caller may then exit, and PID 1, reparented, is the agent's
-    only process of ours (issue 18). Its parent's death does not end it.
+    For an agent with nothing to copy or sequence (detached, one step): the
+    caller may then exit, and PID 1, reparented, is the agent's only process
+    of ours (issue 18), also for network = "proxy". Its parent's death
+    does not end it.
     The caller has entered the scratch namespace (scratch.enter) and set its
     stdio to the agent's."""
-    if spec.kind != "namespace" or spec.proxy:
-        raise InvalidArgument("start() runs one namespace step without a proxy")
+    if spec.kind != "namespace":
+        raise InvalidArgument("start() runs one namespace step")
     if shell is None:
         shell = sealed_shell()
     if shell is None:
         raise Unavailable("no shell to record the exit status (/usr/bin/dash)")
+    listener = -1
     try:
         unshare(_namespace_flags(spec))
         if not spec.network:
             _loopback_up()
+        if spec.proxy:
+            # No relay process: PID 1 keeps the proxy's listening socket
+            # (closed for the command) and the daemon accepts on a copy it
+            # takes from there (pidfd_getfd), again after a restart.
+            from leviathd.proxy import forwarder
+
+            listener = forwarder.listen().detach()
         _check(_libc.sethostname(_b(spec.hostname), len(spec.hostname.encode())), "sethostname")
     except (FenceError, OSError) as exc:
+        if listener >= 0:
+            os.close(listener)
         raise Unavailable(f"cannot build the namespace fence: {exc}") from exc
     rfd, wfd = os.pipe2(os.O_CLOEXEC)
     sys.stdout.flush()
@@ -240,9 +252,12 @@ def start(
     pid = os.fork()
     if pid == 0:
         os.close(rfd)
-        _pid1(spec, wfd, workdir_fd, recorder=(shell, exit_fd), ready=ready)  # never returns
+        _pid1(spec, wfd, workdir_fd, recorder=(shell, exit_fd, listener),
+              ready=ready)  # never returns
     os.close(wfd)
     os.close(shell)
+    if listener >= 0:
+        os.close(listener)
     try:
         report = _read_all(rfd)
     finally:
@@ -382,7 +397,10 @@ _MFD_EXEC = 0x10  # kernels with vm.memfd_noexec want it said; older ones refuse
 # in the user's folders first, and run her program with the record open.
 SHELL_CANDIDATES = ("/usr/bin/dash", "/bin/dash")
 EXIT_FD = 9
-RECORDER_SCRIPT = (f'(exec "$@") {EXIT_FD}>&-; s=$?; PATH=/; '
+# network = "proxy": the listening socket of 127.0.0.1:3128 in the agent's
+# network namespace, which PID 1 keeps for the daemon (forwarder.take_listener).
+LISTEN_FD = 8
+RECORDER_SCRIPT = (f'(exec "$@") {EXIT_FD}>&- {LISTEN_FD}>&-; s=$?; PATH=/; '
                    f'printf \'{{"exit_status": %d}}\\n\' "$s" >&{EXIT_FD}')
 
 
@@ -394,6 +412,10 @@ def sealed_shell() -> int | None:
 
 
 _shared: dict[tuple[str, ...], tuple[tuple[int, int, int, int], int]] = {}
+# The daemon's sealed catatonit (shared_sealed(INIT_CANDIDATES)), inherited
+# by a supervisor's worker: PID 1 runs it rather than make a copy of its own
+# (700 KB of memory per agent and a read of the file per start).
+shared_init: int | None = None
 
 
 def shared_sealed(candidates: tuple[str, ...]) -> int | None:
@@ -478,9 +500,10 @@ def _command_missing(argv0: str, env: dict[str, str]) -> int:
 
 def _pid1(
     spec: SandboxSpec, wfd: int, workdir_fd: int | None,
-    recorder: tuple[int, int] | None = None, ready: Callable[[], None] | None = None,
+    recorder: tuple[int, int, int] | None = None, ready: Callable[[], None] | None = None,
 ) -> NoReturn:
-    """`recorder`: (sealed shell, exit record fd) for start(); then nothing
+    """`recorder`: (sealed shell, exit record fd, proxy listener or -1) for
+    start(); then nothing
     ties PID 1 to its parent, which does not wait for it."""
     init: int | None = None
     if recorder is not None:
@@ -495,7 +518,7 @@ def _pid1(
             _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             # Read from the host's root, before the fence's is built.
             try:
-                init = _sealed_init()
+                init = shared_init if shared_init is not None else _sealed_init()
             except OSError:
                 init = None
         unshare(CLONE_NEWNS)
@@ -512,7 +535,8 @@ def _pid1(
         _fail(wfd, f"{type(exc).__name__}: {exc}")
 
     if recorder is not None:
-        _agent(spec, wfd, recorder[0], exit_fd=recorder[1])  # never returns
+        _agent(spec, wfd, recorder[0], exit_fd=recorder[1],
+               listener=recorder[2])  # never returns
     if init is not None:
         _agent(spec, wfd, init)  # never returns
     agent = os.fork()
@@ -551,7 +575,8 @@ def _pid1(
 
 
 def _agent(
-    spec: SandboxSpec, wfd: int, init: int | None = None, exit_fd: int | None = None
+    spec: SandboxSpec, wfd: int, init: int | None = None, exit_fd: int | None = None,
+    listener: int = -1,
 ) -> NoReturn:
     """Prepare and exec the agent's command; with `init`, this is PID 1 and
     execs init with the command (init forks and execs it, as this user,
@@ -570,14 +595,20 @@ def _agent(
                     signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
         if exit_fd is not None:
-            # The shell names it by a single digit; nothing else may sit there.
-            if wfd == EXIT_FD:
+            # The shell names them by a single digit; nothing else may sit there.
+            fixed = (EXIT_FD, LISTEN_FD)
+            if wfd in fixed:
                 wfd = fcntl.fcntl(wfd, fcntl.F_DUPFD_CLOEXEC, 10)
-            if init == EXIT_FD:
+            if init in fixed:
                 init = fcntl.fcntl(init, fcntl.F_DUPFD_CLOEXEC, 10)
+            if exit_fd == LISTEN_FD:
+                exit_fd = fcntl.fcntl(exit_fd, fcntl.F_DUPFD_CLOEXEC, 10)
+            if listener >= 0 and listener != LISTEN_FD:
+                os.dup2(listener, LISTEN_FD)
             os.dup2(exit_fd, EXIT_FD)
         keep = sorted({wfd} | ({init} if init is not None else set())
-                      | ({EXIT_FD} if exit_fd is not None else set()))
+                      | ({EXIT_FD} if exit_fd is not None else set())
+                      | ({LISTEN_FD} if listener >= 0 else set()))
         low = 3
         for fd in keep:
             os.closerange(low, fd)

@@ -94,13 +94,15 @@ class Held:
 
 def fork_held(
     user: UserInfo, workdir: str, *, exit_path: str, identifier: str, unit: str, stdio: Stdio,
-    shell: int | None = None, hold: int | None = None,
+    shell: int | None = None, init: int | None = None, hold: int | None = None,
 ) -> Held:
     """`shell`: the daemon's sealed copy of dash (namespace.shared_sealed),
     which an agent without a supervisor runs as PID 1; None: every agent
-    gets a supervisor. `hold`: the child's end of a hold socket; when the
-    steps say `hold`, each fence's PID 1 waits on it for the daemon to mark
-    its mounts before the command runs (gate/fencehold.py)."""
+    gets a supervisor. `init`: the daemon's sealed copy of catatonit, which
+    a supervised namespace agent's PID 1 runs (None: PID 1 makes its own).
+    `hold`: the child's end of a hold socket; when the steps say `hold`, each
+    fence's PID 1 waits on it for the daemon to mark its mounts before the
+    command runs (gate/fencehold.py)."""
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -115,14 +117,23 @@ def fork_held(
             # live on in the agent's supervisor: a supervisor holding the bus
             # socket keeps a dead daemon's name owned.
             keep = {0, 1, 2, status_w, go_r, *stdio.fds()}
-            holding = (hold is not None and HOLD_FD > 2 and HOLD_FD not in keep
-                       and shell != HOLD_FD)
-            if holding and hold is not None:
-                os.dup2(hold, HOLD_FD, inheritable=False)
-            _close_fds_except(keep | ({shell} if shell is not None else set())
-                              | ({HOLD_FD} if holding else set()))
+            _close_fds_except(keep | {fd for fd in (shell, init, hold) if fd is not None})
+            # A daemon with many agents holds over WORKDIR_FD descriptors:
+            # what we keep may sit where the workdir, or the hold socket,
+            # goes next.
+            status_w, go_r = _off_workdir_fd(status_w), _off_workdir_fd(go_r)
+            shell = None if shell is None else _off_workdir_fd(shell)
+            init = None if init is None else _off_workdir_fd(init)
+            stdio = Stdio(*(None if fd is None else _off_workdir_fd(fd)
+                            for fd in (stdio.stdin, stdio.stdout, stdio.stderr)))
+            if hold is not None and hold != HOLD_FD:
+                # With a file limit under 4 there is no room for it: the
+                # steps then find no hold and refuse to start (fail closed).
+                if HOLD_FD > 2:
+                    os.dup2(hold, HOLD_FD, inheritable=False)
+                os.close(hold)
             code = _child(user, workdir, status_w, go_r, exit_path, identifier, unit, stdio,
-                          shell)
+                          shell, init)
         except BaseException as exc:
             _complain(f"leviathd supervisor: {exc!r}")
         os._exit(code)
@@ -201,6 +212,7 @@ def _enter_as_user(user: UserInfo, workdir: str) -> str:
 def _child(
     user: UserInfo, workdir: str, status_w: int, go_r: int, exit_path: str,
     identifier: str, unit: str, stdio: Stdio, shell: int | None = None,
+    init: int | None = None,
 ) -> int:
     os.setsid()
     try:
@@ -237,18 +249,18 @@ def _child(
     if shell is not None:
         os.close(shell)
     os.close(status_w)
-    return _supervise(steps, exit_path, identifier, unit, stdio, user)
+    return _supervise(steps, exit_path, identifier, unit, stdio, user, init)
 
 
 def _lean(steps: list[tuple[str, SandboxSpec]], stdio: Stdio) -> bool:
     """An agent that needs no supervisor: nothing to copy to a caller, one
-    step, its own namespace fence without a proxy relay, journald there to
-    take its output and dash to record its status (namespace.start)."""
+    step, its own namespace fence (with its proxy relay, if any, beside
+    PID 1), journald there to take its output and dash to record its status
+    (namespace.start)."""
     if stdio.fds() or len(steps) != 1:
         return False
     spec = steps[0][1]
-    return (spec.kind == "namespace" and not spec.proxy
-            and os.path.exists(journal.STDOUT_SOCKET))
+    return spec.kind == "namespace" and os.path.exists(journal.STDOUT_SOCKET)
 
 
 def _hand_over(
@@ -352,7 +364,7 @@ def _output_streams(
 
 def _supervise(
     steps: list[tuple[str, SandboxSpec]], exit_path: str, identifier: str, unit: str,
-    stdio: Stdio, user: UserInfo | None = None,
+    stdio: Stdio, user: UserInfo | None = None, init: int | None = None,
 ) -> int:
     """Run each step (seed commands, then stages or the command) in turn, in
     its own fence, stopping at the first that fails; the agent's exit status
@@ -381,7 +393,7 @@ def _supervise(
                 f"agent {agent_id}: {label} starts", LEVIATH_AGENT=agent_id,
                 LEVIATH_STEP=label, LEVIATH_EVENT=Event.STEP_START,
             )
-        code = _run_step(spec, stdio, j_out, j_err)
+        code = _run_step(spec, stdio, j_out, j_err, init)
         if len(steps) > 1:
             journal.record_after_fork(
                 f"agent {agent_id}: {label} ended with status {code}", LEVIATH_AGENT=agent_id,
@@ -397,7 +409,9 @@ def _supervise(
     return code
 
 
-def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
+def _run_step(
+    spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int, init: int | None = None
+) -> int:
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     worker = os.fork()
@@ -412,8 +426,15 @@ def _run_step(spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int) -> int:
             for sig in _RESET_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             _write_proc("/proc/self/oom_score_adj", "0")
-            os.closerange(3, HOLD_FD)
-            os.closerange(WORKDIR_FD + 1, _max_fd())
+            low = 3
+            for fd in sorted({HOLD_FD, WORKDIR_FD} | ({init} if init is not None else set())):
+                os.closerange(low, fd)
+                low = fd + 1
+            os.closerange(low, _max_fd())
+            if init is not None and spec.kind == "namespace":
+                from leviathd.sandbox import namespace
+
+                namespace.shared_init = init
             code = _launch(spec)
         except BaseException as exc:
             _complain(f"leviath: could not start the agent: {exc}")
@@ -643,6 +664,19 @@ def _write_exit(path: str, code: int) -> None:
         fsat.atomic_write_at(exits_fd, os.path.basename(spare), data, mode=0o600)
     finally:
         os.close(exits_fd)
+
+
+def _off_workdir_fd(fd: int) -> int:
+    """`fd`, moved to the lowest free number if it is WORKDIR_FD or HOLD_FD
+    (with its close-on-exec flag as it was)."""
+    if fd not in (WORKDIR_FD, HOLD_FD):
+        return fd
+    import fcntl
+
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.set_inheritable(moved, os.get_inheritable(fd))
+    os.close(fd)
+    return moved
 
 
 def _close_fds_except(keep: set[int]) -> None:

@@ -194,3 +194,97 @@ def test_a_daemon_killed_before_it_heard_pid1_finds_it_again(bed: Testbed) -> No
         "journalctl -u leviathd --no-pager -o cat | tail -20", check=False).stdout)
     row = _wait_ended(bed, agent_id)
     assert row["state"] == "exited" and row["exit_status"] == 6, row
+
+
+def test_a_proxied_agent_keeps_only_pid1_and_its_proxy_works_across_a_restart(
+    bed: Testbed,
+) -> None:
+    """network = "proxy": PID 1 keeps the listening socket and the daemon
+    accepts on it (again after a SIGKILL and restart); no supervisor, no
+    relay. Seen failing before the handover took proxied agents (5
+    processes of ours: supervisor, worker, journal relay, PID 1, relay),
+    and with the untied relay (2)."""
+    bed.write_file("/etc/leviath/config.toml", CONFIG + 'network = "proxy"\n')
+    bed.run(["systemctl", "restart", "leviathd"])
+    before = _leviathd_pids(bed)
+    probe = "curl -s -o /dev/null -w 'code=%{http_code}\\n' http://denied.invalid/"
+    try:
+        script = (f"echo proxy=$http_proxy; echo fds: $(ls /proc/$$/fd/); {probe}; "
+                  f"sleep 4; {probe}; exec sleep 300")
+        agent_id, unit = _start(bed, "sh", "-c", script)
+        deadline = time.monotonic() + 30
+        while not any(_cmdline(bed, p).startswith("sleep 4") for p in _scope_pids(bed, unit)):
+            assert time.monotonic() < deadline, "the command never ran"
+            time.sleep(0.1)
+        pids = _scope_pids(bed, unit)
+        # Ours: outside the agent's PID namespace (NSpid of one level), or its PID 1.
+        nspid = {p: bed.run(f"grep NSpid /proc/{p}/status", check=False).stdout.split()[1:]
+                 for p in pids}
+        ours = [p for p in pids if len(nspid[p]) < 2 or nspid[p][-1] == "1"]
+        assert len(ours) == 1, [(p, nspid[p], _cmdline(bed, p)) for p in pids]
+        assert "leviathd" not in _cmdline(bed, ours[0])
+        assert _leviathd_pids(bed) - before == set()
+        # PID 1's socket is out of the agent's user's reach, as its record is.
+        r = bed.run(["ls", f"/proc/{ours[0]}/fd"], user="alice", check=False)
+        assert r.returncode != 0
+        bed.run(["systemctl", "kill", "--signal=SIGKILL", "leviathd"])
+        bed.run(["systemctl", "restart", "leviathd"])
+        deadline = time.monotonic() + 20
+        logs = ""
+        while logs.count("code=") < 2 and time.monotonic() < deadline:
+            time.sleep(0.3)
+            logs = bed.run(["lev", "logs", agent_id], user="alice").stdout
+        # The daemon's proxy answered both (it refuses the name): no 000,
+        # which is curl's word for a connection nobody took.
+        assert "proxy=http://127.0.0.1:3128" in logs, logs
+        assert logs.count("code=") == 2 and "code=000" not in logs, logs
+        # The command does not get PID 1's descriptors (8: the socket, 9: the record).
+        fds = next(line for line in logs.splitlines() if line.startswith("fds:")).split()
+        assert fds[:4] == ["fds:", "0", "1", "2"] and "8" not in fds and "9" not in fds, logs
+        bed.run(["lev", "stop", agent_id], user="alice")
+        row = _wait_ended(bed, agent_id)
+        assert row["state"] == "stopped" and row["exit_status"] == 128 + 15, row
+    finally:
+        bed.write_file("/etc/leviath/config.toml", CONFIG)
+        bed.run(["systemctl", "restart", "leviathd"])
+
+
+def test_supervised_agents_pid1s_run_one_shared_sealed_catatonit(bed: Testbed) -> None:
+    """An attached run keeps its supervisor; its PID 1 runs the daemon's one
+    sealed copy of catatonit (the same memfd for every agent) instead of a
+    700 KB copy of its own. Seen failing before: one inode per agent."""
+    import subprocess
+
+    home = bed.users["alice"].home
+    clients = [subprocess.Popen(bed.command(
+        ["lev", "run", "--workdir", f"{home}/work", "--", "sleep", "300"], user="alice"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+    ids: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        pid1s: list[str] = []
+        while time.monotonic() < deadline:
+            rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
+            mine = [r for r in rows if r["command"] == ["sleep", "300"]]
+            ids = [r["id"] for r in mine]
+            pid1s = []
+            for row in mine:
+                for p in _scope_pids(bed, row["unit"]):
+                    ns = bed.run(f"grep NSpid /proc/{p}/status", check=False).stdout.split()
+                    if len(ns) > 2 and ns[-1] == "1":
+                        pid1s.append(p)
+            if len(pid1s) == 2:
+                break
+            time.sleep(0.3)
+        assert len(pid1s) == 2, (ids, pid1s)
+        exes = [bed.run(["stat", "-L", "-c", "%d:%i", f"/proc/{p}/exe"]).stdout.strip()
+                for p in pid1s]
+        names = [bed.run(["readlink", f"/proc/{p}/exe"]).stdout for p in pid1s]
+        assert all("memfd:leviath-init" in n for n in names), names
+        assert exes[0] == exes[1], exes
+    finally:
+        for agent_id in ids:
+            bed.run(["lev", "stop", agent_id], user="alice", check=False)
+        for client in clients:
+            client.kill()
+            client.wait()
