@@ -51,6 +51,22 @@ def _scope_pids(bed: Testbed, unit: str) -> list[str]:
     return [f.split("/")[2] for f in found]
 
 
+def _settled_pids(bed: Testbed, unit: str) -> list[str]:
+    """The scope's processes once the start is over: the held child may
+    still be leaving just after `lev run --detach` returns, so the list is
+    read until it holds the command and stays the same twice (10 s at most)."""
+    deadline = time.monotonic() + 10
+    last: list[str] = []
+    while True:
+        pids = sorted(p for p in _scope_pids(bed, unit) if _cmdline(bed, p))
+        if pids == last and any(_cmdline(bed, p).startswith("sleep ") for p in pids):
+            return pids
+        if time.monotonic() > deadline:
+            return pids
+        last = pids
+        time.sleep(0.3)
+
+
 def _cmdline(bed: Testbed, pid: str) -> str:
     return bed.run(["cat", f"/proc/{pid}/cmdline"], check=False).stdout.replace("\0", " ")
 
@@ -71,7 +87,7 @@ def test_a_detached_agent_keeps_one_process_of_ours_and_no_leviathd_process(
     started = [_start(bed, "sleep", "300") for _ in range(3)]
     try:
         for _agent_id, unit in started:
-            pids = _scope_pids(bed, unit)
+            pids = _settled_pids(bed, unit)
             ours = [p for p in pids if not _cmdline(bed, p).startswith("sleep ")]
             assert len(pids) == 2 and len(ours) == 1, [(p, _cmdline(bed, p)) for p in pids]
             (pid1,) = ours
@@ -89,7 +105,7 @@ def test_a_detached_agent_keeps_one_process_of_ours_and_no_leviathd_process(
 def test_pid1_and_the_exit_record_it_holds_are_out_of_the_users_reach(bed: Testbed) -> None:
     agent_id, unit = _start(bed, "sleep", "300")
     try:
-        pid1 = next(p for p in _scope_pids(bed, unit) if not _cmdline(bed, p).startswith("sleep"))
+        pid1 = next(p for p in _settled_pids(bed, unit) if not _cmdline(bed, p).startswith("sleep"))
         assert bed.run(["stat", "-c", "%u", f"/proc/{pid1}"]).stdout.strip() == str(
             bed.users["alice"].uid)
         for probe in (f"ls /proc/{pid1}/fd", f"head -c1 /proc/{pid1}/environ",

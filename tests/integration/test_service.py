@@ -87,7 +87,12 @@ def test_an_agent_runs_as_its_user_in_a_scope_with_the_configured_limits(bed: Te
     assert re.search(rf"^{agent_id}\s+alice\s+sh\s+running\s+none", table, re.M), table
     unit = info["unit"]
     assert unit == f"leviath-alice-sh-{agent_id}.scope"
-    status = bed.run(["systemctl", "status", "--no-pager", unit]).stdout
+    deadline = time.monotonic() + 10
+    while True:  # `sh` execs `sleep 120` a moment after the start returns
+        status = bed.run(["systemctl", "status", "--no-pager", unit]).stdout
+        if "sleep 120" in status or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
     assert "leviath.slice" in status and "sleep 120" in status
     assert unit_prop(bed, unit, "Slice") == "leviath.slice"
     assert unit_prop(bed, unit, "MemoryMax") == str(64 * 1024 * 1024)
@@ -289,7 +294,9 @@ def test_ctrl_c_on_an_attached_run_stops_the_agent(bed: Testbed) -> None:
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     # The terminal's Ctrl-C reaches lev (the agent has a session of its own).
-    lev_pid = int(bed.run("pgrep -u alice -f 'lev run -- sh'").stdout.split()[0])
+    # This run's own lev: another test's stopped client may still be about.
+    lev_pid = int(bed.run(
+        "pgrep -u alice -f 'lev run -- sh -c echo ready; exec sleep 300'").stdout.split()[0])
     bed.run(["kill", "-INT", str(lev_pid)])
     rc = proc.wait(timeout=30)
     rows = json.loads(lev(bed, "alice", "ps", "--all", "--json").stdout)
