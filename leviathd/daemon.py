@@ -20,6 +20,7 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 from leviathd.agents.service import Agents
 from leviathd.bus import caller, polkit, writer
 from leviathd.bus.bounded import BoundedBus
+from leviathd.bus.caller_watch import BusCallerWatch
 from leviathd.bus.compat import many_fds
 from leviathd.bus.manager_iface import ManagerInterface
 from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
@@ -117,7 +118,7 @@ async def serve() -> int:
         _unicast(bus, to, "AgentEnded", "sis", [agent_id, status, state])
 
     agents = Agents(
-        bus, systemd, store,
+        BusCallerWatch(bus), systemd, store,
         authority=polkit.PolkitAuthority(bus),
         machine_config_path=str(machine_config_path()),
         scratch_dir_default=os.path.join(state_dir(), "scratch"),
@@ -156,7 +157,7 @@ async def serve() -> int:
             f"fixed: {exc}"
         )
         log.error("%s", agents.config_problem)
-    gate = GateService(bus, agents, state_dir=state_dir())
+    gate = GateService(agents, state_dir=state_dir())
     gate.install()
     credentials = CredentialService(agents, gate)
     credentials.install()

@@ -12,9 +12,7 @@ import pwd
 import re
 import time
 from collections import Counter
-
-from dbus_fast import Message, MessageType
-from dbus_fast.aio import MessageBus
+from typing import Protocol
 
 from leviathd.records import AgentRecord, AgentState
 from leviathd.sandbox.container import cgroup_procs_files
@@ -34,21 +32,17 @@ def parse_unit(name: str) -> tuple[str, str, str] | None:
     return (m.group(1), m.group(2), m.group(3)) if m else None
 
 
-async def live_scopes(bus: MessageBus, slice_name: str) -> list[str]:
+class UnitLister(Protocol):
+    """What the orphan scan needs of systemd (SystemdManager has it)."""
+
+    async def unit_names(
+        self, states: list[str], patterns: list[str], limit: int
+    ) -> list[str]: ...
+
+
+async def live_scopes(systemd: UnitLister, slice_name: str) -> list[str]:
     """Names of every live leviath-*.scope in our slice."""
-    reply = await bus.call(
-        Message(
-            destination="org.freedesktop.systemd1",
-            path="/org/freedesktop/systemd1",
-            interface="org.freedesktop.systemd1.Manager",
-            member="ListUnitsByPatterns",
-            signature="asas",
-            body=[list(_LIVE_STATES), ["leviath-*.scope"]],
-        )
-    )
-    if reply is None or reply.message_type is MessageType.ERROR:
-        raise OSError(f"systemd ListUnitsByPatterns: {getattr(reply, 'error_name', None)}")
-    names = [str(row[0]) for row in reply.body[0][:MAX_SCOPES]]
+    names = await systemd.unit_names(list(_LIVE_STATES), ["leviath-*.scope"], MAX_SCOPES)
     # ListUnitsByPatterns has no slice filter; the unit's own prefix is ours and
     # the daemon only ever creates such scopes in `slice_name`.
     del slice_name

@@ -1,7 +1,8 @@
 """The registry of agents and their life cycle: start (checked, fenced, in a
 scope), stop, list, logs, and the end of every agent however it ends. Knows
-nothing of D-Bus's interfaces or polkit: the bus layer hands it a `Caller`
-and an `Authority` to ask for the rights a call needs."""
+nothing of D-Bus or polkit: the bus layer hands it a `Caller`, an `Authority`
+to ask for the rights a call needs and a `CallerWatch` that tells when a
+caller has gone; systemd comes as a `SystemdManager` object."""
 
 from __future__ import annotations
 
@@ -18,14 +19,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
-from dbus_fast.aio import MessageBus
-
 from leviathd import listing, resource_defaults, safetext
 from leviathd.agents import orphans
 from leviathd.agents.request import RunInput, refuse_system_workdir
 from leviathd.agents.usage import UsageCache
 from leviathd.audit import trail as audit
-from leviathd.audit.readers import Readers
+from leviathd.audit.readers import CallerWatch, Readers
 from leviathd.authority import Authority, Caller, Right
 from leviathd.config import load as config_load
 from leviathd.config.merge import Effective, MergeResult, resolve
@@ -88,7 +87,7 @@ def _logged(what: str) -> Iterator[None]:
 class Agents:
     def __init__(
         self,
-        bus: MessageBus,
+        callers: CallerWatch,
         systemd: SystemdManager,
         store: RecordStore,
         *,
@@ -98,7 +97,6 @@ class Agents:
         on_started: Emit,
         on_ended: Emit,
     ) -> None:
-        self._bus = bus
         self._authority = authority
         self._systemd = systemd
         self._store = store
@@ -111,7 +109,7 @@ class Agents:
         self._watches: dict[str, int] = {}
         # List's memory and tasks figures, from memory (issue 18).
         self.usage = UsageCache(self._live_by_unit)
-        self.readers = Readers(bus)
+        self.readers = Readers(callers)
         self._finalizing: set[str] = set()
         # Records the state filesystem had no room for (a full disk): held
         # here, served from here, and written by maintain() once it has room.
@@ -720,7 +718,7 @@ class Agents:
         (state lost) and their scratch goes."""
         if self.podman_only:
             return
-        scopes = await orphans.live_scopes(self._bus, SLICE)
+        scopes = await orphans.live_scopes(self._systemd, SLICE)
         live_ids: set[str] = set()
         for unit in scopes:
             parsed = orphans.parse_unit(unit)

@@ -4,8 +4,9 @@ each `Logs` and `Audit` call, writing into a pipe the caller holds.
 Each one costs a root process, and one that follows lives until the agent
 ends; a reader whose caller stops reading blocks on a full pipe for ever.
 So they are capped per caller (uid) and in total, and each ends when the
-bus connection that asked for it goes (NameOwnerChanged from the bus
-driver), when its agent ends (followers), or when it finishes."""
+bus connection that asked for it goes (told by a `CallerWatch`, which the bus
+edge implements with the bus driver's NameOwnerChanged), when its agent ends
+(followers), or when it finishes."""
 
 from __future__ import annotations
 
@@ -16,16 +17,28 @@ import signal
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-from dbus_fast import Message, MessageType
-from dbus_fast.aio import MessageBus
+from typing import Protocol
 
 from leviathd.authority import Caller
 from leviathd.errors import LeviathError
 
 PER_CALLER = 8
 TOTAL = 32
-BUS_DRIVER = "org.freedesktop.DBus"
+
+
+class CallerWatch(Protocol):
+    """Tells when a caller (a bus connection's unique name) has gone."""
+
+    def on_gone(self, handler: Callable[[str], None]) -> None:
+        """`handler(sender)` runs when a watched sender leaves."""
+
+    async def watch(self, sender: str) -> None: ...
+
+    async def unwatch(self, sender: str) -> None: ...
+
+    async def has_owner(self, sender: str) -> bool:
+        """Whether `sender` is still connected."""
+        ...
 
 
 class TooManyReaders(LeviathError):
@@ -43,13 +56,15 @@ class _Reader:
 
 @dataclass
 class Readers:
-    bus: MessageBus
+    callers: CallerWatch
     per_caller: int = PER_CALLER
     total: int = TOTAL
     _live: set[_Reader] = field(default_factory=set)
     _starting: Counter[int] = field(default_factory=Counter)
     _watched: set[str] = field(default_factory=set)
-    _handler_installed: bool = False
+
+    def __post_init__(self) -> None:
+        self.callers.on_gone(self._gone)
 
     def count(self, uid: int | None = None) -> int:
         """Readers running or being started (of `uid`, or all)."""
@@ -136,42 +151,21 @@ class Readers:
             if not any(r.sender == reader.sender for r in self._live):
                 await self._unwatch(reader.sender)
 
-    def _on_message(self, msg: Message) -> bool:
-        if (msg.message_type is MessageType.SIGNAL and msg.sender == BUS_DRIVER
-                and msg.interface == BUS_DRIVER and msg.member == "NameOwnerChanged"
-                and msg.signature == "sss"):
-            name, _old, new = msg.body
-            if name in self._watched and not new:
-                self._end(lambda r: r.sender == name)
-        return False
-
-    def _rule(self, sender: str) -> str:
-        return (f"type='signal',sender='{BUS_DRIVER}',interface='{BUS_DRIVER}',"
-                f"member='NameOwnerChanged',arg0='{sender}'")
+    def _gone(self, sender: str) -> None:
+        if sender in self._watched:
+            self._end(lambda r: r.sender == sender)
 
     async def _watch(self, sender: str) -> None:
-        if not self._handler_installed:
-            self.bus.add_message_handler(self._on_message)
-            self._handler_installed = True
         if sender in self._watched:
             return
         self._watched.add(sender)
-        await self._driver("AddMatch", [self._rule(sender)])
+        await self.callers.watch(sender)
 
     async def _unwatch(self, sender: str) -> None:
         if sender in self._watched:
             self._watched.discard(sender)
             with contextlib.suppress(Exception):
-                await self._driver("RemoveMatch", [self._rule(sender)])
+                await self.callers.unwatch(sender)
 
     async def _has_owner(self, sender: str) -> bool:
-        reply = await self._driver("NameHasOwner", [sender])
-        return bool(reply.body[0]) if reply.message_type is MessageType.METHOD_RETURN else False
-
-    async def _driver(self, member: str, body: list[str]) -> Message:
-        reply = await self.bus.call(
-            Message(destination=BUS_DRIVER, path="/org/freedesktop/DBus",
-                    interface=BUS_DRIVER, member=member, signature="s", body=body)
-        )
-        assert reply is not None
-        return reply
+        return await self.callers.has_owner(sender)

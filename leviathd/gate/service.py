@@ -36,8 +36,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dbus_fast.aio import MessageBus
-
 from leviathd import fsat
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
@@ -105,8 +103,7 @@ class _Live:
 
 
 class GateService:
-    def __init__(self, bus: MessageBus, agents: Agents, *, state_dir: str) -> None:
-        self._bus = bus
+    def __init__(self, agents: Agents, *, state_dir: str) -> None:
         self._agents = agents
         self._store = RecordStore(state_dir)
         self._snapshots = os.path.join(state_dir, "gate")

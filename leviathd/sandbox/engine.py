@@ -44,8 +44,10 @@ class EngineUnavailable(Exception):
     """Why the engine cannot be used here (a sentence for `probe`)."""
 
 
+# The engine found on this host (binary, runtime); `domain.Engine` is the
+# kind the configuration asks for.
 @dataclass(frozen=True)
-class Engine:
+class DetectedEngine:
     name: str  # "podman" | "docker"
     path: str
     runtime: str | None  # podman's --runtime, None for the default / docker
@@ -120,7 +122,7 @@ def choose_runtime(
     return None, None
 
 
-def detect(configured: str) -> Engine:
+def detect(configured: str) -> DetectedEngine:
     """The engine for `configured` ("auto", "podman", "docker"), checked to
     answer. Raises EngineUnavailable with the reason."""
     names = ["podman", "docker"] if configured == "auto" else [configured]
@@ -136,7 +138,7 @@ def detect(configured: str) -> Engine:
     raise EngineUnavailable("; ".join(errors))
 
 
-def _check(name: str, path: str) -> Engine:
+def _check(name: str, path: str) -> DetectedEngine:
     if name == "podman":
         r = _run([path, "info", "--format", "{{.Host.OCIRuntime.Name}}"])
         if r.returncode != 0:
@@ -147,7 +149,7 @@ def _check(name: str, path: str) -> Engine:
         )
         if why:
             raise EngineUnavailable(f"podman: {why}")
-        return Engine("podman", path, runtime, default_runtime=r.stdout.strip())
+        return DetectedEngine("podman", path, runtime, default_runtime=r.stdout.strip())
     r = _run([path, "info", "--format", "{{.CgroupDriver}}"])
     if r.returncode != 0:
         raise EngineUnavailable(f"docker info failed: {_last_line(r.stderr)}")
@@ -158,10 +160,10 @@ def _check(name: str, path: str) -> Engine:
             f"docker uses the {r.stdout.strip() or 'unknown'} cgroup driver; only cgroupfs "
             "lets a container sit below the agent's scope"
         )
-    return Engine("docker", path, None)
+    return DetectedEngine("docker", path, None)
 
 
-def image_present(engine: Engine, image: str) -> bool:
+def image_present(engine: DetectedEngine, image: str) -> bool:
     if engine.name == "podman":
         return _run([*engine.base(), "image", "exists", image]).returncode == 0
     return _run([engine.path, "image", "inspect", image]).returncode == 0

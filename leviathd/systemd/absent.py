@@ -150,6 +150,11 @@ class NoSystemd(SystemdManager):
         finally:
             self._reapers.pop(name, None)
 
+    async def unit_names(self, states: list[str], patterns: list[str], limit: int) -> list[str]:
+        # Never asked (no reconcile without systemd: podman alone fences).
+        del states, patterns, limit
+        return []
+
     async def unit_state(self, name: str) -> UnitState | None:
         cgroup = control_group(name)
         tops = [t for t in folders(cgroup) if os.path.isdir(t)]

@@ -222,6 +222,14 @@ class SystemdManager:
                 return
             raise
 
+    async def unit_names(self, states: list[str], patterns: list[str], limit: int) -> list[str]:
+        """Names of the units in one of `states` matching one of `patterns`
+        (at most `limit`)."""
+        (rows,) = await self._call(
+            MANAGER_PATH, MANAGER_IFACE, "ListUnitsByPatterns", "asas", [states, patterns]
+        )
+        return [str(row[0]) for row in rows[:limit]]
+
     async def unit_state(self, name: str) -> UnitState | None:
         if not _ours(name):
             return None

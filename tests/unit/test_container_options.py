@@ -31,8 +31,8 @@ from leviathd.sandbox.spec import Mount, RunRequest, SandboxSpec, build_spec
 HOME = "/home/alice"
 ALICE = UserInfo("alice", 1000, 1000, (1000, 27, 990), HOME, "/bin/bash")
 WORKDIR = f"{HOME}/src/app"
-PODMAN = engines.Engine("podman", "/usr/bin/podman", "runc")
-DOCKER = engines.Engine("docker", "/usr/bin/docker", None)
+PODMAN = engines.DetectedEngine("podman", "/usr/bin/podman", "runc")
+DOCKER = engines.DetectedEngine("docker", "/usr/bin/docker", None)
 ULIMITS = {"nofile": (1024, 1024), "nproc": (4096, 4096)}
 
 
@@ -56,7 +56,9 @@ def spec_for(
     )  # fmt: skip
 
 
-def options(effective: Effective, engine: engines.Engine = PODMAN, **kw: object) -> list[str]:
+def options(
+    effective: Effective, engine: engines.DetectedEngine = PODMAN, **kw: object
+) -> list[str]:
     spec = spec_for(effective, **kw)  # type: ignore[arg-type]
     return c_settings.container_options(
         spec, effective, engine, ulimits=ULIMITS,
@@ -373,14 +375,14 @@ def test_runtime_state_reads_what_inspect_would_give(
     state = {"id": cid, "init_process_pid": 4242,
              "config": {"labels": ["io.container.manager=libpod", f"bundle={bundle}"]}}  # fmt: skip
     (tmp_path / "runc" / cid / "state.json").write_text(json.dumps(state))
-    eng = engines.Engine("podman", "/usr/bin/podman", None, default_runtime="runc")
+    eng = engines.DetectedEngine("podman", "/usr/bin/podman", None, default_runtime="runc")
     assert c_start._runtime_state(eng, f"{cid}\n") == {
         "State": {"Pid": 4242}, "Id": cid, "OCIRuntime": "runc",
         "OCIConfigPath": f"{bundle}/config.json",
     }  # fmt: skip
     assert c_start._runtime_state(eng, "not an id\n") is None
     assert c_start._runtime_state(DOCKER, f"{cid}\n") is None
-    assert c_start._runtime_state(engines.Engine("podman", "/p", None), f"{cid}\n") is None
+    assert c_start._runtime_state(engines.DetectedEngine("podman", "/p", None), f"{cid}\n") is None
     for bad in ({**state, "id": "cd" * 32}, {**state, "init_process_pid": 0},
                 {**state, "config": {"labels": ["bundle=relative"]}}):  # fmt: skip
         (tmp_path / "runc" / cid / "state.json").write_text(json.dumps(bad))
@@ -388,7 +390,7 @@ def test_runtime_state_reads_what_inspect_would_give(
     (tmp_path / "crun" / cid).mkdir(parents=True)
     crun_status = {"id": cid, "pid": 7, "bundle": bundle}
     (tmp_path / "crun" / cid / "status").write_text(json.dumps(crun_status))
-    crun = engines.Engine("podman", "/usr/bin/podman", "crun")
+    crun = engines.DetectedEngine("podman", "/usr/bin/podman", "crun")
     assert c_start._runtime_state(crun, cid) == {
         "State": {"Pid": 7}, "Id": cid, "OCIRuntime": "crun",
         "OCIConfigPath": f"{bundle}/config.json",

@@ -132,7 +132,7 @@ def test_a_cgroup_of_another_unit_ending_in_an_agents_id_is_not_that_agent(
 ) -> None:
     monkeypatch.setenv("LEVIATH_RUNTIME_DIR", str(tmp_path / "run"))
     agents: Any = object()
-    gate = GateService(None, agents, state_dir=str(tmp_path))  # type: ignore[arg-type]
+    gate = GateService(agents, state_dir=str(tmp_path))
     unit = "leviath-alice-claude-0123abcd.scope"
     rec = SimpleNamespace(running=True, unit=unit)
     gate.live["0123abcd"] = SimpleNamespace(rec=rec)  # type: ignore[assignment]

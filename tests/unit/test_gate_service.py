@@ -34,7 +34,7 @@ def spec_for(kind: SandboxKind, hidden: list[str] | None = None) -> SandboxSpec:
 def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GateService:
     monkeypatch.setenv("LEVIATH_RUNTIME_DIR", "/run/leviath")
     agents: Any = object()
-    return GateService(None, agents, state_dir=str(tmp_path))  # type: ignore[arg-type]
+    return GateService(agents, state_dir=str(tmp_path))
 
 
 def test_a_namespace_agent_gets_only_its_own_folder_read_only_at_run_leviath(

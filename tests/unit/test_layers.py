@@ -82,6 +82,11 @@ def _module_of(path: Path) -> str:
 
 def _imports(text: str, module: str) -> list[tuple[int, str]]:
     """Every leviathd module that the source `text` of `module` imports, with the line."""
+    return [(line, m) for line, m in _all_imports(text, module) if m.split(".")[0] == "leviathd"]
+
+
+def _all_imports(text: str, module: str) -> list[tuple[int, str]]:
+    """Every module (ours or not) that the source `text` of `module` imports, with the line."""
     tree = ast.parse(text)
     package = module.split(".")[:-1]
     found: list[tuple[int, str]] = []
@@ -97,7 +102,7 @@ def _imports(text: str, module: str) -> list[tuple[int, str]]:
             if base == "leviathd":  # `from leviathd import fsat` imports leviathd.fsat
                 found += [(node.lineno, f"leviathd.{a.name}") for a in node.names
                           if (ROOT / f"{a.name}.py").exists() or (ROOT / a.name).is_dir()]
-    return [(line, m) for line, m in found if m.split(".")[0] == "leviathd"]
+    return found
 
 
 def _arrows() -> list[tuple[str, str, int, str, str]]:
@@ -147,3 +152,42 @@ def test_the_checker_sees_a_wrong_arrow() -> None:
     assert {"leviathd.cli.policy", "leviathd.bus", "leviathd.fsat"} <= mods
     assert _part_of("leviathd.cli.policy") == "Face"
     assert _part_of("leviathd.bus") == "Edge"
+
+
+# The only modules that may speak D-Bus (import dbus_fast), and why. The
+# services take plain interfaces instead (an Authority, a CallerWatch, the
+# SystemdManager object), so they can be unit-tested with in-memory
+# stand-ins (tests/unit/test_agents_service.py).
+SPEAKS_DBUS: dict[str, str] = {
+    "leviathd.bus": "the edge: the daemon's interfaces, polkit, callers",
+    "leviathd.daemon": "the composition root: connects the bus and hands it to the edge",
+    "leviathd.cli": "the client: a separate program that calls the daemon over the bus",
+    "leviathd.systemd.manager": "the client of PID 1, whose API is D-Bus (given to services "
+                                "as an object)",
+    "leviathd.systemd.absent": "the no-systemd stand-in of SystemdManager, built like it",
+}
+
+
+def _may_speak_dbus(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in SPEAKS_DBUS)
+
+
+def _dbus_imports() -> list[str]:
+    return [f"{path.relative_to(ROOT.parent)}:{line} imports {mod}"
+            for path in _sources() if not _may_speak_dbus(_module_of(path))
+            for line, mod in _all_imports(path.read_text(encoding="utf-8"), _module_of(path))
+            if mod.split(".")[0] == "dbus_fast"]
+
+
+def test_only_the_edge_speaks_dbus() -> None:
+    wrong = _dbus_imports()
+    assert not wrong, "D-Bus outside the edge (take a plain interface instead):\n" + "\n".join(
+        wrong)
+
+
+def test_the_dbus_check_sees_a_service_import() -> None:
+    text = "def f():\n    from dbus_fast.aio import MessageBus\nimport dbus_fast\n"
+    mods = {m for _line, m in _all_imports(text, "leviathd.agents.service")}
+    assert {"dbus_fast.aio", "dbus_fast"} <= mods
+    assert not _may_speak_dbus("leviathd.agents.service")
+    assert _may_speak_dbus("leviathd.bus.caller_watch")

@@ -10,18 +10,18 @@ from typing import Any
 from leviathd.sandbox import engine as engines
 
 _PROBE_TTL = 30.0
-_engine_cache: dict[str, tuple[float, engines.Engine | str]] = {}
+_engine_cache: dict[str, tuple[float, engines.DetectedEngine | str]] = {}
 # (engine, its path, image) -> when the image was last seen in its storage.
 _image_seen: dict[tuple[str, str, str], float] = {}
 
 
-def _engine(configured: str) -> engines.Engine:
+def _engine(configured: str) -> engines.DetectedEngine:
     """The detected engine, cached for a short while (podman info is ~0.1 s)."""
     now = time.monotonic()
     hit = _engine_cache.get(configured)
     if hit is None or now - hit[0] > _PROBE_TTL:
         try:
-            value: engines.Engine | str = engines.detect(configured)
+            value: engines.DetectedEngine | str = engines.detect(configured)
         except engines.EngineUnavailable as exc:
             value = str(exc)
         except (OSError, TimeoutError) as exc:

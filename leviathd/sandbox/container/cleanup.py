@@ -23,9 +23,9 @@ from leviathd.sandbox.container.settings import (
 from leviathd.sandbox.container.start import _engine_cmd, unpin
 
 
-def _present_engines() -> list[engines.Engine]:
+def _present_engines() -> list[engines.DetectedEngine]:
     """Every engine binary here, for cleanup (which needs no image)."""
-    out: list[engines.Engine] = []
+    out: list[engines.DetectedEngine] = []
     for name in ("podman", "docker"):
         path = engines.find_binary(name)
         if path is None:
@@ -34,11 +34,11 @@ def _present_engines() -> list[engines.Engine]:
             out.append(_engine(name))
         except engines.EngineUnavailable:
             if name == "podman":
-                out.append(engines.Engine("podman", path, None))
+                out.append(engines.DetectedEngine("podman", path, None))
     return out
 
 
-async def _list(eng: engines.Engine, *filters: str) -> list[tuple[str, dict[str, str]]]:
+async def _list(eng: engines.DetectedEngine, *filters: str) -> list[tuple[str, dict[str, str]]]:
     """(name, labels) of this daemon's containers matching the label filters."""
     argv = [*eng.base(), "ps", "-a", "--filter", f"label={LABEL_DAEMON}={daemon_instance()}"]
     for f in filters:
@@ -60,7 +60,7 @@ async def _list(eng: engines.Engine, *filters: str) -> list[tuple[str, dict[str,
     return result
 
 
-async def _remove(eng: engines.Engine, names: list[str]) -> None:
+async def _remove(eng: engines.DetectedEngine, names: list[str]) -> None:
     if not names:
         return
     rm = [*eng.base(), "rm", "-f"] + (["-t", "0"] if eng.name == "podman" else [])

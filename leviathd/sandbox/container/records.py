@@ -23,7 +23,7 @@ class Record:
     """What the worker needs to exec into a container (it has only the spec):
     written by `ensure` under the runtime folder, root only."""
 
-    engine: engines.Engine
+    engine: engines.DetectedEngine
     container_id: str = ""
     oci_config: str = ""  # the container's OCI config.json (podman)
     runtime_path: str = ""  # the OCI runtime binary that runs it (podman)
@@ -48,7 +48,7 @@ def _read_record(name: str) -> Record:
     try:
         with open(_record_path(name)) as f:
             data = json.load(f)
-        eng = engines.Engine(**data.pop("engine"))
+        eng = engines.DetectedEngine(**data.pop("engine"))
         return Record(engine=eng, **data)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise Unavailable(f"container {name} is not known to this daemon: {exc}") from None

@@ -158,7 +158,7 @@ def init_binary() -> str | None:
 def container_options(
     spec: SandboxSpec,
     effective: Any,
-    engine: engines.Engine,
+    engine: engines.DetectedEngine,
     *,
     ulimits: Mapping[str, tuple[int, int]],
     network: str,
@@ -274,7 +274,7 @@ def idle_command(init: str | None) -> list[str]:
     return ["-P"] if init is not None else ["infinity"]
 
 
-def config_key(options: Iterable[str], image: str, engine: engines.Engine) -> str:
+def config_key(options: Iterable[str], image: str, engine: engines.DetectedEngine) -> str:
     data = json.dumps([engine.name, engine.runtime, image, *options])
     return hashlib.sha256(data.encode()).hexdigest()[:12]
 

@@ -71,7 +71,9 @@ async def _engine_cmd(argv: list[str], timeout: float = 60.0) -> tuple[int, str,
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-async def _record_for(eng: engines.Engine, name: str, found: dict[str, Any] | None) -> Record:
+async def _record_for(
+    eng: engines.DetectedEngine, name: str, found: dict[str, Any] | None
+) -> Record:
     info = found if found is not None else await _inspect(eng, name)
     if info is None:
         raise Unavailable(f"container {name} vanished as it started")
@@ -100,7 +102,7 @@ _CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
 RUNTIME_STATE_ROOT = "/run"
 
 
-def _runtime_state(eng: engines.Engine, run_output: str) -> dict[str, Any] | None:
+def _runtime_state(eng: engines.DetectedEngine, run_output: str) -> dict[str, Any] | None:
     """What _record_for needs of `inspect` (init pid, id, OCI config, runtime),
     read from the OCI runtime's own state of the container `podman run -d`
     just printed the id of: root's files under /run/RUNTIME, where
@@ -136,7 +138,7 @@ def _runtime_state(eng: engines.Engine, run_output: str) -> dict[str, Any] | Non
             "OCIConfigPath": os.path.join(bundle, "config.json")}  # fmt: skip
 
 
-async def _inspect(eng: engines.Engine, name: str) -> dict[str, Any] | None:
+async def _inspect(eng: engines.DetectedEngine, name: str) -> dict[str, Any] | None:
     rc, out, _ = await _engine_cmd([*eng.base(), "container", "inspect", name])
     if rc != 0:
         return None

@@ -45,7 +45,9 @@ def exec_env(spec: SandboxSpec) -> dict[str, str]:
     return env
 
 
-def exec_argv(container: str, spec: SandboxSpec, eng: engines.Engine | None = None) -> list[str]:
+def exec_argv(
+    container: str, spec: SandboxSpec, eng: engines.DetectedEngine | None = None
+) -> list[str]:
     """`<engine> exec` of spec.argv in `container` as the agent's numeric uid
     and gid, in the workdir, with exactly the spec's environment (see exec_env
     for how it travels)."""

@@ -1,0 +1,204 @@
+"""Agents' own logic against in-memory stand-ins of the interfaces the bus
+edge gives it (an Authority, a CallerWatch, the systemd manager): who may
+stop whose agent, a refused run starting no scope, an unknown agent whose
+scope vanished ending, a log reader ending with its caller. Real systemd,
+bus and polkit are tested in tests/integration (test_service.py,
+test_log_readers.py); these stand-ins exist only here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from leviathd.agents.orphans import unknown_record
+from leviathd.agents.request import RunInput
+from leviathd.agents.service import Agents
+from leviathd.audit.readers import Readers
+from leviathd.authority import Caller, Right
+from leviathd.errors import AccessDenied, ConfigError, NotFound
+from leviathd.records import AgentRecord, AgentState, RecordStore
+from leviathd.sandbox import supervisor
+from leviathd.systemd.manager import ScopeLimits, SystemdManager, UnitState
+
+ALICE = Caller(":1.10", 1000, 4242)
+BOB = Caller(":1.11", 1001, 4243)
+UNIT = "leviath-alice-demo-0123abcd.scope"
+
+
+class StandInAuthority:
+    """Grants what `grants` lists per uid; records every question."""
+
+    def __init__(self, grants: dict[int, set[Right]]) -> None:
+        self.grants = grants
+        self.asked: list[tuple[int, Right]] = []
+
+    async def allowed(self, who: Caller, right: Right) -> bool:
+        self.asked.append((who.uid, right))
+        return right in self.grants.get(who.uid, set())
+
+    async def require(self, who: Caller, right: Right, what: str) -> None:
+        if not await self.allowed(who, right):
+            raise AccessDenied(f"not allowed to {what}")
+
+
+class StandInSystemd(SystemdManager):
+    """Units in memory; records starts and stops. Every method Agents calls
+    is overridden: the base class's bus is never used."""
+
+    def __init__(self, live: list[str] | None = None) -> None:
+        super().__init__(None)  # type: ignore[arg-type]
+        self.live = list(live or [])
+        self.started: list[str] = []
+        self.stopped: list[str] = []
+
+    async def attach(self) -> None:
+        return None
+
+    async def start_scope(
+        self, name: str, *, pids: list[int], slice_name: str, description: str,
+        limits: ScopeLimits,
+    ) -> None:
+        self.started.append(name)
+        self.live.append(name)
+
+    async def stop_unit(self, name: str) -> None:
+        self.stopped.append(name)
+
+    async def unit_state(self, name: str) -> UnitState | None:
+        if name not in self.live:
+            return None
+        # A cgroup that does not exist: no processes, so no uid to read.
+        return UnitState(name=name, active_state="active", memory_current=None,
+                         tasks_current=None, control_group=f"/leviath-stand-in.slice/{name}")
+
+    async def unit_names(self, states: list[str], patterns: list[str], limit: int) -> list[str]:
+        return self.live[:limit]
+
+
+class StandInCallers:
+    """A CallerWatch whose callers leave when the test says so."""
+
+    def __init__(self) -> None:
+        self.handlers: list[Callable[[str], None]] = []
+        self.watched: set[str] = set()
+        self.connected: set[str] = {ALICE.sender, BOB.sender}
+
+    def on_gone(self, handler: Callable[[str], None]) -> None:
+        self.handlers.append(handler)
+
+    async def watch(self, sender: str) -> None:
+        self.watched.add(sender)
+
+    async def unwatch(self, sender: str) -> None:
+        self.watched.discard(sender)
+
+    async def has_owner(self, sender: str) -> bool:
+        return sender in self.connected
+
+    def leave(self, sender: str) -> None:
+        self.connected.discard(sender)
+        for handler in self.handlers:
+            handler(sender)
+
+
+def make_agents(
+    tmp_path: Path, authority: StandInAuthority, systemd: StandInSystemd,
+    callers: StandInCallers | None = None,
+) -> Agents:
+    store = RecordStore(str(tmp_path / "state"))
+    store.ensure()
+    return Agents(
+        callers or StandInCallers(), systemd, store, authority=authority,
+        machine_config_path=str(tmp_path / "leviath.toml"),
+        scratch_dir_default=str(tmp_path / "scratch"),
+        on_started=lambda *a, **k: None, on_ended=lambda *a, **k: None,
+    )
+
+
+def alices_agent() -> AgentRecord:
+    rec = unknown_record(UNIT, ALICE.uid, "alice", "demo", "0123abcd")
+    rec.state = AgentState.RUNNING
+    return rec
+
+
+def test_stopping_another_users_agent_asks_for_manage_any(tmp_path: Path) -> None:
+    authority = StandInAuthority({BOB.uid: {Right.RUN}})
+    systemd = StandInSystemd([UNIT])
+    agents = make_agents(tmp_path, authority, systemd)
+    rec = alices_agent()
+    agents.records[rec.id] = rec
+
+    with pytest.raises(NotFound):  # not even told it exists
+        asyncio.run(agents.stop(BOB, rec.id))
+    assert (BOB.uid, Right.MANAGE_ANY) in authority.asked
+    assert systemd.stopped == []
+
+    authority.grants[BOB.uid].add(Right.MANAGE_ANY)
+    asyncio.run(agents.stop(BOB, rec.id))
+    assert systemd.stopped == [UNIT]
+
+
+def test_stopping_ones_own_agent_needs_only_run(tmp_path: Path) -> None:
+    authority = StandInAuthority({ALICE.uid: {Right.RUN}})
+    systemd = StandInSystemd([UNIT])
+    agents = make_agents(tmp_path, authority, systemd)
+    rec = alices_agent()
+    agents.records[rec.id] = rec
+    asyncio.run(agents.stop(ALICE, rec.id))
+    assert authority.asked == [(ALICE.uid, Right.RUN)]
+    assert systemd.stopped == [UNIT]
+
+
+def _stdio() -> supervisor.Stdio:
+    return supervisor.Stdio(*[os.open(os.devnull, os.O_RDWR) for _ in range(3)])
+
+
+def test_a_run_refused_by_the_authority_starts_no_scope(tmp_path: Path) -> None:
+    systemd = StandInSystemd()
+    agents = make_agents(tmp_path, StandInAuthority({}), systemd)
+    req = RunInput(command=["true"], workdir=str(tmp_path))
+    with pytest.raises(AccessDenied):
+        asyncio.run(agents.run(ALICE, req, _stdio()))
+    assert systemd.started == []
+
+
+def test_no_run_starts_a_scope_while_the_machine_config_does_not_load(tmp_path: Path) -> None:
+    systemd = StandInSystemd()
+    agents = make_agents(tmp_path, StandInAuthority({ALICE.uid: {Right.RUN}}), systemd)
+    agents.config_problem = "the machine configuration does not load"
+    req = RunInput(command=["true"], workdir=str(tmp_path))
+    with pytest.raises(ConfigError):
+        asyncio.run(agents.run(ALICE, req, _stdio()))
+    assert systemd.started == []
+
+
+def test_an_unknown_agent_whose_scope_vanished_is_marked_ended(tmp_path: Path) -> None:
+    systemd = StandInSystemd([UNIT])
+    agents = make_agents(tmp_path, StandInAuthority({}), systemd)
+    asyncio.run(agents.reconcile())
+    (rec,) = agents.records.values()
+    assert (rec.id, rec.state, rec.unit) == ("0123abcd", AgentState.UNKNOWN, UNIT)
+
+    systemd.live.clear()
+    asyncio.run(agents.reconcile())
+    assert agents.records == {}
+    ended = agents.lookup("0123abcd")
+    assert ended is not None and ended.state is AgentState.LOST and ended.ended_at
+
+
+def test_a_log_reader_ends_when_its_caller_leaves() -> None:
+    async def scenario() -> int | None:
+        callers = StandInCallers()
+        readers = Readers(callers)
+        fd = await readers.start(ALICE, ["sleep", "60"], agent_id="0123abcd", follow=True)
+        os.close(fd)
+        assert ALICE.sender in callers.watched and readers.count(ALICE.uid) == 1
+        (reader,) = readers._live
+        callers.leave(ALICE.sender)
+        return await asyncio.wait_for(reader.proc.wait(), 5)
+
+    assert asyncio.run(scenario()) == -15
