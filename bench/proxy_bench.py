@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable
 
 from leviathd.domain.sensitivity import Sensitivity
-from leviathd.proxy import forwarder, policy
+from leviathd.proxy import policy
 from leviathd.proxy.policy import ProxySettings
 from leviathd.proxy.server import Agent, ProxyServer
+from leviathd.sandbox import forwarder
 
 CONNECTIONS = 300
 DOWNLOAD = 256 << 20

@@ -39,11 +39,10 @@ from leviathd.errors import (
     Unavailable,
 )
 from leviathd.events import Event
-from leviathd.gate import fencehold
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy import filelabels
 from leviathd.records import FULL, AgentRecord, AgentState, RecordStore
-from leviathd.sandbox import container, scratch, supervisor
+from leviathd.sandbox import container, fencehold, scratch, supervisor
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdError, SystemdManager
@@ -143,7 +142,7 @@ class Agents:
         # end_hooks run when it has ended, before its scratch is removed.
         self.start_hooks: list[Callable[[AgentRecord, MergeResult, UserInfo], Awaitable[None]]] = []
         # Called with the pid of an agent's fence whose mounts are built and
-        # which waits (gate/fencehold.py) before its command runs; raising
+        # which waits (sandbox/fencehold.py) before its command runs; raising
         # leaves it unanswered, so the fence fails.
         self.fence_hooks: list[Callable[[AgentRecord, int], Awaitable[None]]] = []
         self._holds: set[asyncio.Future[None]] = set()
@@ -230,7 +229,7 @@ class Agents:
         agent_id = self._new_id()
         unit = unit_name(user.name, agent_name, agent_id)
         # Each namespace fence may have to wait for the daemon's marks
-        # (gate/fencehold.py): decided once the workdir is known.
+        # (sandbox/fencehold.py): decided once the workdir is known.
         hold = fencehold.pair() if "namespace" in kinds and self.fence_hooks else None
         try:
             held = supervisor.fork_held(

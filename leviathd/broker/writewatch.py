@@ -221,7 +221,7 @@ class WriteWatch:
 
     def ensure_fence(self, pid: int, cgroup: str) -> bool:
         """The `shell` tool's fence, built and waiting to run its command
-        (gate/fencehold.py): every writable mount of its namespace is
+        (sandbox/fencehold.py): every writable mount of its namespace is
         marked, even if a scan of the scope met that namespace half built."""
         try:
             ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino

@@ -47,7 +47,6 @@ from leviathd.config.policy_settings import policy_settings
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, NotFound, Unavailable
 from leviathd.events import Event
-from leviathd.gate import fencehold
 from leviathd.identity import UserInfo, user_info
 from leviathd.paths import runtime_dir
 from leviathd.policy.approvals import Answer, ApprovalQueue, PendingRequest
@@ -55,6 +54,7 @@ from leviathd.policy.ledger import Entry, Ledger
 from leviathd.policy.settings import PolicySettings
 from leviathd.readpatterns import is_inside
 from leviathd.records import AgentRecord, RecordStore
+from leviathd.sandbox import fencehold
 from leviathd.sandbox.container import cgroup_procs_files
 from leviathd.sandbox.credential_fence import credential_spec
 from leviathd.sandbox.spec import Mount, SandboxSpec

@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 
-from leviathd.gate import fencehold
+from leviathd.sandbox import fencehold
 from leviathd.sandbox.spec import SandboxSpec
 
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)

@@ -1,7 +1,7 @@
 """One agent's proxy, in the daemon's event loop.
 
 It listens on `proxy.sock` in the agent's own runtime folder; the forwarder
-in the agent's network namespace (leviathd/proxy/forwarder.py) relays every
+in the agent's network namespace (leviathd/sandbox/forwarder.py) relays every
 TCP connection made to 127.0.0.1:3128 there. The first byte tells the
 protocol: 0x05 is SOCKS5 (CONNECT only, no authentication), anything else an
 HTTP/1.x request: CONNECT host:port for a tunnel, or a plain-http request in

@@ -3,7 +3,7 @@
 - A spec extension sets the proxy variables (HTTP_PROXY, HTTPS_PROXY,
   ALL_PROXY, NO_PROXY and their lowercase forms; git's http.proxy through
   GIT_CONFIG_*) in a proxied step's environment. The launcher starts the
-  forwarder (leviathd/proxy/forwarder.py) for such a step.
+  forwarder (leviathd/sandbox/forwarder.py) for such a step.
 - A start hook, after the gate's (the proxy reads the gate's live ledger and
   approval queue for the agent), opens `proxy.sock` in the agent's runtime
   folder when any step of the agent is proxied, and keeps its settings in
@@ -31,9 +31,10 @@ from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.labels import clearance_for
-from leviathd.proxy import forwarder, policy
+from leviathd.proxy import policy
 from leviathd.proxy.server import Agent, ProxyServer
 from leviathd.records import AgentRecord
+from leviathd.sandbox import forwarder
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 

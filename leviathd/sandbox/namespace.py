@@ -238,7 +238,7 @@ def start(
             # No relay process: PID 1 keeps the proxy's listening socket
             # (closed for the command) and the daemon accepts on a copy it
             # takes from there (pidfd_getfd), again after a restart.
-            from leviathd.proxy import forwarder
+            from leviathd.sandbox import forwarder
 
             listener = forwarder.listen().detach()
         _check(_libc.sethostname(_b(spec.hostname), len(spec.hostname.encode())), "sethostname")
@@ -310,7 +310,7 @@ def _run(
 
 
 def _start_relay(spec: SandboxSpec) -> int:
-    from leviathd.proxy import forwarder
+    from leviathd.sandbox import forwarder
 
     path = os.path.join(runtime_dir(), "agents", spec.execution_id, forwarder.SOCKET_NAME)
     sock = forwarder.listen()

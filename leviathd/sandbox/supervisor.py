@@ -50,7 +50,7 @@ def _workdir_fd() -> int:
 
 WORKDIR_FD = _workdir_fd()
 # Where the held child keeps its end of the daemon's hold socket
-# (gate/fencehold.py), when the daemon asks for one: below the workdir's.
+# (sandbox/fencehold.py), when the daemon asks for one: below the workdir's.
 HOLD_FD = WORKDIR_FD - 1
 
 
@@ -102,7 +102,7 @@ def fork_held(
     a supervised namespace agent's PID 1 runs (None: PID 1 makes its own).
     `hold`: the child's end of a hold socket; when the steps say `hold`, each
     fence's PID 1 waits on it for the daemon to mark its mounts before the
-    command runs (gate/fencehold.py)."""
+    command runs (sandbox/fencehold.py)."""
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -454,7 +454,7 @@ def _held() -> Callable[[], None] | None:
         os.fstat(HOLD_FD)
     except OSError:
         return None
-    from leviathd.gate import fencehold
+    from leviathd.sandbox import fencehold
 
     return fencehold.waiter(HOLD_FD)
 

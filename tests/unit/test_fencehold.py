@@ -1,4 +1,4 @@
-"""The daemon's end of the shell tool's hold (gate/fencehold.py), with a
+"""The daemon's end of the shell tool's hold (sandbox/fencehold.py), with a
 real forked child on a real socket pair: the pid comes from the kernel, and
 a mark that fails leaves the child unanswered."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from leviathd.gate import fencehold
+from leviathd.sandbox import fencehold
 
 
 def _child(fd: int, ours: int) -> int:

@@ -246,18 +246,18 @@ async def ensure(
 
 
 async def start_forwarder(init_pid: int, cgroup: str, spec: SandboxSpec) -> None:
-    """network = "proxy": the relay to the daemon's proxy (proxy/forwarder.py)
+    """network = "proxy": the relay to the daemon's proxy (sandbox/forwarder.py)
     in the container's network namespace (the engine's `none`: only lo),
     born in the agent's scope so the proxy knows whose it is and systemd
     ends it with the agent. The namespace travels as a descriptor opened
     here from the init checked at start, not as a pid the forwarder opens."""
-    from leviathd.proxy import forwarder
+    from leviathd.sandbox import forwarder
 
     sock = os.path.join(runtime_dir(), "agents", spec.execution_id, forwarder.SOCKET_NAME)
     netns = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         argv = ["sh", "-c", _JOIN, "join", *_join_files(cgroup), "--",
-                sys.executable, "-m", "leviathd.proxy.forwarder", str(netns), sock,
+                sys.executable, "-m", "leviathd.sandbox.forwarder", str(netns), sock,
                 str(spec.uid), str(spec.gid), *(str(g) for g in spec.groups)]  # fmt: skip
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
