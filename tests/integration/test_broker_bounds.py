@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from loop_agent import LOOP
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -30,20 +31,6 @@ description = "abuses its broker"
 command = ["sh", "loop.sh"]
 """
 
-LOOP = """
-d=.req/$(hostname)
-mkdir -p $d
-n=1
-while :; do
-  if [ -f $d/$n.sh ]; then
-    ( sh $d/$n.sh > $d/$n.out 2> $d/$n.err; echo $? > $d/$n.rc.tmp
-      mv $d/$n.rc.tmp $d/$n.rc ) &
-    n=$((n+1))
-  else
-    sleep 0.05
-  fi
-done
-"""
 
 # Imported by every abuse script: raw JSON lines on the agent's socket.
 CLIENT = r"""

@@ -15,9 +15,10 @@ import hashlib
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
+from loop_agent import LOOP
+from loop_agent import LoopAgent as Agent
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -44,20 +45,6 @@ BLUEPRINT = """
 name = "ghcred"
 description = "runs the test's gh commands"
 command = ["sh", "loop.sh"]
-"""
-LOOP = """
-d=.req/$(hostname)
-mkdir -p $d
-n=1
-while :; do
-  if [ -f $d/$n.sh ]; then
-    ( sh $d/$n.sh > $d/$n.out 2> $d/$n.err; echo $? > $d/$n.rc.tmp
-      mv $d/$n.rc.tmp $d/$n.rc ) &
-    n=$((n+1))
-  else
-    sleep 0.05
-  fi
-done
 """
 CONFIG = """
 [sandbox]
@@ -101,35 +88,6 @@ else:
 print("FOUND", found)
 print("ERRORS", errors)
 """
-
-
-@dataclass
-class Agent:
-    bed: Testbed
-    id: str
-    workdir: str
-    n: int = 0
-
-    @property
-    def dir(self) -> str:
-        return f"{self.workdir}/.req/leviath-{self.id}"
-
-    def submit(self, script: str) -> int:
-        self.n += 1
-        n = self.n
-        self.bed.run(["sh", "-c", f"mkdir -p {self.dir} && cd {self.dir} && cat > {n}.tmp && "
-                      f"mv {n}.tmp {n}.sh"], user="alice", cwd=self.workdir, input=script)
-        return n
-
-    def result(self, n: int, timeout: float = 60) -> tuple[int, str, str]:
-        self.bed.run(["sh", "-c", f"until [ -f {self.dir}/{n}.rc ]; do sleep 0.05; done"],
-                     timeout=timeout)
-        rd = self.bed.read_file
-        base = f"{self.dir}/{n}"
-        return int(rd(f"{base}.rc")), rd(f"{base}.out"), rd(f"{base}.err")
-
-    def call(self, script: str, timeout: float = 60) -> tuple[int, str, str]:
-        return self.result(self.submit(script), timeout)
 
 
 @pytest.fixture(scope="module")

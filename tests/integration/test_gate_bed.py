@@ -16,9 +16,9 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
+from loop_agent import LOOP, LoopAgent
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -34,20 +34,6 @@ command = ["sh", "loop.sh"]
 allow = ["~/shared", "~/notes", "~/later"]
 """
 
-LOOP = """
-d=.req/$(hostname)
-mkdir -p $d
-n=1
-while :; do
-  if [ -f $d/$n.sh ]; then
-    ( sh $d/$n.sh > $d/$n.out 2> $d/$n.err; echo $? > $d/$n.rc.tmp
-      mv $d/$n.rc.tmp $d/$n.rc ) &
-    n=$((n+1))
-  else
-    sleep 0.05
-  fi
-done
-"""
 
 SERVER = f"""
 import http.server
@@ -100,39 +86,7 @@ secret_file = "/etc/leviath/api.key"
 """
 
 
-@dataclass
-class Agent:
-    bed: Testbed
-    user: str
-    id: str
-    workdir: str
-    n: int = 0
-
-    @property
-    def dir(self) -> str:
-        return f"{self.workdir}/.req/leviath-{self.id}"
-
-    def submit(self, script: str) -> int:
-        self.n += 1
-        n = self.n
-        self.bed.run(["sh", "-c", f"mkdir -p {self.dir} && cd {self.dir} && cat > {n}.tmp && "
-                      f"mv {n}.tmp {n}.sh"], user=self.user, cwd=self.workdir, input=script)
-        return n
-
-    def result(self, n: int, timeout: float = 30) -> tuple[int, str, str]:
-        self.bed.run(["sh", "-c", f"until [ -f {self.dir}/{n}.rc ]; do sleep 0.05; done"],
-                     timeout=timeout)
-        rd = self.bed.read_file
-        base = f"{self.dir}/{n}"
-        return int(rd(f"{base}.rc")), rd(f"{base}.out"), rd(f"{base}.err")
-
-    def done(self, n: int) -> bool:
-        r = self.bed.run(["test", "-f", f"{self.dir}/{n}.rc"], check=False)
-        return r.returncode == 0
-
-    def call(self, script: str, timeout: float = 30) -> tuple[int, str, str]:
-        return self.result(self.submit(script), timeout)
-
+class Agent(LoopAgent):
     def taint(self) -> str:
         rc, out, err = self.call("lev tool --ledger")
         assert rc == 0, err
@@ -148,7 +102,7 @@ def start_agent(bed: Testbed, user: str) -> Agent:
     workdir = f"{home}/gw"
     out = lev(bed, user, "run", "--detach", f"{home}/bp", cwd=workdir).stdout.strip()
     assert re.fullmatch(r"[0-9a-f]{8}", out), out
-    return Agent(bed, user, out, workdir)
+    return Agent(bed, out, workdir, user=user, timeout=30)
 
 
 def pending(bed: Testbed, user: str, agent_id: str, timeout: float = 15) -> dict:

@@ -13,9 +13,10 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
+from loop_agent import LOOP
+from loop_agent import LoopAgent as Agent
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -29,20 +30,6 @@ description = "runs the test's git commands"
 command = ["sh", "loop.sh"]
 """
 
-LOOP = """
-d=.req/$(hostname)
-mkdir -p $d
-n=1
-while :; do
-  if [ -f $d/$n.sh ]; then
-    ( sh $d/$n.sh > $d/$n.out 2> $d/$n.err; echo $? > $d/$n.rc.tmp
-      mv $d/$n.rc.tmp $d/$n.rc ) &
-    n=$((n+1))
-  else
-    sleep 0.05
-  fi
-done
-"""
 
 SERVER = f"""
 import base64, http.server, subprocess
@@ -132,35 +119,6 @@ cat /etc/leviath/git.token 2>&1 | head -c 200; echo
 echo "hits:$hits"
 echo "helper:$(git config --get-urlmatch credential.helper http://127.0.0.1:{PORT}/)"
 """
-
-
-@dataclass
-class Agent:
-    bed: Testbed
-    id: str
-    workdir: str
-    n: int = 0
-
-    @property
-    def dir(self) -> str:
-        return f"{self.workdir}/.req/leviath-{self.id}"
-
-    def submit(self, script: str) -> int:
-        self.n += 1
-        n = self.n
-        self.bed.run(["sh", "-c", f"mkdir -p {self.dir} && cd {self.dir} && cat > {n}.tmp && "
-                      f"mv {n}.tmp {n}.sh"], user="alice", cwd=self.workdir, input=script)
-        return n
-
-    def result(self, n: int, timeout: float = 60) -> tuple[int, str, str]:
-        self.bed.run(["sh", "-c", f"until [ -f {self.dir}/{n}.rc ]; do sleep 0.05; done"],
-                     timeout=timeout)
-        rd = self.bed.read_file
-        base = f"{self.dir}/{n}"
-        return int(rd(f"{base}.rc")), rd(f"{base}.out"), rd(f"{base}.err")
-
-    def call(self, script: str, timeout: float = 60) -> tuple[int, str, str]:
-        return self.result(self.submit(script), timeout)
 
 
 def lev(bed: Testbed, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

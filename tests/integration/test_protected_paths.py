@@ -223,7 +223,6 @@ def test_lev_inspect_lists_the_protected_paths(bed: Testbed) -> None:
         bed.run(["systemctl", "reload", "leviathd"])
 
 
-
 def test_a_submodules_git_folder_is_protected_too(bed: Testbed) -> None:
     lib = _repo(bed, "sublib")
     sup = _repo(bed, "super")

@@ -13,9 +13,10 @@ import json
 import re
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
+from loop_agent import LOOP
+from loop_agent import LoopAgent as Agent
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -25,20 +26,6 @@ BLUEPRINT = """
 name = "sshcred"
 description = "runs the test's ssh commands"
 command = ["sh", "loop.sh"]
-"""
-LOOP = """
-d=.req/$(hostname)
-mkdir -p $d
-n=1
-while :; do
-  if [ -f $d/$n.sh ]; then
-    ( sh $d/$n.sh > $d/$n.out 2> $d/$n.err; echo $? > $d/$n.rc.tmp
-      mv $d/$n.rc.tmp $d/$n.rc ) &
-    n=$((n+1))
-  else
-    sleep 0.05
-  fi
-done
 """
 MACHINE = """
 [sandbox]
@@ -98,29 +85,6 @@ out["sign_after"] = msg(s, bytes([13]) + string(blob) + string(b"anything") + b"
 out["add_key"] = msg(s, bytes([17]) + string(b"ssh-ed25519"))[0]
 print(json.dumps(out))
 """
-
-
-@dataclass
-class Agent:
-    bed: Testbed
-    id: str
-    workdir: str
-    n: int = 0
-
-    @property
-    def dir(self) -> str:
-        return f"{self.workdir}/.req/leviath-{self.id}"
-
-    def call(self, script: str, timeout: float = 60) -> tuple[int, str, str]:
-        self.n += 1
-        n = self.n
-        self.bed.run(["sh", "-c", f"mkdir -p {self.dir} && cd {self.dir} && cat > {n}.tmp && "
-                      f"mv {n}.tmp {n}.sh"], user="alice", cwd=self.workdir, input=script)
-        self.bed.run(["sh", "-c", f"until [ -f {self.dir}/{n}.rc ]; do sleep 0.05; done"],
-                     timeout=timeout)
-        rd = self.bed.read_file
-        base = f"{self.dir}/{n}"
-        return int(rd(f"{base}.rc")), rd(f"{base}.out"), rd(f"{base}.err")
 
 
 def ssh_records(bed: Testbed, agent_id: str) -> list[dict[str, str]]:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import errno
 import re
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bpf_interp import run_bpf
 
 from leviathd.errors import Unavailable
 from leviathd.sandbox import seccomp
@@ -34,27 +34,6 @@ def _errno_ret(code: int) -> int:
 def _header_numbers(path: Path) -> dict[str, int]:
     text = path.read_text()
     return {m[1]: int(m[2]) for m in re.finditer(r"#define __NR_(\w+)\s+(\d+)\b", text)}
-
-
-def run_bpf(prog: bytes, arch: int, nr: int, args: tuple[int, ...] = ()) -> int:
-    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
-    insns = [struct.unpack("HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
-    pc, acc = 0, 0
-    while True:
-        code, jt, jf, k = insns[pc]
-        pc += 1
-        if code == 0x20:
-            acc = struct.unpack_from("<I", data, k)[0]
-        elif code == 0x15:
-            pc += jt if acc == k else jf
-        elif code == 0x35:
-            pc += jt if acc >= k else jf
-        elif code == 0x45:
-            pc += jt if acc & k else jf
-        elif code == 0x06:
-            return k
-        else:
-            raise AssertionError(f"unexpected instruction {code:#x}")
 
 
 @pytest.mark.parametrize("machine", sorted(HEADERS))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import errno
 import itertools
 import json
-import struct
 from typing import Any
 
+import bpf_interp
 import pytest
 
 from leviathd.config.load import parse_config
@@ -37,24 +37,7 @@ ENOSYS = 0x00050000 | errno.ENOSYS
 
 
 def run_bpf(prog: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 0xC000003E) -> int:
-    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
-    insns = [struct.unpack("HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
-    pc, acc = 0, 0
-    while True:
-        code, jt, jf, k = insns[pc]
-        pc += 1
-        if code == 0x20:
-            acc = struct.unpack_from("<I", data, k)[0]
-        elif code == 0x15:
-            pc += jt if acc == k else jf
-        elif code == 0x35:
-            pc += jt if acc >= k else jf
-        elif code == 0x45:
-            pc += jt if acc & k else jf
-        elif code == 0x06:
-            return k
-        else:
-            raise AssertionError(f"unexpected instruction {code:#x}")
+    return bpf_interp.run_bpf(prog, arch, nr, args)
 
 
 @pytest.mark.parametrize("name", sorted(MUST_REFUSE))
