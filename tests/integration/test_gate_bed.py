@@ -87,6 +87,12 @@ secret_file = "/etc/leviath/api.key"
 
 
 class Agent(LoopAgent):
+    """The gate tests' agent, as the bed tests that import it build it:
+    (bed, user, id, workdir), 30 s a call."""
+
+    def __init__(self, bed: Testbed, user: str, agent_id: str, workdir: str) -> None:
+        super().__init__(bed, agent_id, workdir, user=user, timeout=30)
+
     def taint(self) -> str:
         rc, out, err = self.call("lev tool --ledger")
         assert rc == 0, err
@@ -102,7 +108,7 @@ def start_agent(bed: Testbed, user: str) -> Agent:
     workdir = f"{home}/gw"
     out = lev(bed, user, "run", "--detach", f"{home}/bp", cwd=workdir).stdout.strip()
     assert re.fullmatch(r"[0-9a-f]{8}", out), out
-    return Agent(bed, out, workdir, user=user, timeout=30)
+    return Agent(bed, user, out, workdir)
 
 
 def pending(bed: Testbed, user: str, agent_id: str, timeout: float = 15) -> dict:
