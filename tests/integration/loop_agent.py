@@ -58,3 +58,35 @@ class LoopAgent:
 
     def call(self, script: str, timeout: float | None = None) -> tuple[int, str, str]:
         return self.result(self.submit(script), timeout)
+
+
+def lay_out(bed: Testbed, workdir: str, blueprint_dir: str, blueprint: str,
+            files: dict[str, str] | None = None, user: str = "alice") -> None:
+    """As `user`, in her home (every path here is relative to it): the
+    workdir with its .req folder and LOOP as loop.sh, the blueprint folder
+    holding `blueprint`, and each of `files` (path: text)."""
+    home = bed.users[user].home
+    bed.run(["sh", "-c", 'mkdir -p "$1/.req" "$2" && cat > "$2/blueprint.toml"', "lay_out",
+             workdir, blueprint_dir], user=user, cwd=home, input=blueprint)
+    for path, text in {f"{workdir}/loop.sh": LOOP, **(files or {})}.items():
+        bed.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "lay_out", path],
+                user=user, cwd=home, input=text)
+
+
+def machine_config(bed: Testbed, config: str) -> str:
+    """Put `config` in /etc/leviath/config.toml, restart the daemon, and
+    return the config it replaces (for the fixture to put back)."""
+    old = str(bed.run(["cat", "/etc/leviath/config.toml"], check=False).stdout)
+    bed.write_file("/etc/leviath/config.toml", config)
+    bed.run(["systemctl", "restart", "leviathd"])
+    return old
+
+
+def start_detached(bed: Testbed, blueprint_dir: str, workdir: str, user: str = "alice") -> str:
+    """`lev run --detach BLUEPRINT` as `user` in `workdir` (both relative to
+    her home): the new agent's id."""
+    home = bed.users[user].home
+    out = str(bed.run(["lev", "run", "--detach", f"{home}/{blueprint_dir}"], user=user,
+                      cwd=f"{home}/{workdir}").stdout).strip()
+    assert len(out) == 8 and all(c in "0123456789abcdef" for c in out), out
+    return out

@@ -21,7 +21,8 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from test_gate_bed import LOOP, Agent, audit, lev, pending
+from loop_agent import lay_out, machine_config, start_detached
+from test_gate_bed import Agent, audit, lev, pending
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -99,30 +100,18 @@ reason = "keys stay put"
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
     bed = testbed
-    h = bed.users["alice"].home
-    bed.run(f"""
-        set -e
-        mkdir -p {h}/bw/.req {h}/bbp {h}/bprivate
-        cat > {h}/bbp/blueprint.toml
-        printf 'ALICE-ONLY-SECRET\\n' > {h}/bprivate/s.txt
-        printf 'workdir text\\n' > {h}/bw/w.txt
-        printf 'private notes\\n' > {h}/bw/notes.txt
-        printf 'PEMKEY\\n' > {h}/bw/key.pem
-    """, user="alice", input=BLUEPRINT)
-    bed.run(["sh", "-c", "cat > loop.sh"], user="alice", cwd=f"{h}/bw", input=LOOP)
-    old_config = bed.run(["cat", "/etc/leviath/config.toml"], check=False).stdout
-    bed.write_file("/etc/leviath/config.toml", CONFIG)
-    bed.run(["systemctl", "restart", "leviathd"])
+    lay_out(bed, "bw", "bbp", BLUEPRINT, {
+        "bprivate/s.txt": "ALICE-ONLY-SECRET\n", "bw/w.txt": "workdir text\n",
+        "bw/notes.txt": "private notes\n", "bw/key.pem": "PEMKEY\n",
+    })
+    old_config = machine_config(bed, CONFIG)
     yield bed
-    bed.write_file("/etc/leviath/config.toml", old_config)
-    bed.run(["systemctl", "restart", "leviathd"])
+    machine_config(bed, old_config)
 
 
 @pytest.fixture
 def agent(bed: Testbed) -> Iterator[Agent]:
-    home = bed.users["alice"].home
-    out = lev(bed, "alice", "run", "--detach", f"{home}/bbp", cwd=f"{home}/bw").stdout.strip()
-    a = Agent(bed, "alice", out, f"{home}/bw")
+    a = Agent(bed, "alice", start_detached(bed, "bbp", "bw"), f"{bed.users['alice'].home}/bw")
     yield a
     lev(bed, "alice", "stop", a.id, check=False)
 

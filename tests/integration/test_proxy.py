@@ -20,7 +20,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_gate_bed import LOOP, Agent, lev
+from loop_agent import lay_out, start_detached
+from test_gate_bed import Agent, lev
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -92,14 +93,8 @@ def curl(url: str, *extra: str) -> str:
 def bed(testbed: Testbed) -> Iterator[Testbed]:
     bed = testbed
     h = bed.users["alice"].home
-    bed.run(f"""
-        set -e
-        mkdir -p {h}/pw/.req {h}/pbp {h}/shared
-        cat > {h}/pbp/blueprint.toml
-        printf 'granted text\\n' > {h}/shared/doc.txt
-        printf 'small\\n' > {h}/pw/small.txt
-    """, user="alice", input=BLUEPRINT)
-    bed.run(["sh", "-c", "cat > loop.sh"], user="alice", cwd=f"{h}/pw", input=LOOP)
+    lay_out(bed, "pw", "pbp", BLUEPRINT,
+            {"shared/doc.txt": "granted text\n", "pw/small.txt": "small\n"})
     bed.write_file("/etc/hosts", HOSTS)
     bed.run(f"""
         set -e
@@ -154,11 +149,7 @@ def configure(bed: Testbed, on_exceed: str) -> None:
 
 
 def start(bed: Testbed) -> Agent:
-    home = bed.users["alice"].home
-    workdir = f"{home}/pw"
-    out = lev(bed, "alice", "run", "--detach", f"{home}/pbp", cwd=workdir).stdout.strip()
-    assert re.fullmatch(r"[0-9a-f]{8}", out), out
-    return Agent(bed, "alice", out, workdir)
+    return Agent(bed, "alice", start_detached(bed, "pbp", "pw"), f"{bed.users['alice'].home}/pw")
 
 
 @pytest.fixture(scope="module")

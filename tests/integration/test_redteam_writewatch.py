@@ -12,7 +12,8 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from test_gate_bed import LOOP, Agent, lev
+from loop_agent import LOOP, lay_out, machine_config, start_detached
+from test_gate_bed import Agent, lev
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -55,27 +56,15 @@ budget = 16
 
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
-    bed = testbed
-    h = bed.users["alice"].home
-    bed.run(f"""
-        set -e
-        mkdir -p {h}/ww/.req {h}/wbp {h}/shared
-        cat > {h}/wbp/blueprint.toml
-        printf 'granted text\\n' > {h}/shared/doc.txt
-    """, user="alice", input=BLUEPRINT)
-    bed.run(["sh", "-c", "cat > loop.sh"], user="alice", cwd=f"{h}/ww", input=LOOP)
-    old_config = bed.run(["cat", "/etc/leviath/config.toml"], check=False).stdout
-    bed.write_file("/etc/leviath/config.toml", CONFIG)
-    bed.run(["systemctl", "restart", "leviathd"])
-    yield bed
-    bed.write_file("/etc/leviath/config.toml", old_config)
+    lay_out(testbed, "ww", "wbp", BLUEPRINT, {"shared/doc.txt": "granted text\n"})
+    old_config = machine_config(testbed, CONFIG)
+    yield testbed
+    testbed.write_file("/etc/leviath/config.toml", old_config)
 
 
 @pytest.fixture(scope="module")
 def agent(bed: Testbed) -> Iterator[Agent]:
-    home = bed.users["alice"].home
-    out = lev(bed, "alice", "run", "--detach", f"{home}/wbp", cwd=f"{home}/ww").stdout.strip()
-    a = Agent(bed, "alice", out, f"{home}/ww")
+    a = Agent(bed, "alice", start_detached(bed, "wbp", "ww"), f"{bed.users['alice'].home}/ww")
     yield a
     lev(bed, "alice", "stop", a.id, check=False)
 

@@ -16,7 +16,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_gate_bed import LOOP, Agent, audit, lev, pending
+from loop_agent import LOOP, lay_out, machine_config, start_detached
+from test_gate_bed import Agent, audit, lev, pending
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -125,24 +126,15 @@ def hits(bed: Testbed) -> list[str]:
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
     bed = testbed
-    h = bed.users["alice"].home
-    bed.run(f"""
-        set -e
-        mkdir -p {h}/xw/.req {h}/xbp {h}/shared
-        cat > {h}/xbp/blueprint.toml
-        printf 'granted text\\n' > {h}/shared/doc.txt
-        printf 'small\\n' > {h}/xw/small.txt
-    """, user="alice", input=BLUEPRINT)
-    bed.run(["sh", "-c", "cat > loop.sh"], user="alice", cwd=f"{h}/xw", input=LOOP)
+    lay_out(bed, "xw", "xbp", BLUEPRINT,
+            {"shared/doc.txt": "granted text\n", "xw/small.txt": "small\n"})
     hosts = bed.read_file("/etc/hosts")
     bed.write_file("/etc/hosts", hosts + "\n127.0.0.1 allowed.test evil.test\n")
-    old_config = bed.run(["cat", "/etc/leviath/config.toml"], check=False).stdout
-    bed.write_file("/etc/leviath/config.toml", CONFIG + EXTRA)
     bed.write_file("/etc/leviath/push.key", SECRET + "\n", mode=0o600)
     bed.write_file("/root/xsrv.py", SERVER)
     bed.run(["rm", "-f", "/root/hits.log"])
     server = subprocess.Popen(bed.command(["python3", "/root/xsrv.py"]))
-    bed.run(["systemctl", "restart", "leviathd"])
+    old_config = machine_config(bed, CONFIG + EXTRA)
     yield bed
     server.kill()
     server.wait()
@@ -151,9 +143,7 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
 
 
 def _start(bed: Testbed) -> Agent:
-    home = bed.users["alice"].home
-    out = lev(bed, "alice", "run", "--detach", f"{home}/xbp", cwd=f"{home}/xw").stdout.strip()
-    return Agent(bed, "alice", out, f"{home}/xw")
+    return Agent(bed, "alice", start_detached(bed, "xbp", "xw"), f"{bed.users['alice'].home}/xw")
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ broker's back."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 
 import pytest
-from test_gate_bed import LOOP, Agent, lev
+from loop_agent import lay_out, machine_config, start_detached
+from test_gate_bed import Agent, lev
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -42,24 +42,13 @@ budget = 4
 
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
-    h = testbed.users["alice"].home
-    testbed.run(f"""
-        set -e
-        mkdir -p {h}/tw/.req {h}/tbp {h}/shared
-        cat > {h}/tbp/blueprint.toml
-        printf 'granted text\\n' > {h}/shared/doc.txt
-    """, user="alice", input=BLUEPRINT)
-    testbed.run(["sh", "-c", "cat > loop.sh"], user="alice", cwd=f"{h}/tw", input=LOOP)
-    testbed.write_file("/etc/leviath/config.toml", CONFIG)
-    testbed.run(["systemctl", "restart", "leviathd"])
+    lay_out(testbed, "tw", "tbp", BLUEPRINT, {"shared/doc.txt": "granted text\n"})
+    machine_config(testbed, CONFIG)
     yield testbed
 
 
 def start(bed: Testbed) -> Agent:
-    home = bed.users["alice"].home
-    out = lev(bed, "alice", "run", "--detach", f"{home}/tbp", cwd=f"{home}/tw").stdout.strip()
-    assert re.fullmatch(r"[0-9a-f]{8}", out), out
-    return Agent(bed, "alice", out, f"{home}/tw")
+    return Agent(bed, "alice", start_detached(bed, "tbp", "tw"), f"{bed.users['alice'].home}/tw")
 
 
 def private_ids(agent: Agent) -> list[str]:
