@@ -107,6 +107,25 @@ _libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 _libc.setfsuid.argtypes = [ctypes.c_uint]
 _libc.setfsgid.argtypes = [ctypes.c_uint]
 
+_SYS_MOUNT_SETATTR = 442  # the same number on every architecture (kernel 5.12)
+_AT_SYMLINK_NOFOLLOW = 0x100
+_AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_NOEXEC = 0x8
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+# Built in the daemon, which every fence's PID 1 is a fork of: no Python
+# work of making them between the fork and the command (issue 18).
+seccomp.prepare(allow_io_uring=False)
+seccomp.prepare(allow_io_uring=True)
+
 
 class FenceError(Exception):
     """A step of building the fence failed; the message says which."""
@@ -131,6 +150,34 @@ def mount(
 
 def umount2(target: str, flags: int) -> None:
     _check(_libc.umount2(_b(target), flags), f"umount {target}")
+
+
+def setattr_recursive(path: str, attr_set: int) -> bool:
+    """Add `attr_set` (MOUNT_ATTR_*) to the mount at `path` and every mount
+    beneath it, in one call that changes all or none; the flags they have
+    already (noexec, read-only) stay. False on a kernel without
+    mount_setattr (before 5.12): the caller remounts one by one."""
+    attr = _MountAttr(attr_set, 0, 0, 0)
+    rc = _libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_long(-100),  # AT_FDCWD
+                       _b(path), ctypes.c_uint(_AT_RECURSIVE | _AT_SYMLINK_NOFOLLOW),
+                       ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))  # fmt: skip
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.ENOSYS:
+        return False
+    raise FenceError(f"mount_setattr on {path}: {os.strerror(err)}")
+
+
+def _mount_setattr_known() -> bool:
+    """Whether this kernel has mount_setattr: asked once, in the daemon,
+    with arguments it refuses (no path), so nothing changes."""
+    rc = _libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_long(-1), None,
+                       ctypes.c_uint(0), None, ctypes.c_size_t(0))  # fmt: skip
+    return rc == 0 or ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM)
+
+
+HAVE_MOUNT_SETATTR = _mount_setattr_known()
 
 
 def unshare(flags: int) -> None:
@@ -758,9 +805,11 @@ def _as_user(spec: SandboxSpec, active: bool) -> Iterator[None]:
 
 
 class _Root:
-    def __init__(self, spec: SandboxSpec, host_mounts: list[tuple[str, str]]) -> None:
+    def __init__(self, spec: SandboxSpec, host_mounts: list[tuple[str, str]] | None) -> None:
         self.spec = spec
-        self.host_mounts = host_mounts  # (mount point, per-mount options) of the host
+        # (mount point, per-mount options) of the host; None: mount_setattr
+        # locks each bind's whole tree without it.
+        self.host_mounts = host_mounts
         self.mounted: list[str] = []  # targets inside the new root, in order
 
     def host(self, target: str) -> str:
@@ -801,11 +850,18 @@ class _Root:
         return fd
 
     def lock_flags(self, target: str, real_source: str, readonly: bool) -> None:
-        """Remount a bind of `real_source` at `target`, and every mount it
-        brought along, nosuid and nodev, and read-only when asked. Works from
-        the host's mount table read once, not re-read per bind."""
-        flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (MS_RDONLY if readonly else 0)
+        """Make a bind of `real_source` at `target`, and every mount it
+        brought along, nosuid and nodev, and read-only when asked: one
+        recursive mount_setattr, which keeps what each mount had already
+        (noexec, read-only). Without it (kernel < 5.12), one remount per
+        mount, from the host's mount table read once before the build."""
         host = self.host(target)
+        if self.host_mounts is None:
+            attr = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if readonly else 0)
+            if setattr_recursive(host, attr):
+                return
+            raise FenceError("mount_setattr went away while the fence was built")
+        flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (MS_RDONLY if readonly else 0)
         owner = max(
             (p for p in self.host_mounts if is_within(real_source, p[0])),
             key=lambda p: len(p[0]),
@@ -888,7 +944,11 @@ class _Root:
             node = f"{host}/{name}"
             os.close(os.open(node, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o666))
             mount(_proc_fd(fd), node, None, MS_BIND, None)
-            mount(None, node, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NOEXEC, None)
+            if self.host_mounts is not None:
+                mount(None, node, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NOEXEC, None)
+        if self.host_mounts is None:
+            # Every node at once (devpts and shm, mounted below, have their own).
+            setattr_recursive(host, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)
         os.mkdir(f"{host}/pts", 0o755)
         mount("devpts", f"{host}/pts", "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=620")
@@ -953,7 +1013,7 @@ def _build_root(spec: SandboxSpec, workdir_fd: int | None = None) -> None:
                 pins[i] = [pin.source(m), pin.layer(m.upper), pin.layer(m.work)]
     finally:
         os.close(scratch_root)
-    root = _Root(spec, _mount_table())
+    root = _Root(spec, None if HAVE_MOUNT_SETATTR else _mount_table())
     mount("tmpfs", _BASE, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
     for i, m in enumerate(spec.mounts):
         if m.kind == "bind":

@@ -59,12 +59,21 @@ class _CapData(ctypes.Structure):
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def _last_cap() -> int:
+def _read_last_cap() -> int:
     try:
         with open("/proc/sys/kernel/cap_last_cap") as f:
             return int(f.read().strip())
     except OSError:
         return 63
+
+
+# Read once, in the daemon: the drop runs in forked children, twice per
+# agent (issue 18), and the kernel's number does not change while it runs.
+_LAST_CAP = _read_last_cap()
+
+
+def _last_cap() -> int:
+    return _LAST_CAP
 
 
 def _capget() -> tuple[int, int, int]:

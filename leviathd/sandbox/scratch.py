@@ -178,13 +178,26 @@ def enter(spec: SandboxSpec) -> None:
     """Give this process a mount namespace of its own with the execution's
     scratch tmpfs mounted and filled. Needs root; changes this process's
     namespace for good (call it in a process made for the agent)."""
-    create(spec)
+    parent, name = _split(spec)
     _sys(_libc.unshare(CLONE_NEWNS), "unshare")
     # A slave: the host's later mounts still reach us, ours never leave.
     _sys(_libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "make / a slave")
-    parent, name = _split(spec)
-    pfd = open_root_dir(parent, create=False)
+    # One walk, after the unshare (a descriptor from before it names the
+    # old namespace's mounts, where ours would be neither made nor seen);
+    # the folders it makes are the host's all the same (create()'s checks).
+    pfd = open_root_dir(parent)
     try:
+        try:
+            fd = _mkdir_at(pfd, name, 0o700)
+        except OSError as exc:
+            raise Unavailable(
+                f"cannot make scratch folder {spec.scratch}: {exc.strerror}") from exc
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if st.st_uid != 0 or stat.S_IMODE(st.st_mode) != 0o700:
+            raise Unavailable(f"scratch folder {spec.scratch} exists and is not root's")
         fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
         try:
             size = spec.scratch_size or DEFAULT_SCRATCH_SIZE
@@ -193,15 +206,18 @@ def enter(spec: SandboxSpec) -> None:
                  "mount the scratch tmpfs")  # fmt: skip
         finally:
             os.close(fd)
+        # From the same parent, now in this namespace: the new tmpfs's root
+        # (open_mounted's checks, without walking again).
+        root = os.open(name, _DIR, dir_fd=pfd)
+        try:
+            st, pst = os.fstat(root), os.fstat(pfd)
+            if st.st_dev == pst.st_dev or st.st_uid != 0 or stat.S_IMODE(st.st_mode) != 0o700:
+                raise Unavailable(f"the scratch tmpfs on {spec.scratch} did not mount")
+            _fill(root, spec)
+        finally:
+            os.close(root)
     finally:
         os.close(pfd)
-    root = open_mounted(spec)
-    if root is None:
-        raise Unavailable(f"the scratch tmpfs on {spec.scratch} did not mount")
-    try:
-        _fill(root, spec)
-    finally:
-        os.close(root)
 
 
 def _fill(root: int, spec: SandboxSpec) -> None:

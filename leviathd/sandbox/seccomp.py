@@ -170,12 +170,28 @@ class _SockFprog(ctypes.Structure):
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
+# The packed program per io_uring choice, built once in the daemon: every
+# fence's PID 1 is a fork of it and finds its filter ready, with no Python
+# work of building it between the fork and the command's exec (issue 18).
+_BUILT: dict[bool, tuple[ctypes.Array[ctypes.c_char], _SockFprog]] = {}
+
+
+def prepare(*, allow_io_uring: bool = False) -> None:
+    """Build the filter now (in the daemon, before it forks agents), for
+    install() to find. Bytes, never changed once built: a fork sees the
+    parent's copy, so nothing the agent can reach decides what it holds."""
+    if allow_io_uring in _BUILT:
+        return
+    code = program(allow_io_uring=allow_io_uring)
+    buf = ctypes.create_string_buffer(code, len(code))
+    _BUILT[allow_io_uring] = (buf, _SockFprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p)))
+
+
 def install(*, allow_io_uring: bool = False) -> None:
     """Install the filter on this thread (needs no_new_privs or CAP_SYS_ADMIN);
     it is inherited by every child and kept across exec."""
-    code = program(allow_io_uring=allow_io_uring)
-    buf = ctypes.create_string_buffer(code, len(code))
-    prog = _SockFprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    prepare(allow_io_uring=allow_io_uring)
+    _buf, prog = _BUILT[allow_io_uring]
     if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
         err = ctypes.get_errno()
         raise Unavailable(f"cannot install the seccomp filter: {os.strerror(err)}")

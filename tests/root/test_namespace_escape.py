@@ -284,6 +284,30 @@ def test_writes_anywhere_else_fail(world: World, inside: dict[str, Any]) -> None
     assert inside[f"write {world.suid_dir}/agent"] == "err:EROFS"
 
 
+def test_a_mount_beneath_a_read_only_bind_is_read_only_nosuid_and_nodev(world: World) -> None:
+    # A writable tmpfs mounted on the host beneath a folder the fence binds
+    # read-only (in a private mount namespace of the driver's: the host's
+    # table is untouched). The bind brings it along; it must be locked too.
+    sub = world.suid_dir / "sub"
+    sub.mkdir(exist_ok=True)
+    spec = world.spec(("/bin/sh", "-c", f"touch {sub}/planted 2>/dev/null && echo wrote; "
+                       f"grep ' {sub} ' /proc/self/mountinfo"), execution="e5ca9e0b")
+    path = world.base / "spec-sub.json"
+    path.write_text(json.dumps(spec.to_dict()))
+    script = (f"mount -t tmpfs -o mode=0777 leviath-test {sub} && "
+              f'exec {sys.executable} -c "$0" {path}')
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, DRIVER],
+        capture_output=True, text=True, timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "wrote" not in done.stdout
+    (line,) = done.stdout.splitlines()
+    options = set(line.split()[5].split(","))
+    assert {"ro", "nosuid", "nodev"} <= options, line
+
+
 def test_a_read_only_workdir_refuses_writes(world: World) -> None:
     spec = world.spec(("/bin/sh", "-c", f"echo x > {world.workdir}/ro-attempt"), mode="ro",
                       execution="e5ca9e03")
