@@ -57,8 +57,12 @@ Emit = Callable[..., None]
 _UNPROBED = object()
 NAMESPACE_STAND_IN = "LEVIATH_NAMESPACE_UNAVAILABLE"
 _T = TypeVar("_T")
-# Run requests of one uid being prepared or waiting to be (issue 22).
+# Run requests of one uid being prepared or waiting to be (issue 22); also
+# the starts of one uid holding a fork and a scope before polkit answered.
 MAX_WAITING_PER_UID = 4
+# How long preparation waits for polkit before an engine probe (the bus
+# answers NoReply after 25 s).
+AUTH_PATIENCE = 60.0
 PLANNING_WORKERS = 4
 
 
@@ -120,6 +124,8 @@ class Agents:
         )
         self._plan_locks: dict[int, asyncio.Lock] = {}
         self._plan_waiting: dict[int, int] = {}
+        # Per uid: starts holding a fork and a scope before polkit answered.
+        self._unanswered: dict[int, int] = {}
         # Who hears an agent's AgentStarted/AgentEnded: the bus connection that
         # started it, only (not kept over a restart: clients then poll).
         self._signal_to: dict[str, str] = {}
@@ -211,15 +217,53 @@ class Agents:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    async def _run(self, who: Caller, req: RunInput, stdio: supervisor.Stdio) -> AgentRecord:
+    async def _authorize(self, who: Caller, req: RunInput) -> int:
+        """The rights this request needs; the polkit time in microseconds."""
         t0 = time.perf_counter()
         await self._authority.require(who, Right.RUN, "run agents")
-        t_polkit = time.perf_counter()
+        usec = int((time.perf_counter() - t0) * 1e6)
         if req.sandbox == "none":
             await self._authority.require(
                 who, Right.RUN_UNSANDBOXED, "run an agent without a sandbox"
             )
-        p = await self._in_worker(who.uid, self._prepare, who.uid, req)
+        return usec
+
+    async def _run(self, who: Caller, req: RunInput, stdio: supervisor.Stdio) -> AgentRecord:
+        # polkit's answer (a few ms) is awaited beside the request's
+        # preparation, the held fork and the scope's job, not before them
+        # (issue 18): the held child runs nothing of the caller's until it is
+        # released, which happens only once polkit said yes; a refusal
+        # aborts the child and stops the scope, leaving nothing (docs/
+        # security-model.md). What would cost more than that before the
+        # answer (an engine probe, a warning in the journal) waits for it.
+        auth = asyncio.ensure_future(self._authorize(who, req))
+        try:
+            return await self._start(who, req, stdio, auth)
+        except asyncio.CancelledError:
+            auth.cancel()
+            raise
+        except BaseException as exc:
+            # A refusal outranks what else went wrong (after the clean-up):
+            # a caller polkit refuses learns nothing more of the request.
+            await _refusal_first(auth, exc)
+            raise
+
+    async def _start(
+        self, who: Caller, req: RunInput, stdio: supervisor.Stdio, auth: asyncio.Future[int]
+    ) -> AgentRecord:
+        t0 = time.perf_counter()
+        granted: concurrent.futures.Future[None] = concurrent.futures.Future()
+        auth.add_done_callback(lambda done: _settle(granted, done))
+        p = await self._in_worker(who.uid, self._prepare, who.uid, req,
+                                  lambda: granted.result(timeout=AUTH_PATIENCE))  # fmt: skip
+        if auth.done():
+            auth.result()  # refused already: no fork, no scope
+        elif self._unanswered.get(who.uid, 0) >= MAX_WAITING_PER_UID:
+            # A caller polkit has not answered yet holds at most this many
+            # forks and scopes; further starts wait for their answer first.
+            await auth
+        self._unanswered[who.uid] = self._unanswered.get(who.uid, 0) + 1
+        auth.add_done_callback(lambda _done: self._answered(who.uid))
         user, merged, command, agent_name = p.user, p.merged, p.command, p.agent_name
         eff, plan, kinds, marks = merged.agent, p.plan, p.kinds, p.marks
         # Here, not when the request is parsed: from here on the caller's
@@ -279,20 +323,23 @@ class Agents:
                 # Specs look at the user's workdir (a worktree's git folders...).
                 steps = await self._in_worker(who.uid, self._specs, plan, kinds, user, req,
                                               real_workdir, agent_id)  # fmt: skip
+                polkit_usec = await auth
             except BaseException as exc:
                 # The scope's start is over (either way) before the clean-up
                 # below stops it: a stop sent first would leave it behind.
+                scope_exc: BaseException | None = None
                 try:
                     await scope
-                except Exception as scope_exc:
-                    # A scope that failed kills what it held: then the held
-                    # process "ended before it was ready" because of this.
-                    if isinstance(exc, InvalidArgument) and str(exc) == supervisor.ENDED_EARLY:
-                        raise scope_exc from exc
+                except Exception as failed:
+                    scope_exc = failed
                 except BaseException:
                     pass
+                # A scope that failed kills what it held: then the held
+                # process "ended before it was ready" because of this.
+                if (scope_exc is not None and isinstance(exc, InvalidArgument)
+                        and str(exc) == supervisor.ENDED_EARLY):  # fmt: skip
+                    raise scope_exc from exc
                 raise
-            await scope
             for _label, spec in steps:
                 if spec.kind == "namespace" and not scratch_path:
                     scratch_path = scratch.create(spec)
@@ -304,6 +351,13 @@ class Agents:
                 reads_declared=len(eff.read_paths_declared),
                 supervisor_pid=held.pid, scratch=scratch_path, started_at=time.time(),
             )
+            # Without containers the steps are final here: the spec and the
+            # record (each written and fsynced, a few ms) are written while
+            # systemd's job still runs (issue 18), not after it.
+            early = "container" not in kinds
+            if early:
+                self._save_start(rec, [(label, spec.to_dict()) for label, spec in steps])
+            await scope
             for hook in self.start_hooks:
                 await hook(rec, merged, user)
             # Containers are started once the scope exists (their cgroups sit
@@ -320,10 +374,8 @@ class Agents:
                     )
                     steps[n] = (label, container.with_container(spec, name))
             spec_dicts = [(label, spec.to_dict()) for label, spec in steps]
-            self._store.save_spec(agent_id, spec_dicts)
-            # Inside the try: an agent whose record cannot be written does not
-            # start (a full disk), and nothing of it is left behind.
-            self._store.save(rec)
+            if not early:
+                self._save_start(rec, spec_dicts)
             try:
                 supervisor.release(held, spec_dicts, hold=holding)
             except BrokenPipeError as exc:
@@ -361,7 +413,7 @@ class Agents:
             f"agent {agent_id} ({agent_name}) started for {user.name} in {unit}",
             LEVIATH_AGENT=agent_id, LEVIATH_USER=user.name, LEVIATH_UNIT=unit,
             LEVIATH_SANDBOX=kind, LEVIATH_EVENT=Event.START, LEVIATH_SPAWN_USEC=spawn_usec,
-            LEVIATH_POLKIT_USEC=int((t_polkit - t0) * 1e6), LEVIATH_SCOPE_USEC=scope_usec,
+            LEVIATH_POLKIT_USEC=polkit_usec, LEVIATH_SCOPE_USEC=scope_usec,
         )
         if rec.reads_declared and not rec.reads_granted:
             journal.record(
@@ -373,6 +425,21 @@ class Agents:
         self._signal_to[agent_id] = who.sender
         self._on_started(agent_id, unit, user.uid, to=who.sender)
         return rec
+
+    def _save_start(
+        self, rec: AgentRecord, spec_dicts: list[tuple[str, dict[str, object]]]
+    ) -> None:
+        self._store.save_spec(rec.id, spec_dicts)
+        # Before the release: an agent whose record cannot be written does
+        # not start (a full disk), and nothing of it is left behind.
+        self._store.save(rec)
+
+    def _answered(self, uid: int) -> None:
+        left = self._unanswered.get(uid, 0) - 1
+        if left > 0:
+            self._unanswered[uid] = left
+        else:
+            self._unanswered.pop(uid, None)
 
     async def _fence_ready(self, rec: AgentRecord, pid: int) -> None:
         for hook in self.fence_hooks:
@@ -401,10 +468,14 @@ class Agents:
                 del self._plan_waiting[uid]
                 self._plan_locks.pop(uid, None)
 
-    def _prepare(self, uid: int, req: RunInput) -> _Prepared:
+    def _prepare(
+        self, uid: int, req: RunInput, authorized: Callable[[], None] = lambda: None
+    ) -> _Prepared:
         """Who, what and in which sandbox kinds: name lookups, the user's
         config file, the blueprint's parsing and merge, and the engine's and
-        image's checks (blocking, in a worker)."""
+        image's checks (blocking, in a worker). `authorized` returns once
+        polkit said yes (raises otherwise): asked before an engine probe or
+        a warning in the journal, which a refused caller must not cause."""
         user = user_info(uid)
         blueprint: Blueprint | None = None
         if req.blueprint_text is not None:
@@ -432,11 +503,12 @@ class Agents:
         def probe(step_eff: Effective) -> str | None:
             key = (str(step_eff.engine), str(step_eff.image))
             if key not in probes:
+                authorized()
                 probes[key] = container.probe(step_eff)
             return probes[key]
 
         for _label, step_eff, _argv in plan:
-            kind, step_marks = self._choose_kind(step_eff, req, probe)
+            kind, step_marks = self._choose_kind(step_eff, req, probe, authorized)
             kinds.append(kind)
             # `lev ps` shows a network other than the host's (the default).
             if kind == "namespace" and step_eff.network == "proxy":
@@ -456,7 +528,8 @@ class Agents:
         ]
 
     def _choose_kind(
-        self, eff: Effective, req: RunInput, probe: Callable[[Effective], str | None]
+        self, eff: Effective, req: RunInput, probe: Callable[[Effective], str | None],
+        authorized: Callable[[], None],
     ) -> tuple[str, list[str]]:
         if self.podman_only:
             # No systemd to hold a scope: the container is the fence and the
@@ -477,6 +550,7 @@ class Agents:
             # A container is at least as strict as the fence: use it when it works.
             fallback_problem = probe(eff)
             if fallback_problem is None:
+                authorized()
                 journal.record(
                     f"the namespace fence cannot be built here ({reason}); falling back to the "
                     "container kind",
@@ -490,6 +564,7 @@ class Agents:
                 return "container", []
         on_unavailable = str(eff.on_unavailable)
         if on_unavailable == "warn":
+            authorized()
             journal.record(
                 f"sandbox {kind} unavailable ({reason}); running on the host as configured "
                 "(on_unavailable = \"warn\")",
@@ -975,6 +1050,27 @@ class Agents:
         follow = follow and rec.running
         argv = audit.query_argv(rec.id, rec.unit, follow=follow)
         return await self.readers.start(who, argv, agent_id=rec.id, follow=follow)
+
+
+def _settle(granted: concurrent.futures.Future[None], auth: asyncio.Future[int]) -> None:
+    """Tells the planning thread (which waits on `granted` before anything
+    costly) what polkit said."""
+    if auth.cancelled():
+        granted.set_exception(Unavailable("the request ended before polkit answered"))
+    elif (exc := auth.exception()) is not None:
+        granted.set_exception(exc)
+    else:
+        granted.set_result(None)
+
+
+async def _refusal_first(auth: asyncio.Future[int], exc: BaseException | None) -> None:
+    """Waits for polkit's answer and raises a refusal (or its failure) in
+    place of whatever else went wrong: a caller polkit refuses learns only
+    that."""
+    try:
+        await auth
+    except Exception as refusal:
+        raise refusal from exc
 
 
 def _plan(

@@ -158,7 +158,27 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+# Commands after which the process ends at once (see _exit_now).
+_QUICK_EXIT = frozenset({"run", "ps", "stop"})
+
+
+def _exit_now(rc: int) -> None:
+    """Ends the process once the output is flushed, without the
+    interpreter's shutdown (the modules' and the garbage collector's clean-
+    up: ~2 ms of a short command, issue 18, of no use to one that is done).
+    A flush that fails leaves the usual exit to report it."""
+    import os
+
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(rc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    program = argv is None  # not when a test calls main() in its own process
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["tool"]:
         from leviathd.cli import toolfast
@@ -189,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    if program and args.command in _QUICK_EXIT:
+        _exit_now(rc)
     return rc
 
 

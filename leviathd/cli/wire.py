@@ -358,13 +358,20 @@ class Connection:
         self.unique_name = str(self.reply_to(1).body[0])
 
     def _line(self) -> bytes:
-        data = b""
-        while not data.endswith(b"\r\n"):
-            chunk = self.sock.recv(1)
-            if not chunk or len(data) > 4096:
+        """One line of the handshake. Read as the bus sends it (the lines
+        and, often, the reply to Hello in one piece), not byte by byte: a
+        system call per byte was a good part of connecting (issue 18). What
+        follows the line stays in the buffer for the messages."""
+        while (end := self._buf.find(b"\r\n")) < 0:
+            if len(self._buf) > 4096:
                 raise OSError("the bus ended authentication")
-            data += chunk
-        return data
+            try:
+                self._fill(None, wake=False)
+            except WireError:
+                raise OSError("the bus ended authentication") from None
+        line = bytes(self._buf[: end + 2])
+        del self._buf[: end + 2]
+        return line
 
     def _auth(self, first: bytes) -> None:
         """The whole handshake and the first message (Hello) in one write, as

@@ -153,6 +153,58 @@ def test_a_user_outside_the_leviath_group_is_refused_by_polkit(bed: Testbed) -> 
     assert units.strip() == ""
 
 
+# polkit answers these after SLOW_MS: the daemon has by then forked the held
+# child and started its scope (they go on beside polkit's answer, issue 18).
+SLOW_REFUSAL = """
+polkit.addRule(function (action, subject) {
+    var late = (subject.user === "carol" && action.id === "org.leviath.agent.run") ||
+               (subject.user === "alice" && action.id === "org.leviath.agent.run-unsandboxed");
+    if (!late) { return polkit.Result.NOT_HANDLED; }
+    var until = Date.now() + %d;
+    while (Date.now() < until) {}
+    return polkit.Result.NO;
+});
+"""
+SLOW_MS = 600
+
+
+def test_a_late_refusal_stops_the_scope_and_nothing_of_the_request_runs(bed: Testbed) -> None:
+    """Attacker's side: the refused user's command (or the unsandboxed one of
+    a user who may only run fenced) never runs, and no scope, record or
+    process of it is left, though polkit answered long after the daemon had
+    prepared the start."""
+    rule = "/etc/polkit-1/rules.d/10-leviath-test-slow.rules"
+    bed.write_file(rule, SLOW_REFUSAL % SLOW_MS)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # polkitd reloads its rules on a change of the folder
+            t0 = time.monotonic()
+            lev(bed, "carol", "run", "--detach", "--", "true", check=False)
+            if time.monotonic() - t0 >= SLOW_MS / 1000 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        before = bed.run("ls /var/lib/leviath/agents | sort").stdout
+        for user, extra in (("carol", []), ("alice", ["--no-sandbox"])):
+            marker = f"{bed.users[user].home}/work/ran-{user}"
+            t0 = time.monotonic()
+            # `nice`: a name (and unit) no other test of the module uses.
+            r = lev(bed, user, "run", "--detach", *extra, "--", "nice", "sh", "-c",
+                    f"touch {marker}; exec sleep 301", check=False)  # fmt: skip
+            took = time.monotonic() - t0
+            time.sleep(1)
+            assert bed.run(["test", "-e", marker], check=False).returncode != 0, "it ran"
+            assert r.returncode != 0 and "not authorized" in r.stderr, r.stdout + r.stderr
+            assert took >= SLOW_MS / 1000, "polkit answered before the slow rule was loaded"
+            assert bed.run(["pgrep", "-f", "sleep 301"], check=False).stdout == ""
+            units = bed.run("systemctl list-units --all --plain --no-legend "
+                            f"'leviath-{user}-nice-*'").stdout  # fmt: skip
+            assert units.strip() == "", units
+        assert bed.run("ls /var/lib/leviath/agents | sort").stdout == before
+    finally:
+        bed.run(["rm", "-f", rule])
+        time.sleep(1)
+
+
 def test_an_unsandboxed_run_needs_its_own_polkit_action(bed: Testbed) -> None:
     r = lev(bed, "alice", "run", "--no-sandbox", "--detach", "--", "true", check=False)
     assert r.returncode != 0 and "org.leviath.agent.run-unsandboxed" in r.stderr

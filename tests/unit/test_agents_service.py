@@ -166,6 +166,30 @@ def test_a_run_refused_by_the_authority_starts_no_scope(tmp_path: Path) -> None:
     assert systemd.started == []
 
 
+class LateAuthority(StandInAuthority):
+    """Answers after `delay` seconds: the start has forked and asked for
+    its scope by then (they go on beside polkit's answer, issue 18)."""
+
+    def __init__(self, grants: dict[int, set[Right]], delay: float) -> None:
+        super().__init__(grants)
+        self.delay = delay
+
+    async def allowed(self, who: Caller, right: Right) -> bool:
+        await asyncio.sleep(self.delay)
+        return await super().allowed(who, right)
+
+
+def test_a_late_refusal_stops_the_scope_it_started_and_keeps_no_record(tmp_path: Path) -> None:
+    systemd = StandInSystemd()
+    agents = make_agents(tmp_path, LateAuthority({}, delay=0.5), systemd)
+    req = RunInput(command=["true"], workdir=str(tmp_path))
+    with pytest.raises(AccessDenied):
+        asyncio.run(agents.run(ALICE, req, _stdio()))
+    assert systemd.started and systemd.stopped == systemd.started
+    assert agents.records == {}
+    assert [p.name for p in agents._store.dir.iterdir() if p.suffix == ".json"] == []
+
+
 def test_no_run_starts_a_scope_while_the_machine_config_does_not_load(tmp_path: Path) -> None:
     systemd = StandInSystemd()
     agents = make_agents(tmp_path, StandInAuthority({ALICE.uid: {Right.RUN}}), systemd)

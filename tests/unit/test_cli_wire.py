@@ -101,3 +101,44 @@ def test_fast_json_round_trips_as_json_does(value: Any) -> None:
     for bad in ("", "{", '{"a": 1} x', "[1,]"):
         with pytest.raises(ValueError):
             toolfast.loads(bad)
+
+
+@pytest.mark.parametrize("piece", [1, 7, 4096])
+def test_the_handshake_is_read_in_whatever_pieces_the_bus_sends(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, piece: int
+) -> None:
+    """The lines and the reply to Hello, one byte at a time or all at once
+    (as dbus-daemon sends them): the messages after the lines are kept."""
+    import socket
+    import threading
+
+    path = str(tmp_path / "bus")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    hello = wire.encode(wire.Message(
+        wire.METHOD_RETURN, serial=1, reply_serial=1, sender="org.freedesktop.DBus",
+        signature="s", body=[":1.42"],
+    ))  # fmt: skip
+    answer = b"OK 0123456789abcdef\r\nAGREE_UNIX_FD\r\n" + hello
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            got = b""
+            while b"BEGIN\r\n" not in got:
+                got += conn.recv(4096)
+            for at in range(0, len(answer), piece):
+                conn.sendall(answer[at : at + piece])
+            conn.recv(1)  # until the client closes
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={path}")
+    try:
+        conn = wire.Connection()
+        assert conn.unique_name == ":1.42"
+        conn.close()
+    finally:
+        thread.join(5)
+        server.close()
