@@ -356,6 +356,92 @@ def _run(
         _stop_relay(relay)
 
 
+class StepNamespaces:
+    """The PID, IPC, UTS (and network) namespaces of one step, entered by
+    the supervisor itself (enter_step) so that its next fork is the step's
+    PID 1: no worker process between them, whose fork and exit (a copy of
+    the daemon's address space each) cost ~5 ms per start (issue 18).
+    leave() takes the supervisor back to its own namespaces right after
+    that fork; end() stops the relay once PID 1 has ended."""
+
+    _KINDS = (("pid", CLONE_NEWPID), ("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS),
+              ("net", CLONE_NEWNET))  # fmt: skip
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[int, int]] = []
+        self.relay = 0
+
+    def leave(self) -> None:
+        """Back to the namespaces held before, right after the fork of PID 1
+        (a process whose PID namespace for children is not its own cannot
+        start a thread); raises Unavailable when that fails (the caller must
+        then end PID 1 and run nothing more). The relay stays, for end()."""
+        problem = None
+        for fd, kind in self.saved:
+            try:
+                setns(fd, kind)
+            except FenceError as exc:
+                problem = problem or str(exc)
+            os.close(fd)
+        self.saved = []
+        if problem:
+            raise Unavailable(f"cannot leave the agent's namespaces: {problem}")
+
+    def end(self) -> None:
+        """Once PID 1 has ended: stop the proxy relay, if any."""
+        _stop_relay(self.relay)
+        self.relay = 0
+
+
+def enter_step(spec: SandboxSpec) -> StepNamespaces:
+    """In the supervisor, before it forks the step's PID 1: unshare the
+    step's namespaces here (its network namespace first when behind the
+    proxy, with the relay to the daemon's proxy forked in it but outside the
+    new PID namespace, as _run does). The descriptors kept to come back are
+    close-on-exec, and the fork's worker side closes them before anything
+    runs, so PID 1 never holds the host's namespaces."""
+    if spec.kind != "namespace":
+        raise InvalidArgument(f"the namespace launcher cannot run a {spec.kind!r} spec")
+    step = StepNamespaces()
+    try:
+        for name, kind in StepNamespaces._KINDS:
+            step.saved.append((os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC),
+                               kind))  # fmt: skip
+        flags = _namespace_flags(spec)
+        if spec.proxy:
+            unshare(CLONE_NEWNET)
+            _loopback_up()
+            step.relay = _start_relay(spec)
+            flags &= ~CLONE_NEWNET
+        unshare(flags)
+        if not spec.network and not spec.proxy:
+            _loopback_up()
+        _check(_libc.sethostname(_b(spec.hostname), len(spec.hostname.encode())), "sethostname")
+    except (FenceError, OSError) as exc:
+        step.end()
+        step.leave()
+        raise Unavailable(f"cannot build the namespace fence: {exc}") from exc
+    return step
+
+
+def run_as_pid1(
+    spec: SandboxSpec, *, workdir_fd: int | None = None,
+    ready: Callable[[], None] | None = None,
+) -> NoReturn:
+    """In the first child forked after enter_step, which is PID 1 of the
+    step's PID namespace: build the fence and exec the command (through
+    catatonit where there is one). Its parent (the supervisor) waits for it
+    and reads its status as the worker's; a failure to build is said on
+    stderr, as the worker said it, and ends with 127. The scratch tmpfs
+    must be mounted already (scratch.enter, by the supervisor)."""
+    global _report_prefix
+    _report_prefix = "leviath: could not start the agent: cannot build the namespace fence: "
+    report = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 3)
+    if spec.kind != "namespace" or os.getpid() != 1:
+        _fail(report, "not PID 1 of a new PID namespace (enter_step first)")
+    _pid1(spec, report, workdir_fd, ready=ready)
+
+
 def _start_relay(spec: SandboxSpec) -> int:
     from leviathd.sandbox import forwarder
 
@@ -422,7 +508,13 @@ def _read_all(fd: int) -> bytes:
 # --- PID 1 ------------------------------------------------------------------
 
 
+# run_as_pid1: PID 1 reports on stderr itself, in the words the worker used.
+_report_prefix = ""
+
+
 def _fail(wfd: int, message: str) -> NoReturn:
+    if _report_prefix:
+        message = f"{_report_prefix}{message}\n"
     with contextlib.suppress(OSError):
         os.write(wfd, message.encode(errors="replace")[:4000])
     os._exit(127)

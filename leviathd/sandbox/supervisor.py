@@ -29,6 +29,7 @@ import signal
 import syslog
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from leviathd import fsat
 from leviathd.errors import Unavailable
@@ -37,6 +38,9 @@ from leviathd.identity import UserInfo
 from leviathd.sandbox import scratch
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
+
+if TYPE_CHECKING:
+    from leviathd.sandbox.namespace import StepNamespaces
 
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -412,6 +416,13 @@ def _supervise(
 def _run_step(
     spec: SandboxSpec, stdio: Stdio, j_out: int, j_err: int, init: int | None = None
 ) -> int:
+    try:
+        step = _enter_step(spec)
+    except Unavailable as exc:
+        for fd in (j_err, stdio.stderr):
+            if fd is not None:
+                _write_all(fd, f"leviath: could not start the agent: {exc}\n".encode())
+        return 127
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     worker = os.fork()
@@ -435,16 +446,51 @@ def _run_step(
                 from leviathd.sandbox import namespace
 
                 namespace.shared_init = init
+            if step is not None:
+                from leviathd.sandbox import namespace
+
+                namespace.run_as_pid1(spec, workdir_fd=_pinned_workdir(), ready=_held())
             code = _launch(spec)
         except BaseException as exc:
             _complain(f"leviath: could not start the agent: {exc}")
         os._exit(code)
     os.close(out_w)
     os.close(err_w)
+    left = _leave_step(step, worker)
     _copy_output({out_r: (j_out, stdio.stdout), err_r: (j_err, stdio.stderr)})
     _, wstatus = os.waitpid(worker, 0)
+    if step is not None:
+        step.end()
+    if not left:
+        return 127
     code = os.waitstatus_to_exitcode(wstatus)
     return 128 - code if code < 0 else code
+
+
+def _leave_step(step: StepNamespaces | None, pid1: int) -> bool:
+    """Back to our own namespaces once PID 1 is forked; when that fails,
+    PID 1 is ended and no further step may run (False)."""
+    if step is None:
+        return True
+    try:
+        step.leave()
+    except Unavailable as exc:
+        _complain(f"leviath: {exc}")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid1, signal.SIGKILL)
+        return False
+    return True
+
+
+def _enter_step(spec: SandboxSpec) -> StepNamespaces | None:
+    """A namespace step's namespaces, entered here so that the next fork is
+    its PID 1, with no worker between (namespace.enter_step); None for
+    other kinds."""
+    if spec.kind != "namespace":
+        return None
+    from leviathd.sandbox import namespace
+
+    return namespace.enter_step(spec)
 
 
 def _held() -> Callable[[], None] | None:

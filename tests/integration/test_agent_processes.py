@@ -304,3 +304,50 @@ def test_supervised_agents_pid1s_run_one_shared_sealed_catatonit(bed: Testbed) -
         for client in clients:
             client.kill()
             client.wait()
+
+
+def test_an_attached_agents_pid1_is_the_supervisors_own_child_and_holds_no_namespace(
+    bed: Testbed,
+) -> None:
+    """An attached namespace agent: its PID 1 is forked by the supervisor
+    itself, which entered the step's namespaces for that one fork (no worker
+    process between them: a fork and an exit of a daemon-sized process fewer
+    per start, issue 18). PID 1 keeps none of the descriptors the supervisor
+    holds to come back to its own namespaces (the host's network and PID
+    namespaces, in the agent's hands). Seen failing before: PID 1's parent
+    was a worker, a fork of the supervisor."""
+    import subprocess
+
+    home = bed.users["alice"].home
+    client = subprocess.Popen(bed.command(
+        ["lev", "run", "--workdir", f"{home}/work", "--", "sleep", "301"], user="alice"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    agent_id = ""
+    try:
+        deadline = time.monotonic() + 30
+        pid1 = ""
+        while time.monotonic() < deadline and not pid1:
+            rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
+            row = next((r for r in rows if r["command"] == ["sleep", "301"]), None)
+            if row is not None:
+                agent_id = row["id"]
+                for p in _scope_pids(bed, row["unit"]):
+                    ns = bed.run(f"grep NSpid /proc/{p}/status", check=False).stdout.split()
+                    if len(ns) > 2 and ns[-1] == "1":
+                        pid1 = p
+            time.sleep(0.2)
+        assert pid1, agent_id
+        ppid = bed.run(["ps", "-o", "ppid=", "-p", pid1]).stdout.strip()
+        parent_exe = bed.run(["readlink", f"/proc/{ppid}/exe"]).stdout
+        parent_of_parent = bed.run(["ps", "-o", "ppid=", "-p", ppid]).stdout.strip()
+        # The supervisor's parent is the daemon (or, after a restart, PID 1
+        # of the bed); a worker's would be the supervisor, in the same scope.
+        assert parent_of_parent not in _scope_pids(bed, row["unit"]), (ppid, parent_exe)
+        links = bed.run(f"ls -l /proc/{pid1}/fd/", check=False).stdout
+        assert ":[" not in links.replace("socket:[", "").replace("pipe:[", "").replace(
+            "anon_inode:[", ""), links
+    finally:
+        if agent_id:
+            bed.run(["lev", "stop", agent_id], user="alice", check=False)
+        client.kill()
+        client.wait()

@@ -555,3 +555,76 @@ def test_a_fence_that_cannot_be_built_fails_clearly_and_leaves_nothing(world: Wo
     assert done.returncode == 3, done.stderr
     assert "/nonexistent/leviath" in done.stdout
     assert not (world.scratch_dir / "e5ca9e06").exists()
+
+
+# The supervisor's way (sandbox/supervisor.py, _run_step): it enters the
+# step's namespaces itself, forks PID 1 straight into them and goes back.
+STEP_DRIVER = r"""
+import json, os, sys
+from leviathd.sandbox import namespace, scratch
+from leviathd.sandbox.spec import SandboxSpec
+spec = SandboxSpec.from_dict(json.load(open(sys.argv[1])))
+scratch.create(spec)
+try:
+    sup = os.fork()
+    if sup == 0:
+        kinds = ("pid", "net", "uts", "ipc")
+        before = [os.readlink(f"/proc/self/ns/{k}") for k in kinds]
+        scratch.enter(spec)
+        step = namespace.enter_step(spec)
+        pid1 = os.fork()
+        if pid1 == 0:
+            namespace.run_as_pid1(spec)
+        step.leave()
+        after = [os.readlink(f"/proc/self/ns/{k}") for k in kinds]
+        # pid_for_children: our next child is ours again, not the agent's.
+        kid = os.fork()
+        if kid == 0:
+            os._exit(0 if os.readlink("/proc/self/ns/pid") == before[0] else 9)
+        _, kst = os.waitpid(kid, 0)
+        _, st = os.waitpid(pid1, 0)
+        step.end()
+        print("BACK", before == after and os.waitstatus_to_exitcode(kst) == 0, flush=True)
+        os._exit(os.waitstatus_to_exitcode(st))
+    _, st = os.waitpid(sup, 0)
+finally:
+    scratch.remove(spec.scratch)
+sys.exit(os.waitstatus_to_exitcode(st))
+"""
+
+
+def _step(world: World, spec: SandboxSpec, name: str) -> subprocess.CompletedProcess[str]:
+    path = world.base / f"spec-{name}.json"
+    path.write_text(json.dumps(spec.to_dict()))
+    return subprocess.run([sys.executable, "-c", STEP_DRIVER, str(path)], capture_output=True,
+                          text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                          timeout=60)
+
+
+def test_a_supervised_step_runs_fenced_and_its_supervisor_gets_its_namespaces_back(
+    world: World,
+) -> None:
+    spec = world.spec(("/bin/sh", "-c", "echo pid $$; hostname; cat /etc/leviath/* 2>&1; "
+                       "ls /proc | grep -c '^[0-9]'"), network=False, execution="e5ca9e0c")
+    done = _step(world, spec, "step")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert "BACK True" in out, done.stdout
+    assert "pid 2" in out  # catatonit is 1, the command its child
+    assert spec.hostname in out
+
+
+def test_a_supervised_step_that_cannot_be_built_says_so_and_ends_127(world: World) -> None:
+    spec = world.spec(("/bin/true",), execution="e5ca9e0d")
+    broken = SandboxSpec.from_dict(
+        spec.to_dict() | {"mounts": [m.__dict__ | ({"source": "/nonexistent/leviath"}
+                                                    if m.why == "workdir" else {})
+                                     for m in spec.mounts]}
+    )
+    done = _step(world, broken, "step-broken")
+    assert done.returncode == 127, (done.stdout, done.stderr)
+    assert "BACK True" in done.stdout
+    assert ("leviath: could not start the agent: cannot build the namespace fence: "
+            in done.stderr), done.stderr
+    assert "/nonexistent/leviath" in done.stderr
+    assert not (world.scratch_dir / "e5ca9e0d").exists()
