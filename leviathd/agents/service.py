@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 from leviathd import listing, resource_defaults, safetext
-from leviathd.agents import orphans
+from leviathd.agents import orphans, output
 from leviathd.agents.request import RunInput, refuse_system_workdir
 from leviathd.agents.usage import UsageCache
 from leviathd.audit import trail as audit
@@ -110,6 +110,8 @@ class Agents:
         self.machine_config = Config()
         self.records: dict[str, AgentRecord] = {}
         self._watches: dict[str, int] = {}
+        # Attached agents whose output the daemon copies (agents/output.py).
+        self._copies: dict[str, output.OutputCopy] = {}
         # List's memory and tasks figures, from memory (issue 18).
         self.usage = UsageCache(self._live_by_unit)
         self.readers = Readers(callers)
@@ -275,10 +277,20 @@ class Agents:
         # Each namespace fence may have to wait for the daemon's marks
         # (sandbox/fencehold.py): decided once the workdir is known.
         hold = fencehold.pair() if "namespace" in kinds and self.fence_hooks else None
+        # An attached one-command namespace agent whose caller gave pipes:
+        # the daemon copies its output, no supervisor stays (agents/output.py).
+        copy: output.OutputCopy | None = None
+        held_stdio = stdio
+        clients = _copied_clients(kinds, stdio)
+        if clients is not None:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            held_stdio = supervisor.Stdio(stdin=stdio.stdin, stdout=out_w, stderr=err_w,
+                                          kept=(out_r, err_r))
         try:
             held = supervisor.fork_held(
                 user, req.workdir, exit_path=self._store.exit_path(agent_id),
-                identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=stdio,
+                identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=held_stdio,
                 shell=_shared_shell() if "namespace" in kinds else None,
                 init=_shared_shell(init=True) if "namespace" in kinds else None,
                 hold=hold[1].fileno() if hold else None,
@@ -286,10 +298,21 @@ class Agents:
         except BaseException:
             if hold:
                 hold[0].close()
+            if clients is not None:
+                for fd in (out_r, out_w, err_r, err_w, *clients):
+                    if fd is not None:
+                        os.close(fd)
             raise
         finally:
             if hold:
                 hold[1].close()
+        if clients is not None:
+            assert held_stdio.kept is not None
+            for fd in (held_stdio.stdout, held_stdio.stderr):
+                if fd is not None:
+                    os.close(fd)
+            copy = output.OutputCopy(agent_id, unit, user.uid, user.gid, held_stdio.kept,
+                                     clients, zombie=held.pid)
         holding = False
         scratch_path = ""
         scope_usec = 0
@@ -385,6 +408,8 @@ class Agents:
         except BaseException:
             if hold:
                 hold[0].close()
+            if copy is not None:
+                copy.close()
             held.abort()
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(held.pid, 0)
@@ -407,6 +432,8 @@ class Agents:
             hold[0].close()
         kind = rec.sandbox
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
+        if copy is not None:
+            self._copies[agent_id] = copy
         self._await_handover(rec, held)
         self.usage.seed(rec.id, rec.unit, cgroup=f"/{SLICE}/{unit}")
         journal.record(
@@ -631,8 +658,14 @@ class Agents:
             loop.remove_reader(held.status_r)
             os.close(held.status_r)
             pid = supervisor.read_handover(bytes(buf))
+            copy = self._copies.get(rec.id)
+            if copy is not None:
+                # The held child is reaped once the output is copied: its
+                # zombie speaks for the agent after PID 1 (output.py).
+                copy.start(pid if rec.running else None)
             if pid is not None and rec.running:
-                self._reap_later(rec.supervisor_pid)
+                if copy is None:
+                    self._reap_later(rec.supervisor_pid)
                 rec.supervisor_pid = pid
                 self._save(rec)
                 for hook in self.handover_hooks:
@@ -687,6 +720,11 @@ class Agents:
             return
         self._finalizing.add(agent_id)
         try:
+            copy = self._copies.pop(agent_id, None)
+            if copy is not None:
+                # Its last lines reach the journal and the caller before the
+                # end is announced.
+                await copy.finish()
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(rec.supervisor_pid, os.WNOHANG)
             ended = self._store.read_exit(agent_id)
@@ -763,6 +801,7 @@ class Agents:
                     rec.supervisor_pid = pid1
                     self._save(rec)
             if _supervisor_alive(rec):
+                self._adopt_output(rec)
                 self._watch(rec)
                 self.usage.seed(rec.id, rec.unit)
             else:
@@ -780,6 +819,23 @@ class Agents:
         self._sweep_scratch()
         with _logged("sweeping containers of ended agents"):
             await container.sweep({r.id for r in self.records.values() if r.active})
+
+    def _adopt_output(self, rec: AgentRecord) -> None:
+        """After a restart: an attached agent's output pipes, taken back from
+        its PID 1, are copied to the journal again (its caller's copy ended
+        with the old daemon; the caller learns the end by asking)."""
+        if rec.sandbox != "namespace" or rec.id in self._copies:
+            return
+        kept = output.take_kept(rec.supervisor_pid)
+        if kept is None:
+            return
+        try:
+            gid = user_info(rec.uid).gid
+        except (NotFound, OSError):
+            gid = rec.uid
+        copy = output.OutputCopy(rec.id, rec.unit, rec.uid, gid, kept)
+        copy.start(rec.supervisor_pid)
+        self._copies[rec.id] = copy
 
     def _sweep_scratch(self) -> None:
         live = {r.id for r in self.records.values() if r.active}
@@ -1133,6 +1189,27 @@ async def _read_status(held: supervisor.Held) -> tuple[bool, str]:
     finally:
         loop.remove_reader(held.status_r)
     return supervisor.read_status(held.status_r)
+
+
+def _copied_clients(
+    kinds: list[str], stdio: supervisor.Stdio
+) -> tuple[int | None, int | None] | None:
+    """For an attached agent the daemon can copy for (one namespace step,
+    journald, dash, and a caller whose stdout and stderr are pipes): the
+    daemon's own non-blocking copies of the caller's pipes (None for one
+    nobody reads any more). None: it gets a supervisor, as before."""
+    if (kinds != ["namespace"] or stdio.stdout is None or stdio.stderr is None
+            or not os.path.exists(journal.STDOUT_SOCKET) or _shared_shell() is None):
+        return None
+    out = output.private_pipe(stdio.stdout)
+    if out is None:
+        return None
+    err = output.private_pipe(stdio.stderr)
+    if err is None:
+        if out >= 0:
+            os.close(out)
+        return None
+    return (out if out >= 0 else None), (err if err >= 0 else None)
 
 
 def _shared_shell(*, init: bool = False) -> int | None:

@@ -214,11 +214,76 @@ def _run(args: argparse.Namespace) -> int:
         client.close()
 
 
+class _Output:
+    """Pipes this `lev` makes for the agent's stdout and stderr and copies
+    to its own: the daemon then copies the output itself, without a
+    supervisor process, and a pipe made here is one whose reader is only
+    us (issue 18). A `lev` that stops reading (stopped, or its terminal
+    is) costs the agent nothing: the daemon drops what does not fit."""
+
+    def __init__(self) -> None:
+        self._pipes = [os.pipe2(os.O_CLOEXEC), os.pipe2(os.O_CLOEXEC)]
+        import threading
+
+        self._thread = threading.Thread(target=self._copy, name="output", daemon=True)
+        self._thread.start()
+
+    def fds(self) -> list[int]:
+        """The write ends, for RunAttached (its stdout and stderr)."""
+        return [w for _r, w in self._pipes]
+
+    def sent(self) -> None:
+        """The daemon has its copies (or refused): ours go, so the end of
+        its copies is the end of the pipes."""
+        for _r, w in self._pipes:
+            if w >= 0:
+                os.close(w)
+        self._pipes = [(r, -1) for r, _w in self._pipes]
+
+    def _copy(self) -> None:
+        routes = {r: target for (r, _w), target in zip(self._pipes, (1, 2), strict=True)}
+        while routes:
+            for fd in select.select(list(routes), [], [])[0]:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    del routes[fd]
+                    os.close(fd)
+                    continue
+                view = memoryview(data)
+                try:
+                    while view:
+                        view = view[os.write(routes[fd], view):]
+                except OSError:
+                    pass  # our own output is closed: the journal still has it
+
+    def finish(self, timeout: float = 7.0) -> None:
+        """After the agent's end: what the daemon still sends (it drains
+        the agent's pipes before it says the agent ended, and gives a slow
+        reader a few seconds more)."""
+        self.sent()
+        self._thread.join(timeout)
+
+
 def _attached_sync(client: SyncClient, req: dict[str, Variant]) -> int:
     client.add_signal_match("AgentEnded")
-    agent_id, _unit = client.call_when_free(
-        "RunAttached", "a{sv}hhh", [req, 0, 1, 2], unix_fds=[0, 1, 2], on_slow=_progress()
-    )
+    out = _Output()
+    try:
+        agent_id, _unit = client.call_when_free(
+            "RunAttached", "a{sv}hhh", [req, 0, 1, 2], unix_fds=[0, *out.fds()],
+            on_slow=_progress(),
+        )
+    finally:
+        out.sent()
+    try:
+        return _wait_attached(client, agent_id)
+    finally:
+        out.finish()
+
+
+def _wait_attached(client: SyncClient, agent_id: str) -> int:
     # Ctrl-C and SIGTERM stop the agent (once) and we go on waiting for its
     # end; the handlers only wake the wait below.
     interrupted: list[int] = []
@@ -302,9 +367,27 @@ async def _attached(client: Client, req: dict[str, Any]) -> int:
 
         prompter = InlinePrompter(client, wanted)
         await prompter.start()
-    agent_id, _unit = await _shown_if_slow(client.call(
-        "RunAttached", "a{sv}hhh", [req, 0, 1, 2], unix_fds=[0, 1, 2]
-    ))
+    out = _Output()
+    try:
+        agent_id, _unit = await _shown_if_slow(client.call(
+            "RunAttached", "a{sv}hhh", [req, 0, 1, 2], unix_fds=[0, *out.fds()]
+        ))
+    except BaseException:
+        out.finish(0)
+        raise
+    out.sent()
+    try:
+        return await _wait_attached_async(client, agent_id, wanted, ended, done, prompter)
+    finally:
+        out.finish()
+
+
+async def _wait_attached_async(
+    client: Client, agent_id: str, wanted: list[str], ended: dict[str, int],
+    done: Any, prompter: Any,
+) -> int:
+    import asyncio
+
     wanted.append(agent_id)
     if agent_id in ended:
         done.set()

@@ -258,7 +258,7 @@ def run(
 
 def start(
     spec: SandboxSpec, *, workdir_fd: int | None, exit_fd: int, shell: int | None = None,
-    ready: Callable[[], None] | None = None,
+    ready: Callable[[], None] | None = None, kept: tuple[int, int] | None = None,
 ) -> int:
     """Build the fence and start its PID 1, a sealed shell that runs the
     command and writes its exit status to `exit_fd`; return PID 1's pid (as
@@ -269,7 +269,8 @@ def start(
     of ours (issue 18), also for network = "proxy". Its parent's death
     does not end it.
     The caller has entered the scratch namespace (scratch.enter) and set its
-    stdio to the agent's."""
+    stdio to the agent's. `kept`: descriptors PID 1 holds (at OUT_KEEP_FD
+    and ERR_KEEP_FD), closed for the command."""
     if spec.kind != "namespace":
         raise InvalidArgument("start() runs one namespace step")
     if shell is None:
@@ -300,7 +301,7 @@ def start(
     if pid == 0:
         os.close(rfd)
         _pid1(spec, wfd, workdir_fd, recorder=(shell, exit_fd, listener),
-              ready=ready)  # never returns
+              ready=ready, kept=kept)  # never returns
     os.close(wfd)
     os.close(shell)
     if listener >= 0:
@@ -539,7 +540,13 @@ EXIT_FD = 9
 # network = "proxy": the listening socket of 127.0.0.1:3128 in the agent's
 # network namespace, which PID 1 keeps for the daemon (forwarder.take_listener).
 LISTEN_FD = 8
-RECORDER_SCRIPT = (f'(exec "$@") {EXIT_FD}>&- {LISTEN_FD}>&-; s=$?; PATH=/; '
+# An attached agent whose output the daemon copies: PID 1 keeps the read
+# ends of its stdout and stderr pipes, so the pipes outlive a daemon restart
+# and the new daemon takes them again (agents/output.py).
+OUT_KEEP_FD = 7
+ERR_KEEP_FD = 6
+RECORDER_SCRIPT = (f'(exec "$@") {EXIT_FD}>&- {LISTEN_FD}>&- {OUT_KEEP_FD}>&- {ERR_KEEP_FD}>&-; '
+                   f's=$?; PATH=/; '
                    f'printf \'{{"exit_status": %d}}\\n\' "$s" >&{EXIT_FD}')
 
 
@@ -640,6 +647,7 @@ def _command_missing(argv0: str, env: dict[str, str]) -> int:
 def _pid1(
     spec: SandboxSpec, wfd: int, workdir_fd: int | None,
     recorder: tuple[int, int, int] | None = None, ready: Callable[[], None] | None = None,
+    kept: tuple[int, int] | None = None,
 ) -> NoReturn:
     """`recorder`: (sealed shell, exit record fd, proxy listener or -1) for
     start(); then nothing
@@ -675,7 +683,7 @@ def _pid1(
 
     if recorder is not None:
         _agent(spec, wfd, recorder[0], exit_fd=recorder[1],
-               listener=recorder[2])  # never returns
+               listener=recorder[2], kept=kept)  # never returns
     if init is not None:
         _agent(spec, wfd, init)  # never returns
     agent = os.fork()
@@ -715,7 +723,7 @@ def _pid1(
 
 def _agent(
     spec: SandboxSpec, wfd: int, init: int | None = None, exit_fd: int | None = None,
-    listener: int = -1,
+    listener: int = -1, kept: tuple[int, int] | None = None,
 ) -> NoReturn:
     """Prepare and exec the agent's command; with `init`, this is PID 1 and
     execs init with the command (init forks and execs it, as this user,
@@ -735,19 +743,28 @@ def _agent(
             signal.signal(sig, signal.SIG_DFL)
         if exit_fd is not None:
             # The shell names them by a single digit; nothing else may sit there.
-            fixed = (EXIT_FD, LISTEN_FD)
+            fixed = (EXIT_FD, LISTEN_FD, OUT_KEEP_FD, ERR_KEEP_FD)
             if wfd in fixed:
                 wfd = fcntl.fcntl(wfd, fcntl.F_DUPFD_CLOEXEC, 10)
             if init in fixed:
                 init = fcntl.fcntl(init, fcntl.F_DUPFD_CLOEXEC, 10)
-            if exit_fd == LISTEN_FD:
+            if exit_fd in fixed[1:]:
                 exit_fd = fcntl.fcntl(exit_fd, fcntl.F_DUPFD_CLOEXEC, 10)
+            if listener >= 0 and listener in fixed[2:]:
+                listener = fcntl.fcntl(listener, fcntl.F_DUPFD_CLOEXEC, 10)
+            if kept is not None:
+                kept = (fcntl.fcntl(kept[0], fcntl.F_DUPFD_CLOEXEC, 10),
+                        fcntl.fcntl(kept[1], fcntl.F_DUPFD_CLOEXEC, 10))
             if listener >= 0 and listener != LISTEN_FD:
                 os.dup2(listener, LISTEN_FD)
             os.dup2(exit_fd, EXIT_FD)
+            if kept is not None:
+                os.dup2(kept[0], OUT_KEEP_FD)
+                os.dup2(kept[1], ERR_KEEP_FD)
         keep = sorted({wfd} | ({init} if init is not None else set())
                       | ({EXIT_FD} if exit_fd is not None else set())
-                      | ({LISTEN_FD} if listener >= 0 else set()))
+                      | ({LISTEN_FD} if listener >= 0 else set())
+                      | ({OUT_KEEP_FD, ERR_KEEP_FD} if kept is not None else set()))
         low = 3
         for fd in keep:
             os.closerange(low, fd)

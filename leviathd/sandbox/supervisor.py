@@ -60,14 +60,20 @@ HOLD_FD = WORKDIR_FD - 1
 
 @dataclass
 class Stdio:
-    """The caller's terminal, for an attached run; None for detached."""
+    """The caller's terminal, for an attached run; None for detached.
+    `kept`: set when the daemon copies the output itself (agents/output.py):
+    stdout and stderr are then the write ends of the daemon's pipes, and
+    these are their read ends, which the agent's PID 1 keeps for a
+    restarted daemon."""
 
     stdin: int | None = None
     stdout: int | None = None
     stderr: int | None = None
+    kept: tuple[int, int] | None = None
 
     def fds(self) -> list[int]:
-        return [fd for fd in (self.stdin, self.stdout, self.stderr) if fd is not None]
+        return [fd for fd in (self.stdin, self.stdout, self.stderr, *(self.kept or ()))
+                if fd is not None]
 
 
 @dataclass
@@ -128,8 +134,11 @@ def fork_held(
             status_w, go_r = _off_workdir_fd(status_w), _off_workdir_fd(go_r)
             shell = None if shell is None else _off_workdir_fd(shell)
             init = None if init is None else _off_workdir_fd(init)
-            stdio = Stdio(*(None if fd is None else _off_workdir_fd(fd)
-                            for fd in (stdio.stdin, stdio.stdout, stdio.stderr)))
+            moved = [None if fd is None else _off_workdir_fd(fd)
+                     for fd in (stdio.stdin, stdio.stdout, stdio.stderr)]
+            stdio = Stdio(moved[0], moved[1], moved[2],
+                          kept=None if stdio.kept is None else (
+                              _off_workdir_fd(stdio.kept[0]), _off_workdir_fd(stdio.kept[1])))
             if hold is not None and hold != HOLD_FD:
                 # With a file limit under 4 there is no room for it: the
                 # steps then find no hold and refuse to start (fail closed).
@@ -249,7 +258,14 @@ def _child(
         _complain("leviathd supervisor: the daemon's hold is missing; not starting")
         return 1
     if shell is not None and _lean(steps, stdio):
-        return _hand_over(steps[0][1], exit_path, identifier, unit, status_w, shell)
+        return _hand_over(steps[0][1], exit_path, identifier, unit, status_w, shell, stdio)
+    if stdio.kept is not None:
+        # The daemon checked what _lean does: this is not reached unless the
+        # host changed in between (journald gone); the daemon's pipes then
+        # take the caller's place and the journal gets our copy.
+        for fd in stdio.kept:
+            os.close(fd)
+        stdio = Stdio(stdio.stdin, stdio.stdout, stdio.stderr)
     if shell is not None:
         os.close(shell)
     os.close(status_w)
@@ -261,14 +277,15 @@ def _lean(steps: list[tuple[str, SandboxSpec]], stdio: Stdio) -> bool:
     step, its own namespace fence (with its proxy relay, if any, beside
     PID 1), journald there to take its output and dash to record its status
     (namespace.start)."""
-    if stdio.fds() or len(steps) != 1:
+    if (stdio.fds() and stdio.kept is None) or len(steps) != 1:
         return False
     spec = steps[0][1]
     return spec.kind == "namespace" and os.path.exists(journal.STDOUT_SOCKET)
 
 
 def _hand_over(
-    spec: SandboxSpec, exit_path: str, identifier: str, unit: str, status_w: int, shell: int
+    spec: SandboxSpec, exit_path: str, identifier: str, unit: str, status_w: int, shell: int,
+    stdio: Stdio | None = None,
 ) -> int:
     """Start the agent and leave: its PID 1 (a sealed dash) runs the command
     and writes the exit status into the record opened here; its output goes
@@ -277,7 +294,11 @@ def _hand_over(
     agent that is already gone still file under its scope, and it takes
     the uid from whoever writes, the agent: they land in her journal).
     The daemon learns PID 1's pid on `status_w` and watches it instead of
-    us; nothing of ours stays but PID 1 (issue 18)."""
+    us; nothing of ours stays but PID 1 (issue 18).
+
+    Attached (`stdio.kept` set): the agent's stdin is the caller's, its
+    stdout and stderr the daemon's pipes, which the daemon copies to the
+    journal and the caller (agents/output.py); PID 1 keeps their read ends."""
     from leviathd.sandbox import namespace
 
     agent_id = os.path.basename(exit_path).split(".")[0]
@@ -288,19 +309,26 @@ def _hand_over(
     # daemon's OOM score (the agent's scope, not the daemon, is to blame).
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     _write_proc("/proc/self/oom_score_adj", "0")
+    copied = stdio is not None and stdio.kept is not None
     try:
-        j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO, unit=unit)
-        j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING, unit=unit)
+        if stdio is not None and stdio.kept is not None:
+            j_out, j_err = stdio.stdout, stdio.stderr
+            assert j_out is not None and j_err is not None
+        else:
+            j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO, unit=unit)
+            j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING, unit=unit)
         exit_fd = _open_spare_exit(agent_id)
         scratch.enter(spec)
-        null = os.open(os.devnull, os.O_RDONLY)
+        stdin = stdio.stdin if stdio is not None else None
+        null = os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin
         os.dup2(null, 0)
         os.dup2(j_out, 1)
         os.dup2(j_err, 2)
-        for fd in (null, j_out, j_err):
-            os.close(fd)
+        for fd in {null, j_out, j_err}:
+            if fd > 2:
+                os.close(fd)
         pid = namespace.start(spec, workdir_fd=_pinned_workdir(), exit_fd=exit_fd, shell=shell,
-                              ready=_held())
+                              ready=_held(), kept=stdio.kept if copied and stdio else None)
     except (OSError, Unavailable) as exc:
         _complain(f"leviath: could not start the agent: {exc}")
         _write_exit(exit_path, 127)

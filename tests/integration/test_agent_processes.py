@@ -8,8 +8,12 @@ killed with SIGKILL."""
 from __future__ import annotations
 
 import json
+import os
+import select
+import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from testbed import Testbed
@@ -309,18 +313,20 @@ def test_supervised_agents_pid1s_run_one_shared_sealed_catatonit(bed: Testbed) -
 def test_an_attached_agents_pid1_is_the_supervisors_own_child_and_holds_no_namespace(
     bed: Testbed,
 ) -> None:
-    """An attached namespace agent: its PID 1 is forked by the supervisor
+    """A supervised (here seeded; attached one-command agents have none
+    now) namespace agent: its PID 1 is forked by the supervisor
     itself, which entered the step's namespaces for that one fork (no worker
     process between them: a fork and an exit of a daemon-sized process fewer
     per start, issue 18). PID 1 keeps none of the descriptors the supervisor
     holds to come back to its own namespaces (the host's network and PID
     namespaces, in the agent's hands). Seen failing before: PID 1's parent
     was a worker, a fork of the supervisor."""
-    import subprocess
-
     home = bed.users["alice"].home
+    bed.run(f"mkdir -p {home}/seeded301 && cat > {home}/seeded301/blueprint.toml",
+            user="alice", input='[agent]\nname = "seeded"\ncommand = ["sleep", "301"]\n'
+                                '[seed]\ncommands = [["true"]]\n')
     client = subprocess.Popen(bed.command(
-        ["lev", "run", "--workdir", f"{home}/work", "--", "sleep", "301"], user="alice"),
+        ["lev", "run", "--workdir", f"{home}/work", f"{home}/seeded301"], user="alice"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     agent_id = ""
     try:
@@ -349,5 +355,102 @@ def test_an_attached_agents_pid1_is_the_supervisors_own_child_and_holds_no_names
     finally:
         if agent_id:
             bed.run(["lev", "stop", agent_id], user="alice", check=False)
+        client.kill()
+        client.wait()
+
+
+def _attached(bed: Testbed, script: str) -> tuple[subprocess.Popen[bytes], str, str]:
+    """`lev run` (attached) of `sh -c script`, as alice; its agent's id and unit."""
+    home = bed.users["alice"].home
+    bed.run(["rm", "-f", f"{home}/work/levpid"], user="alice")
+    shell = (f'echo $$ > {home}/work/levpid; exec lev run --workdir {home}/work -- '
+             'sh -c "$0"')
+    client = subprocess.Popen(bed.command(["sh", "-c", shell, script], user="alice"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rows = json.loads(bed.run(["lev", "ps", "--all", "--json"], user="alice").stdout)
+        mine = [r for r in rows if r["command"] == ["sh", "-c", script]]
+        if mine:
+            return client, mine[0]["id"], mine[0]["unit"]
+        time.sleep(0.2)
+    client.kill()
+    raise AssertionError("the attached agent did not start")
+
+
+def _read_until(pipe: Any, marker: bytes, timeout: float = 20) -> bytes:
+    got = b""
+    deadline = time.monotonic() + timeout
+    while marker not in got and time.monotonic() < deadline:
+        if select.select([pipe], [], [], 0.2)[0]:
+            chunk = os.read(pipe.fileno(), 65536)
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+def test_an_attached_agent_keeps_one_process_of_ours_and_its_output_reaches_both(
+    bed: Testbed,
+) -> None:
+    """Seen failing before the daemon copied attached output: 4 processes of
+    ours (the supervisor, its worker and the journal relay, all leviathd,
+    and PID 1)."""
+    before = _leviathd_pids(bed)
+    script = "echo attached-out; echo attached-err >&2; exec sleep 300"
+    client, agent_id, unit = _attached(bed, script)
+    try:
+        assert b"attached-out" in _read_until(client.stdout, b"attached-out")
+        assert b"attached-err" in _read_until(client.stderr, b"attached-err")
+        pids = _settled_pids(bed, unit)
+        ours = [p for p in pids if not _cmdline(bed, p).startswith("sleep ")]
+        assert len(pids) == 2 and len(ours) == 1, [(p, _cmdline(bed, p)) for p in pids]
+        rollup = bed.run(["cat", f"/proc/{ours[0]}/smaps_rollup"]).stdout
+        pss = next(int(line.split()[1]) for line in rollup.splitlines()
+                   if line.startswith("Pss:"))
+        assert pss < 1024, rollup
+        assert _leviathd_pids(bed) - before == set()
+        # Ctrl-C in lev stops the agent; lev exits with the signal's status.
+        levpid = bed.read_file(f"{bed.users['alice'].home}/work/levpid").strip()
+        bed.run(["kill", "-INT", levpid], user="alice")
+        assert client.wait(timeout=30) == 128 + 15
+        row = _wait_ended(bed, agent_id)
+        assert row["state"] == "stopped" and row["exit_status"] == 128 + 15, row
+        out = bed.run(["journalctl", "--no-pager", "-q", "-o", "json", "-u", unit],
+                      user="alice", check=False).stdout
+        got = {e.get("MESSAGE"): e for e in map(json.loads, out.splitlines())}
+        assert got["attached-out"]["_UID"] == str(bed.users["alice"].uid), got
+        assert got["attached-out"]["PRIORITY"] == "6" and got["attached-err"]["PRIORITY"] == "4"
+    finally:
+        bed.run(["lev", "stop", agent_id], user="alice", check=False)
+        client.kill()
+        client.wait()
+
+
+def test_an_attached_agents_output_and_status_outlive_a_daemon_restart(bed: Testbed) -> None:
+    """The daemon is SIGKILLed while the attached agent runs: what the agent
+    writes afterwards still reaches its journal (the new daemon takes the
+    pipes back from PID 1), its last words too, and `lev run` ends with its
+    status. Seen failing without the new daemon taking the pipes back: the
+    agent waited on its full pipe for good (still running)."""
+    script = ("echo before-restart; sleep 4; echo after-restart; "
+              "head -c 300000 /dev/zero | tr '\\0' y | fold -w 500; echo last-words; exit 5")
+    client, agent_id, _unit = _attached(bed, script)
+    try:
+        assert b"before-restart" in _read_until(client.stdout, b"before-restart")
+        bed.run(["systemctl", "kill", "--signal=SIGKILL", "leviathd"])
+        bed.run(["systemctl", "restart", "leviathd"])
+        row = _wait_ended(bed, agent_id)
+        assert row["state"] == "exited" and row["exit_status"] == 5, row
+        assert client.wait(timeout=30) == 5
+        deadline = time.monotonic() + 10
+        logs = ""
+        while "last-words" not in logs and time.monotonic() < deadline:
+            logs = bed.run(["lev", "logs", agent_id], user="alice").stdout
+            time.sleep(0.3)
+        assert "before-restart" in logs and "after-restart" in logs, logs[-500:]
+        assert logs.count("y") == 300000 and "last-words" in logs, logs[-500:]
+    finally:
+        bed.run(["lev", "stop", agent_id], user="alice", check=False)
         client.kill()
         client.wait()
