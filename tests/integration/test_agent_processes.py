@@ -270,14 +270,15 @@ def test_a_proxied_agent_keeps_only_pid1_and_its_proxy_works_across_a_restart(
 
 
 def test_supervised_agents_pid1s_run_one_shared_sealed_catatonit(bed: Testbed) -> None:
-    """An attached run keeps its supervisor; its PID 1 runs the daemon's one
+    """A seeded agent keeps its supervisor; its PID 1 runs the daemon's one
     sealed copy of catatonit (the same memfd for every agent) instead of a
     700 KB copy of its own. Seen failing before: one inode per agent."""
-    import subprocess
-
     home = bed.users["alice"].home
+    bed.run(f"mkdir -p {home}/seeded && cat > {home}/seeded/blueprint.toml", user="alice",
+            input='[agent]\nname = "seeded"\ncommand = ["sleep", "300"]\n'
+                  '[seed]\ncommands = [["true"]]\n')
     clients = [subprocess.Popen(bed.command(
-        ["lev", "run", "--workdir", f"{home}/work", "--", "sleep", "300"], user="alice"),
+        ["lev", "run", "--workdir", f"{home}/work", f"{home}/seeded"], user="alice"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
     ids: list[str] = []
     try:

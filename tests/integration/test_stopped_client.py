@@ -18,8 +18,10 @@ CONFIG = """
 [sandbox]
 kind = "namespace"
 """
-# 1,000,000 x's in lines of 999 (under journald's rate limit in lines).
-AGENT = "head -c 1000000 /dev/zero | tr '\\\\0' x | fold -w 999; echo; echo STALLTEST-DONE"
+# 1,000,000 x's in lines of 999 (under journald's rate limit in lines), once
+# the client is stopped (the daemon copies this in about a second: it would
+# be over before the test saw it running).
+AGENT = "sleep 4; head -c 1000000 /dev/zero | tr '\\\\0' x | fold -w 999; echo; echo STALLTEST-DONE"
 
 
 @pytest.fixture
