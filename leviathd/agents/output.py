@@ -87,6 +87,13 @@ def take_kept(pid1: int) -> tuple[int, int] | None:
     from leviathd.sandbox.forwarder import _libc
 
     try:
+        # A supervisor (not 1 in a namespace of its own) may hold pipes of
+        # its own at these numbers: they are not taken from it.
+        with open(f"/proc/{pid1}/status", encoding="utf-8", errors="replace") as f:
+            nspid = next((ln.split()[1:] for ln in f.read(1 << 14).splitlines()
+                          if ln.startswith("NSpid:")), [])
+        if len(nspid) < 2 or nspid[-1] != "1":
+            return None
         pidfd = os.pidfd_open(pid1)
     except OSError:
         return None

@@ -398,10 +398,15 @@ def test_an_attached_agent_keeps_one_process_of_ours_and_its_output_reaches_both
     ours (the supervisor, its worker and the journal relay, all leviathd,
     and PID 1)."""
     before = _leviathd_pids(bed)
-    script = "echo attached-out; echo attached-err >&2; exec sleep 300"
+    script = ("echo fds: $(ls /proc/$$/fd/); echo attached-out; echo attached-err >&2; "
+              "exec sleep 300")
     client, agent_id, unit = _attached(bed, script)
     try:
-        assert b"attached-out" in _read_until(client.stdout, b"attached-out")
+        got = _read_until(client.stdout, b"attached-out")
+        assert b"attached-out" in got, got
+        # PID 1 keeps the pipes' read ends (6, 7) and the record (9), not the command.
+        fds = next(ln for ln in got.decode().splitlines() if ln.startswith("fds:")).split()
+        assert fds[:4] == ["fds:", "0", "1", "2"] and not {"6", "7", "9"} & set(fds), fds
         assert b"attached-err" in _read_until(client.stderr, b"attached-err")
         pids = _settled_pids(bed, unit)
         ours = [p for p in pids if not _cmdline(bed, p).startswith("sleep ")]

@@ -140,14 +140,18 @@ def test_lev_run_on_a_terminal_says_what_it_waits_for_when_the_start_is_slow(
 
 
 def test_the_journal_relay_is_not_open_to_its_user(bed: Testbed) -> None:
-    """An attached run's relay runs as alice in her scope: she must not get at
-    its descriptors or memory (it changed ids, so it is not dumpable). (A
-    detached agent has no relay: tests/integration/test_agent_processes.py.)"""
+    """A supervised (here seeded) agent's relay runs as alice in her scope:
+    she must not get at its descriptors or memory (it changed ids, so it is
+    not dumpable). (A one-command agent, attached or detached, has no relay:
+    tests/integration/test_agent_processes.py.)"""
     import subprocess
 
     home = bed.users["alice"].home
+    bed.run(f"mkdir -p {home}/seeded && cat > {home}/seeded/blueprint.toml", user="alice",
+            input='[agent]\nname = "seeded"\ncommand = ["sleep", "30"]\n'
+                  '[seed]\ncommands = [["true"]]\n')
     attached = subprocess.Popen(
-        bed.command(["lev", "run", "--", "sleep", "30"], user="alice", cwd=f"{home}/work"),
+        bed.command(["lev", "run", f"{home}/seeded"], user="alice", cwd=f"{home}/work"),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
