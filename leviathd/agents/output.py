@@ -52,6 +52,19 @@ DRAIN_SECONDS = 10.0
 _SYS_PIDFD_GETFD = 438
 
 
+def budget() -> int:
+    """How many attached agents the daemon copies for at once (6 descriptors
+    each): an eighth of its soft file limit in descriptors (the broker
+    takes half, the proxy a quarter). Past it, attached agents get a
+    supervisor, as before: memory, not the daemon's descriptors."""
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(1, soft // 8 // 6)
+
+
 def private_pipe(fd: int) -> int | None:
     """The caller's descriptor `fd` opened again, write-only, non-blocking
     and close-on-exec, when it is the write end of an anonymous pipe (never
@@ -59,8 +72,8 @@ def private_pipe(fd: int) -> int | None:
     block or reach what the caller's own descriptor does not); None
     otherwise (the caller then gets a supervisor, as before). The new file
     description is the daemon's alone, so its O_NONBLOCK changes nothing
-    for the caller, whose shell may share the original. A pipe nobody reads
-    any more gives a closed copy (-1)."""
+    for the caller, whose shell may share the original. (A pipe nobody reads
+    any more gives a copy whose writes fail, and the caller's copy ends.)"""
     try:
         st = os.fstat(fd)
         mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE

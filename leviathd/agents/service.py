@@ -281,7 +281,8 @@ class Agents:
         # the daemon copies its output, no supervisor stays (agents/output.py).
         copy: output.OutputCopy | None = None
         held_stdio = stdio
-        clients = _copied_clients(kinds, stdio)
+        clients = (_copied_clients(kinds, stdio) if len(self._copies) < output.budget()
+                   else None)
         if clients is not None:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
