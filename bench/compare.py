@@ -63,6 +63,8 @@ def one_pass(bed: Testbed, rounds: int, container: str | None) -> dict[str, floa
         "systemd-run": ["systemd-run", "--scope", "--quiet", *props, "true"],
         "none": as_user(bed, "bob", ["lev", "run", "--workdir", "/home/bob/work", "--", "true"]),
         "namespace": as_user(bed, "alice", lev),
+        "none, --detach": as_user(bed, "bob", ["lev", "run", "--detach", "--workdir",
+                                               "/home/bob/work", "--", "true"]),
     }
     out = {k: v[STAT] for k, v in interleaved(bed, rounds, peers).items()}
     if container:

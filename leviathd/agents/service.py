@@ -43,7 +43,7 @@ from leviathd.identity import UserInfo, user_info
 from leviathd.policy import filelabels
 from leviathd.records import FULL, AgentRecord, AgentState, RecordStore
 from leviathd.sandbox import container, fencehold, scratch, supervisor
-from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
+from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host, host_other_homes
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdError, SystemdManager
 from leviathd.userfiles import read_user_file
@@ -75,6 +75,10 @@ class _Prepared:
     plan: list[tuple[str, Effective, list[str]]]
     kinds: list[str]
     marks: list[str]
+    # Other accounts' homes (the fence hides them): read here, before the
+    # scope's job, because with nss-systemd listing the accounts asks PID 1,
+    # which during the job answers late (issue 18).
+    other_homes: list[str]
 
 
 
@@ -346,7 +350,7 @@ class Agents:
                 holding = hold is not None and _labelled_workdir(held)
                 # Specs look at the user's workdir (a worktree's git folders...).
                 steps = await self._in_worker(who.uid, self._specs, plan, kinds, user, req,
-                                              real_workdir, agent_id)  # fmt: skip
+                                              real_workdir, agent_id, p.other_homes)  # fmt: skip
                 polkit_usec = await auth
             except BaseException as exc:
                 # The scope's start is over (either way) before the clean-up
@@ -544,14 +548,15 @@ class Agents:
             elif kind != "none" and step_eff.network is not True:
                 step_marks = [*step_marks, "net:none"]
             marks += [m for m in step_marks if m not in marks]
-        return _Prepared(user, merged, command, agent_name, plan, kinds, marks)
+        other_homes = host_other_homes(user)
+        return _Prepared(user, merged, command, agent_name, plan, kinds, marks, other_homes)
 
     def _specs(
         self, plan: list[tuple[str, Effective, list[str]]], kinds: list[str], user: UserInfo,
-        req: RunInput, workdir: str, agent_id: str,
+        req: RunInput, workdir: str, agent_id: str, other_homes: list[str] | None = None,
     ) -> list[tuple[str, SandboxSpec]]:
         return [
-            (label, self._spec(step_eff, kind, user, req, argv, workdir, agent_id))
+            (label, self._spec(step_eff, kind, user, req, argv, workdir, agent_id, other_homes))
             for (label, step_eff, argv), kind in zip(plan, kinds, strict=True)
         ]
 
@@ -616,7 +621,7 @@ class Agents:
 
     def _spec(
         self, eff: Effective, kind: str, user: UserInfo, req: RunInput, command: list[str],
-        workdir: str, agent_id: str,
+        workdir: str, agent_id: str, other_homes: list[str] | None = None,
     ) -> SandboxSpec:
         request = RunRequest(
             argv=tuple(command), workdir=workdir,
@@ -624,7 +629,7 @@ class Agents:
             env=dict(req.env),
         )
         eff = dataclasses.replace(eff, kind=SandboxKind(kind))
-        spec = build_spec_on_host(eff, user, request, agent_id)
+        spec = build_spec_on_host(eff, user, request, agent_id, other_homes)
         for extend in self.spec_extensions:
             spec = extend(spec)
         for extend_eff in self.effective_spec_extensions:

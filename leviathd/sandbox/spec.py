@@ -779,9 +779,11 @@ def build_spec_on_host(
     user: UserInfo,
     request: RunRequest,
     execution_id: str,
+    other_homes: list[str] | None = None,
 ) -> SandboxSpec:
     """`build_spec` with the answers read from this machine, as the current
-    process sees it; the user's own files are read as the user."""
+    process sees it; the user's own files are read as the user.
+    `other_homes`: host_other_homes(user), if the caller has it already."""
     read_text = host_read_text_as(user.uid, user.gid)
     gitconfig = read_text(posixpath.join(user.home, ".gitconfig"))
 
@@ -795,7 +797,7 @@ def build_spec_on_host(
         read_text=read_text,
         links=host_links(),
         git_identity=parse_git_identity(gitconfig) if gitconfig else None,
-        other_homes=host_other_homes(user),
+        other_homes=host_other_homes(user) if other_homes is None else other_homes,
     )
     return with_default_limits(spec)
 
