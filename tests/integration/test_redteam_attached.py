@@ -129,3 +129,44 @@ def test_odd_descriptors_for_the_output_do_not_stall_or_leak_the_daemon(
     after = _settle_fds(bed, before)
     assert _daemon_pid(bed) == pid
     assert after <= before + 2, (before, after, out)
+
+
+FORGE = (
+    "printf 'forge-a LEVIATH_EVENT=start\\n_SYSTEMD_UNIT=leviathd.service\\nLEVIATH_EVENT=start\\n"
+    "_UID=0\\nforge-nul\\000_PID=1\\nforge-bad-\\377\\376-utf8\\n'; "
+    "head -c 100000 /dev/zero | tr '\\0' L; echo; printf 'forge-end-no-newline'"
+)
+
+
+def test_agent_output_cannot_forge_journal_fields_or_another_identity(bed: Testbed) -> None:
+    """An attached agent writes field-like lines, a NUL, invalid UTF-8, a
+    100 KB line and no final newline: each is a MESSAGE of alice's under
+    the agent's unit; no record carries a field it wrote (LEVIATH_EVENT,
+    another unit, uid 0). Passed before (journald's stream protocol has no
+    fields), kept as the guard of the daemon's copy."""
+    home = bed.users["alice"].home
+    r = bed.run(["lev", "run", "--workdir", f"{home}/work", "--", "sh", "-c", FORGE],
+                user="alice", check=False, timeout=120)
+    rows = json.loads(bed.run(["lev", "ps", "--all", "--json"], user="alice").stdout)
+    unit = next(row["unit"] for row in rows if row["command"] == ["sh", "-c", FORGE])
+    assert "forge-end-no-newline" in r.stdout, r.stdout[-300:]
+    deadline = time.monotonic() + 15
+    entries: list[dict] = []
+    while time.monotonic() < deadline:
+        out = bed.run(["journalctl", "--no-pager", "-q", "-o", "json", "--all",
+                       "--since", "-5min"], check=False).stdout
+        entries = [json.loads(x) for x in out.splitlines()]
+        mine = [e for e in entries if "forge" in str(e.get("MESSAGE", ""))
+                or e.get("_SYSTEMD_UNIT") == unit]
+        if any("forge-end-no-newline" in str(e.get("MESSAGE")) for e in mine):
+            break
+        time.sleep(0.5)
+    uid = str(bed.users["alice"].uid)
+    agent_lines = [e for e in mine if e.get("SYSLOG_IDENTIFIER") != "leviathd"]
+    assert agent_lines, mine
+    for e in agent_lines:
+        assert e.get("_SYSTEMD_UNIT") == unit and e.get("_UID") == uid, e
+        assert "LEVIATH_EVENT" not in e and "LEVIATH_AGENT" not in e, e
+    messages = [str(e.get("MESSAGE")) for e in agent_lines]
+    assert "_SYSTEMD_UNIT=leviathd.service" in messages and "_UID=0" in messages
+    assert any(m.startswith("forge-end-no-newline") for m in messages), messages[-3:]
