@@ -6,6 +6,7 @@ an agent, each written from the attacker's side in the test bed."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -170,3 +171,146 @@ def test_agent_output_cannot_forge_journal_fields_or_another_identity(bed: Testb
     messages = [str(e.get("MESSAGE")) for e in agent_lines]
     assert "_SYSTEMD_UNIT=leviathd.service" in messages and "_UID=0" in messages
     assert any(m.startswith("forge-end-no-newline") for m in messages), messages[-3:]
+
+
+REFUSED = r"""
+import asyncio, os, sys
+from dbus_fast import BusType, Message, MessageType, Variant
+from dbus_fast.aio import MessageBus
+
+async def one(bus, req, attached):
+    if attached:
+        r, w = os.pipe()
+        msg = Message(destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+                      interface="org.leviath.Manager1", member="RunAttached",
+                      signature="a{sv}hhh", body=[req, 0, 1, 1], unix_fds=[r, w])
+    else:
+        msg = Message(destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+                      interface="org.leviath.Manager1", member="Run", signature="a{sv}",
+                      body=[req])
+    reply = await bus.call(msg)
+    return reply.error_name if reply.message_type is MessageType.ERROR else "ran"
+
+async def main(home):
+    bus = await MessageBus(bus_type=BusType.SYSTEM, negotiate_unix_fd=True).connect()
+    workdirs = [home + "/work", home + "/nope", "/etc", home + "/work/../../..",
+                home + "/work\n[Unit]\nX=1", home + "/" + "w" * 4000]
+    commands = [["sh", "-c", "touch " + home + "/work/RAN"], ["x\n[Service]\nExecStart=/bin/sh"],
+                ["\x1b]0;evil\x07"]]
+    reqs = []
+    for wd in workdirs:
+        for cmd in commands:
+            for sandbox in ("", "none"):
+                reqs.append({"command": Variant("as", cmd), "workdir": Variant("s", wd),
+                             "sandbox": Variant("s", sandbox),
+                             "env": Variant("a{ss}", {"LD_PRELOAD": "/tmp/x", "A\nB": "c"})})
+    gate = asyncio.Semaphore(8)
+
+    async def gated(req, attached):
+        async with gate:
+            return await one(bus, req, attached)
+
+    results = await asyncio.gather(*(gated(req, n % 2 == 0)
+                                     for _ in range(3) for n, req in enumerate(reqs)))
+    refused = sum(1 for r in results if r == "org.leviath.Error.AccessDenied")
+    print("refused", refused, "of", len(results), sorted(set(results)))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_refused_users_flood_of_odd_starts_leaves_nothing(bed: Testbed) -> None:
+    """carol (polkit refuses her) sends 108 starts at once, Run and
+    RunAttached, with odd workdirs (missing, /etc, a newline and a unit
+    section, 4000 characters), commands and env: every one is
+    refused (AccessDenied), nothing of hers ran, no scope of hers is left,
+    and the journal holds nothing because of her but the daemon's refusals.
+    Seen failing before the fix: systemd's "Started/Stopped leviath-carol-
+    ...scope" lines, one pair per start polkit then refused (scopes were
+    started beside polkit's question for every caller)."""
+    home = bed.users["carol"].home
+    bed.run(["rm", "-f", f"{home}/work/RAN"])
+    bed.write_file("/tmp/refused.py", REFUSED)
+    pid = _daemon_pid(bed)
+    since = bed.run(["date", "+@%s.%N"]).stdout.strip()
+    out = bed.run([VENV_PY, "/tmp/refused.py", home], user="carol", timeout=300).stdout
+    n = int(out.split()[3])
+    assert out.split()[1] == str(n) and n == 108, out
+    time.sleep(1)
+    assert _daemon_pid(bed) == pid
+    assert bed.run(["test", "-e", f"{home}/work/RAN"], check=False).returncode != 0
+    units = bed.run(["systemctl", "list-units", "--all", "--no-legend", "--plain",
+                     "leviath-*"], check=False).stdout
+    assert "carol" not in units, units
+    logged = bed.run(["journalctl", "--no-pager", "-q", "-o", "json", "--since", since],
+                     check=False).stdout
+    ours = [json.loads(x) for x in logged.splitlines()]
+    # The daemon's own "refused" line (info, one per call) is older than
+    # issue 18 and not counted; a warning, or anything about a scope, is.
+    ours = [e for e in ours if "carol" in str(e.get("MESSAGE", "")) or (
+        (e.get("SYSLOG_IDENTIFIER") == "leviathd"
+         or e.get("_SYSTEMD_UNIT") == "leviathd.service")
+        and (int(e.get("PRIORITY", 6)) <= 4 or "refused" not in str(e.get("MESSAGE"))))]
+    assert not ours, [e.get("MESSAGE") for e in ours][:10]
+    rows = json.loads(bed.run(["lev", "ps", "--all", "--json"], user="dave").stdout)
+    assert not [r for r in rows if r.get("user") == "carol"], rows
+
+
+INSIDE = (
+    "cat /proc/self/mountinfo > mounts.out; "
+    "ls -l /proc/self/fd/ > fds.out 2>&1; ls -l /proc/1/fd/ > pid1fds.out 2>&1; "
+    "ls -l /proc/self/ns/ > ns.out 2>&1; "
+    "touch /usr/local/red-sub/x 2> write.out; echo $? >> write.out; "
+    "sleep 3; cat /proc/self/mountinfo > mounts-later.out"
+)
+
+
+def test_inside_a_fence_no_writable_suid_or_dev_mount_hides_beneath_a_read_only_bind(
+    bed: Testbed,
+) -> None:
+    """The host has a rw, suid, dev tmpfs under /usr (bound read-only into
+    the fence): inside, that mount is read-only, nosuid and nodev too, and
+    every mount beneath /usr is; a mount the host makes after the start does
+    not appear inside; neither the command nor PID 1 (as far as it can look)
+    holds a namespace descriptor, and its namespaces are not the host's.
+    Passed before (the recursive mount_setattr lock and the fork into the
+    step's namespaces hold)."""
+    bed.run("mkdir -p /usr/local/red-sub /usr/local/red-late && (mountpoint -q "
+            "/usr/local/red-sub || mount -t tmpfs -o rw,suid,dev red /usr/local/red-sub)")
+    # The daemon's mount namespace is made at its start (the bed's / is private).
+    bed.run(["systemctl", "restart", "leviathd"])
+    home = bed.users["alice"].home
+    work = f"{home}/work"
+    bed.run(["sh", "-c", "rm -f *.out"], user="alice", cwd=work)
+    proc = subprocess.Popen(bed.command(["lev", "run", "--workdir", work, "--", "sh", "-c", INSIDE],
+                                        user="alice"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.5)
+        bed.run("mountpoint -q /usr/local/red-late || "
+                "mount -t tmpfs -o rw,suid,dev late /usr/local/red-late")
+        proc.communicate(timeout=60)
+        read = lambda name: bed.run(["cat", f"{work}/{name}"], user="alice").stdout  # noqa: E731
+        mounts = [ln.split() for ln in read("mounts.out").splitlines()]
+        under_usr = [m for m in mounts if m[4] == "/usr" or m[4].startswith("/usr/")]
+        assert any(m[4] == "/usr/local/red-sub" for m in under_usr), under_usr
+        for m in under_usr:
+            opts = m[5].split(",")
+            assert "ro" in opts and "nosuid" in opts and "nodev" in opts, m
+        assert read("write.out").split()[-1] != "0"
+        later = read("mounts-later.out")
+        assert "/usr/local/red-late" not in later and "master:" not in later, later
+        for name in ("fds.out", "pid1fds.out"):
+            assert "ns:[" not in read(name) and "pidfd" not in read(name), read(name)
+        host_ns = bed.run("ls -l /proc/1/ns/").stdout
+        inside = read("ns.out")
+        for kind in ("pid", "mnt", "ipc", "uts"):  # net: shared by default (network = true)
+            mine = next(ln.split("->")[1].strip() for ln in inside.splitlines()
+                        if f" {kind} ->" in ln)
+            assert mine not in host_ns, (kind, mine)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        bed.run("umount /usr/local/red-late /usr/local/red-sub; rmdir /usr/local/red-late "
+                "/usr/local/red-sub", check=False)
