@@ -260,6 +260,7 @@ INSIDE = (
     "cat /proc/self/mountinfo > mounts.out; "
     "ls -l /proc/self/fd/ > fds.out 2>&1; ls -l /proc/1/fd/ > pid1fds.out 2>&1; "
     "ls -l /proc/self/ns/ > ns.out 2>&1; "
+    "cat /proc/1/fd/7 >> pid1fds.out 2>&1; "
     "touch /usr/local/red-sub/x 2> write.out; echo $? >> write.out; "
     "sleep 3; cat /proc/self/mountinfo > mounts-later.out"
 )
@@ -300,6 +301,9 @@ def test_inside_a_fence_no_writable_suid_or_dev_mount_hides_beneath_a_read_only_
         assert read("write.out").split()[-1] != "0"
         later = read("mounts-later.out")
         assert "/usr/local/red-late" not in later and "master:" not in later, later
+        # PID 1 keeps the output pipes (6, 7) a restarted daemon takes back:
+        # the agent cannot reach its descriptors to put others there.
+        assert "Permission denied" in read("pid1fds.out"), read("pid1fds.out")
         for name in ("fds.out", "pid1fds.out"):
             assert "ns:[" not in read(name) and "pidfd" not in read(name), read(name)
         host_ns = bed.run("ls -l /proc/1/ns/").stdout
@@ -314,3 +318,34 @@ def test_inside_a_fence_no_writable_suid_or_dev_mount_hides_beneath_a_read_only_
             proc.wait()
         bed.run("umount /usr/local/red-late /usr/local/red-sub; rmdir /usr/local/red-late "
                 "/usr/local/red-sub", check=False)
+
+
+def test_attached_agents_past_the_copy_budget_all_run_and_the_daemon_keeps_its_files(
+    bed: Testbed,
+) -> None:
+    """With a small file limit (budget: 2 copies), 12 attached agents at
+    once from alice: each one's output reaches its `lev run`, each ends
+    with its status, the daemon stays up and gives its descriptors back."""
+    bed.write_file("/etc/systemd/system/leviathd.service.d/red-nofile.conf",
+                   "[Service]\nLimitNOFILE=192\n")
+    bed.run(["systemctl", "daemon-reload"])
+    bed.run(["systemctl", "restart", "leviathd"])
+    try:
+        pid = _daemon_pid(bed)
+        before = _daemon_fds(bed)
+        work = f"{bed.users['alice'].home}/work"
+        procs = [subprocess.Popen(
+            bed.command(["lev", "run", "--workdir", work, "--", "sh", "-c",
+                         f"echo budget-{n}; sleep 2; echo budget-end-{n} >&2; exit {n}"],
+                        user="alice"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in range(12)]
+        for n, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == n, (n, out, err)
+            assert f"budget-{n}".encode() in out and f"budget-end-{n}".encode() in err, (out, err)
+        assert _daemon_pid(bed) == pid
+        assert _settle_fds(bed, before) <= before + 2
+    finally:
+        bed.run(["rm", "-f", "/etc/systemd/system/leviathd.service.d/red-nofile.conf"])
+        bed.run(["systemctl", "daemon-reload"])
+        bed.run(["systemctl", "restart", "leviathd"])
