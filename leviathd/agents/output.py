@@ -29,6 +29,7 @@ import errno
 import fcntl
 import logging
 import os
+import select
 import socket
 import stat
 import struct
@@ -188,8 +189,12 @@ class _Stream:
     def _flush_journal(self) -> None:
         sock = self.journal
         while self.pending and sock is not None:
+            creds = self._owner.credentials()
+            if creds is None:
+                self._drop_journal()
+                return
             try:
-                n = sock.sendmsg([self.pending], self._owner.credentials(),
+                n = sock.sendmsg([self.pending], creds,
                                  socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
             except BlockingIOError:
                 # journald is behind: the agent waits (its pipe fills), the
@@ -319,6 +324,9 @@ class OutputCopy:
         self._gid = gid
         self.loop = asyncio.get_running_loop()
         self._pid = 0
+        # PID 1's, to see its end before its pid is sent once more: reaped
+        # (not by us), that pid may be anyone's next process.
+        self._pidfd: int | None = None
         # The held child, which left and which the daemon reaps only after
         # this copy: a zombie in the agent's scope, whose pid stays valid for
         # the credentials once PID 1 is gone (and reaped by its new parent).
@@ -335,6 +343,10 @@ class OutputCopy:
         journals the output), to the caller only."""
         if pid1 is not None:
             self._pid = pid1
+            try:
+                self._pidfd = os.pidfd_open(pid1)
+            except OSError:
+                self._pid_ended()
             for stream in self._streams:
                 try:
                     stream.journal = _connect(self.unit, stream.priority)
@@ -344,22 +356,32 @@ class OutputCopy:
         for stream in self._streams:
             stream.start()
 
-    def credentials(self) -> list[tuple[int, int, bytes]]:
+    def credentials(self) -> list[tuple[int, int, bytes]] | None:
+        """Who the next chunk is sent as; None when nobody may speak for the
+        agent any more (then the journal's copy ends)."""
+        if self._pidfd is not None and select.select([self._pidfd], [], [], 0)[0]:
+            self._pid_ended()
+        if not self._pid:
+            return None
         return [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS,
                  struct.pack("iII", self._pid, self._uid, self._gid))]
+
+    def _pid_ended(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        if self._pid != self._zombie:
+            self._pid = self._zombie or 0
 
     def pid_gone(self) -> bool:
         """PID 1 is gone and reaped: speak for the agent with the held
         child's zombie, which this daemon keeps in the agent's scope until
-        the end. A restarted daemon has none: the last lines then carry the
-        daemon's pid (its unit) and still the user's uid (her journal)."""
-        if self._zombie is not None and self._pid != self._zombie:
-            self._pid = self._zombie
-            return True
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            return True
-        return False
+        the end. A restarted daemon has none: its copy to the journal then
+        ends (never as the daemon itself, whose unit journald would file
+        the agent's text under, nor as a pid that may be reused)."""
+        had = self._pid
+        self._pid_ended()
+        return bool(self._pid) and self._pid != had
 
     def changed(self) -> None:
         if all(s.drained() for s in self._streams) and not self._drained.done():
@@ -397,6 +419,9 @@ class OutputCopy:
         self._closed = True
         for stream in self._streams:
             stream.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         self._reap()
 
     def _reap(self) -> None:

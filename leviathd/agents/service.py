@@ -31,6 +31,7 @@ from leviathd.config.merge import Effective, MergeResult, resolve
 from leviathd.config.models import Blueprint, Config, SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import (
+    AccessDenied,
     Busy,
     ConfigError,
     InvalidArgument,
@@ -132,6 +133,9 @@ class Agents:
         self._plan_waiting: dict[int, int] = {}
         # Per uid: starts holding a fork and a scope before polkit answered.
         self._unanswered: dict[int, int] = {}
+        # Uids polkit last said yes to (to RUN, since the daemon started):
+        # only their starts fork and start a scope before the answer.
+        self._granted: set[int] = set()
         # Who hears an agent's AgentStarted/AgentEnded: the bus connection that
         # started it, only (not kept over a restart: clients then poll).
         self._signal_to: dict[str, str] = {}
@@ -243,6 +247,7 @@ class Agents:
         # security-model.md). What would cost more than that before the
         # answer (an engine probe, a warning in the journal) waits for it.
         auth = asyncio.ensure_future(self._authorize(who, req))
+        auth.add_done_callback(lambda done: self._heard(who.uid, done))
         try:
             return await self._start(who, req, stdio, auth)
         except asyncio.CancelledError:
@@ -264,9 +269,13 @@ class Agents:
                                   lambda: granted.result(timeout=AUTH_PATIENCE))  # fmt: skip
         if auth.done():
             auth.result()  # refused already: no fork, no scope
-        elif self._unanswered.get(who.uid, 0) >= MAX_WAITING_PER_UID:
+        elif (who.uid not in self._granted
+                or self._unanswered.get(who.uid, 0) >= MAX_WAITING_PER_UID):
             # A caller polkit has not answered yet holds at most this many
             # forks and scopes; further starts wait for their answer first.
+            # One it never said yes to (or refused last) waits for it at
+            # once: a refused user's starts then cause no fork, no scope,
+            # not even systemd's lines about one in the journal.
             await auth
         self._unanswered[who.uid] = self._unanswered.get(who.uid, 0) + 1
         auth.add_done_callback(lambda _done: self._answered(who.uid))
@@ -465,6 +474,12 @@ class Agents:
         # Before the release: an agent whose record cannot be written does
         # not start (a full disk), and nothing of it is left behind.
         self._store.save(rec)
+
+    def _heard(self, uid: int, done: asyncio.Future[int]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self._granted.add(uid)
+        elif not done.cancelled() and isinstance(done.exception(), AccessDenied):
+            self._granted.discard(uid)
 
     def _answered(self, uid: int) -> None:
         left = self._unanswered.get(uid, 0) - 1

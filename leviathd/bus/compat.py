@@ -103,4 +103,8 @@ def many_fds(bus: MessageBus) -> MessageBus:
         # The same object with a different class (same layout, no new slots):
         # dbus-fast keeps its references, nothing is duplicated or leaked.
         sock.__class__ = _ManyFdSocket
+    # What arrives is then closed unless a handler takes it (bus/fds.py).
+    from leviathd.bus import fds
+
+    bus.add_message_handler(fds.owned_only)
     return bus
