@@ -677,7 +677,9 @@ class Agents:
                 if not buf.endswith(b"\n"):
                     return
             loop.remove_reader(held.status_r)
-            os.close(held.status_r)
+            supervising = bytes(buf) == supervisor.SUPERVISING
+            if not supervising:
+                os.close(held.status_r)
             pid = supervisor.read_handover(bytes(buf))
             copy = self._copies.get(rec.id)
             if copy is not None:
@@ -693,8 +695,30 @@ class Agents:
                     with _logged(f"agent {rec.id}: handover hook"):
                         hook(rec)
             self._watch(rec)
+            if supervising:
+                self._hear_end(rec.id, held.status_r)
 
         loop.add_reader(held.status_r, readable)
+
+    def _hear_end(self, agent_id: str, status_r: int) -> None:
+        """A supervisor says ENDED once the exit record is written and the
+        output copied, some ms before its own exit (the pidfd) is seen: the
+        end is taken from the word. Whatever else comes (its exit without
+        the word) ends the watch too."""
+        loop = asyncio.get_running_loop()
+        if agent_id not in self._watches:
+            os.close(status_r)  # already ended, or never watched
+            return
+
+        def readable() -> None:
+            with contextlib.suppress(OSError):
+                os.read(status_r, 64)
+            loop.remove_reader(status_r)
+            os.close(status_r)
+            if agent_id in self._watches:
+                self._supervisor_ended(agent_id)
+
+        loop.add_reader(status_r, readable)
 
     def _reap_later(self, pid: int) -> None:
         """Our held child, which is leaving: reap it when it has."""
@@ -747,7 +771,9 @@ class Agents:
                 # end is announced.
                 await copy.finish()
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(rec.supervisor_pid, os.WNOHANG)
+                if os.waitpid(rec.supervisor_pid, os.WNOHANG) == (0, 0):
+                    # A supervisor that said ENDED and is still leaving.
+                    self._reap_later(rec.supervisor_pid)
             ended = self._store.read_exit(agent_id)
             if ended is not None:
                 rec.exit_status, rec.ended_at = ended

@@ -187,6 +187,18 @@ def release(
     os.close(held.go_w)
 
 
+# On the status pipe after the workdir check: the held process stays on as
+# the supervisor (no handover), and later that the agent's exit record is
+# written (the agent has ended; our own exit follows).
+SUPERVISING = b"supervise\n"
+ENDED = b"ended\n"
+
+
+def _say(fd: int, word: bytes) -> None:
+    with contextlib.suppress(OSError):  # the daemon went away: our pid tells a new one
+        os.write(fd, word)
+
+
 def read_handover(data: bytes) -> int | None:
     """The pid of the agent's PID 1 from the held process's last words
     ("pid N"), when it handed the agent over and left; None when it stays
@@ -268,8 +280,8 @@ def _child(
         stdio = Stdio(stdio.stdin, stdio.stdout, stdio.stderr)
     if shell is not None:
         os.close(shell)
-    os.close(status_w)
-    return _supervise(steps, exit_path, identifier, unit, stdio, user, init)
+    _say(status_w, SUPERVISING)
+    return _supervise(steps, exit_path, identifier, unit, stdio, user, init, said=status_w)
 
 
 def _lean(steps: list[tuple[str, SandboxSpec]], stdio: Stdio) -> bool:
@@ -396,11 +408,12 @@ def _output_streams(
 
 def _supervise(
     steps: list[tuple[str, SandboxSpec]], exit_path: str, identifier: str, unit: str,
-    stdio: Stdio, user: UserInfo | None = None, init: int | None = None,
+    stdio: Stdio, user: UserInfo | None = None, init: int | None = None, said: int = -1,
 ) -> int:
     """Run each step (seed commands, then stages or the command) in turn, in
     its own fence, stopping at the first that fails; the agent's exit status
-    is the last step's."""
+    is the last step's. `said`: the status pipe, on which ENDED follows the
+    exit record."""
     agent_id = os.path.basename(exit_path).split(".")[0]
     # We are in the scope now: journald files these streams under its unit.
     j_out, j_err, user_streams = _output_streams(user, identifier, unit, agent_id)
@@ -438,6 +451,12 @@ def _supervise(
     if user_streams is not None:
         user_streams.close()
     _write_exit(exit_path, code)
+    if said >= 0:
+        # The record is written and every output copied: the daemon may end
+        # the agent now rather than at our exit, which (a fork of the
+        # daemon, its pages shared) takes some ms to unmap (issue 18).
+        _say(said, ENDED)
+        os.close(said)
     return code
 
 

@@ -460,3 +460,38 @@ def test_an_attached_agents_output_and_status_outlive_a_daemon_restart(bed: Test
         bed.run(["lev", "stop", agent_id], user="alice", check=False)
         client.kill()
         client.wait()
+
+
+def test_a_supervised_agent_ends_on_its_supervisors_word_with_all_output_and_no_zombie(
+    bed: Testbed,
+) -> None:
+    """Kind none keeps a supervisor, which says ENDED once the exit record is
+    written and the output copied: the daemon ends the agent on that word,
+    before the supervisor's own exit (issue 18), and still reaps it. Every
+    line and the status reach `lev run`, the record and the journal."""
+    home = bed.users["alice"].home
+    bed.write_file("/etc/leviath/config.toml", '[sandbox]\nkind = "none"\n')
+    bed.run(["systemctl", "reload", "leviathd"])
+    try:
+        for status in (0, 3):
+            lines = " ".join(f"line{i}" for i in range(200))
+            r = bed.run(["lev", "run", "--workdir", f"{home}/work", "--", "sh", "-c",
+                         f"for l in {lines}; do echo out-$l; done; echo last-err >&2; "
+                         f"exit {status}"], user="alice", check=False)  # fmt: skip
+            assert r.returncode == status, (r.stdout[-300:], r.stderr[-300:])
+            assert r.stdout.splitlines() == [f"out-line{i}" for i in range(200)], r.stdout[-300:]
+            assert "last-err" in r.stderr
+        rows = json.loads(bed.run(["lev", "ps", "--all", "--json"], user="alice").stdout)
+        last = max(rows, key=lambda r: float(r.get("started_at", 0)))
+        assert last["state"] == "exited" and last["exit_status"] == 3, last
+        main = bed.run(["systemctl", "show", "-p", "MainPID", "--value", "leviathd"]).stdout.strip()
+        deadline = time.monotonic() + 10
+        while True:
+            states = bed.run(["ps", "--ppid", main, "-o", "stat="], check=False).stdout.split()
+            if not any(s.startswith("Z") for s in states) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert not any(s.startswith("Z") for s in states), states
+    finally:
+        bed.write_file("/etc/leviath/config.toml", CONFIG)
+        bed.run(["systemctl", "reload", "leviathd"])
