@@ -182,12 +182,25 @@ class LateAuthority(StandInAuthority):
 def test_a_late_refusal_stops_the_scope_it_started_and_keeps_no_record(tmp_path: Path) -> None:
     systemd = StandInSystemd()
     agents = make_agents(tmp_path, LateAuthority({}, delay=0.5), systemd)
+    # polkit said yes to alice before (only then does a start go on beside
+    # the answer); this time it says no, late.
+    agents._granted.add(ALICE.uid)
     req = RunInput(command=["true"], workdir=str(tmp_path))
     with pytest.raises(AccessDenied):
         asyncio.run(agents.run(ALICE, req, _stdio()))
     assert systemd.started and systemd.stopped == systemd.started
     assert agents.records == {}
     assert [p.name for p in agents._store.dir.iterdir() if p.suffix == ".json"] == []
+
+
+def test_a_caller_never_granted_waits_for_the_answer_before_any_scope(tmp_path: Path) -> None:
+    systemd = StandInSystemd()
+    agents = make_agents(tmp_path, LateAuthority({}, delay=0.3), systemd)
+    req = RunInput(command=["true"], workdir=str(tmp_path))
+    with pytest.raises(AccessDenied):
+        asyncio.run(agents.run(ALICE, req, _stdio()))
+    assert systemd.started == []
+    assert ALICE.uid not in agents._granted
 
 
 def test_no_run_starts_a_scope_while_the_machine_config_does_not_load(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from dbus_fast.introspection import Node
 from dbus_fast.service import ServiceInterface
 
 from leviathd.bus.compat import DBusSignature, dbus_method, dbus_property, dbus_signal, many_fds
+from leviathd.bus.names import MANAGER_IFACE, OBJECT_PATH
 
 Fd = Annotated[int, DBusSignature("h")]
 Str = Annotated[str, DBusSignature("s")]
@@ -27,11 +28,14 @@ VarDict = Annotated[dict[str, Variant], DBusSignature("a{sv}")]
 
 
 class Probe(ServiceInterface):
+    """Manager1's name and RunAttached's shape: the daemon's bus closes the
+    descriptors of any other call as they arrive (bus/fds.py)."""
+
     def __init__(self) -> None:
-        super().__init__("org.leviath.Test1")
+        super().__init__(MANAGER_IFACE)
 
     @dbus_method()
-    async def Write(self, request: VarDict, a: Fd, b: Fd, c: Fd) -> Annotated[
+    async def RunAttached(self, request: VarDict, a: Fd, b: Fd, c: Fd) -> Annotated[
         list[Any], DBusSignature("ss")
     ]:
         for n, fd in enumerate((a, b, c)):
@@ -69,16 +73,16 @@ def test_signatures_reach_the_bus_as_declared(bus_address: str) -> None:
         server = await many_fds(
             MessageBus(bus_address=bus_address, negotiate_unix_fd=True)
         ).connect()
-        server.export("/t", Probe())
+        server.export(OBJECT_PATH, Probe())
         client = await MessageBus(bus_address=bus_address).connect()
         reply = await client.call(Message(
-            destination=server.unique_name, path="/t",
+            destination=server.unique_name, path=OBJECT_PATH,
             interface="org.freedesktop.DBus.Introspectable", member="Introspect",
         ))
         return str(reply.body[0])
 
     iface = next(i for i in Node.parse(asyncio.run(go())).interfaces
-                 if i.name == "org.leviath.Test1")
+                 if i.name == MANAGER_IFACE)
     (write,) = iface.methods
     assert [a.signature for a in write.in_args] == ["a{sv}", "h", "h", "h"]
     assert [a.signature for a in write.out_args] == ["s", "s"]
@@ -96,11 +100,11 @@ def test_three_descriptors_in_one_call_all_arrive(bus_address: str) -> None:
         server = await many_fds(
             MessageBus(bus_address=bus_address, negotiate_unix_fd=True)
         ).connect()
-        server.export("/t", Probe())
+        server.export(OBJECT_PATH, Probe())
         client = await MessageBus(bus_address=bus_address, negotiate_unix_fd=True).connect()
         reply = await client.call(Message(
-            destination=server.unique_name, path="/t", interface="org.leviath.Test1",
-            member="Write", signature="a{sv}hhh",
+            destination=server.unique_name, path=OBJECT_PATH, interface=MANAGER_IFACE,
+            member="RunAttached", signature="a{sv}hhh",
             body=[{"word": Variant("s", "w")}, 0, 1, 2], unix_fds=[w for _, w in pipes],
         ))
         assert reply.message_type == MessageType.METHOD_RETURN, reply.body
