@@ -50,6 +50,8 @@ from leviathd.config.merge import resolve
 from leviathd.config.models import SandboxKind
 from leviathd.identity import user_info
 from leviathd.sandbox import container, engine
+from leviathd.sandbox.container import availability as c_availability, records as c_records
+from leviathd.sandbox.container import settings as c_settings, worker as c_worker
 from leviathd.sandbox.spec import RunRequest, build_spec_on_host
 
 req = json.loads(sys.argv[1])
@@ -57,7 +59,20 @@ user = user_info(pwd.getpwnam("alice").pw_uid)
 eff = resolve(parse_config(req["config"], "<bench>"), None, None, "bench").agent
 eff = dataclasses.replace(eff, kind=SandboxKind.CONTAINER)
 spec = build_spec_on_host(eff, user, RunRequest(("true",), "/home/alice/work"), req["agent_id"])
-name = asyncio.run(container.ensure(req["agent_id"], req["unit"], spec, eff))
+
+
+async def _ensure():
+    from dbus_fast import BusType
+    from dbus_fast.aio import MessageBus
+    from leviathd.systemd.manager import SystemdManager
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    try:
+        return await container.ensure(req["agent_id"], req["unit"], spec, eff,
+                                      units=SystemdManager(bus))
+    finally:
+        bus.disconnect()
+
+name = asyncio.run(_ensure())
 spec = container.with_container(spec, name)
 eng = c_availability._engine(str(eff.engine))
 init = c_settings.init_binary()
