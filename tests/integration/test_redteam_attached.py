@@ -349,3 +349,47 @@ def test_attached_agents_past_the_copy_budget_all_run_and_the_daemon_keeps_its_f
         bed.run(["rm", "-f", "/etc/systemd/system/leviathd.service.d/red-nofile.conf"])
         bed.run(["systemctl", "daemon-reload"])
         bed.run(["systemctl", "restart", "leviathd"])
+
+
+def test_a_client_killed_mid_run_costs_the_agent_nothing(bed: Testbed) -> None:
+    """alice's `lev run` is SIGKILLed while its agent floods output: the
+    agent goes on to its end (status kept), its last line reaches the
+    journal, the daemon stays up, its memory stays bounded and its
+    descriptors come back. Passed before (guard)."""
+    pid = _daemon_pid(bed)
+    before = _daemon_fds(bed)
+    rss0 = int(bed.run(["ps", "-o", "rss=", "-p", pid]).stdout)
+    home = bed.users["alice"].home
+    script = ("i=0; while [ $i -lt 40 ]; do head -c 500000 /dev/zero | tr '\\0' k; sleep 0.15; "
+              "i=$((i+1)); done; echo flood-last-line; exit 6")
+    proc = subprocess.Popen(
+        bed.command(["sh", "-c", f'echo $$ > {home}/work/levpid2; exec lev run --workdir '
+                     f'{home}/work -- sh -c "$0"', script], user="alice"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2)
+        lev = bed.read_file(f"{home}/work/levpid2").strip()
+        bed.run(["kill", "-KILL", lev], user="alice")
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 90
+        row: dict = {}
+        while time.monotonic() < deadline:
+            rows = json.loads(bed.run(["lev", "ps", "--all", "--json"], user="alice").stdout)
+            row = next((r for r in rows if r["command"] == ["sh", "-c", script]), {})
+            if row and row["state"] != "running":
+                break
+            time.sleep(0.5)
+        assert row.get("state") == "exited" and row.get("exit_status") == 6, row
+        logs = ""
+        while "flood-last-line" not in logs and time.monotonic() < deadline:
+            logs = bed.run(["lev", "logs", row["id"]], user="alice").stdout
+            time.sleep(0.5)
+        assert "flood-last-line" in logs
+        assert _daemon_pid(bed) == pid
+        rss1 = int(bed.run(["ps", "-o", "rss=", "-p", pid]).stdout)
+        assert rss1 - rss0 < 30_000, (rss0, rss1)  # KiB: 20 MB went through
+        assert _settle_fds(bed, before) <= before + 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
