@@ -29,7 +29,9 @@ def owned_only(msg: Message) -> None:
     same one named three times would otherwise be closed three times, the
     second time perhaps another thread's new file)."""
     fds: Any = msg.unix_fds
-    if not fds:
+    if not fds or msg.message_type not in (MessageType.METHOD_CALL, MessageType.SIGNAL):
+        # A reply comes from whom the daemon called (the bus daemon lets no
+        # one else send one): its caller takes what it carries.
         return
     named: list[int] = []
     member, signature, count = _TAKES_FDS
