@@ -100,6 +100,14 @@ def take_kept(pid1: int) -> tuple[int, int] | None:
     from leviathd.sandbox import namespace
     from leviathd.sandbox.forwarder import _libc
 
+    # The pidfd first, and alive after the checks and the taking: then all
+    # of them were about one process, not a pid reused in between.
+    try:
+        pidfd = os.pidfd_open(pid1)
+    except OSError:
+        return None
+    got: list[int] = []
+    alive = False
     try:
         # A supervisor (not 1 in a namespace of its own) may hold pipes of
         # its own at these numbers: they are not taken from it.
@@ -108,11 +116,6 @@ def take_kept(pid1: int) -> tuple[int, int] | None:
                           if ln.startswith("NSpid:")), [])
         if len(nspid) < 2 or nspid[-1] != "1":
             return None
-        pidfd = os.pidfd_open(pid1)
-    except OSError:
-        return None
-    got: list[int] = []
-    try:
         for number in (namespace.OUT_KEEP_FD, namespace.ERR_KEEP_FD):
             fd = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, number, 0)
             if fd < 0:
@@ -121,11 +124,13 @@ def take_kept(pid1: int) -> tuple[int, int] | None:
             if not stat.S_ISFIFO(os.fstat(fd).st_mode) or (
                     fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) != os.O_RDONLY:
                 break
+        # Ended: the status read may have been of another process since.
+        alive = not select.select([pidfd], [], [], 0)[0]
     except OSError:
-        pass
+        alive = False
     finally:
         os.close(pidfd)
-    if len(got) == 2 and all(
+    if alive and len(got) == 2 and all(
             (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) == os.O_RDONLY for fd in got):
         return got[0], got[1]
     for fd in got:

@@ -87,3 +87,63 @@ def test_with_the_held_zombie_the_last_lines_go_out_as_the_zombie(
             os.waitpid(zombie, 0)
         except ChildProcessError:
             pass
+
+
+def _pid1_holding(keep: tuple[int, int] | None) -> tuple[int, int]:
+    """A process that is PID 1 of a PID namespace of its own and holds
+    `keep` at 7 and 6 (the kept read ends); its host pid and a pipe whose
+    end says it is up."""
+    from leviathd.sandbox import namespace
+
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            namespace.unshare(namespace.CLONE_NEWPID)
+            inner = os.fork()
+            if inner == 0:
+                if keep is not None:
+                    os.dup2(keep[0], 7)
+                    os.dup2(keep[1], 6)
+                os.write(ready_w, b"x")
+                time.sleep(30)
+            os.waitpid(inner, 0)
+        finally:
+            os._exit(0)
+    os.read(ready_r, 1)
+    os.close(ready_r)
+    os.close(ready_w)
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return pid, int(f.read().split()[0])
+
+
+def test_a_restarted_daemon_takes_pid1s_kept_read_ends_and_only_those() -> None:
+    """Guard of the take-back: PID 1 of its own namespace with pipes'
+    read ends at 7 and 6 gives them; one with write ends, or a process that
+    is not such a PID 1, gives none. Passed before (the pidfd-first order
+    that closes the pid-reuse window is not shown failing: the window is a
+    few microseconds and a pid wrap)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    outer, pid1 = _pid1_holding((out_r, err_r))
+    try:
+        taken = output.take_kept(pid1)
+        assert taken is not None
+        os.write(out_w, b"o")
+        os.write(err_w, b"e")
+        assert os.read(taken[0], 1) == b"o" and os.read(taken[1], 1) == b"e"
+        for fd in taken:
+            os.close(fd)
+        assert output.take_kept(outer) is None  # not 1 in its namespace
+    finally:
+        os.kill(pid1, 9)
+        os.waitpid(outer, 0)
+    outer, pid1 = _pid1_holding((out_w, err_w))
+    try:
+        assert output.take_kept(pid1) is None  # write ends are not taken
+    finally:
+        os.kill(pid1, 9)
+        os.waitpid(outer, 0)
+    assert output.take_kept(pid1) is None  # ended
+    for fd in (out_r, out_w, err_r, err_w):
+        os.close(fd)
