@@ -30,6 +30,7 @@ import fcntl
 import logging
 import os
 import select
+import signal
 import socket
 import stat
 import struct
@@ -329,8 +330,8 @@ class OutputCopy:
         self._gid = gid
         self.loop = asyncio.get_running_loop()
         self._pid = 0
-        # PID 1's, to see its end before its pid is sent once more: reaped
-        # (not by us), that pid may be anyone's next process.
+        # PID 1's, to see it reaped before its pid is sent once more: then
+        # (by its parent, not us) that pid may be anyone's next process.
         self._pidfd: int | None = None
         # The held child, which left and which the daemon reaps only after
         # this copy: a zombie in the agent's scope, whose pid stays valid for
@@ -364,7 +365,7 @@ class OutputCopy:
     def credentials(self) -> list[tuple[int, int, bytes]] | None:
         """Who the next chunk is sent as; None when nobody may speak for the
         agent any more (then the journal's copy ends)."""
-        if self._pidfd is not None and select.select([self._pidfd], [], [], 0)[0]:
+        if self._pidfd is not None and not _unreaped(self._pidfd):
             self._pid_ended()
         if not self._pid:
             return None
@@ -433,6 +434,18 @@ class OutputCopy:
         if self._zombie is not None:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self._zombie, os.WNOHANG)
+
+
+def _unreaped(pidfd: int) -> bool:
+    """The pidfd's process still holds its pid (running, or a zombie whose
+    lines journald still files under its scope)."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 def _connect(unit: str, priority: int) -> socket.socket:
