@@ -81,7 +81,14 @@ def test_an_agent_runs_as_its_user_in_a_scope_with_the_configured_limits(bed: Te
     agent_id = start(bed, "alice", "sh", "-c", "id -u > uid.txt; exec sleep 120")
     info = agent_info(bed, "alice", agent_id, all_=False)
     assert info is not None and info["state"] == "running" and info["user"] == "alice"
-    # MEM and TASKS come from systemd's accounting of the scope.
+    # MEM and TASKS come from systemd's accounting of the scope; List's
+    # figures may be a few seconds old (agents/usage.py): the first, read
+    # as the scope starts, can still say 0 bytes.
+    deadline = time.monotonic() + 10
+    while not (info["tasks"] >= 1 and info["memory"] > 0) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        info = agent_info(bed, "alice", agent_id, all_=False)
+        assert info is not None
     assert info["tasks"] >= 1 and info["memory"] > 0
     table = lev(bed, "alice", "ps").stdout
     assert re.search(rf"^{agent_id}\s+alice\s+sh\s+running\s+none", table, re.M), table
