@@ -1305,6 +1305,9 @@ def _supervisor_alive(rec: AgentRecord) -> bool:
     elsewhere does not count."""
     try:
         with open(f"/proc/{rec.supervisor_pid}/cgroup") as f:
-            return rec.unit in f.read()
+            lines = f.read().splitlines()
     except OSError:
         return False
+    # A whole component of the path (hierarchy-id:controllers:path), not a
+    # substring of it.
+    return any(rec.unit in line.split(":", 2)[-1].split("/") for line in lines)
