@@ -446,8 +446,14 @@ def _supervise(
             )
         if code != 0:
             break
-    if stdio.stdin is not None:
-        os.close(stdio.stdin)
+    # The caller's descriptors go now, not at our exit: an attached `lev`
+    # reads its output until they end, and ends once the agent has too. Not
+    # while a writer to a slow caller is still on (its descriptor's number
+    # could come back as the exit record's).
+    gone = {stdio.stdin} if _CLIENT_WRITER_LEFT else {stdio.stdin, stdio.stdout, stdio.stderr}
+    for fd in gone - {None, 0, 1, 2}:
+        assert fd is not None
+        os.close(fd)
     if user_streams is not None:
         user_streams.close()
     _write_exit(exit_path, code)
@@ -640,6 +646,9 @@ class _ClientCopy:
             self._closed = True
             self._cond.notify()
         self._thread.join(CLIENT_DRAIN_SECONDS)
+        if self._thread.is_alive():
+            global _CLIENT_WRITER_LEFT
+            _CLIENT_WRITER_LEFT = True
 
     def _run(self) -> None:
         while True:
@@ -660,6 +669,10 @@ class _ClientCopy:
             if not _write_all(fd, data):
                 with self._cond:
                     self._dead.add(fd)
+
+
+# A _ClientCopy writer outlived its close (a caller that stopped reading).
+_CLIENT_WRITER_LEFT = False
 
 
 def _copy_output(routes: dict[int, tuple[int, int | None]]) -> None:
