@@ -182,12 +182,15 @@ class LateAuthority(StandInAuthority):
 def test_a_late_refusal_stops_the_scope_it_started_and_keeps_no_record(tmp_path: Path) -> None:
     systemd = StandInSystemd()
     agents = make_agents(tmp_path, LateAuthority({}, delay=0.5), systemd)
-    # polkit said yes to alice before (only then does a start go on beside
-    # the answer); this time it says no, late.
-    agents._granted.add(ALICE.uid)
+    # The one running the tests: an account that exists on every machine
+    # these run on (uid 1000 need not, and an unknown user's start fails
+    # before its scope). polkit said yes to it before (only then does a
+    # start go on beside the answer); this time it says no, late.
+    runner = Caller(":1.12", os.getuid(), 4244)
+    agents._granted.add(runner.uid)
     req = RunInput(command=["true"], workdir=str(tmp_path))
     with pytest.raises(AccessDenied):
-        asyncio.run(agents.run(ALICE, req, _stdio()))
+        asyncio.run(agents.run(runner, req, _stdio()))
     assert systemd.started and systemd.stopped == systemd.started
     assert agents.records == {}
     assert [p.name for p in agents._store.dir.iterdir() if p.suffix == ".json"] == []
