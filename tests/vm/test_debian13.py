@@ -268,6 +268,75 @@ def test_debian13_keeps_the_journal_on_disk_so_user_journals_exist(vm: Run) -> N
     assert int(out[-1]) >= 1, out  # user-1000*.journal exists
 
 
+def _attached_procs(vm: Run) -> tuple[list[list[str]], list[list[str]]]:
+    """The attached agent's scope: every process as [pid, comm, pss_kib,
+    nspid...], and ours among them (outside its PID namespace, or its PID 1)."""
+    rows = [ln.split() for ln in vm.ok("attached_procs").splitlines()]
+    rows = [r for r in rows if len(r) >= 4]  # not a `sleep 0.2` gone mid-read
+    return rows, [r for r in rows if len(r) < 5 or r[-1] == "1"]
+
+
+def test_an_attached_agent_keeps_one_process_of_ours_its_pid1(vm: Run) -> None:
+    """Issue 18: the daemon copies an attached one-command agent's output
+    itself; no supervisor, worker or relay (leviathd, Python) in its scope."""
+    rows, ours = _attached_procs(vm)
+    assert len(ours) == 1 and ours[0][-1] == "1", rows
+    assert not any(w in r[1] for r in rows for w in ("python", "leviathd")), rows
+    assert int(ours[0][2]) < 1024, rows  # KiB of PSS: dash, not an interpreter
+    assert any(r[1] == "sh" and r[-1] != "1" for r in rows), rows  # the command
+
+
+def _attached_entries(vm: Run) -> list[dict[str, str]]:
+    return [json.loads(ln) for ln in vm.ok("attached_journal").splitlines()
+            if ln.startswith("{")]
+
+
+def _attached_journal(vm: Run) -> dict[str, dict[str, str]]:
+    return {str(e.get("MESSAGE")): e for e in _attached_entries(vm)}
+
+
+def test_an_attached_agents_output_reaches_the_caller_and_the_owners_journal(
+        vm: Run) -> None:
+    out, err = vm.out("attached_client"), vm.out("attached_client_err")
+    assert "attached-out" in out and "attached-err" in err, (out, err)
+    got = _attached_journal(vm)
+    assert got["attached-out"]["_UID"] == "1000", got.get("attached-out")  # alice's
+    assert got["attached-out"]["PRIORITY"] == "6", got["attached-out"]
+    assert got["attached-err"]["PRIORITY"] == "4", got["attached-err"]
+    _agent_id, unit = vm.out("attached_agent").split()
+    assert got["attached-out"]["_SYSTEMD_UNIT"] == unit, got["attached-out"]
+
+
+def test_lev_run_exits_with_the_signal_status_through_a_daemon_restart(vm: Run) -> None:
+    """The command wrote 200 kB after `systemctl restart leviathd` (more than
+    its pipe holds: the new daemon took the pipes back from PID 1), then
+    killed itself with SIGUSR1: all of it is in the journal and `lev run`
+    exits 128 + 10, as `lev ps` says."""
+    vm.ok("attached_restart")
+    assert vm.rc("attached_client") == 128 + 10, vm.out("attached_client")[-2000:]
+    got = _attached_journal(vm)
+    assert "after-restart" in got and "last-words" in got, sorted(got)[:20]
+    flood = [str(e.get("MESSAGE")) for e in _attached_entries(vm)]
+    assert sum(m.count("y") for m in flood if set(m) == {"y"}) == 200000
+    agent_id, _unit = vm.out("attached_agent").split()
+    rows = json.loads(vm.ok("attached_ps"))
+    row = next(r for r in rows if r["id"] == agent_id)
+    assert row["state"] == "exited" and row["exit_status"] == 128 + 10, row
+
+
+def test_escape_a_mount_beneath_a_read_only_bind_is_read_only_nosuid_and_nodev(
+        vm: Run) -> None:
+    """A tmpfs and a bind of a writable folder, mounted on the host beneath
+    /opt (bound read-only into the fence) before the start: the fence's
+    recursive mount_setattr locks them as it locks /opt, on Debian 13's kernel."""
+    out = vm.out("attached_client")
+    assert "wrote-" not in out, out
+    mounts = {ln.split()[5]: ln.split() for ln in out.splitlines() if ln.startswith("mount: ")}
+    assert set(mounts) == {"/opt/lvsub/tmp", "/opt/lvsub/bind"}, out
+    for point, fields in mounts.items():
+        assert {"ro", "nosuid", "nodev"} <= set(fields[6].split(",")), (point, fields)
+
+
 def _kv(text: str) -> dict[str, str]:
     return dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln)
 
@@ -335,6 +404,22 @@ def test_a_non_member_is_refused_by_polkit(vm: Run) -> None:
     out = vm.out("nonmember")
     assert vm.rc("nonmember") != 0, out
     assert "not authorized" in out, out
+
+
+def test_a_late_polkit_refusal_leaves_no_scope_no_record_and_nothing_run(vm: Run) -> None:
+    """Issue 18 on the real machine: polkit (slowed by a rule) refuses carol
+    (a non-member, whose start waits for the answer) and alice's --no-sandbox
+    (answered beside her scope's start: systemd started it); neither command
+    ran and nothing of either request stays (scope, record, process)."""
+    assert vm.rc("nonmember") != 0 and "not authorized" in vm.out("nonmember")
+    out = vm.out("unsandboxed")
+    assert vm.rc("unsandboxed") != 0 and "org.leviath.agent.run-unsandboxed" in out, out
+    for step in ("nonmember_took", "unsandboxed_took"):
+        took = int(vm.out(step).split("=")[1])
+        assert took >= 1500, (step, took)  # the slow rule was in force
+    assert int(vm.ok("unsandboxed_scope")) >= 1, "alice's scope never started early"
+    left = vm.ok("nonmember_left")
+    assert left.strip() == "", left  # "ran-...", a process, a unit or "record: ..."
 
 
 def _limits(vm: Run) -> dict[str, str]:
