@@ -334,6 +334,17 @@ def ended_early(pid: int) -> int | None:
 def _run(
     spec: SandboxSpec, workdir_fd: int | None, ready: Callable[[], None] | None = None
 ) -> int:
+    relay = _unshare_fence(spec)
+    try:
+        return _run_pid1(spec, workdir_fd, ready)
+    finally:
+        _stop_relay(relay)
+
+
+def _unshare_fence(spec: SandboxSpec) -> int:
+    """Unshare the spec's namespaces in this process (its next fork is the
+    fence's PID 1) and name the host: the relay's pid when behind the proxy,
+    else 0. On failure the relay is stopped and Unavailable raised."""
     relay = 0
     try:
         flags = _namespace_flags(spec)
@@ -351,10 +362,7 @@ def _run(
     except (FenceError, OSError) as exc:
         _stop_relay(relay)
         raise Unavailable(f"cannot build the namespace fence: {exc}") from exc
-    try:
-        return _run_pid1(spec, workdir_fd, ready)
-    finally:
-        _stop_relay(relay)
+    return relay
 
 
 class StepNamespaces:
@@ -408,20 +416,14 @@ def enter_step(spec: SandboxSpec) -> StepNamespaces:
         for name, kind in StepNamespaces._KINDS:
             step.saved.append((os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC),
                                kind))  # fmt: skip
-        flags = _namespace_flags(spec)
-        if spec.proxy:
-            unshare(CLONE_NEWNET)
-            _loopback_up()
-            step.relay = _start_relay(spec)
-            flags &= ~CLONE_NEWNET
-        unshare(flags)
-        if not spec.network and not spec.proxy:
-            _loopback_up()
-        _check(_libc.sethostname(_b(spec.hostname), len(spec.hostname.encode())), "sethostname")
-    except (FenceError, OSError) as exc:
-        step.end()
+    except OSError as exc:
         step.leave()
         raise Unavailable(f"cannot build the namespace fence: {exc}") from exc
+    try:
+        step.relay = _unshare_fence(spec)
+    except Unavailable:
+        step.leave()
+        raise
     return step
 
 
