@@ -305,7 +305,7 @@ class Agents:
             held = supervisor.fork_held(
                 user, req.workdir, exit_path=self._store.exit_path(agent_id),
                 identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=held_stdio,
-                shell=_shared_shell() if "namespace" in kinds else None,
+                shell=_shared_shell() if "namespace" in kinds or kinds == ["none"] else None,
                 init=_shared_shell(init=True) if "namespace" in kinds else None,
                 hold=hold[1].fileno() if hold else None,
             )
@@ -871,9 +871,9 @@ class Agents:
         """After a restart: an attached agent's output pipes, taken back from
         its PID 1, are copied to the journal again (its caller's copy ended
         with the old daemon; the caller learns the end by asking)."""
-        if rec.sandbox != "namespace" or rec.id in self._copies:
+        if rec.sandbox not in ("namespace", "none") or rec.id in self._copies:
             return
-        kept = output.take_kept(rec.supervisor_pid)
+        kept = output.take_kept(rec.supervisor_pid, fenced=rec.sandbox == "namespace")
         if kept is None:
             return
         try:
@@ -1245,7 +1245,7 @@ def _copied_clients(
     journald, dash, and a caller whose stdout and stderr are pipes): the
     daemon's own non-blocking copies of the caller's pipes (None for one
     nobody reads any more). None: it gets a supervisor, as before."""
-    if (kinds != ["namespace"] or stdio.stdout is None or stdio.stderr is None
+    if (kinds not in (["namespace"], ["none"]) or stdio.stdout is None or stdio.stderr is None
             or not os.path.exists(journal.STDOUT_SOCKET) or _shared_shell() is None):
         return None
     out = output.private_pipe(stdio.stdout)
@@ -1275,7 +1275,7 @@ def _handed_over_pid1(rec: AgentRecord) -> int | None:
     (sandbox/supervisor._hand_over), found in its scope: the process that is
     1 in its own PID namespace (NSpid). An agent cannot make namespaces
     (seccomp), so no other process of its scope is."""
-    if rec.sandbox != "namespace":
+    if rec.sandbox not in ("namespace", "none"):
         return None
     from leviathd.systemd.cgroupfs import folders
 
@@ -1285,6 +1285,8 @@ def _handed_over_pid1(rec: AgentRecord) -> int | None:
                 pids = [int(p) for p in f.read(1 << 16).split()[:4096]]
         except (OSError, ValueError):
             continue
+        if rec.sandbox == "none":
+            return _none_recorder(pids, rec.uid)
         for pid in pids:
             try:
                 with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
@@ -1297,6 +1299,28 @@ def _handed_over_pid1(rec: AgentRecord) -> int | None:
                 return pid
         return None
     return None
+
+
+def _none_recorder(pids: list[int], uid: int) -> int | None:
+    """A kind-none agent's recorder (sandbox/none.start) among its scope's
+    processes: our sealed dash, not dumpable (its /proc files are root's,
+    which a memfd of the user's own, run under the same name, is not), and
+    the first of them (its subshell is one too until it execs the command)."""
+    if uid == 0:
+        return None  # every process of root's looks the same
+    found: dict[int, int] = {}
+    for pid in pids:
+        try:
+            if not os.readlink(f"/proc/{pid}/exe").startswith("/memfd:leviath-init"):
+                continue
+            if os.stat(f"/proc/{pid}/fd").st_uid != 0:
+                continue
+            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+                found[pid] = int(f.read(4096).rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    first = [pid for pid, ppid in found.items() if ppid not in found]
+    return first[0] if len(first) == 1 else None
 
 
 def _supervisor_alive(rec: AgentRecord) -> bool:

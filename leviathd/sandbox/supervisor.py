@@ -292,7 +292,7 @@ def _lean(steps: list[tuple[str, SandboxSpec]], stdio: Stdio) -> bool:
     if (stdio.fds() and stdio.kept is None) or len(steps) != 1:
         return False
     spec = steps[0][1]
-    return spec.kind == "namespace" and os.path.exists(journal.STDOUT_SOCKET)
+    return spec.kind in ("namespace", "none") and os.path.exists(journal.STDOUT_SOCKET)
 
 
 def _hand_over(
@@ -330,7 +330,8 @@ def _hand_over(
             j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO, unit=unit)
             j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING, unit=unit)
         exit_fd = _open_spare_exit(agent_id)
-        scratch.enter(spec)
+        if spec.kind == "namespace":
+            scratch.enter(spec)
         stdin = stdio.stdin if stdio is not None else None
         null = os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin
         os.dup2(null, 0)
@@ -339,8 +340,14 @@ def _hand_over(
         for fd in {null, j_out, j_err}:
             if fd > 2:
                 os.close(fd)
-        pid = namespace.start(spec, workdir_fd=_pinned_workdir(), exit_fd=exit_fd, shell=shell,
-                              ready=_held(), kept=stdio.kept if copied and stdio else None)
+        kept = stdio.kept if copied and stdio else None
+        if spec.kind == "none":
+            from leviathd.sandbox import none
+
+            pid = none.start(spec, exit_fd=exit_fd, shell=shell, kept=kept)
+        else:
+            pid = namespace.start(spec, workdir_fd=_pinned_workdir(), exit_fd=exit_fd,
+                                  shell=shell, ready=_held(), kept=kept)
     except (OSError, Unavailable) as exc:
         _complain(f"leviath: could not start the agent: {exc}")
         _write_exit(exit_path, 127)
