@@ -5,6 +5,7 @@ agent's scope but its `sleep`), the daemon's own PSS growth per agent, and
 the same for seeded agents (which keep their supervisor).
 
     sudo /opt/leviath-dev/venv/bin/python bench/attached.py [--agents 10] [--repo DIR]
+        [--kind namespace|none]
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--agents", type=int, default=10)
     ap.add_argument("--repo", type=Path, default=REPO)
+    ap.add_argument("--kind", default="namespace", help="the machine's sandbox kind (none too)")
     args = ap.parse_args()
     with Testbed() as bed:
         bed.wait_running()
@@ -72,13 +74,15 @@ def main() -> int:
         bed.run(f"cat > {home}/seeded/blueprint.toml", user="alice",
                 input='[agent]\nname = "seeded"\ncommand = ["sleep", "600"]\n'
                       '[seed]\ncommands = [["true"]]\n')
-        configure(bed, "namespace", reload=False)
+        configure(bed, args.kind, reload=False)
         bed.start_service("leviathd")
         print("| agents | n | own PSS per agent | own processes per agent | "
               "leviathd PSS growth per agent |")
         print("| --- | --- | --- | --- | --- |")
         _measure(bed, args.agents, ["lev", "run", "--", "sleep", "600"], "attached `lev run`")
         _measure(bed, args.agents, ["lev", "run", f"{home}/seeded"], "attached, seeded")
+        _measure(bed, args.agents, ["lev", "run", "--detach", "--", "sleep", "600"],
+                 "detached `lev run --detach`")
     return 0
 
 

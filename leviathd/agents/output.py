@@ -118,8 +118,11 @@ def take_kept(pid1: int, *, fenced: bool = True) -> tuple[int, int] | None:
         if fenced and (len(nspid) < 2 or nspid[-1] != "1"):
             return None
         # Kind none: the recorder is no PID 1, but runs our sealed dash
-        # (none.start), which a supervisor never is.
-        if not fenced and not os.readlink(f"/proc/{pid1}/exe").startswith("/memfd:leviath-init"):
+        # (none.start), which a supervisor never is, and is not dumpable
+        # (its /proc files are root's), which a memfd of the user's is.
+        if not fenced and (
+                not os.readlink(f"/proc/{pid1}/exe").startswith("/memfd:leviath-init")
+                or os.stat(f"/proc/{pid1}/fd").st_uid != 0):
             return None
         for number in (namespace.OUT_KEEP_FD, namespace.ERR_KEEP_FD):
             fd = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, number, 0)

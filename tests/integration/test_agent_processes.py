@@ -465,10 +465,11 @@ def test_an_attached_agents_output_and_status_outlive_a_daemon_restart(bed: Test
 def test_a_supervised_agent_ends_on_its_supervisors_word_with_all_output_and_no_zombie(
     bed: Testbed,
 ) -> None:
-    """Kind none keeps a supervisor, which says ENDED once the exit record is
-    written and the output copied: the daemon ends the agent on that word,
-    before the supervisor's own exit (issue 18), and still reaps it. Every
-    line and the status reach `lev run`, the record and the journal."""
+    """Written when kind none kept a supervisor, which says ENDED once the
+    exit record is written and the output copied (issue 18); kind none is
+    now handed over like a namespace agent (the daemon copies the output),
+    and the promises stay: every line and the status reach `lev run`, the
+    record and the journal, and no zombie is left."""
     home = bed.users["alice"].home
     bed.write_file("/etc/leviath/config.toml", '[sandbox]\nkind = "none"\n')
     bed.run(["systemctl", "reload", "leviathd"])
