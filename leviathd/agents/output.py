@@ -439,8 +439,30 @@ class OutputCopy:
 
     def _reap(self) -> None:
         if self._zombie is not None:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(self._zombie, os.WNOHANG)
+            pid, self._zombie = self._zombie, None
+            reap_when_gone(pid)
+
+
+def reap_when_gone(pid: int) -> None:
+    """Reap our child `pid` now if it has exited, else once it has (its
+    pidfd turns readable): a held child may still be on its way out (it
+    tells the daemon PID 1's pid, then exits) when a short agent's output
+    is already copied, and a WNOHANG alone would leave its zombie for good."""
+    try:
+        if os.waitpid(pid, os.WNOHANG) != (0, 0):
+            return
+        loop = asyncio.get_running_loop()
+        pidfd = os.pidfd_open(pid)
+    except (ChildProcessError, RuntimeError, OSError):
+        return  # not ours, or no loop left (the daemon's shutdown)
+
+    def ended() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+    loop.add_reader(pidfd, ended)
 
 
 def _unreaped(pidfd: int) -> bool:

@@ -722,18 +722,7 @@ class Agents:
 
     def _reap_later(self, pid: int) -> None:
         """Our held child, which is leaving: reap it when it has."""
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return
-
-        def ended() -> None:
-            asyncio.get_running_loop().remove_reader(pidfd)
-            os.close(pidfd)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-
-        asyncio.get_running_loop().add_reader(pidfd, ended)
+        output.reap_when_gone(pid)
 
     def _watch(self, rec: AgentRecord) -> None:
         """Learn of the supervisor's end through a pidfd, which works whether
