@@ -379,6 +379,26 @@ def _attached(bed: Testbed, script: str) -> tuple[subprocess.Popen[bytes], str, 
     raise AssertionError("the attached agent did not start")
 
 
+def _killed_restarted_ended(
+    bed: Testbed, client: subprocess.Popen[bytes], agent_id: str, last: str
+) -> str:
+    """SIGKILL and restart the daemon, let the agent go on (its `restarted`
+    file), and wait for its end: the record and `lev run` say status 5; its
+    logs, once `last` is in them (10 s at most)."""
+    bed.run(["systemctl", "kill", "--signal=SIGKILL", "leviathd"])
+    bed.run(["systemctl", "restart", "leviathd"])
+    bed.run(["touch", f"{bed.users['alice'].home}/work/restarted"], user="alice")
+    row = _wait_ended(bed, agent_id)
+    assert row["state"] == "exited" and row["exit_status"] == 5, row
+    assert client.wait(timeout=30) == 5
+    deadline = time.monotonic() + 10
+    logs = ""
+    while last not in logs and time.monotonic() < deadline:
+        logs = bed.run(["lev", "logs", agent_id], user="alice").stdout
+        time.sleep(0.3)
+    return logs
+
+
 def _read_until(pipe: Any, marker: bytes, timeout: float = 20) -> bytes:
     got = b""
     deadline = time.monotonic() + timeout
@@ -450,17 +470,7 @@ def test_an_attached_agents_output_and_status_outlive_a_daemon_restart(bed: Test
     client, agent_id, _unit = _attached(bed, script)
     try:
         assert b"before-restart" in _read_until(client.stdout, b"before-restart")
-        bed.run(["systemctl", "kill", "--signal=SIGKILL", "leviathd"])
-        bed.run(["systemctl", "restart", "leviathd"])
-        bed.run(["touch", f"{bed.users['alice'].home}/work/restarted"], user="alice")
-        row = _wait_ended(bed, agent_id)
-        assert row["state"] == "exited" and row["exit_status"] == 5, row
-        assert client.wait(timeout=30) == 5
-        deadline = time.monotonic() + 10
-        logs = ""
-        while "last-words" not in logs and time.monotonic() < deadline:
-            logs = bed.run(["lev", "logs", agent_id], user="alice").stdout
-            time.sleep(0.3)
+        logs = _killed_restarted_ended(bed, client, agent_id, "last-words")
         assert "before-restart" in logs and "after-restart" in logs, logs[-500:]
         assert logs.count("y") == 300000 and "last-words" in logs, logs[-500:]
     finally:
@@ -608,17 +618,7 @@ def test_an_attached_kind_none_agent_keeps_one_process_of_ours_across_a_restart(
         assert len(ours) == 1 and all("leviathd" not in _cmdline(bed, p) for p in pids), [
             (p, _cmdline(bed, p)) for p in pids]
         assert _leviathd_pids(bed) - before == set()
-        bed.run(["systemctl", "kill", "--signal=SIGKILL", "leviathd"])
-        bed.run(["systemctl", "restart", "leviathd"])
-        bed.run(["touch", f"{bed.users['alice'].home}/work/restarted"], user="alice")
-        row = _wait_ended(bed, agent_id)
-        assert row["state"] == "exited" and row["exit_status"] == 5, row
-        assert client.wait(timeout=30) == 5
-        deadline = time.monotonic() + 10
-        logs = ""
-        while "last-err" not in logs and time.monotonic() < deadline:
-            logs = bed.run(["lev", "logs", agent_id], user="alice").stdout
-            time.sleep(0.3)
+        logs = _killed_restarted_ended(bed, client, agent_id, "last-err")
         assert "attached-out" in logs and "after-restart" in logs and "last-err" in logs, logs
     finally:
         bed.run(["lev", "stop", agent_id], user="alice", check=False)
