@@ -17,6 +17,7 @@ from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
+from leviathd import heap
 from leviathd.agents.service import Agents
 from leviathd.bus import caller, polkit, writer
 from leviathd.bus.bounded import BoundedBus
@@ -298,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, handlers=[handler])
     else:
         logging.basicConfig(level=logging.INFO, format=fmt)
+    heap.return_large_buffers()
     try:
         return asyncio.run(serve())
     except LeviathError as exc:

@@ -321,8 +321,11 @@ def test_abuse_from_inside_an_agent_costs_the_daemon_little_and_gets_named_refus
         assert conns["first"]["error"]["limit"] == "max_connections", conns
         assert active(bed)
 
-        assert peak - start < 30 * MB, (start, peak, after)
-        assert after - start < 10 * MB, (start, peak, after)
+        # Large buffers are unmapped when freed (leviathd/heap.py): without
+        # that, glibc kept ~1 MiB per broker thread and more in its arenas
+        # (peak +8.5, after +4.5 to +10.4 MB; with it +5 and +1.2 to +2.8).
+        assert peak - start < 15 * MB, (start, peak, after)
+        assert after - start < 4 * MB, (start, peak, after)
     finally:
         stop_agent(agent)
 

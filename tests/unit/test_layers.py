@@ -45,6 +45,7 @@ PARTS: dict[str, str] = {
     "hidden": "Ground",
     "safetext": "Ground",
     "resource_defaults": "Ground",
+    "heap": "Ground",
     "__init__": "Ground",
 }
 
