@@ -180,6 +180,9 @@ def _exit_now(rc: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     program = argv is None  # not when a test calls main() in its own process
     argv = list(sys.argv[1:] if argv is None else argv)
+    from leviathd.cli import lazysite
+
+    lazysite.install()
     if argv[:1] == ["tool"]:
         from leviathd.cli import toolfast
 

@@ -33,6 +33,15 @@ ENTRY_POINTS = {"lev": "leviathd.cli.main", "leviathd": "leviathd.daemon"}
 
 
 def _wrapper(module: str) -> str:
+    if module == "leviathd.cli.main":
+        # As packaging/slim-entry-point.sh writes it for the packages.
+        return (
+            f"#!{VENV}/bin/python -IS\n"
+            "import sys\n"
+            f"sys.path.append({PACKAGE_DIR!r})\n"
+            f"from {module} import main\n"
+            "sys.exit(main())\n"
+        )
     return (
         f"#!{VENV}/bin/python\n"
         "import sys\n"
