@@ -27,7 +27,14 @@ root=${file%/*}
 root=${root%/bin}
 root=${root%/usr}
 top=${module%%.*}
-[ -d "$root$sitedir/$top" ] || {
+# At this step of a Debian build the package may still sit in the versioned
+# folder (/usr/lib/python3.13/dist-packages) that dh_python3 later moves to
+# SITEDIR; either place will do.
+found=
+for d in "$root$sitedir" "$root"/usr/lib/python3.*/dist-packages; do
+    [ -d "$d/$top" ] && found=yes
+done
+[ -n "$found" ] || {
     echo "slim-entry-point: $top is not installed in $root$sitedir" >&2
     exit 1
 }
