@@ -111,3 +111,51 @@ def test_a_refused_users_flood_leaves_a_bounded_count_and_a_summary(testbed: Tes
                        f"LEVIATH_AGENT={agent}", "LEVIATH_EVENT=start"]).stdout
     assert f"agent {agent}" in started and "started for alice" in started, started
     assert f"agent {agent}" in ended, ended
+
+
+LEAVING = r"""
+import asyncio, sys
+from dbus_fast import BusType, Message
+from dbus_fast.aio import MessageBus
+
+async def main(n):
+    for _ in range(n):
+        bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+        await bus.send(Message(destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+                               interface="org.leviath.Manager1", member="Reload"))
+        bus.disconnect()
+        await bus.wait_for_disconnect()
+    print("sent", n, flush=True)
+
+asyncio.run(main(int(sys.argv[1])))
+"""
+LEAVERS = 400
+OURS = re.compile(r"leviathd\.bus\.\w+: ")
+
+
+def test_calls_from_connections_that_leave_at_once_stay_bounded_too(testbed: Testbed) -> None:
+    """carol sends each refused call on a new connection and leaves without
+    waiting for the answer, so that the daemon may not learn who she was,
+    and polkit, asked about a name that has gone, answers with an error
+    (a warning line each). All lines about them stay within two budgets
+    (hers, and the one for callers the bus could not name), with summaries.
+    Seen failing before the throttle: one line or more per call."""
+    bed = testbed
+    bed.start_service("leviathd.service")
+    bed.write_file("/tmp/refusal_leaving.py", LEAVING)
+    since = bed.run(["date", "+@%s.%N"]).stdout.strip()
+    t0 = time.monotonic()
+    out = bed.run([VENV_PY, "/tmp/refusal_leaving.py", str(LEAVERS)], user="carol",
+                  timeout=600).stdout
+    elapsed = time.monotonic() - t0
+    assert out.strip() == f"sent {LEAVERS}", out
+    time.sleep(calllog.WINDOW + 2)
+    lines = [e.get("MESSAGE", "") for e in daemon_lines(bed, since)]
+    ours = [m for m in lines if isinstance(m, str) and OURS.search(m)]
+    summaries = [m for m in ours if "more lines on refused calls not logged" in m]
+    single = len(ours) - len(summaries)
+    print(f"leaving: {LEAVERS} calls in {elapsed:.1f} s; {single} lines one by one, "
+          f"{len(summaries)} summaries: {summaries[:2]}")
+    intervals = elapsed / calllog.WINDOW + 2
+    assert single <= 2 * calllog.PER_UID * intervals, (single, ours[:5])
+    assert summaries, ours[-5:]
