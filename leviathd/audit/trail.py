@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from leviathd.budget import Bucket
 from leviathd.events import Event
 from leviathd.safetext import escape
 from leviathd.systemd import journal
@@ -93,25 +94,6 @@ def query_argv(agent_id: str, scope: str, *, follow: bool) -> list[str]:
     return argv
 
 
-@dataclass
-class _Bucket:
-    tokens: float
-    rate: float
-    burst: float
-    at: float = field(default_factory=time.monotonic)
-
-    def take(self, now: float) -> bool:
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
-
-    def give_back(self) -> None:
-        self.tokens = min(self.burst, self.tokens + 1)
-
-
 # Refused and failed calls cost the agent nothing: they have a budget of their
 # own, so a flood of them cannot push a call it was allowed to make (and its
 # target) into a summary that names only the tool.
@@ -124,7 +106,7 @@ def _budget_class(outcome: str) -> str:
 
 @dataclass
 class _Agent:
-    buckets: dict[str, _Bucket]
+    buckets: dict[str, Bucket]
     user: str
     held: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Distinct targets of held allowed calls (a dict keeps their order), and
@@ -145,7 +127,7 @@ class AuditWriter:
         self._send = send
         self._agent_burst = agent_burst
         self._agent_rate = agent_rate
-        self._total = _Bucket(total_burst, total_rate, total_burst)
+        self._total = Bucket(total_burst, total_rate, total_burst)
         self._agents: dict[str, _Agent] = {}
 
     def tool(self, record: AuditRecord, *, taint_after: str = "-") -> None:
@@ -156,7 +138,7 @@ class AuditWriter:
         kind = _budget_class(record.outcome)
         bucket = state.buckets.get(kind)
         if bucket is None:
-            bucket = state.buckets[kind] = _Bucket(
+            bucket = state.buckets[kind] = Bucket(
                 self._agent_burst, self._agent_rate, self._agent_burst)
         now = time.monotonic()
         # Once calls of a kind are being counted, later ones wait for the same

@@ -16,7 +16,7 @@ from dbus_fast.aio import MessageBus
 from leviathd.authority import Caller
 from leviathd.errors import AccessDenied
 
-__all__ = ["Caller", "current", "install", "sender"]
+__all__ = ["Caller", "current", "install", "resolved", "sender"]
 
 _sender: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "leviath_bus_sender", default=None
@@ -41,6 +41,12 @@ def install(bus: MessageBus) -> None:
 def sender() -> str:
     """The unique bus name of the message being served ("" outside a call)."""
     return _sender.get() or ""
+
+
+def resolved() -> Caller | None:
+    """The caller, if this call already asked the bus who it is."""
+    known = _resolved.get()
+    return known if known is not None and known.sender == _sender.get() else None
 
 
 async def current(bus: MessageBus) -> Caller:

@@ -8,9 +8,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
+from dbus_fast.aio import MessageBus
 from dbus_fast.errors import DBusError
 
 from leviathd.bus import bounds, caller
+from leviathd.bus.calllog import CALLS
 from leviathd.errors import LeviathError
 
 log = logging.getLogger(__name__)
@@ -38,12 +40,16 @@ def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             raise
         except LeviathError as exc:
             text = str(exc)
-            log.info("%s refused: %s", fn.__name__, bounds.excerpt(text, LOG_LIMIT))
+            uid = await _uid(args)
+            CALLS.line(log, uid, logging.INFO, "%s refused (uid %s): %s",
+                       fn.__name__, _shown(uid), bounds.excerpt(text, LOG_LIMIT))
             if len(text) > REPLY_LIMIT:
                 text = text[:REPLY_LIMIT] + " [...]"
             raise DBusError(exc.dbus_name, text) from None
-        except Exception:
-            log.exception("%s failed", fn.__name__)
+        except Exception as exc:
+            uid = await _uid(args)
+            CALLS.line(log, uid, logging.ERROR, "%s failed (uid %s)", fn.__name__, _shown(uid),
+                       exc_info=exc)
             raise DBusError(
                 "org.leviath.Error.Failed",
                 "internal error in leviathd; see `journalctl -u leviathd -p err`",
@@ -52,3 +58,23 @@ def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             bounds.IN_FLIGHT.leave(sender)
 
     return wrapper
+
+
+async def _uid(args: tuple[object, ...]) -> int | None:
+    """Whose call this was, for the per-uid log budget: known if the method
+    asked already; else asked now (a call refused on its arguments alone),
+    best effort: a caller that has gone is logged under None."""
+    known = caller.resolved()
+    if known is not None:
+        return known.uid
+    bus = getattr(args[0], "_bus", None) if args else None
+    if not isinstance(bus, MessageBus):
+        return None
+    try:
+        return (await caller.current(bus)).uid
+    except Exception:
+        return None
+
+
+def _shown(uid: int | None) -> str:
+    return "unknown" if uid is None else str(uid)

@@ -11,6 +11,7 @@ from dbus_fast.aio import MessageBus
 
 from leviathd.authority import Caller, Right
 from leviathd.bus import names
+from leviathd.bus.calllog import CALLS
 from leviathd.errors import AccessDenied, LeviathError
 
 log = logging.getLogger(__name__)
@@ -68,19 +69,23 @@ async def is_authorized(
         return True
     reply = await _check(bus, caller, action, interactive)
     if reply.message_type is MessageType.ERROR and reply.error_name in _TRANSIENT:
-        log.warning("polkit did not answer (%s); asking once more", reply.error_name)
+        CALLS.line(log, caller.uid, logging.WARNING,
+                   "polkit did not answer (%s); asking once more", reply.error_name)
         await asyncio.sleep(RETRY_DELAY)
         reply = await _check(bus, caller, action, interactive)
         if reply.message_type is MessageType.ERROR and reply.error_name in _TRANSIENT:
-            log.error("polkit did not answer twice (%s): refusing", reply.error_name)
+            CALLS.line(log, caller.uid, logging.ERROR,
+                       "polkit did not answer twice (%s): refusing", reply.error_name)
             raise AuthorizationUnavailable(
                 f"polkit did not answer ({reply.error_name}); try again"
             )
     if reply.message_type is MessageType.ERROR:
         if reply.error_name in _ABSENT:
-            log.warning("polkit is not reachable (%s): only root is allowed", reply.error_name)
+            CALLS.line(log, caller.uid, logging.WARNING,
+                       "polkit is not reachable (%s): only root is allowed", reply.error_name)
         else:
-            log.warning("polkit refused to answer %s: %s", action, reply.error_name)
+            CALLS.line(log, caller.uid, logging.WARNING, "polkit refused to answer %s: %s",
+                       action, reply.error_name)
         return False
     authorized, _challenge, _details = reply.body[0]
     return bool(authorized)
