@@ -1162,6 +1162,9 @@ async def _refusal_first(auth: asyncio.Future[int], exc: BaseException | None) -
     try:
         await auth
     except Exception as refusal:
+        if refusal is exc:
+            # The start stopped on this very answer: it is no cause of itself.
+            raise
         raise refusal from exc
 
 

@@ -228,8 +228,12 @@ def test_where_the_fence_cannot_be_built_a_late_refusal_comes_before_any_engine_
     runner = Caller(":1.12", os.getuid(), 4244)
     agents._granted.add(runner.uid)
     req = RunInput(command=["true"], workdir=str(tmp_path))
-    with pytest.raises(AccessDenied):
+    with pytest.raises(AccessDenied) as refused:
         asyncio.run(agents.run(runner, req, _stdio()))
+    # The start met this very refusal (waiting for it before the probe): it
+    # is raised as it is, not as its own cause (a loop for whatever walks
+    # the chain of causes).
+    assert refused.value.__cause__ is not refused.value
     assert probed == []
     assert systemd.started == []
     assert agents.records == {}
