@@ -64,6 +64,21 @@ def deb_regular_files(deb: Path) -> set[str]:
     return {ln.split()[-1].removeprefix(".") for ln in r.stdout.splitlines() if ln[:1] == "-"}
 
 
+def deb_file(deb: Path, path: str) -> bytes:
+    """The contents of `path` (/usr/bin/lev) in the .deb."""
+    tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True,
+                         check=True).stdout
+    return subprocess.run(["tar", "-xOf", "-", f".{path}"], input=tar, capture_output=True,
+                          check=True).stdout
+
+
+def rpm_file(rpm: Path, path: str) -> bytes:
+    """The contents of `path` (/usr/bin/lev) in the RPM."""
+    archive = subprocess.run(["rpm2cpio", str(rpm)], capture_output=True, check=True).stdout
+    return subprocess.run(["cpio", "-i", "--quiet", "--to-stdout", f".{path}"], input=archive,
+                          capture_output=True, check=True).stdout
+
+
 def comparable(paths: set[str]) -> set[str]:
     """Paths with what differs by distribution convention alone made equal:
     site-packages, the doc folder's name, compressed man pages, metadata the

@@ -201,6 +201,16 @@ def test_the_rpm_ships_the_same_files_as_the_deb(vm: Run) -> None:
     assert in_deb == in_rpm, (sorted(in_deb - in_rpm), sorted(in_rpm - in_deb))
 
 
+def test_lev_runs_as_python3_IS_in_the_deb_and_the_rpm(vm: Run) -> None:
+    # slim-entry-point.sh's #! line: the Debian build slims lev after
+    # dh_python3, which rewrites #! lines and, run after the slimming,
+    # dropped the -IS (packaging/debian/rules).
+    (deb,) = vm.share.glob("leviathd_*.deb")
+    first = {"deb": rpm.deb_file(deb, "/usr/bin/lev").split(b"\n", 1)[0],
+             "rpm": rpm.rpm_file(_rpm(vm), "/usr/bin/lev").split(b"\n", 1)[0]}
+    assert first == {"deb": b"#!/usr/bin/python3 -IS", "rpm": b"#!/usr/bin/python3 -IS"}, first
+
+
 def test_the_service_is_enabled_and_active_after_install(vm: Run) -> None:
     assert vm.ok("service_active").split() == ["enabled", "active"]
 
