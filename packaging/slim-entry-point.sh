@@ -27,14 +27,9 @@ root=${file%/*}
 root=${root%/bin}
 root=${root%/usr}
 top=${module%%.*}
-# At this step of a Debian build the package may still sit in the versioned
-# folder (/usr/lib/python3.13/dist-packages) that dh_python3 later moves to
-# SITEDIR; either place will do.
-found=
-for d in "$root$sitedir" "$root"/usr/lib/python3.*/dist-packages; do
-    [ -d "$d/$top" ] && found=yes
-done
-[ -n "$found" ] || {
+# Debian: run after dh_python3, which moves the package to SITEDIR (and would
+# rewrite this #! line again if it ran later).
+[ -d "$root$sitedir/$top" ] || {
     echo "slim-entry-point: $top is not installed in $root$sitedir" >&2
     exit 1
 }
