@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from leviathd.policy.readgrant import build_index, index_key, literal_prefix
-from leviathd.readpatterns import compile_grants, may_read
+from leviathd.readpatterns import compile_grants, may_read, may_write
 
 
 def test_literal_prefix_stops_at_the_first_non_literal() -> None:
@@ -29,15 +29,31 @@ def test_the_index_agrees_with_may_read_on_generated_paths() -> None:
     patterns = ["~/notes", "../shared", "glob:~/docs/**/*.md", "glob:/data/*/runs",
                 "glob:~/docs/**", "glob:/data/q/**/runs", "regex:/data/q(/.*)?",
                 "regex:/archive/[0-9]+/.*", "regex:~/mail/.*\\.txt", "glob:**/specs",
-                "/opt/x"]
-    grants = compile_grants(patterns, home=home, workdir=work, hidden=["~/notes/private"])
-    index = build_index(patterns, home=home, workdir=work, hidden=["~/notes/private"])
+                "/opt/x", "regex:/(data|opt)/x/.*", "regex:/a\\.b/[0-9]+", "glob:/d/*"]
+    hidden = ["~/notes/private", "/srv/w/private"]
+    grants = compile_grants(patterns, home=home, workdir=work, hidden=hidden)
+    index = build_index(patterns, home=home, workdir=work, hidden=hidden)
     parts = ["home", "u", "notes", "private", "docs", "a.md", "data", "q", "runs", "archive",
-             "12", "mail", "m.txt", "srv", "shared", "w", "specs", "opt", "x", "..", "."]
+             "12", "mail", "m.txt", "srv", "shared", "w", "specs", "opt", "x", "..", ".",
+             "a.b", "d", "7"]
     for _ in range(5000):
         path = "/" + "/".join(rng.choice(parts) for _ in range(rng.randint(0, 6)))
         assert index.may_read(path) == may_read(path, grants), path
+        assert index.may_write(path) == may_write(path, grants), path
+
+
+def test_an_agent_cannot_write_into_a_hidden_path_of_its_workdir_nor_around_it() -> None:
+    index = build_index(["glob:/srv/**"], home="/home/u", workdir="/srv/w",
+                        hidden=["/srv/w/.git/hooks"])
+    assert index.may_write("/srv/w/src/x.py")
+    for path in ("/srv/w/.git/hooks/pre-commit", "/srv/w/.git/hooks",
+                 "/srv/w/src/../.git/hooks/pre-commit", "/srv/w/./.git/hooks/x",
+                 "//srv/w/.git/hooks/x", "/srv/w/x/", "srv/w/x", "/srv/other/x"):
+        assert not index.may_write(path), path
+        # a read grant over all of /srv does not open the hidden path either
+        assert not index.may_read(path) or path == "/srv/other/x", path
 
 
 def test_an_index_over_no_grants_is_inactive() -> None:
     assert not build_index([], home="/home/u", workdir="/srv/w").active
+    assert build_index(["/opt/x"], home="/home/u", workdir="/srv/w").active

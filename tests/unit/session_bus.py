@@ -1,0 +1,29 @@
+"""A real dbus-daemon on a socket of the test's own, for the unit tests of the
+daemon's bus edge (bus/caller.py, bus/fds.py): no fake bus."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def bus_address(tmp_path: Path) -> Iterator[str]:
+    if shutil.which("dbus-daemon") is None:
+        pytest.skip("no dbus-daemon")
+    proc = subprocess.Popen(
+        ["dbus-daemon", "--session", "--nofork", "--print-address=1",
+         f"--address=unix:path={tmp_path}/bus"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.terminate()
+        proc.wait()
+        proc.stdout.close()
