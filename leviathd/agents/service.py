@@ -65,6 +65,9 @@ MAX_WAITING_PER_UID = 4
 # answers NoReply after 25 s).
 AUTH_PATIENCE = 60.0
 PLANNING_WORKERS = 4
+# Connections told of one agent's end: its starter and those that asked
+# since (Watch; a client that outlived a daemon restart). The newest are kept.
+MAX_LISTENERS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +140,9 @@ class Agents:
         # only their starts fork and start a scope before the answer.
         self._granted: set[int] = set()
         # Who hears an agent's AgentStarted/AgentEnded: the bus connection that
-        # started it, only (not kept over a restart: clients then poll).
-        self._signal_to: dict[str, str] = {}
+        # started it, and those that asked with Watch (not kept over a restart:
+        # clients then ask again).
+        self._signal_to: dict[str, list[str]] = {}
         # Set by the daemon where systemd is not PID 1: podman alone fences.
         self.podman_only = False
         # Set by the daemon when the machine config did not load at start:
@@ -463,7 +467,7 @@ class Agents:
                 priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
                 LEVIATH_EVENT=Event.READS_NOT_GRANTED,
             )
-        self._signal_to[agent_id] = who.sender
+        self._signal_to[agent_id] = [who.sender]
         self._on_started(agent_id, unit, user.uid, to=who.sender)
         return rec
 
@@ -789,8 +793,7 @@ class Agents:
                 LEVIATH_AGENT=agent_id, LEVIATH_USER=rec.user, LEVIATH_UNIT=rec.unit,
                 LEVIATH_EVENT=Event.END, LEVIATH_EXIT_STATUS=rec.exit_status,
             )
-            self._on_ended(agent_id, -1 if rec.exit_status is None else rec.exit_status,
-                           rec.state.value, to=self._signal_to.pop(agent_id, None))
+            self._tell_ended(rec)
             # Whatever the agent left behind in its scope ends with it.
             with _logged(f"agent {agent_id}: stopping {rec.unit} after its end"):
                 await self._systemd.stop_unit(rec.unit)
@@ -932,8 +935,7 @@ class Agents:
                 LEVIATH_AGENT=rec.id, LEVIATH_UNIT=rec.unit, LEVIATH_EVENT=Event.END,
                 LEVIATH_EXIT_STATUS=rec.exit_status,
             )
-            self._on_ended(rec.id, -1 if rec.exit_status is None else rec.exit_status,
-                           rec.state.value)
+            self._tell_ended(rec)
             if rec.id in live_ids:
                 # What the agent left behind in its scope ends with it.
                 with _logged(f"agent {rec.id}: stopping {rec.unit} after its end"):
@@ -1066,6 +1068,23 @@ class Agents:
     async def get(self, who: Caller, agent_id: str) -> tuple[AgentRecord, dict[str, int | None]]:
         rec = await self._authorize_record(who, agent_id, "inspect agents")
         return rec, await self._live(rec)
+
+    async def watch(self, who: Caller, agent_id: str) -> AgentRecord:
+        """As get, and the caller's connection hears the agent's end. The
+        record is read after the check with no await in between, so an end
+        is either in the record returned or still to be signalled."""
+        rec = await self._authorize_record(who, agent_id, "inspect agents")
+        if rec.active:
+            listeners = self._signal_to.setdefault(agent_id, [])
+            if who.sender not in listeners:
+                listeners.append(who.sender)
+                del listeners[:-MAX_LISTENERS]
+        return rec
+
+    def _tell_ended(self, rec: AgentRecord) -> None:
+        status = -1 if rec.exit_status is None else rec.exit_status
+        for to in self._signal_to.pop(rec.id, []):
+            self._on_ended(rec.id, status, rec.state.value, to=to)
 
     async def list(
         self, who: Caller, *, include_ended: bool, cursor: str = "",

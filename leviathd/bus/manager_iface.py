@@ -178,6 +178,15 @@ class ManagerInterface(ServiceInterface):
         return record_to_variants(listing.trimmed(rec), live)
 
     @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
+    async def Watch(self, agent_id: Str) -> VarDict:
+        """As Get; while the agent runs, the caller's connection also hears its
+        AgentEnded (for a client that outlived a daemon restart)."""
+        agent_id = bounds.agent_id(agent_id)
+        who = await bus_caller.current(self._bus)
+        rec = await self._agents.watch(who, agent_id)
+        return record_to_variants(listing.trimmed(rec), {})
+
+    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
     async def Inspect(self, agent_id: Str) -> Str:
         """What the agent sees: its sandbox spec for each step (seed commands,
         stages), as JSON: [{"label": ..., "spec": {...}}]."""

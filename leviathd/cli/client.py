@@ -14,6 +14,7 @@ from dbus_fast.aio import MessageBus
 from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.errors import LeviathError
 
+_DRIVER = "org.freedesktop.DBus"
 _FRIENDLY = {
     "org.freedesktop.DBus.Error.ServiceUnknown": (
         "leviathd is not running (start it with `systemctl start leviathd`)"
@@ -111,6 +112,29 @@ class Client:
             and msg.path == OBJECT_PATH
             and msg.interface == interface
             and msg.member == member
+        )
+
+    def new_daemon(self, msg: Message) -> bool:
+        """msg is the bus saying a daemon now owns the name (after
+        watch_restarts): signals are trusted from it from now on."""
+        if not (msg.message_type is MessageType.SIGNAL and msg.sender == _DRIVER
+                and msg.interface == _DRIVER and msg.member == "NameOwnerChanged"
+                and len(msg.body) == 3 and msg.body[0] == BUS_NAME and msg.body[2]):
+            return False
+        self._daemon = str(msg.body[2])
+        return True
+
+    async def watch_restarts(self) -> None:
+        """Ask the bus to say when the daemon's name changes hands (a restart):
+        the new daemon has a new unique name and does not know us."""
+        await self.daemon_name()
+        await self.bus.call(
+            Message(
+                destination=_DRIVER, path="/org/freedesktop/DBus", interface=_DRIVER,
+                member="AddMatch", signature="s",
+                body=[f"type='signal',sender='{_DRIVER}',interface='{_DRIVER}',"
+                      f"member='NameOwnerChanged',arg0='{BUS_NAME}'"],
+            )
         )
 
     async def add_signal_match(self, member: str, interface: str = MANAGER_IFACE) -> None:

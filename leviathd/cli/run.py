@@ -8,7 +8,7 @@ import os
 import select
 import sys
 
-from leviathd.cli.wire import Slow, SyncClient, Variant
+from leviathd.cli.wire import DaemonError, Slow, SyncClient, Variant
 from leviathd.errors import InvalidArgument, NotFound
 
 # typing imports re; mypy reads any TYPE_CHECKING as true (issue 18: start-up).
@@ -25,9 +25,19 @@ if TYPE_CHECKING:
 
     from leviathd.cli.client import Client
 
-# How often an attached run asks after its agent when no end signal came (a
-# missed signal, say the daemon restarted, must not hang us).
-POLL_SECONDS = 5
+# How often an attached run asks after its agent when no end signal came: the
+# last resort, should the bus refuse our match on the daemon's name.
+POLL_SECONDS = 5.0
+ACTIVE = ("running", "unknown")
+
+
+def _poll_seconds() -> float:
+    """LEVIATH_POLL_SECONDS, within 0.1-3600 s (the tests set it high to show
+    that the end is heard, not found by asking)."""
+    try:
+        return min(max(float(os.environ.get("LEVIATH_POLL_SECONDS", POLL_SECONDS)), 0.1), 3600.0)
+    except ValueError:
+        return POLL_SECONDS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -269,6 +279,7 @@ class _Output:
 
 def _attached_sync(client: SyncClient, req: dict[str, Variant]) -> int:
     client.add_signal_match("AgentEnded")
+    client.watch_restarts()
     out = _Output()
     try:
         agent_id, _unit = client.call_when_free(
@@ -281,6 +292,25 @@ def _attached_sync(client: SyncClient, req: dict[str, Variant]) -> int:
         return _wait_attached(client, agent_id)
     finally:
         out.finish()
+
+
+def _status(info: dict[str, Variant]) -> int | None:
+    """The exit status in a Get/Watch reply; None while the agent runs."""
+    if info["state"].value in ACTIVE:
+        return None
+    return int(info["exit_status"].value) if "exit_status" in info else 1
+
+
+def _watch(client: SyncClient, agent_id: str) -> int | None:
+    """Ask after the agent, and hear its end from now on (Watch); its exit
+    status if it has ended already."""
+    try:
+        (info,) = client.call("Watch", "s", [agent_id])
+    except DaemonError as exc:  # a daemon from before Watch
+        if exc.name != "org.freedesktop.DBus.Error.UnknownMethod":
+            raise
+        (info,) = client.call("Get", "s", [agent_id])
+    return _status(info)
 
 
 def _wait_attached(client: SyncClient, agent_id: str) -> int:
@@ -300,7 +330,7 @@ def _wait_attached(client: SyncClient, agent_id: str) -> int:
             if interrupted and not stop_sent:
                 stop_sent = True
                 client.call("Stop", "s", [agent_id])
-            msg = client.conn.next_signal(POLL_SECONDS)
+            msg = client.conn.next_signal(_poll_seconds())
             if msg is None:
                 if select.select([rfd], [], [], 0)[0]:
                     while True:
@@ -310,13 +340,16 @@ def _wait_attached(client: SyncClient, agent_id: str) -> int:
                         except BlockingIOError:
                             break
                     continue
-                (info,) = client.call("Get", "s", [agent_id])
-                if info["state"].value != "running":
-                    status = int(info["exit_status"].value) if "exit_status" in info else 1
+            elif not client.new_daemon(msg):
+                if client.from_daemon(msg, "AgentEnded") and msg.body[0] == agent_id:
+                    status = int(msg.body[1])
                     break
                 continue
-            if client.from_daemon(msg, "AgentEnded") and msg.body[0] == agent_id:
-                status = int(msg.body[1])
+            # Nothing heard for a while, or the daemon restarted (and does
+            # not know this connection): ask, and be told of the end.
+            got = _watch(client, agent_id)
+            if got is not None:
+                status = got
                 break
     finally:
         client.conn.wakeup = None
@@ -357,10 +390,14 @@ async def _attached(client: Client, req: dict[str, Any]) -> int:
             ended[agent_id] = status
             if agent_id in wanted:
                 done.set()
+        elif client.new_daemon(msg):
+            restarted.set()
         return False
 
+    restarted = asyncio.Event()
     client.bus.add_message_handler(on_signal)
     await client.add_signal_match("AgentEnded")
+    await client.watch_restarts()
     prompter = None
     if os.isatty(0):  # held tool calls of this agent are asked about here
         from leviathd.cli.approvals import InlinePrompter
@@ -377,14 +414,31 @@ async def _attached(client: Client, req: dict[str, Any]) -> int:
         raise
     out.sent()
     try:
-        return await _wait_attached_async(client, agent_id, wanted, ended, done, prompter)
+        return await _wait_attached_async(
+            client, agent_id, wanted, ended, done, restarted, prompter
+        )
     finally:
         out.finish()
 
 
+async def _watch_async(client: Client, agent_id: str) -> int | None:
+    """As _watch, on the asyncio client."""
+    from leviathd.cli.client import DaemonError as AioDaemonError
+
+    try:
+        (info,) = await client.call("Watch", "s", [agent_id])
+    except AioDaemonError as exc:  # a daemon from before Watch
+        if exc.name != "org.freedesktop.DBus.Error.UnknownMethod":
+            raise
+        (info,) = await client.call("Get", "s", [agent_id])
+    if info["state"].value in ACTIVE:
+        return None
+    return int(info["exit_status"].value) if "exit_status" in info else 1
+
+
 async def _wait_attached_async(
     client: Client, agent_id: str, wanted: list[str], ended: dict[str, int],
-    done: Any, prompter: Any,
+    done: Any, restarted: Any, prompter: Any,
 ) -> int:
     import asyncio
 
@@ -402,14 +456,21 @@ async def _wait_attached_async(
     loop.add_signal_handler(signal.SIGINT, interrupt)
     loop.add_signal_handler(signal.SIGTERM, interrupt)
     while not done.is_set():
-        try:
-            await asyncio.wait_for(done.wait(), timeout=5)
-        except TimeoutError:
-            # A missed signal (say, the daemon restarted) must not hang us.
-            (info,) = await client.call("Get", "s", [agent_id])
-            if info["state"].value != "running":
-                ended[agent_id] = info["exit_status"].value if "exit_status" in info else 1
-                break
+        # Nothing heard for a while, or the daemon restarted (and does not
+        # know this connection): ask, and be told of the end.
+        heard = asyncio.ensure_future(done.wait())
+        renamed = asyncio.ensure_future(restarted.wait())
+        await asyncio.wait((heard, renamed), timeout=_poll_seconds(),
+                           return_when=asyncio.FIRST_COMPLETED)
+        heard.cancel()
+        renamed.cancel()
+        if done.is_set():
+            break
+        restarted.clear()
+        got = await _watch_async(client, agent_id)
+        if got is not None:
+            ended[agent_id] = got
+            break
     if prompter is not None:
         prompter.stop()
     status = ended.get(agent_id, 1)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 SYSTEM_BUS = "/run/dbus/system_bus_socket"
+DRIVER = "org.freedesktop.DBus"
 # The spec's limits: a message is at most 128 MiB, an array 64 MiB.
 MAX_MESSAGE = 128 * 1024 * 1024
 MAX_FDS = 16
@@ -434,7 +435,9 @@ class Connection:
             os.close(fd)
         msg.unix_fds = []
         keep = self.keep_signals_from
-        if msg.type == SIGNAL and keep is not None and msg.sender == keep:
+        # The bus itself (NameOwnerChanged, after a match for it) is the other
+        # sender kept: no client can take its name.
+        if msg.type == SIGNAL and keep is not None and msg.sender in (keep, DRIVER):
             if len(self.signals) >= MAX_KEPT_SIGNALS:
                 del self.signals[0]
             self.signals.append(msg)
@@ -575,6 +578,28 @@ class SyncClient:
             body=[f"type='signal',sender='{sender}',path='{OBJECT_PATH}',"
                   f"interface='{interface}',member='{member}'"],
         ))  # fmt: skip
+
+    def watch_restarts(self) -> None:
+        """Ask the bus to say when the daemon's name changes hands (a restart):
+        the new daemon does not know this connection, and has a new unique
+        name that signals are then trusted from (see new_daemon)."""
+        self.daemon_name()
+        self.conn.send(Message(
+            METHOD_CALL, destination=DRIVER, path="/org/freedesktop/DBus", interface=DRIVER,
+            member="AddMatch", signature="s",
+            body=[f"type='signal',sender='{DRIVER}',interface='{DRIVER}',"
+                  f"member='NameOwnerChanged',arg0='{BUS_NAME}'"],
+        ))  # fmt: skip
+
+    def new_daemon(self, msg: Message) -> bool:
+        """msg says a daemon now owns the name: signals are trusted from it
+        from now on. False for any other message."""
+        if not (msg.type == SIGNAL and msg.sender == DRIVER and msg.member == "NameOwnerChanged"
+                and msg.interface == DRIVER and len(msg.body) == 3
+                and msg.body[0] == BUS_NAME and msg.body[2]):
+            return False
+        self._daemon = self.conn.keep_signals_from = str(msg.body[2])
+        return True
 
     def from_daemon(self, msg: Message, member: str, interface: str = MANAGER_IFACE) -> bool:
         return (

@@ -142,3 +142,56 @@ def test_the_handshake_is_read_in_whatever_pieces_the_bus_sends(
     finally:
         thread.join(5)
         server.close()
+
+
+# --- the daemon's name changing hands (an attached run over a restart) -------
+
+def _owner_changed(sender: str | None = "org.freedesktop.DBus", **over: object) -> wire.Message:
+    fields: dict[str, Any] = dict(
+        path="/org/freedesktop/DBus", interface="org.freedesktop.DBus",
+        member="NameOwnerChanged", sender=sender, signature="sss",
+        body=["org.leviath.Manager1", "", ":1.77"],
+    )
+    fields.update(over)
+    return wire.Message(wire.SIGNAL, **fields)
+
+
+def _bare_client() -> wire.SyncClient:
+    # No bus: only the bookkeeping of whom signals are trusted from.
+    client = wire.SyncClient.__new__(wire.SyncClient)
+    client.conn = wire.Connection.__new__(wire.Connection)
+    client.conn.keep_signals_from = ":1.5"
+    client.conn.signals = []
+    client._daemon = ":1.5"
+    return client
+
+
+def test_the_bus_naming_a_new_daemon_moves_trust_to_it() -> None:
+    client = _bare_client()
+    assert client.new_daemon(_owner_changed())
+    assert client.conn.keep_signals_from == ":1.77"
+    ended = wire.Message(wire.SIGNAL, sender=":1.77", path="/org/leviath/Manager1",
+                    interface="org.leviath.Manager1", member="AgentEnded")
+    assert client.from_daemon(ended, "AgentEnded")
+
+
+@pytest.mark.parametrize("forged", [
+    _owner_changed(sender=":1.66"),  # another client, unicasting a look-alike
+    _owner_changed(sender=None),
+    _owner_changed(member="NameAcquired"),
+    _owner_changed(interface="org.leviath.Manager1"),
+    _owner_changed(body=["org.other.Name", "", ":1.77"]),
+    _owner_changed(body=["org.leviath.Manager1", ":1.5", ""]),  # the old one leaving
+    _owner_changed(body=["org.leviath.Manager1", ":1.77"]),
+], ids=["other-sender", "no-sender", "member", "interface", "other-name", "left", "short"])
+def test_nothing_but_the_bus_naming_a_new_owner_moves_trust(forged: wire.Message) -> None:
+    client = _bare_client()
+    assert not client.new_daemon(forged)
+    assert client.conn.keep_signals_from == ":1.5" and client._daemon == ":1.5"
+
+
+def test_signals_are_kept_only_from_the_daemon_and_the_bus() -> None:
+    conn = _bare_client().conn
+    for sender in (":1.5", "org.freedesktop.DBus", ":1.66", None):
+        conn._keep(_owner_changed(sender=sender))
+    assert [m.sender for m in conn.signals] == [":1.5", "org.freedesktop.DBus"]
