@@ -191,7 +191,8 @@ kill -USR1 $$
 EOF8
 chown alice: /home/alice/work/attached.sh
 rm -f /home/alice/work/go
-runuser -l alice -c 'cd ~/work && exec lev run -- sh attached.sh' \
+# The poll at an hour: lev hears the end from the restarted daemon (Watch).
+runuser -l alice -c 'cd ~/work && exec env LEVIATH_POLL_SECONDS=3600 lev run -- sh attached.sh' \
     >"$R/attached_client.out" 2>"$R/attached_client_err.out" </dev/null &
 att_pid=$!
 wait_until 120 grep -q attached-out "$R/attached_client.out"

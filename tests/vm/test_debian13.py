@@ -321,7 +321,8 @@ def test_lev_run_exits_with_the_signal_status_through_a_daemon_restart(vm: Run) 
     """The command wrote 200 kB after `systemctl restart leviathd` (more than
     its pipe holds: the new daemon took the pipes back from PID 1), then
     killed itself with SIGUSR1: all of it is in the journal and `lev run`
-    exits 128 + 10, as `lev ps` says."""
+    exits 128 + 10, as `lev ps` says. lev's poll is set to an hour, so it
+    heard the end from the new daemon (NameOwnerChanged, then Watch)."""
     vm.ok("attached_restart")
     assert vm.rc("attached_client") == 128 + 10, vm.out("attached_client")[-2000:]
     got = _attached_journal(vm)
