@@ -378,7 +378,39 @@ step container_seccomp as alice "lev run -- /bin/probe"
 # pure v2 the engine's --memory cannot be set below the scope): dd's 100 MiB
 # buffer is killed at 64M.
 step container_memhog as alice "lev run -- dd if=/dev/zero of=/dev/null bs=100M count=1"
-rm -f /etc/leviath/config.toml
+
+# --- issue 18's start figures on this machine (reported, not judged: the test
+# only asks that every start succeeded). Interleaved rounds of an attached
+# `lev run -- true` of a container agent (alice: her config raises the kind),
+# of a namespace agent (bob), and `systemd-run --scope true` with the same
+# limits (root); each timed inside its own shell, so runuser's start is not in it.
+cat >/etc/leviath/config.toml <<'EOF2'
+[sandbox]
+kind = "namespace"
+image = "localhost/leviath-vm-busybox:1"
+
+[resources]
+memory_max = "64M"
+EOF2
+runuser -l alice -c 'mkdir -p ~/.config/leviath && printf "[sandbox]\nkind = \"container\"\n" > ~/.config/leviath/config.toml'
+systemctl reload leviathd
+sleep 2
+# timed WHO: "WHO rc ms" of one start.
+timed() {
+    local clock='t0=$(date +%s%N); '
+    local took='rc=$?; echo "$rc $(( ($(date +%s%N) - t0) / 1000000 ))"'
+    if [ "$1" = root ]; then
+        sh -c "${clock}systemd-run --scope --quiet -p MemoryMax=64M -p TasksMax=256 true >/dev/null 2>&1; $took"
+    else
+        runuser -l "$1" -c "cd ~/work && ${clock}lev run -- true >/dev/null 2>&1; $took"
+    fi | sed "s/^/$1 /"
+}
+start_figures() {
+    local i
+    for i in 1 2 3 4 5 6 7 8 9 10; do timed alice; timed bob; timed root; done
+}
+step start_figures start_figures
+rm -f /etc/leviath/config.toml /home/alice/.config/leviath/config.toml
 systemctl reload leviathd
 
 # --- the filtered engine socket (issue 13) on pure cgroup v2: the agent's

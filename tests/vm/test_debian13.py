@@ -524,6 +524,27 @@ def test_a_container_agent_is_held_by_its_memory_limit_on_pure_cgroup_v2(vm: Run
     assert vm.rc("container_memhog") == 137 and "copied" not in out, out
 
 
+def test_starts_of_each_kind_and_systemd_run_all_succeed_and_are_reported(vm: Run) -> None:
+    """Issue 18's start ratios on Debian 13 (podman with crun, pure cgroup v2).
+    Only success is judged: figures under TCG are the host's emulation more
+    than ours. They print with `pytest -rP` (10 interleaved rounds, medians)."""
+    got: dict[str, list[int]] = {"alice": [], "bob": [], "root": []}
+    for line in vm.ok("start_figures").splitlines():
+        who, rc, ms = line.split()
+        assert rc == "0", line
+        got[who].append(int(ms))
+    assert all(len(v) == 10 for v in got.values()), got
+
+    def median(v: list[int]) -> float:
+        v = sorted(v)
+        return (v[4] + v[5]) / 2
+
+    ctr, ns, sd = median(got["alice"]), median(got["bob"]), median(got["root"])
+    print(f"Debian 13 VM, attached `lev run -- true` medians of 10: container {ctr:.0f} ms, "
+          f"namespace {ns:.0f} ms, systemd-run --scope {sd:.0f} ms; "
+          f"namespace / systemd-run {ns / sd:.2f}x, container / namespace {ctr / ns:.2f}x")
+
+
 def _engine_replies(vm: Run) -> list[list[object]]:
     out = vm.ok("engine_socket")
     lines = [json.loads(ln) for ln in out.splitlines() if ln.startswith("[")]
