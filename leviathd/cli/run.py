@@ -294,7 +294,7 @@ def _attached_sync(client: SyncClient, req: dict[str, Variant]) -> int:
         out.finish()
 
 
-def _status(info: dict[str, Variant]) -> int | None:
+def _status(info: dict[str, Any]) -> int | None:
     """The exit status in a Get/Watch reply; None while the agent runs."""
     if info["state"].value in ACTIVE:
         return None
@@ -431,9 +431,7 @@ async def _watch_async(client: Client, agent_id: str) -> int | None:
         if exc.name != "org.freedesktop.DBus.Error.UnknownMethod":
             raise
         (info,) = await client.call("Get", "s", [agent_id])
-    if info["state"].value in ACTIVE:
-        return None
-    return int(info["exit_status"].value) if "exit_status" in info else 1
+    return _status(info)
 
 
 async def _wait_attached_async(

@@ -73,15 +73,6 @@ def lay_out(bed: Testbed, workdir: str, blueprint_dir: str, blueprint: str,
                 user=user, cwd=home, input=text)
 
 
-def machine_config(bed: Testbed, config: str) -> str:
-    """Put `config` in /etc/leviath/config.toml, restart the daemon, and
-    return the config it replaces (for the fixture to put back)."""
-    old = str(bed.run(["cat", "/etc/leviath/config.toml"], check=False).stdout)
-    bed.write_file("/etc/leviath/config.toml", config)
-    bed.run(["systemctl", "restart", "leviathd"])
-    return old
-
-
 def start_detached(bed: Testbed, blueprint_dir: str, workdir: str, user: str = "alice") -> str:
     """`lev run --detach BLUEPRINT` as `user` in `workdir` (both relative to
     her home): the new agent's id."""

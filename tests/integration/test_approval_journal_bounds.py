@@ -28,16 +28,9 @@ approval_timeout = 1
 
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
-    old = testbed.run(["cat", "/etc/leviath/config.toml"], check=False)
-    testbed.write_file("/etc/leviath/config.toml", CONFIG)
-    testbed.run(["systemctl", "restart", "leviathd"])
-    testbed.run(["mkdir", "-p", f"{testbed.users['alice'].home}/apj"], user="alice")
-    yield testbed
-    if old.returncode == 0:
-        testbed.write_file("/etc/leviath/config.toml", old.stdout)
-    else:
-        testbed.run(["rm", "-f", "/etc/leviath/config.toml"])
-    testbed.run(["systemctl", "restart", "leviathd"])
+    with testbed.machine_config(CONFIG):
+        testbed.run(["mkdir", "-p", f"{testbed.users['alice'].home}/apj"], user="alice")
+        yield testbed
 
 
 def test_an_agents_target_reaches_the_approval_journal_record_bounded_and_escaped(

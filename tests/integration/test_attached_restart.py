@@ -15,48 +15,17 @@ import subprocess
 import time
 
 import pytest
+from forged_signals import agent_ended, forge, running_agent
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
 
-VENV_PY = "/opt/leviath-dev/venv/bin/python"
 NO_POLL = "LEVIATH_POLL_SECONDS=3600"
 
-FORGE = r"""
-import asyncio, sys
-from dbus_fast import BusType, Message, MessageType
-from dbus_fast.aio import MessageBus
 
-async def main(uid: int, agent_id: str) -> None:
-    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
-    def call(member, sig="", body=()):
-        return bus.call(Message(destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-                                interface="org.freedesktop.DBus", member=member,
-                                signature=sig, body=list(body)))
-    (names,) = (await call("ListNames")).body
-    hit = 0
-    for name in names:
-        if not name.startswith(":"):
-            continue
-        r = await call("GetConnectionUnixUser", "s", [name])
-        if r.message_type is MessageType.ERROR or r.body[0] != uid:
-            continue
-        for old, new in ((bus.unique_name, ""), ("", bus.unique_name)):
-            await bus.send(Message(
-                message_type=MessageType.SIGNAL, destination=name,
-                path="/org/freedesktop/DBus", interface="org.freedesktop.DBus",
-                member="NameOwnerChanged", signature="sss",
-                body=["org.leviath.Manager1", old, new]))
-        await bus.send(Message(
-            message_type=MessageType.SIGNAL, destination=name, path="/org/leviath/Manager1",
-            interface="org.leviath.Manager1", member="AgentEnded", signature="sis",
-            body=[agent_id, 0, "exited"]))
-        hit += 1
-    await asyncio.sleep(0.5)
-    print(f"sent {hit}")
-
-asyncio.run(main(int(sys.argv[1]), sys.argv[2]))
-"""
+def _new_owner(old: str, new: str) -> list[object]:
+    return ["/org/freedesktop/DBus", "org.freedesktop.DBus", "NameOwnerChanged", "sss",
+            ["org.leviath.Manager1", old, new]]
 
 
 @pytest.fixture()
@@ -64,19 +33,6 @@ def bed(testbed: Testbed) -> Testbed:
     testbed.start_service("leviathd.service")
     testbed.run(["mkdir", "-p", "restartw"], user="alice")
     return testbed
-
-
-def _running_agent(bed: Testbed, marker: str, proc: subprocess.Popen[str]) -> str:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"lev run ended early: {proc.communicate()}")
-        rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
-        for row in rows:
-            if marker in " ".join(row["command"]):
-                return str(row["id"])
-        time.sleep(0.2)
-    raise AssertionError(f"no running agent of alice with {marker}")
 
 
 def _attached(bed: Testbed, flag: str, tty: bool) -> subprocess.Popen[str]:
@@ -98,7 +54,7 @@ def test_an_attached_run_hears_its_end_from_the_restarted_daemon(bed: Testbed, t
     bed.run(["rm", "-f", flag])
     proc = _attached(bed, flag, tty)
     try:
-        agent_id = _running_agent(bed, f"done-{int(tty)}", proc)
+        agent_id = running_agent(bed, "alice", f"done-{int(tty)}", proc)
         bed.run(["systemctl", "restart", "leviathd"])
         # The agent is found again by the new daemon before it ends.
         rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
@@ -116,16 +72,16 @@ def test_an_attached_run_hears_its_end_from_the_restarted_daemon(bed: Testbed, t
 def test_carol_cannot_watch_alices_agent_nor_forge_a_new_daemon(bed: Testbed) -> None:
     flag = f"{bed.users['alice'].home}/restartw/forged"
     bed.run(["rm", "-f", flag])
-    bed.write_file("/tmp/forge.py", FORGE)
     proc = _attached(bed, flag, False)
     try:
-        agent_id = _running_agent(bed, "forged", proc)
+        agent_id = running_agent(bed, "alice", "forged", proc)
         r = bed.run(["busctl", "call", "org.leviath.Manager1", "/org/leviath/Manager1",
                      "org.leviath.Manager1", "Watch", "s", agent_id], user="carol", check=False)
         assert r.returncode != 0 and "no agent with id" in r.stderr, (r.stdout, r.stderr)
-        r = bed.run([VENV_PY, "/tmp/forge.py", str(bed.users["alice"].uid), agent_id],
-                    user="carol")
-        assert r.stdout.split()[-1] != "0", r.stdout  # the forgeries did reach alice's lev
+        # The forgeries do reach alice's lev: the old daemon leaving, carol
+        # taking its place, then carol's word of the end.
+        signals = [_new_owner("$ME", ""), _new_owner("", "$ME"), agent_ended(agent_id)]
+        assert forge(bed, "carol", "alice", signals) > 0
         time.sleep(2)
         assert proc.poll() is None, "lev run believed carol's new daemon"
         bed.run(["touch", flag], user="alice")

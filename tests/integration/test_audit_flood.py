@@ -53,16 +53,8 @@ def trusted(bed: Testbed, agent_id: str, scope: str) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
-    old = testbed.run(["cat", "/etc/leviath/config.toml"], check=False)
-    testbed.write_file("/etc/leviath/config.toml", CONFIG)
-    testbed.run(["systemctl", "daemon-reload"])
-    testbed.run(["systemctl", "restart", "leviathd"])
-    yield testbed
-    if old.returncode == 0:
-        testbed.write_file("/etc/leviath/config.toml", old.stdout)
-    else:
-        testbed.run(["rm", "-f", "/etc/leviath/config.toml"])
-    testbed.run(["systemctl", "restart", "leviathd"])
+    with testbed.machine_config(CONFIG):
+        yield testbed
 
 
 def test_a_flood_of_refused_calls_costs_no_other_agent_its_records(bed: Testbed) -> None:

@@ -47,16 +47,9 @@ def documented_query(agent_id: str, scope: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
-    old = testbed.run(["cat", "/etc/leviath/config.toml"], check=False)
-    testbed.write_file("/etc/leviath/config.toml", CONFIG)
-    testbed.run(["systemctl", "restart", "leviathd"])
-    testbed.write_file("/tmp/forge.py", PY_FORGE)
-    yield testbed
-    if old.returncode == 0:
-        testbed.write_file("/etc/leviath/config.toml", old.stdout)
-    else:
-        testbed.run(["rm", "-f", "/etc/leviath/config.toml"])
-    testbed.run(["systemctl", "restart", "leviathd"])
+    with testbed.machine_config(CONFIG):
+        testbed.write_file("/tmp/forge.py", PY_FORGE)
+        yield testbed
 
 
 def test_forged_entries_never_show_in_lev_audit_or_the_documented_query(bed: Testbed) -> None:

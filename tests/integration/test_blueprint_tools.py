@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from loop_agent import lay_out, machine_config, start_detached
+from loop_agent import lay_out, start_detached
 from test_gate_bed import Agent, audit, lev, pending
 from testbed import Testbed
 
@@ -104,9 +104,8 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
         "bprivate/s.txt": "ALICE-ONLY-SECRET\n", "bw/w.txt": "workdir text\n",
         "bw/notes.txt": "private notes\n", "bw/key.pem": "PEMKEY\n",
     })
-    old_config = machine_config(bed, CONFIG)
-    yield bed
-    machine_config(bed, old_config)
+    with bed.machine_config(CONFIG):
+        yield bed
 
 
 @pytest.fixture

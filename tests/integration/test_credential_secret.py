@@ -67,18 +67,13 @@ print("ERRORS", errors)
 
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
-    old = testbed.run(["cat", "/etc/leviath/config.toml"], check=False)
     testbed.write_file("/etc/leviath/hold.key", SECRET + "\n", mode=0o600)
-    testbed.write_file("/etc/leviath/config.toml", CONFIG)
     testbed.write_file("/tmp/peek.py", PEEK)
-    testbed.run(["systemctl", "restart", "leviathd"])
-    yield testbed
-    if old.returncode == 0:
-        testbed.write_file("/etc/leviath/config.toml", old.stdout)
-    else:
-        testbed.run(["rm", "-f", "/etc/leviath/config.toml"])
-    testbed.run(["rm", "-f", "/etc/leviath/hold.key"])
-    testbed.run(["systemctl", "restart", "leviathd"])
+    try:
+        with testbed.machine_config(CONFIG):
+            yield testbed
+    finally:
+        testbed.run(["rm", "-f", "/etc/leviath/hold.key"])
 
 
 def test_the_owner_cannot_read_a_running_credential_commands_secret(bed: Testbed) -> None:

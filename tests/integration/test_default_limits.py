@@ -57,14 +57,10 @@ def start(bed: Testbed, *command: str) -> str:
 
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
-    old = testbed.run(["cat", "/etc/leviath/config.toml"], check=False).stdout
-    testbed.write_file("/etc/leviath/config.toml", "# no [resources] anywhere\n")
     testbed.run(["mkdir", "-p", "work"], user="alice")
     testbed.run(["rm", "-f", f"{testbed.users['alice'].home}/.config/leviath/config.toml"])
-    testbed.run(["systemctl", "restart", "leviathd"])
-    yield testbed
-    testbed.write_file("/etc/leviath/config.toml", old)
-    testbed.run(["systemctl", "restart", "leviathd"])
+    with testbed.machine_config("# no [resources] anywhere\n"):
+        yield testbed
 
 
 def test_with_no_config_an_agent_scope_has_finite_limits_in_systemd_and_the_kernel(

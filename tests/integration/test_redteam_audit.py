@@ -44,15 +44,8 @@ print("last", replies[-1]["ok"], flush=True)
 
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
-    old = testbed.run(["cat", "/etc/leviath/config.toml"], check=False)
-    testbed.write_file("/etc/leviath/config.toml", CONFIG)
-    testbed.run(["systemctl", "restart", "leviathd"])
-    yield testbed
-    if old.returncode == 0:
-        testbed.write_file("/etc/leviath/config.toml", old.stdout)
-    else:
-        testbed.run(["rm", "-f", "/etc/leviath/config.toml"])
-    testbed.run(["systemctl", "restart", "leviathd"])
+    with testbed.machine_config(CONFIG):
+        yield testbed
 
 
 def test_refused_calls_do_not_push_an_allowed_call_out_of_the_record(bed: Testbed) -> None:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from loop_agent import LOOP, lay_out, machine_config, start_detached
+from loop_agent import LOOP, lay_out, start_detached
 from test_gate_bed import Agent, lev
 from testbed import Testbed
 
@@ -57,9 +57,8 @@ budget = 16
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
     lay_out(testbed, "ww", "wbp", BLUEPRINT, {"shared/doc.txt": "granted text\n"})
-    old_config = machine_config(testbed, CONFIG)
-    yield testbed
-    testbed.write_file("/etc/leviath/config.toml", old_config)
+    with testbed.machine_config(CONFIG):
+        yield testbed
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from loop_agent import LOOP, lay_out, machine_config, start_detached
+from loop_agent import LOOP, lay_out, start_detached
 from test_gate_bed import Agent, audit, lev, pending
 from testbed import Testbed
 
@@ -134,12 +134,13 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     bed.write_file("/root/xsrv.py", SERVER)
     bed.run(["rm", "-f", "/root/hits.log"])
     server = subprocess.Popen(bed.command(["python3", "/root/xsrv.py"]))
-    old_config = machine_config(bed, CONFIG + EXTRA)
-    yield bed
-    server.kill()
-    server.wait()
-    bed.write_file("/etc/hosts", hosts)
-    bed.write_file("/etc/leviath/config.toml", old_config)
+    try:
+        with bed.machine_config(CONFIG + EXTRA):
+            yield bed
+    finally:
+        server.kill()
+        server.wait()
+        bed.write_file("/etc/hosts", hosts)
 
 
 def _start(bed: Testbed) -> Agent:

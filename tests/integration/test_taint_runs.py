@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from loop_agent import lay_out, machine_config, start_detached
+from loop_agent import lay_out, start_detached
 from test_gate_bed import Agent, lev
 from testbed import Testbed
 
@@ -43,8 +43,8 @@ budget = 4
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
     lay_out(testbed, "tw", "tbp", BLUEPRINT, {"shared/doc.txt": "granted text\n"})
-    machine_config(testbed, CONFIG)
-    yield testbed
+    with testbed.machine_config(CONFIG):
+        yield testbed
 
 
 def start(bed: Testbed) -> Agent:

@@ -39,16 +39,9 @@ def on_pty(bed: Testbed, user: str, command: str, *, cwd: str, input: str | None
 
 @pytest.fixture(scope="module")
 def bed(testbed: Testbed) -> Iterator[Testbed]:
-    old = testbed.run(["cat", "/etc/leviath/config.toml"], check=False)
-    testbed.write_file("/etc/leviath/config.toml", CONFIG)
-    testbed.run(["systemctl", "restart", "leviathd"])
-    testbed.run(["mkdir", "-p", f"{testbed.users['alice'].home}/escw"], user="alice")
-    yield testbed
-    if old.returncode == 0:
-        testbed.write_file("/etc/leviath/config.toml", old.stdout)
-    else:
-        testbed.run(["rm", "-f", "/etc/leviath/config.toml"])
-    testbed.run(["systemctl", "restart", "leviathd"])
+    with testbed.machine_config(CONFIG):
+        testbed.run(["mkdir", "-p", f"{testbed.users['alice'].home}/escw"], user="alice")
+        yield testbed
 
 
 def workdir(bed: Testbed) -> str:

@@ -593,6 +593,23 @@ class Testbed:
     def read_file(self, path: str) -> str:
         return self.run(["cat", path]).stdout
 
+    @contextlib.contextmanager
+    def machine_config(self, text: str) -> Iterator[None]:
+        """/etc/leviath/config.toml set to `text` and leviathd restarted on it;
+        afterwards the file as it was (or none) and leviathd restarted again."""
+        path = "/etc/leviath/config.toml"
+        old = self.run(["cat", path], check=False)
+        self.write_file(path, text)
+        self.run(["systemctl", "restart", "leviathd"])
+        try:
+            yield
+        finally:
+            if old.returncode == 0:
+                self.write_file(path, old.stdout)
+            else:
+                self.run(["rm", "-f", path])
+            self.run(["systemctl", "restart", "leviathd"])
+
     # ---- users and services ----------------------------------------------
 
     def add_user(self, name: str, groups: Sequence[str] = ()) -> User:

@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import subprocess
-from collections.abc import Iterator
 from typing import Annotated, Any
 
-import pytest
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import PropertyAccess
 from dbus_fast.introspection import Node
 from dbus_fast.service import ServiceInterface
+from session_bus import bus_address
 
 from leviathd.bus.compat import DBusSignature, dbus_method, dbus_property, dbus_signal, many_fds
 from leviathd.bus.names import MANAGER_IFACE, OBJECT_PATH
+
+__all__ = ["bus_address"]  # the fixture, used by name
 
 Fd = Annotated[int, DBusSignature("h")]
 Str = Annotated[str, DBusSignature("s")]
@@ -49,23 +48,6 @@ class Probe(ServiceInterface):
     @dbus_property(access=PropertyAccess.READ)
     def Version(self) -> Str:
         return "1"
-
-
-@pytest.fixture
-def bus_address(tmp_path: Any) -> Iterator[str]:
-    if shutil.which("dbus-daemon") is None:
-        pytest.skip("no dbus-daemon")
-    proc = subprocess.Popen(
-        ["dbus-daemon", "--session", "--nofork", "--print-address=1",
-         f"--address=unix:path={tmp_path}/bus"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    assert proc.stdout is not None
-    try:
-        yield proc.stdout.readline().strip()
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def test_signatures_reach_the_bus_as_declared(bus_address: str) -> None:
