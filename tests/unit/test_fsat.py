@@ -360,3 +360,29 @@ def test_remove_tree_at_of_a_deep_tree_holds_a_bounded_number_of_descriptors(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         os.close(fd)
     assert not (tmp_path / "t").exists()
+
+
+def test_remove_tree_at_stops_when_the_folder_is_swapped_before_it_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The user renames another folder (one root keeps there) over the one
+    # root is about to empty, between root's lstat and its open.
+    (tmp_path / "t").mkdir()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "state").write_text("root's")
+    real = fsat.open_dir_at
+
+    def swap_then_open(dir_fd: int, name: str) -> int:
+        if name == "t":
+            os.rename(tmp_path / "kept", tmp_path / "t")
+        return real(dir_fd, name)
+
+    monkeypatch.setattr(fsat, "open_dir_at", swap_then_open)
+    fd = fsat.open_dir(str(tmp_path))
+    try:
+        with pytest.raises(OSError) as stopped:
+            fsat.remove_tree_at(fd, "t")
+    finally:
+        os.close(fd)
+    assert stopped.value.errno == errno.EAGAIN
+    assert (tmp_path / "t" / "state").read_text() == "root's"
