@@ -190,7 +190,7 @@ class Agents:
     def user_config(self, user: UserInfo) -> Config | None:
         path = os.path.join(user.home, ".config", "leviath", "config.toml")
         try:
-            text = read_user_file(path, user.uid, limit=config_load.MAX_TEXT_BYTES)
+            text = read_user_file(path, user.uid, user.gid, limit=config_load.MAX_TEXT_BYTES)
         except PermissionError as exc:
             raise ConfigError(str(exc)) from None
         if text is None:

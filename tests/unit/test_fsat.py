@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
+import secrets
 import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -164,3 +169,220 @@ def _umask() -> int:
     old = os.umask(0)
     os.umask(old)
     return old
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a/b", "x\0"])
+def test_no_helper_takes_a_name_that_is_not_one_entry(tmp_path: Path, name: str) -> None:
+    # chmod_at(fd, "..", 0o777) would open the folder holding the user's one
+    # (their home's parent, say) to everyone; chown_at(fd, "..") would give
+    # it to them. Every helper refuses such a name before any system call.
+    d = tmp_path / "d"
+    d.mkdir(mode=0o700)
+    tmp_path.chmod(0o755)
+    fd = fsat.open_dir(str(d))
+    try:
+        calls: list[Callable[[], object]] = [
+            lambda: fsat.chmod_at(fd, name, 0o777),
+            lambda: fsat.chown_at(fd, name, os.getuid(), os.getgid()),
+            lambda: fsat.open_at(fd, name, os.O_RDONLY),
+            lambda: fsat.open_dir_at(fd, name),
+            lambda: fsat.lstat_at(fd, name),
+            lambda: fsat.unlink_at(fd, name),
+            lambda: fsat.rmdir_at(fd, name),
+            lambda: fsat.mkdir_at(fd, name, exist_ok=True),
+            lambda: fsat.rename_at(fd, name, fd, "dst"),
+        ]
+        for call in calls:
+            with pytest.raises(ValueError):
+                call()
+    finally:
+        os.close(fd)
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o755
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o775, 0o757])
+def test_open_dir_refuses_a_link_in_a_folder_its_group_or_others_can_write(
+    tmp_path: Path, mode: int
+) -> None:
+    # The link is the caller's own, but anyone in the folder's group (or
+    # anyone at all) could have replaced it by one of theirs: not followed.
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(mode)
+    (folder / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(OSError) as refused:
+        fsat.open_dir(str(folder / "link" / "sub"))
+    assert refused.value.errno in (errno.ELOOP, errno.ENOTDIR)
+
+
+def test_open_dir_through_a_file_is_not_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        fsat.open_dir(str(tmp_path / "f" / "sub"))
+
+
+def test_a_link_gone_before_it_is_judged_is_not_trusted(tmp_path: Path) -> None:
+    # open_dir asks _trusted_link after an open failed with ELOOP/ENOTDIR; a
+    # user who removes the entry in between must meet the open's OSError, not
+    # a crash on the missing entry.
+    fd = fsat.open_dir(str(tmp_path))
+    try:
+        assert fsat._trusted_link(fd, "gone") is None
+    finally:
+        os.close(fd)
+
+
+def test_chmod_at_refuses_a_planted_link_itself(tmp_path: Path, victim: Path) -> None:
+    # (The kernel also refuses a mode change through the link on this path;
+    # the helper says ELOOP before asking it.)
+    (tmp_path / "x").symlink_to(victim)
+    fd = fsat.open_dir(str(tmp_path))
+    try:
+        with pytest.raises(OSError) as refused:
+            fsat.chmod_at(fd, "x", 0o777)
+    finally:
+        os.close(fd)
+    assert refused.value.errno == errno.ELOOP
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o640
+
+
+def test_read_at_of_a_planted_fifo_returns_at_once_with_an_error(tmp_path: Path) -> None:
+    # A user puts a FIFO where root reads a file: with no writer, a blocking
+    # open would hang the daemon's thread for good.
+    os.mkfifo(tmp_path / "config")
+    fd = fsat.open_dir(str(tmp_path))
+    outcome: list[BaseException | bytes] = []
+
+    def read() -> None:
+        try:
+            outcome.append(fsat.read_at(fd, "config"))
+        except BaseException as exc:  # judged below
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    hung = reader.is_alive()
+    if hung:  # release it: a writer lets the blocked open return
+        os.close(os.open(tmp_path / "config", os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+    os.close(fd)
+    assert not hung, "read_at blocked on a FIFO"
+    assert isinstance(outcome[0], OSError) and outcome[0].errno == errno.EINVAL
+
+
+def test_atomic_write_never_writes_into_a_file_planted_at_its_temp_name(
+    tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The temp name is random; a user who could guess it plants a hard link
+    # to a file root must not write (made here by the test, as the kernel's
+    # protected_hardlinks stops users on this host) or a FIFO there.
+    monkeypatch.setattr(secrets, "token_hex", lambda n: "0" * (2 * n))
+    d = tmp_path / "d"
+    d.mkdir()
+    os.link(victim, d / f".f.{'0' * 12}.tmp")
+    fd = fsat.open_dir(str(d))
+    try:
+        with pytest.raises(FileExistsError):
+            fsat.atomic_write_at(fd, "f", b"new", mode=0o644)
+    finally:
+        os.close(fd)
+    assert victim.read_text() == "secret" and stat.S_IMODE(victim.stat().st_mode) == 0o640
+    assert not (d / "f").exists()
+
+
+def test_atomic_write_temp_file_is_private_before_its_mode_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Between the create and the fchmod a reader could open the temp file and
+    # keep reading it once the data is in, whatever mode comes later.
+    seen: list[int] = []
+    real = fsat.set_owner_mode
+
+    def spy(fd: int, uid: int | None, gid: int | None, mode: int | None) -> None:
+        seen.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        real(fd, uid, gid, mode)
+
+    monkeypatch.setattr(fsat, "set_owner_mode", spy)
+    old = os.umask(0o022)  # systemd's default for services
+    dfd = fsat.open_dir(str(tmp_path))
+    try:
+        fsat.atomic_write_at(dfd, "f", b"secret", mode=0o600)
+    finally:
+        os.close(dfd)
+        os.umask(old)
+    assert seen and seen[0] & 0o077 == 0, oct(seen[0])
+
+
+def _tree(top: Path, files: int) -> None:
+    top.mkdir()
+    for i in range(files):
+        (top / f"f{i}").write_text("")
+
+
+def test_remove_tree_at_gives_up_on_a_folder_that_outgrows_its_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user refilling a folder while root empties it must not keep the
+    # daemon busy forever: past _MAX_REMOVALS entries it stops (EAGAIN).
+    monkeypatch.setattr(fsat, "_MAX_REMOVALS", 5)
+    _tree(tmp_path / "fits", 5)
+    _tree(tmp_path / "over", 6)
+    fd = fsat.open_dir(str(tmp_path))
+    try:
+        fsat.remove_tree_at(fd, "fits")
+        with pytest.raises(OSError) as stopped:
+            fsat.remove_tree_at(fd, "over")
+    finally:
+        os.close(fd)
+    assert stopped.value.errno == errno.EAGAIN
+    assert not (tmp_path / "fits").exists() and (tmp_path / "over").is_dir()
+
+
+def test_remove_tree_at_of_a_deep_tree_holds_a_bounded_number_of_descriptors(
+    tmp_path: Path,
+) -> None:
+    # A user's tree deeper than the daemon's descriptor limit must not make
+    # root run out of descriptors (EMFILE) while removing it.
+    deep = tmp_path / "t"
+    for i in range(200):
+        deep = deep / f"d{i}"
+    deep.mkdir(parents=True)
+    in_use = len(os.listdir("/proc/self/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fd = fsat.open_dir(str(tmp_path))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 100, hard))
+    try:
+        fsat.remove_tree_at(fd, "t")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        os.close(fd)
+    assert not (tmp_path / "t").exists()
+
+
+def test_remove_tree_at_stops_when_the_folder_is_swapped_before_it_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The user renames another folder (one root keeps there) over the one
+    # root is about to empty, between root's lstat and its open.
+    (tmp_path / "t").mkdir()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "state").write_text("root's")
+    real = fsat.open_dir_at
+
+    def swap_then_open(dir_fd: int, name: str) -> int:
+        if name == "t":
+            os.rename(tmp_path / "kept", tmp_path / "t")
+        return real(dir_fd, name)
+
+    monkeypatch.setattr(fsat, "open_dir_at", swap_then_open)
+    fd = fsat.open_dir(str(tmp_path))
+    try:
+        with pytest.raises(OSError) as stopped:
+            fsat.remove_tree_at(fd, "t")
+    finally:
+        os.close(fd)
+    assert stopped.value.errno == errno.EAGAIN
+    assert (tmp_path / "t" / "state").read_text() == "root's"

@@ -104,3 +104,17 @@ def test_a_later_rule_with_a_higher_max_sensitivity_still_covers() -> None:
     assert al.find("t", "ab.x.org", Sensitivity.INTERNAL).index == 1  # type: ignore[union-attr]
     assert al.find("t", "ab.x.org", X).index == 2  # type: ignore[union-attr]
     assert al.find("t", "zz.x.org", X) is None
+
+
+def test_a_later_rule_that_does_not_match_the_target_lends_it_no_clearance() -> None:
+    # An agent holding Private data posts to a host whose only rule allows
+    # Internal; a later rule for another host allows Private. Both are general
+    # globs (one combined regex), so the index must still check that the later
+    # rule matches this target, not just that its max_sensitivity is high.
+    al = compile_allowlist([
+        {"tool": "http_post", "target": "a?.*.org", "max_sensitivity": "internal"},
+        {"tool": "http_post", "target": "b?.*.org", "max_sensitivity": "private"},
+    ])
+    assert al.find("http_post", "ab.evil.org", Sensitivity.INTERNAL).index == 1  # type: ignore[union-attr]
+    assert al.find("http_post", "ab.evil.org", X) is None
+    assert al.find("http_post", "bb.x.org", X).index == 2  # type: ignore[union-attr]
