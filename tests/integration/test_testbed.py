@@ -80,9 +80,13 @@ def test_commands_run_as_the_user_with_a_login_like_environment(testbed: Testbed
 
 
 def test_the_project_is_installed_and_usable_by_an_unprivileged_user(testbed: Testbed) -> None:
+    # lev as the packages write it (packaging/slim-entry-point.sh), the daemon plain.
     wrapper = testbed.run(["cat", "/usr/bin/lev"], user="carol").stdout
-    assert wrapper.startswith("#!/opt/leviath-dev/venv/bin/python\n")
+    assert wrapper.startswith("#!/opt/leviath-dev/venv/bin/python -IS\n"), wrapper
     assert "from leviathd.cli.main import main" in wrapper
+    wrapper = testbed.run(["cat", "/usr/bin/leviathd"], user="carol").stdout
+    assert wrapper.startswith("#!/opt/leviath-dev/venv/bin/python\n"), wrapper
+    assert "from leviathd.daemon import main" in wrapper
     where = testbed.run(
         ["/opt/leviath-dev/venv/bin/python", "-c", "import leviathd; print(leviathd.__file__)"],
         user="carol",
