@@ -19,7 +19,8 @@ import unicodedata
 from leviathd.errors import InvalidArgument
 
 # The blueprint name rule (config/models.py `Name`): what agent names follow,
-# whether they come from a blueprint or from argv[0].
+# whether they come from a blueprint or from argv[0]. Here always fullmatch:
+# `$` also matches before a final newline, which match() would let through.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 NAME_MAX = 64
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_-]+")
@@ -53,15 +54,15 @@ def agent_name(argv0: str) -> str:
     blueprint name rules (anything else becomes '-'), bounded; "agent" when
     nothing is left. Never refuses: `lev run -- python3.12 x` must still run."""
     base = argv0.rsplit("/", 1)[-1]
-    if NAME_RE.match(base):
+    if NAME_RE.fullmatch(base):
         return base
     name = _NOT_NAME.sub("-", base).lstrip("-_")[:NAME_MAX].rstrip("-")
-    return name if name and NAME_RE.match(name) else FALLBACK_NAME
+    return name if name and NAME_RE.fullmatch(name) else FALLBACK_NAME
 
 
 def check_name(name: str) -> str:
     """A name that must already follow the rules (a blueprint's)."""
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise InvalidArgument(f"{escape(name, 80)} is not a valid agent name")
     return name
 
@@ -76,7 +77,7 @@ def unit_name(user: str, agent: str, agent_id: str) -> str:
 
 
 def check_unit_name(name: str) -> str:
-    if len(name) > UNIT_NAME_MAX or not _UNIT_NAME.match(name):
+    if len(name) > UNIT_NAME_MAX or not _UNIT_NAME.fullmatch(name):
         raise InvalidArgument(f"{escape(name, 80)} is not a unit name the daemon makes")
     return name
 
@@ -132,7 +133,7 @@ def journal_fields(message: str, fields: dict[str, object]) -> dict[str, str]:
         if value is None:
             continue
         name = key.upper()
-        if not _FIELD_NAME.match(name) or name in ("MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER"):
+        if not _FIELD_NAME.fullmatch(name) or name in ("MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER"):
             raise ValueError(f"{name!r} is not a field name the daemon may set")
         out[name] = escape(str(value))
     return out

@@ -79,3 +79,25 @@ def test_a_restored_ledger_keeps_ids_labels_and_taint_and_continues_numbering() 
     assert restored.add("read_file", "y", Sensitivity.PUBLIC).id == 4
     assert restored.taint is Sensitivity.INTERNAL  # the private entry was the oldest
     assert Ledger.restore(1, old.entries()).taint is Sensitivity.PUBLIC  # a smaller budget
+
+
+@pytest.mark.parametrize("budget", [0, -1])
+def test_a_reload_to_a_budget_below_one_is_refused_and_launders_nothing(budget: int) -> None:
+    # A budget of 0 would evict every entry at once: the taint of a secret
+    # the agent still holds back to public.
+    ledger = Ledger(4)
+    ledger.add("read_file", "secret", X)
+    with pytest.raises(InvalidArgument):
+        ledger.set_budget(budget)
+    assert ledger.budget == 4 and len(ledger) == 1
+    assert ledger.taint is X
+
+
+def test_a_reload_to_a_budget_of_one_keeps_the_newest_entry() -> None:
+    ledger = Ledger(4)
+    ledger.add("web_fetch", "a", P)
+    ledger.add("read_file", "secret", X)
+    ledger.set_budget(1)
+    assert ledger.budget == 1
+    assert [e.target for e in ledger.entries()] == ["secret"]
+    assert ledger.taint is X
