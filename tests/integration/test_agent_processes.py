@@ -479,6 +479,77 @@ def test_an_attached_agents_output_and_status_outlive_a_daemon_restart(bed: Test
         client.wait()
 
 
+def _journaled(bed: Testbed, unit: str, last: set[str]) -> list[dict[str, str]]:
+    """The unit's journal entries once every line of `last` is in them (10 s at most)."""
+    deadline = time.monotonic() + 10
+    entries: list[dict[str, str]] = []
+    while time.monotonic() < deadline:
+        out = bed.run(["journalctl", "--no-pager", "-q", "-o", "json", "-u", unit],
+                      check=False).stdout
+        entries = [json.loads(x) for x in out.splitlines()]
+        if last <= {e.get("MESSAGE", "") for e in entries}:
+            break
+        time.sleep(0.3)
+    return entries
+
+
+def test_an_attached_agents_last_output_after_a_restart_is_journaled_whole(
+    bed: Testbed,
+) -> None:
+    """After `systemctl restart leviathd`, an attached agent writes ~60 KB
+    to each stream, a marker line, and exits at once, while the new daemon
+    lags behind (SIGSTOPped until the agent's processes are gone, PID 1
+    reaped by systemd): every byte and both markers still reach its journal,
+    under its unit and as its owner's. Seen failing before the restarted
+    daemon kept a process of its own in the agent's scope to speak for the
+    last lines: with PID 1 reaped, the daemon read the pipes to their end
+    but had no pid to send the lines as, and dropped them (0 of 60,000
+    bytes and neither marker journaled)."""
+    # One printf per stream, whole in the pipe's buffer (64 KiB).
+    script = ("echo before-restart; while [ ! -e restarted ]; do sleep 0.1; done; "
+              "s=$(head -c 60000 /dev/zero | tr '\\0' z | fold -w 500); "
+              "printf '%s\\nTAIL-OUT\\n' \"$s\"; "
+              "printf '%s\\nTAIL-ERR\\n' \"$(echo \"$s\" | tr z e)\" >&2; exit 5")
+    home = bed.users["alice"].home
+    bed.run(["rm", "-f", f"{home}/work/restarted"], user="alice")
+    client, agent_id, unit = _attached(bed, script)
+    stopped = False
+    try:
+        assert b"before-restart" in _read_until(client.stdout, b"before-restart")
+        bed.run(["systemctl", "restart", "leviathd"])
+        assert agent_id in bed.run(["lev", "ps"], user="alice").stdout
+        bed.run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGSTOP", "leviathd"])
+        stopped = True
+        bed.run(["touch", f"{home}/work/restarted"], user="alice")
+        deadline = time.monotonic() + 20
+        while any(_cmdline(bed, p) for p in _scope_pids(bed, unit)):
+            assert time.monotonic() < deadline, "the agent did not end"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        bed.run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGCONT", "leviathd"])
+        stopped = False
+        row = _wait_ended(bed, agent_id)
+        assert row["state"] == "exited" and row["exit_status"] == 5, row
+        assert client.wait(timeout=30) == 5
+        entries = _journaled(bed, unit, {"TAIL-OUT", "TAIL-ERR"})
+        got = {e.get("MESSAGE", ""): e for e in entries}
+        messages = [e["MESSAGE"] for e in entries if isinstance(e.get("MESSAGE"), str)]
+        counts = [sum(len(m) for m in messages if m and set(m) == {c}) for c in "ze"]
+        assert "TAIL-OUT" in got and "TAIL-ERR" in got, (counts, messages[-3:])
+        assert counts == [60000, 60000], counts
+        uid = str(bed.users["alice"].uid)
+        for marker, priority in (("TAIL-OUT", "6"), ("TAIL-ERR", "4")):
+            entry = got[marker]
+            assert entry["_SYSTEMD_UNIT"] == unit and entry["_UID"] == uid, entry
+            assert entry["PRIORITY"] == priority, entry
+    finally:
+        if stopped:
+            bed.run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGCONT", "leviathd"])
+        bed.run(["lev", "stop", agent_id], user="alice", check=False)
+        client.kill()
+        client.wait()
+
+
 def test_a_supervised_agent_ends_on_its_supervisors_word_with_all_output_and_no_zombie(
     bed: Testbed,
 ) -> None:
