@@ -460,9 +460,8 @@ def test_an_attached_agents_output_and_status_outlive_a_daemon_restart(bed: Test
     status. Seen failing without the new daemon taking the pipes back: the
     agent waited on its full pipe for good (still running)."""
     # The agent writes once the new daemon runs, and lingers a moment after
-    # its last words: output the daemon has not read when PID 1 ends is not
-    # journaled after a restart (docs/sandbox.md), a race this test is not
-    # about.
+    # its last words: that output read after PID 1's end is journaled too is
+    # the test below's.
     script = ("echo before-restart; while [ ! -e restarted ]; do sleep 0.1; done; "
               "echo after-restart; head -c 300000 /dev/zero | tr '\\0' y | fold -w 500; "
               "echo last-words; sleep 2; exit 5")
