@@ -146,6 +146,59 @@ def take_kept(pid1: int, *, fenced: bool = True) -> tuple[int, int] | None:
     return None
 
 
+def scope_witness(pid1: int, unit: str) -> int | None:
+    """For a daemon that restarted: a child of ours, moved into the agent's
+    scope (PID 1's cgroup) and ended there, whose zombie this daemon keeps
+    until the agent's output is copied, as it keeps the held child's on a
+    start. Once PID 1 is reaped (by systemd, not us, after a restart), its
+    pid speaks for the lines still in the pipes, so they are journaled under
+    the agent's scope instead of dropped. None when it could not be placed
+    there (PID 1 already gone): then those lines are not journaled, as
+    before. A zombie keeps neither memory nor the scope populated."""
+    from leviathd.broker.server import cgroup_of
+    from leviathd.errors import AccessDenied
+    from leviathd.sandbox.container.cgroups import cgroup_procs_files
+
+    try:
+        cgroup = cgroup_of(pid1)
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            files = [p for p in cgroup_procs_files(cgroup, f.read()) if os.path.exists(p)]
+    except (OSError, AccessDenied):
+        return None
+    # A pid reused since PID 1's pipes were taken is in another cgroup.
+    if unit not in cgroup.split("/") or not files:
+        return None
+    r, w = os.pipe2(os.O_CLOEXEC)
+    # The child inherits a mask blocking every signal it may get (a `lev
+    # stop` in between kills it all the same): a handler of the daemon run
+    # in it would reach the daemon's event loop through the shared wakeup fd.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            try:
+                os.closerange(3, r)
+                os.closerange(r + 1, os.sysconf("SC_OPEN_MAX"))
+                os.read(r, 1)  # until the daemon has moved it: EOF
+            finally:
+                os._exit(0)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    os.close(r)
+    try:
+        for path in files:
+            with open(path, "w", encoding="ascii") as f:
+                f.write(str(pid))
+    except OSError as exc:
+        log.warning("no process of ours in %s to speak for its last output: %s", unit, exc)
+        os.close(w)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        return None
+    os.close(w)
+    return pid
+
+
 class _Stream:
     """One of the agent's pipes, to its journal stream and the caller."""
 

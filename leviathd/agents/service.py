@@ -872,7 +872,10 @@ class Agents:
             gid = user_info(rec.uid).gid
         except (NotFound, OSError):
             gid = rec.uid
-        copy = output.OutputCopy(rec.id, rec.unit, rec.uid, gid, kept)
+        # PID 1's parent is no longer us: systemd reaps it at once, and what
+        # is still in the pipes then needs a pid of ours in its scope.
+        witness = output.scope_witness(rec.supervisor_pid, rec.unit)
+        copy = output.OutputCopy(rec.id, rec.unit, rec.uid, gid, kept, zombie=witness)
         copy.start(rec.supervisor_pid)
         self._copies[rec.id] = copy
 

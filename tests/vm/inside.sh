@@ -186,7 +186,7 @@ while [ ! -e go ]; do sleep 0.2; done
 echo after-restart
 head -c 200000 /dev/zero | tr '\0' y | fold -w 500; echo # fold leaves the last line open
 echo last-words
-sleep 2 # what the daemon has not read when PID 1 ends is not journaled after a restart
+sleep 2 # no longer needed: the restarted daemon journals what it reads after PID 1 ends (docs/sandbox.md)
 kill -USR1 $$
 EOF8
 chown alice: /home/alice/work/attached.sh
