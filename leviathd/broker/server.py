@@ -66,7 +66,7 @@ def cgroup_of(pid: int) -> str:
     return unified
 
 
-_SCOPE = re.compile(r"^leviath-.+-([0-9a-f]{8})\.scope$")
+_SCOPE = re.compile(r"^leviath-.+-([0-9a-f]{8})\.scope\Z")
 
 
 def agent_id_from_cgroup(path: str) -> str | None:

@@ -90,9 +90,11 @@ class TaintPolicy(StrEnum):
 
 
 # ------------------------------------------------------------------- value checkers
+# The patterns end in \Z, not $: with re.match, $ also matches before a final
+# newline, so "name\n" would pass as a name.
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 
 
 def _argv(value: list[str]) -> list[str]:
@@ -120,7 +122,7 @@ def _env_name(value: str) -> str:
     return value
 
 
-_ENV_PATTERN = re.compile(r"^[A-Za-z0-9_*?\[\]!-]+$")
+_ENV_PATTERN = re.compile(r"^[A-Za-z0-9_*?\[\]!-]+\Z")
 
 
 def _env_pattern(value: str) -> str:
@@ -401,8 +403,8 @@ class RulesFile(_Model):
     rules: Annotated[list[PolicyRule], Field(max_length=256)] = Field(default_factory=list)
 
 
-_HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]{1,253}(:[0-9]{1,5})?$")
-_WRAP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?.\-\[\]]{1,253}(:[0-9]{1,5})?\Z")
+_WRAP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 def _host_pattern(value: str) -> str:

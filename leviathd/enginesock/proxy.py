@@ -32,7 +32,7 @@ SOCKET_NAME = "engine.sock"
 MAX_JSON_BODY = 1024 * 1024
 MAX_CONNECTIONS = 64
 OWN_CACHE = 1024
-_FULL_ID = re.compile(r"^[0-9a-f]{64}$")
+_FULL_ID = re.compile(r"^[0-9a-f]{64}\Z")
 _HOP = frozenset({"connection", "content-length", "transfer-encoding", "upgrade", "keep-alive",
                   "host", "proxy-connection", "te", "trailer"})
 

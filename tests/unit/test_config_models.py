@@ -226,3 +226,27 @@ def test_enum_ranks_order_strictness() -> None:
     assert Permission.ALLOW.rank < Permission.ASK.rank < Permission.DENY.rank
     assert OnUnavailable.WARN.rank < OnUnavailable.ERROR.rank
     assert Sensitivity.PUBLIC.rank < Sensitivity.INTERNAL.rank < Sensitivity.PRIVATE.rank
+
+
+# A name with a trailing newline: re.match with '$' let it pass (found by
+# the safetext mutation sweep, the same pattern as here). Each field below is
+# refused, in a machine config or a blueprint an agent may have written.
+NEWLINE_NAMES = {
+    "blueprint name": ('[agent]\nname = "x\\n"\ncommand = ["true"]\n', parse_blueprint),
+    "env name": ('[agent]\nname = "x"\ncommand = ["true"]\n[env]\n"FOO\\n" = "1"\n',
+                 parse_blueprint),
+    "env_pass pattern": ('[security]\nenv_pass = ["LC_*\\n"]\n', parse_config),
+    "credential host": ('[credentials.g]\nkind = "git"\nhosts = ["github.com\\n"]\n'
+                        'secret_command = ["true"]\n', parse_config),
+    "cli wrap name": ('[credentials.gh]\nkind = "cli"\ncommand = ["gh"]\ntoken_env = "GH_TOKEN"\n'
+                      'wrap = "gh\\n"\nsecret_command = ["true"]\n', parse_config),
+}
+
+
+@pytest.mark.parametrize("field", sorted(NEWLINE_NAMES))
+def test_a_name_with_a_trailing_newline_is_refused(field: str) -> None:
+    text, parse = NEWLINE_NAMES[field]
+    with pytest.raises(ConfigError):
+        parse(text, "c.toml")
+    # The same text without the newline loads: the refusal is the newline's.
+    parse(text.replace("\\n\"", "\""), "c.toml")  # type: ignore[operator]
