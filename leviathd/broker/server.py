@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leviathd import fsat
+from leviathd import fsat, heap
 from leviathd.broker.core import AuditRecord, Broker, limit_error
 from leviathd.broker.limits import descriptor_budget, too_large
 from leviathd.broker.requests import Lines, TooLong, parse_request
@@ -236,6 +236,10 @@ class BrokerServer:
             self.broker.caller_pid = peer.pid
             lines = Lines(reader)
             while True:
+                # The last request's buffers are freed by now (heap.py: a flood
+                # of mid-size ones fragments the heap, and only a trim gives
+                # the holes back).
+                heap.trim_soon()
                 limits = self.broker.limits
                 try:
                     line = await lines.next(limits.request_max_bytes)
