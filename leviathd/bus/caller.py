@@ -29,6 +29,16 @@ _resolved: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
 )
 
 
+# What the bus said of a unique name, kept per bus connection: a unique name
+# is one connection for the life of that bus (never reused on it), so its
+# uid and pid stay true (another bus, even one reached again at the same
+# address, numbers its names afresh: hence the bus in the key). Calls are counted by uid before
+# they run (bounds.PER_UID): a connection's calls after its first need no
+# round trip to the bus to be counted. Cleared whole when full.
+_KNOWN_MAX = 4096
+_known: dict[tuple[MessageBus, str], Caller] = {}
+
+
 def install(bus: MessageBus) -> None:
     def capture(msg: Message) -> bool:
         if msg.message_type is MessageType.METHOD_CALL:
@@ -56,6 +66,10 @@ async def current(bus: MessageBus) -> Caller:
     known = _resolved.get()
     if known is not None and known.sender == sender:
         return known
+    kept = _known.get((bus, sender))
+    if kept is not None:
+        _resolved.set(kept)
+        return kept
     reply = await bus.call(
         Message(
             destination="org.freedesktop.DBus",
@@ -74,4 +88,7 @@ async def current(bus: MessageBus) -> Caller:
     pid = creds["ProcessID"].value if "ProcessID" in creds else None
     who = Caller(sender=sender, uid=int(creds["UnixUserID"].value), pid=pid)
     _resolved.set(who)
+    if len(_known) >= _KNOWN_MAX:
+        _known.clear()
+    _known[(bus, sender)] = who
     return who

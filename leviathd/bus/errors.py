@@ -35,7 +35,16 @@ def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         except LeviathError as exc:
             raise DBusError(exc.dbus_name, str(exc)) from None
         try:
-            return await fn(*args, **kwargs)
+            # Counted by uid too, before the method runs (see bounds.PER_UID).
+            who = await _uid(args)
+            try:
+                bounds.IN_FLIGHT.enter_uid(who)
+            except LeviathError as exc:
+                raise DBusError(exc.dbus_name, str(exc)) from None
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                bounds.IN_FLIGHT.leave_uid(who)
         except DBusError:
             raise
         except LeviathError as exc:

@@ -5,7 +5,6 @@ journal budget, input bounds), from hostile local users' side: alice and bob
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import time
 
@@ -40,6 +39,54 @@ async def main(member, rounds, ids):
                       for i in ids}))
 
 asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3:]))
+"""
+
+
+FILL = r"""
+import asyncio, json, sys, time
+from dbus_fast import BusType, Message
+from dbus_fast.aio import MessageBus
+
+async def main(conns, seconds, member):
+    buses = [await MessageBus(bus_type=BusType.SYSTEM).connect() for _ in range(conns)]
+    names = {}
+    end = time.monotonic() + seconds
+    async def worker(bus):
+        while time.monotonic() < end:
+            if member == "Get":
+                m = Message(destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+                    interface="org.leviath.Manager1", member="Get", signature="s",
+                    body=["0badc0de"])
+            else:
+                m = Message(destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+                    interface="org.leviath.Manager1", member="Reload")
+            r = await bus.call(m)
+            k = r.error_name or "ok"
+            names[k] = names.get(k, 0) + 1
+    await asyncio.gather(*(worker(b) for b in buses for _ in range(32)))
+    print(json.dumps(names))
+asyncio.run(main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]))
+"""
+
+PING = r"""
+import asyncio, json, sys, time
+from dbus_fast import BusType, Message
+from dbus_fast.aio import MessageBus
+async def main(seconds):
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    worst = 0.0; lat = []; errs = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t = time.monotonic()
+        r = await bus.call(Message(destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+            interface="org.leviath.Manager1", member="Get", signature="s",
+            body=["0badc0de"]))
+        lat.append(time.monotonic() - t)
+        if r.error_name: errs[r.error_name] = errs.get(r.error_name, 0) + 1
+        await asyncio.sleep(0.02)
+    lat.sort()
+    print(json.dumps({"n": len(lat), "max": lat[-1], "p50": lat[len(lat)//2], "errors": errs}))
+asyncio.run(main(float(sys.argv[1])))
 """
 
 
@@ -249,3 +296,26 @@ def test_no_user_can_take_the_daemons_name(bed: Testbed) -> None:
                     user, stopped, r.stdout)
     finally:
         bed.start_service("leviathd.service")
+
+
+
+
+def test_one_users_many_connections_do_not_take_every_call_slot(bed: Testbed) -> None:
+    """Promise (bounds.py, security-model.md): calls in flight are capped so
+    that one client's excess gets Busy "instead of queueing work", not that
+    everyone else does. The caps were 32 a connection and 512 in all: carol,
+    whom polkit refuses everything, kept 20 connections x 32 `Reload`s in
+    flight and bob got Busy on 5 of his 7 calls (one answer took 5.2 s).
+    Calls are now also counted by uid (64), so bob's are all answered."""
+    bed.write_file("/tmp/rt2_fill.py", FILL)
+    bed.write_file("/tmp/rt2_ping.py", PING)
+    flood = subprocess.Popen(bed.command([VENV_PY, "/tmp/rt2_fill.py", "20", "15", "Reload"],
+                                         user="carol"), stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        out = bed.run([VENV_PY, "/tmp/rt2_ping.py", "8"], user="bob", timeout=120).stdout
+        got = json.loads(out)
+        print("bob", got)
+        assert got["errors"] == {"org.leviath.Error.NotFound": got["n"]}, got
+    finally:
+        print("carol", flood.communicate(timeout=120)[0])
