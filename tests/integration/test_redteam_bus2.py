@@ -186,6 +186,12 @@ def _running_agent(bed: Testbed, user: str, marker: str, proc: subprocess.Popen[
     raise AssertionError(f"no running agent of {user} with {marker}")
 
 
+def _forget_refusals(bed: Testbed) -> None:
+    """The bed is shared: refusals held for a uid's summary would be counted
+    in the next test's (test_refusal_flood counts carol's exactly)."""
+    bed.run(["systemctl", "restart", "leviathd"])
+
+
 def test_watch_takes_as_long_for_another_users_agent_as_for_no_agent(bed: Testbed) -> None:
     """Promise (dbus-api.md): another user's agent "does not exist" for a
     caller without manage-any. Its error text was the same, but an absent id
@@ -211,6 +217,7 @@ def test_watch_takes_as_long_for_another_users_agent_as_for_no_agent(bed: Testbe
             assert slowest < 2 * out[absent][0], (member, out)
     finally:
         bed.run(["lev", "stop", running], user="alice")
+        _forget_refusals(bed)
 
 
 def test_watchers_do_not_push_out_the_starter_of_an_agent(bed: Testbed) -> None:
@@ -319,3 +326,84 @@ def test_one_users_many_connections_do_not_take_every_call_slot(bed: Testbed) ->
         assert got["errors"] == {"org.leviath.Error.NotFound": got["n"]}, got
     finally:
         print("carol", flood.communicate(timeout=120)[0])
+        _forget_refusals(bed)
+
+
+LISTEN = r"""
+import asyncio, json, sys
+from dbus_fast import BusType, Message, MessageType
+from dbus_fast.aio import MessageBus
+
+async def main(agent_id, seconds):
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    heard = []
+    def on(msg):
+        if msg.message_type is MessageType.SIGNAL and msg.member == "AgentEnded":
+            heard.append(msg.body)
+        return False
+    bus.add_message_handler(on)
+    r = await bus.call(Message(destination="org.leviath.Manager1", path="/org/leviath/Manager1",
+        interface="org.leviath.Manager1", member="Watch", signature="s", body=[agent_id]))
+    print("ready", r.error_name, flush=True)
+    await asyncio.sleep(seconds)
+    print(json.dumps(heard), flush=True)
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+BROADCAST = r"""
+import asyncio, sys
+from dbus_fast import BusType, Message, MessageType
+from dbus_fast.aio import MessageBus
+
+async def main(agent_id):
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    for old, new in ((":1.1", ""), ("", bus.unique_name)):
+        await bus.send(Message(message_type=MessageType.SIGNAL, path="/org/freedesktop/DBus",
+            interface="org.freedesktop.DBus", member="NameOwnerChanged", signature="sss",
+            body=["org.leviath.Manager1", old, new]))
+    await bus.send(Message(message_type=MessageType.SIGNAL, path="/org/leviath/Manager1",
+        interface="org.leviath.Manager1", member="AgentEnded", signature="sis",
+        body=[agent_id, 0, "exited"]))
+    await asyncio.sleep(0.5)
+    print("sent")
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_bob_hears_no_end_of_alices_agent_and_broadcast_look_alikes_end_no_lev(
+    bed: Testbed,
+) -> None:
+    """Promise (dbus-api.md): AgentEnded goes to the starter and to watchers
+    allowed to see the agent, never to another user. bob, in the group and
+    so allowed to Watch his own agents, Watches alice's: NotFound, and his
+    connection hears nothing when it ends. carol broadcasts (no destination)
+    a NameOwnerChanged naming herself the daemon and an AgentEnded with status
+    0: alice's attached lev run (its poll at an hour) keeps waiting and
+    returns the real status 7 (the unicast variant is test_attached_restart)."""
+    flag = f"{bed.users['alice'].home}/rt2/bob-listens"
+    bed.run(["rm", "-f", flag])
+    bed.write_file("/tmp/rt2_listen.py", LISTEN)
+    bed.write_file("/tmp/rt2_broadcast.py", BROADCAST)
+    proc = _attached(bed, "alice", f"while [ ! -f {flag} ]; do sleep 0.1; done; exit 7")
+    bob = None
+    try:
+        agent_id = _running_agent(bed, "alice", "bob-listens", proc)
+        bob = subprocess.Popen(bed.command([VENV_PY, "/tmp/rt2_listen.py", agent_id, "8"],
+                                           user="bob"), stdout=subprocess.PIPE, text=True)
+        assert bob.stdout is not None
+        assert bob.stdout.readline().split() == ["ready", "org.leviath.Error.NotFound"]
+        bed.run([VENV_PY, "/tmp/rt2_broadcast.py", agent_id], user="carol")
+        time.sleep(2)
+        assert proc.poll() is None, "lev run believed carol's broadcast"
+        bed.run(["touch", flag], user="alice")
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 7, (proc.returncode, out, err)
+        assert json.loads(bob.communicate(timeout=30)[0]) == []
+    finally:
+        for p in (proc, bob):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        bed.run(["rm", "-f", flag])
