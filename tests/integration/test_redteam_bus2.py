@@ -321,7 +321,7 @@ def test_one_users_many_connections_do_not_take_every_call_slot(bed: Testbed) ->
     everyone else does. The caps were 32 a connection and 512 in all: carol,
     whom polkit refuses everything, kept 20 connections x 32 `Reload`s in
     flight and bob got Busy on 5 of his 7 calls (one answer took 5.2 s).
-    Calls are now also counted by uid (64), so bob's are all answered."""
+    Calls are now also counted by uid (160), so bob's are all answered."""
     bed.write_file("/tmp/rt2_fill.py", FILL)
     bed.write_file("/tmp/rt2_ping.py", PING)
     flood = subprocess.Popen(bed.command([VENV_PY, "/tmp/rt2_fill.py", "20", "15", "Reload"],
