@@ -8,6 +8,7 @@ the method reads its own sender."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 
 from dbus_fast import Message, MessageType
@@ -27,6 +28,19 @@ _sender: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 _resolved: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
     "leviath_bus_caller", default=None
 )
+
+
+# What the bus said of a unique name, kept per bus connection: a unique name
+# is one connection for the life of that bus (never reused on it), so its
+# uid and pid stay true (another bus, even one reached again at the same
+# address, numbers its names afresh: hence the bus in the key). Calls are counted by uid before
+# they run (bounds.PER_UID): a connection's calls after its first need no
+# round trip to the bus to be counted. Cleared whole when full.
+_KNOWN_MAX = 4096
+_known: dict[tuple[MessageBus, str], Caller] = {}
+# One question to the bus at a time per connection: its first calls, sent
+# together, wait for the same answer.
+_asking: dict[tuple[MessageBus, str], asyncio.Future[Caller]] = {}
 
 
 def install(bus: MessageBus) -> None:
@@ -56,6 +70,20 @@ async def current(bus: MessageBus) -> Caller:
     known = _resolved.get()
     if known is not None and known.sender == sender:
         return known
+    key = (bus, sender)
+    kept = _known.get(key)
+    if kept is None:
+        asking = _asking.get(key)
+        if asking is None:
+            asking = _asking[key] = asyncio.ensure_future(_ask(bus, sender))
+            asking.add_done_callback(lambda _done: _asking.pop(key, None))
+        # Shielded: one call given up (its caller gone) ends no other's wait.
+        kept = await asyncio.shield(asking)
+    _resolved.set(kept)
+    return kept
+
+
+async def _ask(bus: MessageBus, sender: str) -> Caller:
     reply = await bus.call(
         Message(
             destination="org.freedesktop.DBus",
@@ -73,5 +101,7 @@ async def current(bus: MessageBus) -> Caller:
         raise AccessDenied("the bus could not say who is calling")
     pid = creds["ProcessID"].value if "ProcessID" in creds else None
     who = Caller(sender=sender, uid=int(creds["UnixUserID"].value), pid=pid)
-    _resolved.set(who)
+    if len(_known) >= _KNOWN_MAX:
+        _known.clear()
+    _known[(bus, sender)] = who
     return who

@@ -117,3 +117,31 @@ def test_calls_that_ended_leave_nothing_behind() -> None:
     assert flight._count == 0
     for _ in range(4):
         flight.enter(f":1.{2000 + _ // 2}")
+
+
+def test_one_uid_over_many_connections_is_stopped_at_its_share() -> None:
+    # Each connection within its own 32: without a share per uid, one user's
+    # 16 connections held the whole total (tests/integration/test_redteam_bus2.py).
+    flight = bounds.InFlight(per_caller=4, total=100, per_uid=6)
+    for n in range(6):
+        flight.enter(f":1.{n}")
+        flight.enter_uid(1003)
+    flight.enter(":1.50")
+    with pytest.raises(Busy):
+        flight.enter_uid(1003)
+    flight.leave(":1.50")
+    # Another uid, and callers the bus could not name, keep their own share.
+    flight.enter_uid(1001)
+    flight.enter_uid(None)
+    # A call that ended gives its uid's place back, and only one.
+    flight.leave_uid(1003)
+    flight.enter_uid(1003)
+    with pytest.raises(Busy):
+        flight.enter_uid(1003)
+
+
+def test_the_share_per_uid_leaves_room_for_several_users() -> None:
+    # Issue 17: one user's 150 concurrent calls are all served.
+    assert bounds.PER_UID == 160 and bounds.IN_FLIGHT.per_uid == 160
+    # alice, bob and carol at their share leave room for dave.
+    assert bounds.TOTAL - 3 * bounds.PER_UID >= 32

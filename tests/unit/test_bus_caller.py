@@ -163,3 +163,42 @@ def test_a_caller_resolved_earlier_in_the_context_is_not_reused_for_another_send
         bus.disconnect()
 
     asyncio.run(go())
+
+
+def test_a_connection_is_asked_about_once_and_only_on_its_own_bus(bus_address: str) -> None:
+    """Calls are counted by uid before they run (bounds.PER_UID), so the
+    answer is kept per connection and a connection's first calls, sent
+    together, share one question; another connection's name is not taken
+    from it, and the answer was the bus's (the uid of this process)."""
+
+    asked: list[str] = []
+
+    class Counting(MessageBus):
+        async def call(self, msg: Message) -> Message | None:
+            if msg.member == "GetConnectionCredentials":
+                asked.append(str(msg.body[0]))
+            return await super().call(msg)
+
+    async def go() -> None:
+        bus = await Counting(bus_address=bus_address).connect()
+        a = await MessageBus(bus_address=bus_address).connect()
+        b = await MessageBus(bus_address=bus_address).connect()
+
+        async def one(name: str) -> Caller:
+            caller._sender.set(name)
+            caller._resolved.set(None)
+            return await caller.current(bus)
+
+        assert a.unique_name is not None and b.unique_name is not None
+        got = await asyncio.gather(*(one(a.unique_name) for _ in range(20)))
+        assert {w.sender for w in got} == {a.unique_name}
+        assert {w.uid for w in got} == {os.getuid()}
+        assert asked == [a.unique_name]
+        await one(a.unique_name)
+        assert asked == [a.unique_name]
+        assert (await one(b.unique_name)).sender == b.unique_name
+        assert asked == [a.unique_name, b.unique_name]
+        for conn in (bus, a, b):
+            conn.disconnect()
+
+    asyncio.run(go())

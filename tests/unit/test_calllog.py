@@ -188,3 +188,26 @@ def test_one_timer_writes_every_uids_summary_on_a_running_loop() -> None:
 
     asyncio.run(main())
     assert len(lines.records) == 20
+
+
+def test_every_hostile_user_flooding_at_once_leaves_another_users_lines_written() -> None:
+    """Red team (tests/integration/test_redteam_bus2.py's bed has alice, bob
+    and carol, each controlling only their own uid, plus the share of callers
+    the bus could not name, which any of them reaches by leaving at once):
+    all four flooding for two minutes, dave's refusals, one every 2 s, are all
+    written (each flooder is held from its first line over budget to the
+    window's end, so the total refills between)."""
+    clock = Clock()
+    src, lines = logger("hostile")
+    out, _summaries = logger("hostile.summary")
+    calls = CallLog(clock=clock, out=out)
+    daves = 0
+    for tick in range(120 * 200):
+        clock.now += 0.005
+        for uid in (1001, 1002, 1003, None):
+            calls.line(src, uid, logging.INFO, "Reload refused (uid %s)", uid)
+        if tick % 400 == 0:
+            calls.line(src, 1004, logging.INFO, "Get refused (uid %s): %d", 1004, tick)
+            daves += 1
+    dave = [m for m in lines.messages() if m.startswith("Get refused (uid 1004)")]
+    assert len(dave) == daves == 60
