@@ -186,11 +186,27 @@ def test_ssh_sign_denied_by_permission_signs_nothing(tmp: str) -> None:
         assert any("refused by policy" in a.detail for a in r.audit if a.tool == "ssh_sign")
 
 
-def test_a_large_known_hosts_is_not_parsed_on_the_daemons_loop(tmp: str) -> None:
+def test_a_large_known_hosts_is_not_parsed_on_the_daemons_loop(
+    tmp: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Red team: the known_hosts text is the user's (a `kind = "none"`
     agent's too), up to 1 MiB of hashed names, each tried against every
     covered pattern; parsed on the event loop, each sign request stalled
-    every other user's calls for most of a second."""
+    every other user's calls for most of a second. Judged by where the
+    parse ran (the loop's thread or not), not by a time: under load a
+    timed bound failed with the parse off the loop all the same."""
+    import threading
+
+    from leviathd.creds import sshagent
+
+    parsed_on: list[int] = []
+    real = sshagent.covered_name
+
+    def spy(text: str, hostkey: bytes, patterns: tuple[str, ...]) -> str | None:
+        parsed_on.append(threading.get_ident())
+        return real(text, hostkey, patterns)
+
+    monkeypatch.setattr(sshagent, "covered_name", spy)
     pub = HOST.export_public_key().decode().split()
     names = ",".join(hashed(f"decoy{i}.example") for i in range(20))
     line = f"{names} {pub[0]} {pub[1]}\n"
@@ -204,21 +220,12 @@ def test_a_large_known_hosts_is_not_parsed_on_the_daemons_loop(tmp: str) -> None
                               hosts=(*(f"h{i}.example" for i in range(20)),
                                      "git.example.com:2222"))
         r.broker.policy.settings.credentials["deploy"] = many  # type: ignore[index]
-        gaps: list[float] = []
-        stop = asyncio.Event()
 
-        async def ticker() -> None:
-            last = r.loop.time()
-            while not stop.is_set():
-                await asyncio.sleep(0.01)
-                now = r.loop.time()
-                gaps.append(now - last)
-                last = now
+        async def loop_thread() -> int:
+            return threading.get_ident()
 
-        fut = asyncio.run_coroutine_threadsafe(ticker(), r.loop)
+        loop_id = asyncio.run_coroutine_threadsafe(loop_thread(), r.loop).result(10)
         with Client(path) as c:
             assert c.bind(HOST, b"S" * 32) == 6
             assert c.sign(key, userauth(b"S" * 32, key)) == 14
-        r.loop.call_soon_threadsafe(stop.set)
-        fut.result(10)
-        assert max(gaps) < 0.2, max(gaps)
+        assert parsed_on and loop_id not in parsed_on, (loop_id, parsed_on)
