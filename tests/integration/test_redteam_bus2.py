@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+from forged_signals import running_agent
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -173,19 +174,6 @@ def _attached(bed: Testbed, user: str, script: str) -> subprocess.Popen[str]:
     )
 
 
-def _running_agent(bed: Testbed, user: str, marker: str, proc: subprocess.Popen[str]) -> str:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"lev run ended early: {proc.communicate()}")
-        rows = json.loads(bed.run(["lev", "ps", "--json"], user=user).stdout)
-        for row in rows:
-            if marker in " ".join(row["command"]):
-                return str(row["id"])
-        time.sleep(0.2)
-    raise AssertionError(f"no running agent of {user} with {marker}")
-
-
 def _forget_refusals(bed: Testbed) -> None:
     """The bed is shared: refusals held for a uid's summary would be counted
     in the next test's (test_refusal_flood counts carol's exactly)."""
@@ -231,7 +219,7 @@ def test_watchers_do_not_push_out_the_starter_of_an_agent(bed: Testbed) -> None:
     bed.run(["rm", "-f", flag])
     proc = _attached(bed, "alice", f"while [ ! -f {flag} ]; do sleep 0.1; done; exit 7")
     try:
-        agent_id = _running_agent(bed, "alice", "watched", proc)
+        agent_id = running_agent(bed, "alice", "watched", proc)
         bed.write_file("/tmp/rt2_watchers.py", WATCHERS)
         heard = json.loads(bed.run([VENV_PY, "/tmp/rt2_watchers.py", agent_id, "12", flag],
                                    user="alice", timeout=120).stdout)
@@ -397,7 +385,7 @@ def test_bob_hears_no_end_of_alices_agent_and_broadcast_look_alikes_end_no_lev(
     proc = _attached(bed, "alice", f"while [ ! -f {flag} ]; do sleep 0.1; done; exit 7")
     bob = None
     try:
-        agent_id = _running_agent(bed, "alice", "bob-listens", proc)
+        agent_id = running_agent(bed, "alice", "bob-listens", proc)
         bob = subprocess.Popen(bed.command([VENV_PY, "/tmp/rt2_listen.py", agent_id, "8"],
                                            user="bob"), stdout=subprocess.PIPE, text=True)
         assert bob.stdout is not None
