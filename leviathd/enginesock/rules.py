@@ -439,9 +439,11 @@ async def _check_mounts(host: dict[str, Any], c: Checks) -> bool:
     vfrom: list[str] = []
     for ref in host.get("VolumesFrom") or []:
         name, _, mode = str(ref).partition(":")
-        if mode == "rw":
-            raise Refused("--volumes-from NAME:rw is not allowed: it would make read-only "
-                          "mounts writable")
+        # Podman reads a comma list here: `rw` anywhere in it makes read-only
+        # mounts writable, `z` relabels their host files.
+        if mode not in ("", "ro"):
+            raise Refused(f"--volumes-from NAME:{mode[:40]} is not allowed: only ro (rw would "
+                          "make read-only mounts writable, z relabels the host's files)")
         found = await c.container(name)
         labels = (found.get("Config") or {}).get("Labels") or {}
         if labels.get(LABEL_USER):

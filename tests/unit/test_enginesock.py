@@ -258,3 +258,22 @@ def test_a_key_the_engine_would_read_as_a_checked_one_is_refused() -> None:
         rules._json_body(b'{"HostConfig": {"Privileged": true}, "HostConfig": {}}')
     # A map's keys are data, whatever they spell.
     assert rules._json_body(b'{"Labels": {"privileged": "x"}, "DriverOpts": {"type": "none"}}')
+
+
+@pytest.mark.parametrize("ref", ["mine:rw,z", "mine:z,rw", "mine:z", "mine:Z", "mine:ro,z",
+                                 "mine:RW"])
+def test_volumes_from_takes_ro_alone(ref: str) -> None:
+    """Podman reads --volumes-from's options as a comma list: `rw` anywhere
+    in it makes the source's read-only mounts writable, `z` relabels their
+    host files. Only `ro` (or nothing) is passed."""
+    assert "--volumes-from" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"VolumesFrom": [ref]}})
+
+
+def test_volumes_from_read_only_or_as_they_are_passes() -> None:
+    for ref in ("mine", "mine:ro"):
+        d = _decide("POST", "/containers/create", {
+            "Image": "x", "HostConfig": {"VolumesFrom": [ref]}})
+        assert d.body is not None
+        assert json.loads(d.body)["HostConfig"]["VolumesFrom"] == [
+            "c" * 64 + ref.removeprefix("mine")]
