@@ -29,6 +29,11 @@ _NAMESPACED_SYSCTL = re.compile(r"^(net\.|kernel\.(msgmax|msgmnb|msgmni|sem|shma
 _BIND_OPTIONS = frozenset({"ro", "rw", "nocopy", "private", "rprivate", "slave", "rslave",
                            "nosuid", "nodev", "noexec", "delegated", "cached", "consistent"})
 _PROPAGATION = frozenset({"", "private", "rprivate", "slave", "rslave"})
+# The engine runs the log driver on the host as root: drivers that send to an
+# address (the host's own loopback, any unix socket) and options naming a
+# file (podman's path) are not the agent's to choose.
+_LOG_DRIVERS = frozenset({"", "none", "json-file", "local", "k8s-file", "journald"})
+_LOG_OPTIONS = frozenset({"max-size", "max-file", "compress"})
 _VERSION = re.compile(r"^/v[0-9]{1,3}(\.[0-9]{1,3}){0,2}(?=/)")
 _NAME = r"([A-Za-z0-9][A-Za-z0-9_.:@/-]{0,254}?)"
 _ID = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,254})"
@@ -153,7 +158,8 @@ _CHECKED_KEYS = frozenset({
     "Container", "CpuPeriod", "CpuQuota", "CpuRealtimePeriod", "CpuRealtimeRuntime",
     "CpuShares", "CpusetCpus", "CpusetMems", "DeviceCgroupRules", "DeviceRequests", "Devices",
     "Driver", "DriverConfig", "DriverOpts", "EndpointsConfig", "GroupAdd", "HostConfig",
-    "HostIp", "Ingress", "IpcMode", "KernelMemory", "Labels", "Links", "MaskedPaths", "Memory",
+    "HostIp", "Ingress", "IpcMode", "KernelMemory", "Labels", "Links", "LogConfig",
+    "MaskedPaths", "Memory",
     "MemoryReservation", "MemorySwap", "Mounts", "NanoCpus", "NetworkMode", "NetworkingConfig",
     "NonRecursive", "OomScoreAdj", "PidMode", "PidsLimit", "PortBindings", "Privileged",
     "Propagation", "PublishAllPorts", "ReadOnly", "ReadOnlyNonRecursive", "ReadonlyPaths",
@@ -280,6 +286,7 @@ async def check_create(body: dict[str, Any], c: Checks) -> dict[str, Any]:
     if host.get("Annotations"):
         raise Refused("annotations are not allowed: they change how the runtime builds the "
                       "container")
+    _check_log_config(host.get("LogConfig"))
     if host.get("VolumeDriver") not in (None, "", "local"):
         raise Refused("volume drivers other than local are not allowed")
     if isinstance(host.get("OomScoreAdj"), int) and host["OomScoreAdj"] < 0:
@@ -363,6 +370,24 @@ async def check_endpoints(body: dict[str, Any], c: Checks) -> None:
                           "host's")
         if str(name) not in DEFAULT_NETWORKS and str(name) != "none":
             await c.network(str(name))
+
+
+def _check_log_config(log: object) -> None:
+    if log is None:
+        return
+    if not isinstance(log, dict):
+        raise Refused("LogConfig is not an object", 400)
+    kind = str(log.get("Type") or "")
+    if kind not in _LOG_DRIVERS:
+        raise Refused(f"--log-driver {kind[:40]} is not allowed: the engine would send the "
+                      "logs from the host (json-file, local, k8s-file, journald or none)")
+    opts = log.get("Config") or {}
+    if not isinstance(opts, dict):
+        raise Refused("LogConfig.Config is not a map", 400)
+    for name in opts:
+        if str(name) not in _LOG_OPTIONS:
+            raise Refused(f"--log-opt {str(name)[:40]} is not allowed: only "
+                          f"{', '.join(sorted(_LOG_OPTIONS))}")
 
 
 def _check_security_opts(opts: list[object]) -> None:

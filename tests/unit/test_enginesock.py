@@ -277,3 +277,30 @@ def test_volumes_from_read_only_or_as_they_are_passes() -> None:
         assert d.body is not None
         assert json.loads(d.body)["HostConfig"]["VolumesFrom"] == [
             "c" * 64 + ref.removeprefix("mine")]
+
+
+@pytest.mark.parametrize("log", [
+    {"Type": "k8s-file", "Config": {"path": "/etc/cron.d/x"}},  # podman writes there as root
+    {"Type": "syslog", "Config": {"syslog-address": "tcp://127.0.0.1:25"}},  # host loopback
+    {"Type": "splunk", "Config": {"splunk-url": "http://127.0.0.1:8080"}},
+    {"Type": "gelf", "Config": {"gelf-address": "udp://10.0.0.1:12201"}},
+    {"Type": "fluentd", "Config": {"fluentd-address": "unix:///run/leviathd/x.sock"}},
+    {"Type": "json-file", "Config": {"PATH": "/root/x"}},
+])
+def test_a_log_driver_that_writes_or_connects_as_the_engine_is_refused(
+        log: dict[str, Any]) -> None:
+    """The engine runs the log driver on the host, as root: a log path is a
+    root write anywhere, a log address a connection from the host's own
+    network (its loopback) or to any unix socket."""
+    assert "--log" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"LogConfig": log}})
+    assert "spelt 'LogConfig'" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"logConfig": log}})
+
+
+def test_the_engines_own_log_drivers_pass() -> None:
+    for log in ({"Type": "json-file", "Config": {"max-size": "10m", "max-file": "3"}},
+                {"Type": "none"}, {"Type": "journald", "Config": {}}, {"Type": "k8s-file"},
+                {"Type": "", "Config": None}):
+        d = _decide("POST", "/containers/create", {"Image": "x", "HostConfig": {"LogConfig": log}})
+        assert d.body is not None
