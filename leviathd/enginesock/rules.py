@@ -156,7 +156,8 @@ _CHECKED_KEYS = frozenset({
     "BlkioDeviceWriteBps", "BlkioDeviceWriteIOps", "BlkioWeight", "BlkioWeightDevice",
     "CapAdd", "Cgroup", "CgroupParent", "CgroupnsMode", "Config", "ConfigFrom", "ConfigOnly",
     "Container", "CpuPeriod", "CpuQuota", "CpuRealtimePeriod", "CpuRealtimeRuntime",
-    "CpuShares", "CpusetCpus", "CpusetMems", "DeviceCgroupRules", "DeviceRequests", "Devices",
+    "CpuShares", "CpusetCpus", "CpusetMems", "Detach", "DeviceCgroupRules", "DeviceRequests",
+    "Devices",
     "Driver", "DriverConfig", "DriverOpts", "EndpointsConfig", "GroupAdd", "HostConfig",
     "HostIp", "Ingress", "IpcMode", "KernelMemory", "Labels", "Links", "LogConfig",
     "MaskedPaths", "Memory",
@@ -565,8 +566,12 @@ async def decide(method: str, path: str, query: str, body: bytes | None, c: Chec
     m = re.match(r"^/exec/" + _ID + r"/(start|resize|json)$", rest)
     if m is not None:
         found = await c.exec_container(m.group(1))
-        if m.group(2) == "start":
-            return Decision(_target(prefix, rest, q), body, upgrade=True, mutating=True,
+        if (method, m.group(2)) == ("POST", "start"):
+            start = _json_body(body)
+            # A detached start is answered as a plain request, not a stream:
+            # raw bytes behind it would be read as the next request.
+            return Decision(_target(prefix, rest, q), _dump(start) if body else body,
+                            upgrade=not start.get("Detach"), mutating=True,
                             what=f"exec start in {str(found.get('Id', ''))[:12]}")
         if (method, m.group(2)) in (("POST", "resize"), ("GET", "json")):
             return Decision(_target(prefix, rest, q))

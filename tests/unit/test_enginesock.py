@@ -304,3 +304,245 @@ def test_the_engines_own_log_drivers_pass() -> None:
                 {"Type": "", "Config": None}):
         d = _decide("POST", "/containers/create", {"Image": "x", "HostConfig": {"LogConfig": log}})
         assert d.body is not None
+
+
+# ------------------------------------------- what mutation testing found open
+
+
+def _created(body: dict[str, Any], checks: _Checks | None = None) -> dict[str, Any]:
+    d = _decide("POST", "/containers/create", {"Image": "x", **body}, checks)
+    assert d.body is not None and d.mutating
+    return dict(json.loads(d.body))
+
+
+@pytest.mark.parametrize("cap", ["SYS_ADMIN", "cap_sys_admin", " Sys_Module ", "all"])
+def test_only_the_machines_capabilities_are_added(cap: str) -> None:
+    assert "--cap-add" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"CapAdd": [cap]}})
+    assert _created({"HostConfig": {"CapAdd": ["cap_sys_ptrace"]}})["HostConfig"]["CapAdd"]
+
+
+@pytest.mark.parametrize("name", ["kernel.core_pattern", "kernel.modprobe", "vm.overcommit_memory",
+                                  "kernel.shm_rmid_forced_x", "fs.protected_symlinks"])
+def test_a_sysctl_of_the_whole_host_is_refused(name: str) -> None:
+    assert "--sysctl" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"Sysctls": {name: "|/tmp/x"}}})
+
+
+def test_per_container_sysctls_pass() -> None:
+    sysctls = {"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shmmax": "1",
+               "fs.mqueue.msg_max": "10"}
+    assert _created({"HostConfig": {"Sysctls": sysctls}})["HostConfig"]["Sysctls"] == sysctls
+
+
+@pytest.mark.parametrize(("key", "mode"), [("UsernsMode", "keep-id"), ("UsernsMode", "auto"),
+                                           ("Cgroup", "private"), ("PidMode", "ns:/proc/1/ns/pid"),
+                                           ("IpcMode", "/proc/1/ns/ipc")])
+def test_namespaces_other_than_the_containers_own_are_refused(key: str, mode: str) -> None:
+    assert "is not allowed" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {key: mode}})
+
+
+def test_the_containers_own_namespaces_pass() -> None:
+    host = {"PidMode": "private", "IpcMode": "shareable", "UTSMode": "private",
+            "CgroupnsMode": "private", "PidMode2": None}
+    host.pop("PidMode2")
+    assert _created({"HostConfig": host})["HostConfig"]["IpcMode"] == "shareable"
+    got = _created({"HostConfig": {"PidMode": "container:mine"}})["HostConfig"]
+    assert got["PidMode"] == "container:" + "c" * 64
+
+
+def test_oom_score_adj_below_zero_is_refused_and_zero_passes() -> None:
+    assert "--oom-score-adj" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"OomScoreAdj": -1}})
+    for value in (0, 1, 1000):
+        assert _created({"HostConfig": {"OomScoreAdj": value}})["HostConfig"]["OomScoreAdj"] == value
+
+
+def test_links_are_rewritten_to_the_own_containers_name() -> None:
+    class Named(_Checks):
+        async def container(self, ref: str) -> dict[str, Any]:
+            return {**await super().container(ref), "Name": "/mine-1"}
+
+    got = _created({"HostConfig": {"Links": ["mine:db", "mine"]}}, Named())["HostConfig"]
+    assert got["Links"] == ["mine-1:db", "mine-1:mine"]
+    assert "no such container" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"Links": ["theirs:db"]}})
+
+
+@pytest.mark.parametrize("mode", ["othernet", "ns:/proc/1/ns/net", "/proc/1/ns/net",
+                                  "slirp4netns:allow_host_loopback=true",
+                                  "pasta:--map-host-loopback,10.0.2.2", "bridge:ip=1.2.3.4"])
+def test_a_network_not_the_agents_is_refused(mode: str) -> None:
+    says = "no such network" if mode == "othernet" else f"--network {mode} is not allowed"
+    assert says in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"NetworkMode": mode}})
+
+
+@pytest.mark.parametrize(("name", "says"), [("host", "--network host is not allowed"),
+                                            ("othernet", "no such network")])
+def test_an_endpoint_on_a_network_not_the_agents_is_refused(name: str, says: str) -> None:
+    assert says in _refused("POST", "/containers/create", {
+        "Image": "x", "NetworkingConfig": {"EndpointsConfig": {name: {}}}})
+
+
+def test_endpoints_on_the_default_networks_pass() -> None:
+    for name in ("bridge", "podman", "none", "default"):
+        assert _created({"NetworkingConfig": {"EndpointsConfig": {name: {}}}})
+
+
+@pytest.mark.parametrize("opt", ["no-new-privileges:false", "no-new-privileges=0",
+                                 "no-new-privileges:xtrue", "seccomp=unconfined", "seccomp=",
+                                 "apparmor=unconfined", "label=disable", "unmask=ALL"])
+def test_security_options_other_than_no_new_privileges_are_refused(opt: str) -> None:
+    assert "--security-opt" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"SecurityOpt": [opt]}})
+
+
+def test_no_new_privileges_passes() -> None:
+    opts = ["no-new-privileges", "no-new-privileges:true", "no-new-privileges=true"]
+    assert _created({"HostConfig": {"SecurityOpt": opts}})["HostConfig"]["SecurityOpt"] == opts
+
+
+@pytest.mark.parametrize("bind", ["/work", "/work:/w:ro:z", "/work:/w:rw:x:y", "vol:/w:rw:Z"])
+def test_a_bind_not_source_target_options_is_refused(bind: str) -> None:
+    assert "SOURCE:TARGET" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"Binds": [bind]}})
+
+
+def test_a_bind_given_in_mounts_is_checked_as_a_bind() -> None:
+    for source in ("/root", "/etc/shadow", ""):
+        assert "bind refused" in _refused("POST", "/containers/create", {
+            "Image": "x", "HostConfig": {"Mounts": [{"Type": "bind", "Source": source,
+                                                     "Target": "/x"}]}})
+    got = _created({"HostConfig": {"Mounts": [
+        {"Type": "bind", "Source": "/work/a", "Target": "/a", "ReadOnly": True},
+        {"Type": "bind", "Source": "/usr", "Target": "/u"},
+        {"Type": "tmpfs", "Target": "/t"}]}})
+    host = got["HostConfig"]
+    # As bind strings: the engine gets the checked host path and nosuid, nodev.
+    assert host["Binds"] == ["/work/a:/a:ro,nosuid,nodev", "/usr:/u:ro,nosuid,nodev"]
+    assert host["Mounts"] == [{"Type": "tmpfs", "Target": "/t"}]
+    assert "User" not in got  # nothing writable
+
+
+def test_a_writable_bind_in_mounts_makes_the_agents_user() -> None:
+    got = _created({"HostConfig": {"Mounts": [{"Type": "bind", "Source": "/work/a",
+                                               "Target": "/a"}]}})
+    assert got["User"] == "1000:1000"
+    assert got["HostConfig"]["Binds"] == ["/work/a:/a:rw,nosuid,nodev"]
+    assert "no-new-privileges" in got["HostConfig"]["SecurityOpt"]
+    assert "runs as your user" in _refused("POST", "/containers/create", {
+        "Image": "x", "User": "0", "HostConfig": {"Mounts": [
+            {"Type": "bind", "Source": "/work/a", "Target": "/a"}]}})
+
+
+@pytest.mark.parametrize("bopts", [{"Propagation": "rshared"}, {"Propagation": "shared"},
+                                   {"NonRecursive": True}, {"ReadOnlyNonRecursive": True}])
+def test_bind_options_that_reach_past_the_bind_are_refused(bopts: dict[str, Any]) -> None:
+    assert "not allowed" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"Mounts": [{"Type": "bind", "Source": "/usr",
+                                                 "Target": "/u", "BindOptions": bopts}]}})
+
+
+@pytest.mark.parametrize("kind", ["glob", "image", "devpts", "npipe", "cluster", "BIND", ""])
+def test_mount_types_other_than_bind_volume_tmpfs_are_refused(kind: str) -> None:
+    mount = {"Type": kind, "Source": "/root/*", "Target": "/x"}
+    says = "bind refused" if kind == "" else f"mounts of type {kind}"
+    if kind == "":  # no type: a volume named by Source, which is no volume name
+        class NoVolume(_Checks):
+            async def volume(self, name: str, *, create: bool) -> dict[str, Any]:
+                raise rules.Refused("bind refused", 400)
+        with pytest.raises(rules.Refused, match=says):
+            _decide("POST", "/containers/create",
+                    {"Image": "x", "HostConfig": {"Mounts": [mount]}}, NoVolume())
+        return
+    assert says in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"Mounts": [mount]}})
+
+
+def test_volumes_from_a_container_with_writable_folders_makes_the_agents_user() -> None:
+    class Writable(_Checks):
+        async def container(self, ref: str) -> dict[str, Any]:
+            if ref == "rw-one":
+                return {"Id": "d" * 64, "Config": {"Labels": {
+                    rules.LABEL_AGENT: self.agent_id, rules.LABEL_USER: "1000:1000"}}}
+            return await super().container(ref)
+
+    got = _created({"HostConfig": {"VolumesFrom": ["rw-one"]}}, Writable())
+    assert got["User"] == "1000:1000" and got["HostConfig"]["VolumesFrom"] == ["d" * 64]
+    assert "no-new-privileges" in got["HostConfig"]["SecurityOpt"]
+    assert "User" not in _created({"HostConfig": {"VolumesFrom": ["mine"]}}, Writable())
+
+
+@pytest.mark.parametrize("path", ["/swarm", "/secrets", "/configs", "/plugins", "/nodes",
+                                  "/tasks", "/services", "/session", "/grpc", "/system/df",
+                                  "/auth", "/commit"])
+def test_a_get_of_an_unknown_or_machine_wide_endpoint_is_refused(path: str) -> None:
+    assert _refused("GET", path)
+    assert _refused("POST", path)
+
+
+def test_the_read_only_basics_pass_and_writes_to_them_do_not() -> None:
+    for path in ("/_ping", "/version", "/info", "/v1.41/_ping"):
+        assert _decide("GET", path).target == path
+        assert _decide("HEAD", path).target == path
+    assert _refused("POST", "/info")
+    ev = _decide("GET", "/events?since=1")
+    assert "aaaa1111" in ev.target and not ev.upgrade
+
+
+def test_exec_start_alone_is_a_stream() -> None:
+    start = _decide("POST", "/exec/abc/start", {"Tty": False})
+    assert start.upgrade and start.mutating
+    for method, path in (("GET", "/exec/abc/json"), ("POST", "/exec/abc/resize?h=1&w=1")):
+        d = _decide(method, path)
+        assert not d.upgrade and not d.mutating and d.target == path
+    for method, path in (("POST", "/exec/abc/json"), ("GET", "/exec/abc/resize"),
+                         ("GET", "/exec/abc/start"), ("DELETE", "/exec/abc/json")):
+        assert _refused(method, path)
+
+
+def test_only_attach_and_exec_start_are_streams() -> None:
+    """A decision with `upgrade` relays the client's bytes to the engine raw
+    after the request: on any other endpoint, a second request written after
+    the first would reach the engine unfiltered."""
+    for method, path, body in (
+            ("GET", "/containers/json", None), ("GET", "/_ping", None),
+            ("POST", "/containers/create", {"Image": "x"}), ("GET", "/containers/mine/json", None),
+            ("POST", "/containers/mine/start", None), ("GET", "/containers/mine/logs", None),
+            ("POST", "/containers/mine/exec", {"Cmd": ["true"]}), ("GET", "/events", None),
+            ("GET", "/networks", None), ("GET", "/volumes", None), ("POST", "/build", None),
+            ("GET", "/images/json", None), ("POST", "/images/create?fromImage=x", None)):
+        d = _decide(method, path, body)
+        assert not d.upgrade, (method, path)
+    assert _decide("POST", "/containers/mine/attach?stream=1").upgrade
+
+
+def test_the_json_bodies_the_rules_read_are_read_whole() -> None:
+    for method, path in (("POST", "/containers/create"), ("POST", "/v1.41/containers/create"),
+                         ("POST", "/containers/x/exec"), ("POST", "/networks/create"),
+                         ("POST", "/networks/n/connect"), ("POST", "/volumes/create"),
+                         ("POST", "/exec/e/start")):
+        assert rules.wants_json_body(method, path), path
+    for method, path in (("GET", "/containers/create"), ("POST", "/build"),
+                         ("POST", "/images/load"), ("PUT", "/containers/x/archive"),
+                         ("GET", "/containers/x/exec")):
+        assert not rules.wants_json_body(method, path), path
+
+
+def test_creates_and_removals_are_audited_as_changes() -> None:
+    assert _decide("POST", "/containers/create", {"Image": "x"}).mutating
+    assert _decide("DELETE", "/containers/mine").mutating
+    assert not _decide("GET", "/containers/json").mutating
+
+
+def test_a_detached_exec_start_is_no_stream() -> None:
+    d = _decide("POST", "/exec/abc/start", {"Detach": True})
+    assert not d.upgrade and d.body == b'{"Detach":true}'
+    assert _decide("POST", "/exec/abc/start", {"Detach": False, "Tty": True}).upgrade
+    for key in ("detach", "DETACH"):
+        assert "spelt 'Detach'" in _refused("POST", "/exec/abc/start", {key: True})
+    with pytest.raises(rules.Refused, match="given twice"):
+        asyncio.run(rules.decide("POST", "/exec/abc/start", "",
+                                 b'{"Detach": false, "Detach": true}', _Checks()))
