@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -356,7 +357,8 @@ def test_oom_score_adj_below_zero_is_refused_and_zero_passes() -> None:
     assert "--oom-score-adj" in _refused("POST", "/containers/create", {
         "Image": "x", "HostConfig": {"OomScoreAdj": -1}})
     for value in (0, 1, 1000):
-        assert _created({"HostConfig": {"OomScoreAdj": value}})["HostConfig"]["OomScoreAdj"] == value
+        got = _created({"HostConfig": {"OomScoreAdj": value}})
+        assert got["HostConfig"]["OomScoreAdj"] == value
 
 
 def test_links_are_rewritten_to_the_own_containers_name() -> None:
@@ -546,3 +548,258 @@ def test_a_detached_exec_start_is_no_stream() -> None:
     with pytest.raises(rules.Refused, match="given twice"):
         asyncio.run(rules.decide("POST", "/exec/abc/start", "",
                                  b'{"Detach": false, "Detach": true}', _Checks()))
+
+
+def test_the_view_is_made_from_the_sandboxs_own_table(tmp_path: Path) -> None:
+    """View.from_spec: what the sandbox covers inside a bind (a mask) stays
+    covered; a bind of the folder around it would show it again."""
+    from leviathd.sandbox.spec import Mount
+    work = tmp_path / "work"
+    (work / "secret").mkdir(parents=True)
+    (work / "src").mkdir()
+    spec = SimpleNamespace(mounts=(
+        Mount("tmpfs", "/"), Mount("bind", "/home/a/work", str(work)),
+        Mount("mask", "/home/a/work/secret")), hidden=())
+    v = View.from_spec(spec)  # type: ignore[arg-type]
+    assert v.masks == (str(work / "secret"),)
+    assert v.resolve("/home/a/work/src", True) == (str(work / "src"), False)
+    for path in ("/home/a/work", "/home/a/work/secret", "/home/a/work/src/.."):
+        with pytest.raises(BindRefused, match="covers"):
+            v.resolve(path, True)
+
+
+def test_a_later_mount_at_the_same_place_is_what_the_sandbox_shows(tmp_path: Path) -> None:
+    (tmp_path / "covered").mkdir()
+    v = View((_Entry("/", "tmpfs", "", False),
+              _Entry("/home/a/data", "bind", str(tmp_path / "covered"), False),
+              _Entry("/home/a/data", "tmpfs", "", False)), (), (), ())
+    with pytest.raises(BindRefused, match="not a folder"):
+        v.resolve("/home/a/data", True)
+
+
+def test_a_link_into_a_read_only_part_of_a_writable_bind_stays_read_only(tmp_path: Path) -> None:
+    """The sandbox binds data rw and data/ro read-only over it; a link the
+    agent makes in data to data/ro resolves on the host to data/ro."""
+    data = tmp_path / "data"
+    (data / "ro").mkdir(parents=True)
+    os.symlink(data / "ro", data / "to-ro")
+    v = View((_Entry("/", "tmpfs", "", False),
+              _Entry("/home/a/data", "bind", str(data), False),
+              _Entry("/home/a/data/ro", "bind", str(data / "ro"), True)), (), (), ())
+    assert v.resolve("/home/a/data/to-ro", True) == (str(data / "ro"), True)
+    assert v.resolve("/home/a/data", True) == (str(data), False)
+
+
+def test_a_folder_around_or_inside_the_agents_sockets_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "sock" / "inner").mkdir(parents=True)
+    v = View((_Entry("/", "tmpfs", "", False), _Entry("/r", "bind", str(run), False)), (), (),
+             (str(run / "sock"),))
+    for path in ("/r", "/r/sock", "/r/sock/inner"):
+        with pytest.raises(BindRefused, match="own sockets"):
+            v.resolve(path, True)
+
+
+def test_a_folder_holding_a_hidden_one_is_refused(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "keys").mkdir(parents=True)
+    (work / "src").mkdir()
+    v = View((_Entry("/", "tmpfs", "", False), _Entry("/w", "bind", str(work), False)),
+             (str(work / "keys"),), (), ())
+    with pytest.raises(BindRefused, match="hides"):
+        v.resolve("/w", True)
+    assert v.resolve("/w/src", True) == (str(work / "src"), False)
+
+
+# ------------------------------------------------ routing: what each endpoint may do
+
+OWN_NET = {"Id": "n" * 64, "Labels": {rules.LABEL_AGENT: "aaaa1111"}}
+OWN_IMAGE = {"Config": {"Labels": {rules.LABEL_AGENT: "aaaa1111"}}}
+
+
+class _Owner(_Checks):
+    """The agent owns the network `mine-net`, the image `mine-img` and the
+    container `rw-one`, which has writable host folders (runs as 1000:1000)."""
+
+    async def network(self, ref: str) -> dict[str, Any]:
+        if ref == "mine-net":
+            return dict(OWN_NET)
+        return await super().network(ref)
+
+    async def image(self, ref: str) -> dict[str, Any]:
+        return dict(OWN_IMAGE) if ref == "mine-img" else await super().image(ref)
+
+    async def container(self, ref: str) -> dict[str, Any]:
+        if ref == "rw-one":
+            return {"Id": "d" * 64, "Config": {"Labels": {
+                rules.LABEL_AGENT: self.agent_id, rules.LABEL_USER: "1000:1000"}}}
+        return await super().container(ref)
+
+
+def _own(method: str, path: str, body: object = None) -> rules.Decision:
+    return _decide(method, path, body, _Owner())
+
+
+def _own_refused(method: str, path: str, body: object = None) -> str:
+    with pytest.raises(rules.Refused) as info:
+        _own(method, path, body)
+    return info.value.message
+
+
+def test_container_endpoints_route_by_method_and_operation() -> None:
+    cid = "c" * 64
+    assert _own("GET", "/containers/mine/json").target == f"/containers/{cid}/json"
+    d = _own("DELETE", "/containers/mine?force=1")
+    assert d.target == f"/containers/{cid}?force=1" and d.mutating
+    for method, path in (("GET", "/containers/mine"), ("POST", "/containers/mine"),
+                         ("POST", "/containers/mine/json"), ("GET", "/containers/mine/nope"),
+                         ("GET", "/containers/mine/start"), ("DELETE", "/containers/mine/json"),
+                         ("GET", "/containers/mine/attach"), ("POST", "/containers/mine/update"),
+                         ("POST", "/containers/mine/commit"), ("GET", "/containers/mine/export/x")):
+        assert _own_refused(method, path), (method, path)
+    assert _own("POST", "/containers/mine/start").mutating
+    assert not _own("GET", "/containers/mine/logs").mutating
+
+
+def test_in_a_container_with_writable_folders_execs_run_as_the_agents_user() -> None:
+    d = _own("POST", "/containers/rw-one/exec", {"Cmd": ["id"]})
+    assert d.body is not None and json.loads(d.body)["User"] == "1000:1000"
+    for asked in ("1000", "1000:1000"):
+        d = _own("POST", "/containers/rw-one/exec", {"Cmd": ["id"], "User": asked})
+        assert d.body is not None and json.loads(d.body)["User"] == "1000:1000"
+    for asked in ("0", "root", "0:0", "1000:0"):
+        assert "exec runs as" in _own_refused("POST", "/containers/rw-one/exec",
+                                              {"Cmd": ["id"], "User": asked})
+    d = _own("POST", "/containers/mine/exec", {"Cmd": ["id"], "User": "0"})
+    assert d.body is not None and json.loads(d.body)["User"] == "0"
+
+
+def test_copying_into_a_container_with_writable_folders_is_refused() -> None:
+    assert "engine writes as root" in _own_refused("PUT", "/containers/rw-one/archive?path=/")
+    for method in ("GET", "HEAD"):
+        assert _own(method, "/containers/rw-one/archive?path=/")
+    assert _own("PUT", "/containers/mine/archive?path=/").mutating
+
+
+def test_network_endpoints() -> None:
+    nid = "n" * 64
+    listed = _own("GET", "/networks?filters={}")
+    assert listed.target.startswith("/networks?") and "aaaa1111" in listed.target
+    assert _own("POST", "/networks/prune").mutating
+    assert "aaaa1111" in _own("POST", "/networks/prune").target
+    assert _own("GET", "/networks/mine-net").target == f"/networks/{nid}"
+    d = _own("DELETE", "/networks/mine-net")
+    assert d.target == f"/networks/{nid}" and d.mutating
+    d = _own("POST", "/networks/mine-net/connect", {"Container": "mine"})
+    assert d.target == f"/networks/{nid}/connect" and d.mutating
+    assert d.body is not None and json.loads(d.body)["Container"] == "c" * 64
+    for method, path, body in (
+            ("GET", "/networks/theirs", None), ("DELETE", "/networks/theirs", None),
+            ("POST", "/networks/theirs/connect", {"Container": "mine"}),
+            ("POST", "/networks/mine-net/connect", {"Container": "theirs"}),
+            ("POST", "/networks/mine-net/connect", {}),
+            ("GET", "/networks/mine-net/connect", None), ("POST", "/networks/mine-net", None),
+            ("DELETE", "/networks/mine-net/disconnect", None), ("GET", "/networks/prune", None),
+            ("GET", "/networks/create", None), ("PUT", "/networks", None)):
+        assert _own_refused(method, path, body), (method, path)
+    made = _own("POST", "/networks/create", {"Name": "n1", "Driver": "bridge"})
+    assert made.mutating and made.body is not None
+    assert json.loads(made.body)["Labels"][rules.LABEL_AGENT] == "aaaa1111"
+
+
+def test_an_id_only_under_id_names_the_network() -> None:
+    class Podman(_Owner):
+        async def network(self, ref: str) -> dict[str, Any]:
+            return {"ID": "p" * 64, "Labels": {rules.LABEL_AGENT: "aaaa1111"}}
+    assert _decide("GET", "/networks/x", None, Podman()).target == "/networks/" + "p" * 64
+
+
+@pytest.mark.parametrize("extra", [{"ConfigFrom": {"Network": "x"}}, {"ConfigOnly": True},
+                                   {"Ingress": True}, {"Scope": "swarm"}, {"Scope": "global"},
+                                   {"Driver": "macvlan"}, {"Driver": "host"}])
+def test_swarm_config_only_and_host_reaching_networks_are_refused(extra: dict[str, Any]) -> None:
+    assert "not allowed" in _own_refused("POST", "/networks/create", {"Name": "n1", **extra})
+    for ok in ({"Scope": "local"}, {"Scope": ""}, {"Driver": ""}):
+        assert _own("POST", "/networks/create", {"Name": "n1", **ok})
+
+
+def test_volume_endpoints() -> None:
+    assert "aaaa1111" in _own("GET", "/volumes").target
+    assert "aaaa1111" in _own("POST", "/volumes/prune").target and _own(
+        "POST", "/volumes/prune").mutating
+    got = _own("GET", "/volumes/v1")
+    assert got.target == "/volumes/v1" and not got.mutating
+    assert _own("DELETE", "/volumes/v1").mutating
+    for method, path in (("POST", "/volumes/v1"), ("PUT", "/volumes/v1"),
+                         ("GET", "/volumes/v1/x"), ("DELETE", "/volumes")):
+        assert _own_refused(method, path), (method, path)
+    for body in ({}, {"Driver": "local"}, {"Driver": ""}):
+        assert _own("POST", "/volumes/create", {"Name": "v", **body}).mutating
+    for body in ({"Driver": "nfs"}, {"Driver": "rclone"},
+                 {"Driver": "local", "DriverOpts": {"o": "bind"}}):
+        assert "not allowed" in _own_refused("POST", "/volumes/create", {"Name": "v", **body})
+
+
+def test_image_endpoints() -> None:
+    assert _own("GET", "/images/json").target == "/images/json"
+    pull = _own("POST", "/images/create?fromImage=busybox&tag=1")
+    assert pull.mutating
+    assert _own("POST", "/images/create?fromSrc=-").mutating
+    for src in ("http://127.0.0.1:8080/x.tar", "/etc/shadow", "file:///etc"):
+        assert "importing" in _own_refused("POST", "/images/create?fromSrc=" + src)
+    assert _own("POST", "/images/load").mutating
+    for path in ("/images/busybox/json", "/images/busybox/history", "/distribution/busybox/json",
+                 "/images/docker.io/library/busybox:1/json"):
+        d = _own("GET", path)
+        assert d.target == path and not d.mutating
+    d = _own("DELETE", "/images/mine-img")
+    assert d.mutating and d.target == "/images/mine-img"
+    for method, path in (("GET", "/images/busybox/get"), ("GET", "/images/get"),
+                         ("POST", "/images/busybox/push"), ("POST", "/images/busybox/tag"),
+                         ("GET", "/images/search"), ("POST", "/images/busybox/json"),
+                         ("DELETE", "/images/busybox/json"), ("DELETE", "/images/mine-img/history"),
+                         ("GET", "/images/load"), ("GET", "/images/create"),
+                         ("POST", "/images/mine-img"), ("GET", "/build"),
+                         ("POST", "/images/prune"), ("POST", "/commit"),
+                         ("POST", "/distribution/busybox/json")):
+        assert _own_refused(method, path), (method, path)
+
+
+def test_a_build_is_labelled_as_the_agents_and_buildkit_is_refused() -> None:
+    from urllib.parse import parse_qsl, urlsplit
+    d = _own("POST", '/build?t=x&version=1&q=2&labels={"a":"b"}')
+    assert d.mutating
+    query = parse_qsl(urlsplit(d.target).query)
+    assert ("t", "x") in query and ("q", "2") in query
+    labels = [json.loads(v) for k, v in query if k == "labels"]
+    assert labels == [{"a": "b", rules.LABEL_AGENT: "aaaa1111", rules.LABEL_DAEMON: "d"}]
+    for q in ("version=2", "remote=http://x/y.tar", "networkmode=host", "cgroupparent=/x",
+              'labels={"org.leviath.engine-agent":"other"}'):
+        assert _own_refused("POST", "/build?" + q), q
+
+
+def test_every_change_is_marked_for_the_audit_and_the_sweeper() -> None:
+    for method, path, body in (
+            ("POST", "/containers/create", {"Image": "x"}), ("POST", "/containers/prune", None),
+            ("DELETE", "/containers/mine", None), ("POST", "/containers/mine/kill", None),
+            ("POST", "/containers/mine/exec", {"Cmd": ["true"]}),
+            ("POST", "/networks/create", {"Name": "n"}), ("DELETE", "/networks/mine-net", None),
+            ("POST", "/networks/mine-net/disconnect", {"Container": "mine"}),
+            ("POST", "/volumes/create", {"Name": "v"}), ("DELETE", "/volumes/v", None),
+            ("POST", "/images/create?fromImage=x", None), ("POST", "/build", None),
+            ("POST", "/images/load", None), ("DELETE", "/images/mine-img", None)):
+        assert _own(method, path, body).mutating, (method, path)
+
+
+@pytest.mark.parametrize("target", ["/t:z", "/t,z", "rel", "", "/t\x00x"])
+def test_a_mount_target_that_would_add_bind_options_is_refused(target: str) -> None:
+    assert "mount target" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"Mounts": [{"Type": "bind", "Source": "/usr",
+                                                 "Target": target}]}})
+
+
+def test_bind_options_that_stay_in_the_bind_pass() -> None:
+    got = _created({"HostConfig": {"Mounts": [
+        {"Type": "bind", "Source": "/usr", "Target": "/u",
+         "BindOptions": {"Propagation": "rprivate", "NonRecursive": False}}]}})
+    assert got["HostConfig"]["Binds"] == ["/usr:/u:ro,nosuid,nodev"]
