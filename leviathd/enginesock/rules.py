@@ -539,6 +539,10 @@ _MUTATING_OPS = {"start", "stop", "restart", "kill", "pause", "unpause", "rename
 async def decide(method: str, path: str, query: str, body: bytes | None, c: Checks) -> Decision:
     """Raises Refused; never forwards what it does not know."""
     prefix, rest = split_version(path)
+    if prefix and tuple(int(x) for x in prefix[2:].split(".")[:2]) < (1, 24):
+        # Before 1.24 Docker applies a HostConfig sent with a container's
+        # start, a body the rules do not read.
+        raise Refused(f"API version {prefix[2:]} is refused: 1.24 or later")
     if "/./" in rest + "/" or "/../" in rest + "/" or "//" in rest or "%" in rest:
         # The engine's router would clean such a path into another endpoint
         # than the one the rules matched.

@@ -803,3 +803,20 @@ def test_bind_options_that_stay_in_the_bind_pass() -> None:
         {"Type": "bind", "Source": "/usr", "Target": "/u",
          "BindOptions": {"Propagation": "rprivate", "NonRecursive": False}}]}})
     assert got["HostConfig"]["Binds"] == ["/usr:/u:ro,nosuid,nodev"]
+
+
+@pytest.mark.parametrize("prefix", ["/v1.23", "/v1.12", "/v1", "/v1.2", "/v0.99"])
+def test_api_versions_that_took_a_host_config_at_start_are_refused(prefix: str) -> None:
+    """Before API 1.24 Docker applies a HostConfig sent with POST
+    /containers/ID/start (Docker 20.10, Debian 12's docker.io, still takes
+    it): the start's body is not read by the rules, so privileged or a bind
+    of / would reach the engine there."""
+    body = {"Privileged": True, "Binds": ["/:/host"]}
+    assert "API version" in _refused("POST", f"{prefix}/containers/mine/start", body)
+    assert "API version" in _refused("GET", f"{prefix}/_ping")
+
+
+def test_api_versions_from_1_24_pass() -> None:
+    for prefix in ("/v1.24", "/v1.41", "/v1.47", "/v2.0", "/v4.0.0", ""):
+        assert _decide("POST", f"{prefix}/containers/mine/start").target == (
+            f"{prefix}/containers/{'c' * 64}/start")
