@@ -153,19 +153,18 @@ def _labels(value: object, c: Checks, what: str) -> dict[str, str]:
 # refused: the CLIs and compose send the API's own spelling, once.
 _CHECKED_KEYS = frozenset({
     "Annotations", "BindOptions", "Binds", "BlkioDeviceReadBps", "BlkioDeviceReadIOps",
-    "BlkioDeviceWriteBps", "BlkioDeviceWriteIOps", "BlkioWeight", "BlkioWeightDevice",
-    "CapAdd", "Cgroup", "CgroupParent", "CgroupnsMode", "Config", "ConfigFrom", "ConfigOnly",
-    "Container", "CpuPeriod", "CpuQuota", "CpuRealtimePeriod", "CpuRealtimeRuntime",
-    "CpuShares", "CpusetCpus", "CpusetMems", "Detach", "DeviceCgroupRules", "DeviceRequests",
-    "Devices",
+    "BlkioDeviceWriteBps", "BlkioDeviceWriteIOps", "BlkioWeight", "BlkioWeightDevice", "CapAdd",
+    "Cgroup", "CgroupnsMode", "CgroupParent", "Config", "ConfigFrom", "ConfigOnly", "Container",
+    "CpuPeriod", "CpuQuota", "CpuRealtimePeriod", "CpuRealtimeRuntime", "CpusetCpus",
+    "CpusetMems", "CpuShares", "Detach", "DeviceCgroupRules", "DeviceRequests", "Devices",
     "Driver", "DriverConfig", "DriverOpts", "EndpointsConfig", "GroupAdd", "HostConfig",
     "HostIp", "Ingress", "IpcMode", "KernelMemory", "Labels", "Links", "LogConfig",
-    "MaskedPaths", "Memory",
-    "MemoryReservation", "MemorySwap", "Mounts", "NanoCpus", "NetworkMode", "NetworkingConfig",
-    "NonRecursive", "OomScoreAdj", "PidMode", "PidsLimit", "PortBindings", "Privileged",
-    "Propagation", "PublishAllPorts", "ReadOnly", "ReadOnlyNonRecursive", "ReadonlyPaths",
-    "Runtime", "SecurityOpt", "Source", "Sysctls", "Type", "UTSMode", "User", "UsernsMode",
-    "VolumeDriver", "VolumeOptions", "VolumesFrom",
+    "MaskedPaths", "Memory", "MemoryReservation", "MemorySwap", "Mounts", "NanoCpus",
+    "NetworkingConfig", "NetworkMode", "NonRecursive", "OomScoreAdj", "PidMode", "PidsLimit",
+    "PortBindings", "Privileged", "Propagation", "PublishAllPorts", "ReadOnly",
+    "ReadOnlyNonRecursive", "ReadonlyPaths", "Runtime", "Scope", "SecurityOpt", "Source",
+    "Sysctls", "Target", "Type", "User", "UsernsMode", "UTSMode", "VolumeDriver",
+    "VolumeOptions", "VolumesFrom",
 })
 
 

@@ -820,3 +820,34 @@ def test_api_versions_from_1_24_pass() -> None:
     for prefix in ("/v1.24", "/v1.41", "/v1.47", "/v2.0", "/v4.0.0", ""):
         assert _decide("POST", f"{prefix}/containers/mine/start").target == (
             f"{prefix}/containers/{'c' * 64}/start")
+
+
+def test_every_key_the_rules_read_from_a_request_has_its_other_spellings_refused() -> None:
+    """A key the rules read in one spelling, the engine reads in any case:
+    each one the source reads must be in _CHECKED_KEYS (a key dropped from
+    it, or a new check reading a key not in it, would let `privileged`-style
+    spellings through)."""
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(rules))
+    read: set[str] = set()
+    for node in ast.walk(tree):
+        key = None
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get" and node.args
+                and isinstance(node.args[0], ast.Constant)):
+            key = node.args[0].value
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key = node.slice.value
+        if isinstance(key, str) and key[:1].isupper() and key.isidentifier():
+            read.add(key)
+    # What the engine's inspect data carries (not a request's).
+    read -= {"Id", "ID", "Name"}
+    assert read - rules._CHECKED_KEYS == set()
+    for key in ("Privileged", "Binds", "CapAdd", "Scope", "Target"):
+        assert key in read
+
+
+def test_a_swarm_scope_spelt_otherwise_is_refused() -> None:
+    assert "spelt 'Scope'" in _own_refused("POST", "/networks/create",
+                                           {"Name": "n", "scope": "swarm"})
