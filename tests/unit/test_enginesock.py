@@ -851,3 +851,22 @@ def test_every_key_the_rules_read_from_a_request_has_its_other_spellings_refused
 def test_a_swarm_scope_spelt_otherwise_is_refused() -> None:
     assert "spelt 'Scope'" in _own_refused("POST", "/networks/create",
                                            {"Name": "n", "scope": "swarm"})
+
+
+def test_a_folder_whose_name_only_begins_like_a_shown_one_is_not_shown(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "database").mkdir()
+    os.symlink(tmp_path / "database", data / "l")
+    v = View((_Entry("/", "tmpfs", "", False), _Entry("/w", "bind", str(data), False)),
+             (), (), ())
+    with pytest.raises(BindRefused, match="does not show"):
+        v.resolve("/w/l", True)
+    with pytest.raises(BindRefused, match="not a folder"):
+        v.resolve("/wx", True)
+
+
+def test_a_bind_at_the_root_maps_below_its_source(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    v = View((_Entry("/", "bind", str(tmp_path), True),), (), (), ())
+    assert v.resolve("/sub", True) == (str(tmp_path / "sub"), True)

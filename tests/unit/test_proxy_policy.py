@@ -356,7 +356,8 @@ def test_a_host_name_of_253_characters_is_the_longest() -> None:
     assert policy.normalize_host("a" * 64 + ".test") is None
 
 
-@pytest.mark.parametrize("host", ["[a.test", "a.test]", "x[a.test]", "[a.test]x", "[a.test]"])
+@pytest.mark.parametrize("host", ["[a.test", "a.test]", "xa.test]", "[xa.test", "x[a.test]",
+                                  "[a.test]x", "[a.test]"])
 def test_brackets_are_only_around_an_address(host: str) -> None:
     got = policy.normalize_host(host)
     assert got is None or (got == "a.test" and host == "[a.test]")
@@ -385,7 +386,10 @@ def test_an_ip_literal_denied_is_denied_in_every_form_the_resolver_reads(form: s
     s = ProxySettings(deny=("93.184.216.34",))
     host = policy.normalize_host(form)
     assert host == "93.184.216.34"
-    assert decide(s, host, 443, Sensitivity.PUBLIC).rule == "deny-domain"
+    denied = decide(s, host, 443, Sensitivity.PUBLIC)
+    assert (denied.outcome, denied.rule) == ("deny", "deny-domain")
+    assert decide(ProxySettings(allow=(("a.test",),)), host, 443,
+                  Sensitivity.PUBLIC).outcome == "deny"
     allowed = ProxySettings(allow=(("93.184.216.34",),))
     assert decide(allowed, host, 443, Sensitivity.PUBLIC).outcome == "allow"
 
