@@ -287,6 +287,8 @@ def test_volumes_from_read_only_or_as_they_are_passes() -> None:
     {"Type": "gelf", "Config": {"gelf-address": "udp://10.0.0.1:12201"}},
     {"Type": "fluentd", "Config": {"fluentd-address": "unix:///run/leviathd/x.sock"}},
     {"Type": "json-file", "Config": {"PATH": "/root/x"}},
+    {"Type": "fluentd"},  # the host's localhost:24224 by default
+    {"Type": "syslog"}, {"Type": "gelf", "Config": {}}, {"Type": "awslogs"},
 ])
 def test_a_log_driver_that_writes_or_connects_as_the_engine_is_refused(
         log: dict[str, Any]) -> None:
@@ -870,3 +872,16 @@ def test_a_bind_at_the_root_maps_below_its_source(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     v = View((_Entry("/", "bind", str(tmp_path), True),), (), (), ())
     assert v.resolve("/sub", True) == (str(tmp_path / "sub"), True)
+
+
+def test_an_exec_is_looked_up_by_its_own_id() -> None:
+    class Execs(_Checks):
+        async def exec_container(self, exec_id: str) -> dict[str, Any]:
+            if exec_id != "e1":
+                raise rules.Refused("no such exec instance", 404)
+            return await self.container("mine")
+    for method, path in (("POST", "/exec/e1/start"), ("GET", "/exec/e1/json"),
+                         ("POST", "/exec/e1/resize")):
+        assert _decide(method, path, {} if path.endswith("start") else None, Execs())
+        with pytest.raises(rules.Refused, match="no such exec"):
+            _decide(method, path.replace("e1", "e2"), None, Execs())
