@@ -210,3 +210,25 @@ def test_a_request_behind_a_stream_the_engine_does_not_take_is_not_passed(
         for cid in _podman(bed, "ps", "-a", "-q", "--filter",
                            "label=org.leviath.engine-agent").split():
             bed.run(["podman", "rm", "-f", cid], check=False)
+
+
+def test_a_log_file_path_of_the_agents_choosing_is_refused(bed: Testbed) -> None:  # noqa: F811
+    """podman writes a container's log where `--log-opt path=` says, as
+    root: through the agent's socket, that would be a root write anywhere."""
+    probe = "/var/tmp/leviath-redteam-logpath"
+    bed.run(["rm", "-f", probe])
+    body = _create(["echo", "written-by-the-engine"],
+                   {"LogConfig": {"Type": "k8s-file", "Config": {"path": probe}}})
+    try:
+        out = agent(bed, "alice", ["POST", "/containers/create?name=logpath-1", body],
+                    ["POST", "/containers/logpath-1/start", None],
+                    ["POST", "/containers/logpath-1/wait", None])
+        assert isinstance(out, list)
+        wrote = bed.run(["cat", probe], check=False).stdout
+        assert "written-by-the-engine" not in wrote, (out, wrote)
+        assert out[0][0] == 403 and "--log-opt path" in str(out[0][1]), out
+    finally:
+        bed.run(["rm", "-f", probe], check=False)
+        for cid in _podman(bed, "ps", "-a", "-q", "--filter",
+                           "label=org.leviath.engine-agent").split():
+            bed.run(["podman", "rm", "-f", cid], check=False)
