@@ -186,6 +186,12 @@ def test_writable_host_folders_mean_the_agents_user_and_no_new_privileges() -> N
     ({"HostConfig": {"PidMode": "container:theirs"}}, "no such container"),
     ({"HostConfig": {"Runtime": "kata"}}, "--runtime"),
     ({"HostConfig": {"MaskedPaths": []}}, "systempaths=unconfined"),
+    ({"HostConfig": {"ReadonlyPaths": []}}, "systempaths=unconfined"),
+    ({"HostConfig": {"Devices": [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda",
+                                  "CgroupPermissions": "rwm"}]}}, "devices"),
+    ({"HostConfig": {"DeviceCgroupRules": ["b *:* rwm"]}}, "devices"),
+    ({"HostConfig": {"Annotations": {"run.oci.keep_original_groups": "1"}}}, "annotations"),
+    ({"HostConfig": {"VolumeDriver": "nfs"}}, "volume drivers"),
     ({"HostConfig": {"SecurityOpt": ["label=disable"]}}, "--security-opt"),
     ({"HostConfig": {"CapAdd": ["ALL"]}}, "--cap-add ALL"),
     ({"HostConfig": {"PublishAllPorts": True}}, "-P binds every port"),
@@ -304,6 +310,7 @@ def test_a_log_driver_that_writes_or_connects_as_the_engine_is_refused(
 def test_the_engines_own_log_drivers_pass() -> None:
     for log in ({"Type": "json-file", "Config": {"max-size": "10m", "max-file": "3"}},
                 {"Type": "none"}, {"Type": "journald", "Config": {}}, {"Type": "k8s-file"},
+                {"Type": "local", "Config": {"compress": "true"}},
                 {"Type": "", "Config": None}):
         d = _decide("POST", "/containers/create", {"Image": "x", "HostConfig": {"LogConfig": log}})
         assert d.body is not None
@@ -843,10 +850,14 @@ def test_every_key_the_rules_read_from_a_request_has_its_other_spellings_refused
             key = node.slice.value
         if isinstance(key, str) and key[:1].isupper() and key.isidentifier():
             read.add(key)
+        if isinstance(node, ast.For):  # for key, flag in (("PidMode", "--pid"), ...)
+            read |= {c.value for c in ast.walk(node.iter) if isinstance(c, ast.Constant)
+                     and isinstance(c.value, str) and c.value[:1].isupper()}
+    read |= set(rules._LIMIT_CONTROLLERS)
     # What the engine's inspect data carries (not a request's).
     read -= {"Id", "ID", "Name"}
     assert read - rules._CHECKED_KEYS == set()
-    for key in ("Privileged", "Binds", "CapAdd", "Scope", "Target"):
+    for key in ("Privileged", "Binds", "CapAdd", "Scope", "Target", "UsernsMode", "Memory"):
         assert key in read
 
 
@@ -885,3 +896,21 @@ def test_an_exec_is_looked_up_by_its_own_id() -> None:
         assert _decide(method, path, {} if path.endswith("start") else None, Execs())
         with pytest.raises(rules.Refused, match="no such exec"):
             _decide(method, path.replace("e1", "e2"), None, Execs())
+
+
+def test_the_allowed_bind_options_and_propagations_pass() -> None:
+    for opt in ("ro", "rw", "nocopy", "private", "rprivate", "slave", "rslave", "nosuid",
+                "nodev", "noexec", "delegated", "cached", "consistent"):
+        assert _created({"HostConfig": {"Binds": [f"/usr:/u:{opt}"]}}), opt
+    for prop in ("", "private", "rprivate", "slave", "rslave"):
+        assert _created({"HostConfig": {"Mounts": [{"Type": "bind", "Source": "/usr",
+                                                    "Target": "/u",
+                                                    "BindOptions": {"Propagation": prop}}]}})
+    got = _created({"HostConfig": {"Binds": ["/work:/w:ro"]}})
+    assert got["HostConfig"]["Binds"] == ["/work:/w:ro,nosuid,nodev"]
+    assert "User" not in got  # read-only: nothing to run as the agent's user for
+
+
+def test_a_network_of_another_container_is_named_by_its_id() -> None:
+    got = _created({"HostConfig": {"NetworkMode": "container:mine"}})
+    assert got["HostConfig"]["NetworkMode"] == "container:" + "c" * 64
