@@ -187,6 +187,10 @@ def test_writable_host_folders_mean_the_agents_user_and_no_new_privileges() -> N
     ({"HostConfig": {"Runtime": "kata"}}, "--runtime"),
     ({"HostConfig": {"MaskedPaths": []}}, "systempaths=unconfined"),
     ({"HostConfig": {"ReadonlyPaths": []}}, "systempaths=unconfined"),
+    ({"HostConfig": {"Privileged": True}}, "privileged containers"),
+    ({"HostConfig": {"Privileged": 1}}, "privileged containers"),
+    ({"HostConfig": {"Privileged": "false"}}, "privileged containers"),  # Go refuses it; so do we
+    ({"HostConfig": {"Binds": ["/work:/w"], "GroupAdd": ["0"]}}, "--group-add"),
     ({"HostConfig": {"Devices": [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda",
                                   "CgroupPermissions": "rwm"}]}}, "devices"),
     ({"HostConfig": {"DeviceCgroupRules": ["b *:* rwm"]}}, "devices"),
@@ -743,7 +747,9 @@ def test_volume_endpoints() -> None:
                          ("GET", "/volumes/v1/x"), ("DELETE", "/volumes")):
         assert _own_refused(method, path), (method, path)
     for body in ({}, {"Driver": "local"}, {"Driver": ""}):
-        assert _own("POST", "/volumes/create", {"Name": "v", **body}).mutating
+        made = _own("POST", "/volumes/create", {"Name": "v", **body})
+        assert made.mutating and made.body is not None
+        assert json.loads(made.body)["Labels"][rules.LABEL_AGENT] == "aaaa1111"
     for body in ({"Driver": "nfs"}, {"Driver": "rclone"},
                  {"Driver": "local", "DriverOpts": {"o": "bind"}}):
         assert "not allowed" in _own_refused("POST", "/volumes/create", {"Name": "v", **body})
@@ -914,3 +920,10 @@ def test_the_allowed_bind_options_and_propagations_pass() -> None:
 def test_a_network_of_another_container_is_named_by_its_id() -> None:
     got = _created({"HostConfig": {"NetworkMode": "container:mine"}})
     assert got["HostConfig"]["NetworkMode"] == "container:" + "c" * 64
+
+
+def test_a_path_ending_in_a_dot_segment_is_not_plain() -> None:
+    for method, path in (("DELETE", "/images/mine-img/.."), ("GET", "/containers/mine/."),
+                         ("GET", "/images/busybox/json/..")):
+        assert "plain form" in _own_refused(method, path)
+    assert _own_refused("GET", "/distribution/busybox/json/x")
