@@ -927,3 +927,10 @@ def test_a_path_ending_in_a_dot_segment_is_not_plain() -> None:
                          ("GET", "/images/busybox/json/..")):
         assert "plain form" in _own_refused(method, path)
     assert _own_refused("GET", "/distribution/busybox/json/x")
+
+
+@pytest.mark.parametrize("key", ["PidMode", "IpcMode", "UTSMode", "UsernsMode", "CgroupnsMode",
+                                 "Cgroup"])
+def test_each_host_namespace_is_refused(key: str) -> None:
+    assert "=host is not allowed" in _refused("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {key: "host"}})
