@@ -252,6 +252,8 @@ class AgentProxy:
                 ew.write(head.encode(d.target, headers))
                 await wire.copy_body(reader, head, ew)
             await ew.drain()
+            if d.upgrade and not await _stream_taken(er, writer):
+                return
             back = asyncio.ensure_future(_copy(er, writer))
             if d.upgrade:
                 forth = asyncio.ensure_future(_copy(reader, ew, eof=True))
@@ -291,6 +293,26 @@ def parent_controllers(cgroup: str) -> frozenset[str] | None:
             return frozenset(f.read(4096).split())
     except (OSError, ValueError):
         return frozenset()
+
+
+async def _stream_taken(er: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Passes the engine's reply head on; True when the engine took the
+    connection over as a stream (101, or a 200 with no length). Otherwise
+    (a detached exec, an error before the stream) only the reply's framed
+    body follows: the engine keeps the connection for a next request, and
+    the client's bytes behind its request must not be read as one."""
+    try:
+        raw = await er.readuntil(b"\r\n\r\n")
+        status, head = wire.response_head(raw)
+        writer.write(raw)
+        kind, _length = head.body_kind()
+        if status == 101 or (status == 200 and kind == "none"):
+            return True
+        await wire.copy_body(er, head, writer)
+        await writer.drain()
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, wire.BadRequest):
+        pass
+    return False
 
 
 async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,

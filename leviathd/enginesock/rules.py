@@ -29,6 +29,11 @@ _NAMESPACED_SYSCTL = re.compile(r"^(net\.|kernel\.(msgmax|msgmnb|msgmni|sem|shma
 _BIND_OPTIONS = frozenset({"ro", "rw", "nocopy", "private", "rprivate", "slave", "rslave",
                            "nosuid", "nodev", "noexec", "delegated", "cached", "consistent"})
 _PROPAGATION = frozenset({"", "private", "rprivate", "slave", "rslave"})
+# The engine runs the log driver on the host as root: drivers that send to an
+# address (the host's own loopback, any unix socket) and options naming a
+# file (podman's path) are not the agent's to choose.
+_LOG_DRIVERS = frozenset({"", "none", "json-file", "local", "k8s-file", "journald"})
+_LOG_OPTIONS = frozenset({"max-size", "max-file", "compress"})
 _VERSION = re.compile(r"^/v[0-9]{1,3}(\.[0-9]{1,3}){0,2}(?=/)")
 _NAME = r"([A-Za-z0-9][A-Za-z0-9_.:@/-]{0,254}?)"
 _ID = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,254})"
@@ -148,17 +153,18 @@ def _labels(value: object, c: Checks, what: str) -> dict[str, str]:
 # refused: the CLIs and compose send the API's own spelling, once.
 _CHECKED_KEYS = frozenset({
     "Annotations", "BindOptions", "Binds", "BlkioDeviceReadBps", "BlkioDeviceReadIOps",
-    "BlkioDeviceWriteBps", "BlkioDeviceWriteIOps", "BlkioWeight", "BlkioWeightDevice",
-    "CapAdd", "Cgroup", "CgroupParent", "CgroupnsMode", "Config", "ConfigFrom", "ConfigOnly",
-    "Container", "CpuPeriod", "CpuQuota", "CpuRealtimePeriod", "CpuRealtimeRuntime",
-    "CpuShares", "CpusetCpus", "CpusetMems", "DeviceCgroupRules", "DeviceRequests", "Devices",
+    "BlkioDeviceWriteBps", "BlkioDeviceWriteIOps", "BlkioWeight", "BlkioWeightDevice", "CapAdd",
+    "Cgroup", "CgroupnsMode", "CgroupParent", "Config", "ConfigFrom", "ConfigOnly", "Container",
+    "CpuPeriod", "CpuQuota", "CpuRealtimePeriod", "CpuRealtimeRuntime", "CpusetCpus",
+    "CpusetMems", "CpuShares", "Detach", "DeviceCgroupRules", "DeviceRequests", "Devices",
     "Driver", "DriverConfig", "DriverOpts", "EndpointsConfig", "GroupAdd", "HostConfig",
-    "HostIp", "Ingress", "IpcMode", "KernelMemory", "Labels", "Links", "MaskedPaths", "Memory",
-    "MemoryReservation", "MemorySwap", "Mounts", "NanoCpus", "NetworkMode", "NetworkingConfig",
-    "NonRecursive", "OomScoreAdj", "PidMode", "PidsLimit", "PortBindings", "Privileged",
-    "Propagation", "PublishAllPorts", "ReadOnly", "ReadOnlyNonRecursive", "ReadonlyPaths",
-    "Runtime", "SecurityOpt", "Source", "Sysctls", "Type", "UTSMode", "User", "UsernsMode",
-    "VolumeDriver", "VolumeOptions", "VolumesFrom",
+    "HostIp", "Ingress", "IpcMode", "KernelMemory", "Labels", "Links", "LogConfig",
+    "MaskedPaths", "Memory", "MemoryReservation", "MemorySwap", "Mounts", "NanoCpus",
+    "NetworkingConfig", "NetworkMode", "NonRecursive", "OomScoreAdj", "PidMode", "PidsLimit",
+    "PortBindings", "Privileged", "Propagation", "PublishAllPorts", "ReadOnly",
+    "ReadOnlyNonRecursive", "ReadonlyPaths", "Runtime", "Scope", "SecurityOpt", "Source",
+    "Sysctls", "Target", "Type", "User", "UsernsMode", "UTSMode", "VolumeDriver",
+    "VolumeOptions", "VolumesFrom",
 })
 
 
@@ -280,6 +286,7 @@ async def check_create(body: dict[str, Any], c: Checks) -> dict[str, Any]:
     if host.get("Annotations"):
         raise Refused("annotations are not allowed: they change how the runtime builds the "
                       "container")
+    _check_log_config(host.get("LogConfig"))
     if host.get("VolumeDriver") not in (None, "", "local"):
         raise Refused("volume drivers other than local are not allowed")
     if isinstance(host.get("OomScoreAdj"), int) and host["OomScoreAdj"] < 0:
@@ -365,6 +372,24 @@ async def check_endpoints(body: dict[str, Any], c: Checks) -> None:
             await c.network(str(name))
 
 
+def _check_log_config(log: object) -> None:
+    if log is None:
+        return
+    if not isinstance(log, dict):
+        raise Refused("LogConfig is not an object", 400)
+    kind = str(log.get("Type") or "")
+    if kind not in _LOG_DRIVERS:
+        raise Refused(f"--log-driver {kind[:40]} is not allowed: the engine would send the "
+                      "logs from the host (json-file, local, k8s-file, journald or none)")
+    opts = log.get("Config") or {}
+    if not isinstance(opts, dict):
+        raise Refused("LogConfig.Config is not a map", 400)
+    for name in opts:
+        if str(name) not in _LOG_OPTIONS:
+            raise Refused(f"--log-opt {str(name)[:40]} is not allowed: only "
+                          f"{', '.join(sorted(_LOG_OPTIONS))}")
+
+
 def _check_security_opts(opts: list[object]) -> None:
     for opt in opts:
         text = str(opt)
@@ -439,9 +464,11 @@ async def _check_mounts(host: dict[str, Any], c: Checks) -> bool:
     vfrom: list[str] = []
     for ref in host.get("VolumesFrom") or []:
         name, _, mode = str(ref).partition(":")
-        if mode == "rw":
-            raise Refused("--volumes-from NAME:rw is not allowed: it would make read-only "
-                          "mounts writable")
+        # Podman reads a comma list here: `rw` anywhere in it makes read-only
+        # mounts writable, `z` relabels their host files.
+        if mode not in ("", "ro"):
+            raise Refused(f"--volumes-from NAME:{mode[:40]} is not allowed: only ro (rw would "
+                          "make read-only mounts writable, z relabels the host's files)")
         found = await c.container(name)
         labels = (found.get("Config") or {}).get("Labels") or {}
         if labels.get(LABEL_USER):
@@ -511,6 +538,10 @@ _MUTATING_OPS = {"start", "stop", "restart", "kill", "pause", "unpause", "rename
 async def decide(method: str, path: str, query: str, body: bytes | None, c: Checks) -> Decision:
     """Raises Refused; never forwards what it does not know."""
     prefix, rest = split_version(path)
+    if prefix and tuple(int(x) for x in prefix[2:].split(".")[:2]) < (1, 24):
+        # Before 1.24 Docker applies a HostConfig sent with a container's
+        # start, a body the rules do not read.
+        raise Refused(f"API version {prefix[2:]} is refused: 1.24 or later")
     if "/./" in rest + "/" or "/../" in rest + "/" or "//" in rest or "%" in rest:
         # The engine's router would clean such a path into another endpoint
         # than the one the rules matched.
@@ -538,8 +569,12 @@ async def decide(method: str, path: str, query: str, body: bytes | None, c: Chec
     m = re.match(r"^/exec/" + _ID + r"/(start|resize|json)$", rest)
     if m is not None:
         found = await c.exec_container(m.group(1))
-        if m.group(2) == "start":
-            return Decision(_target(prefix, rest, q), body, upgrade=True, mutating=True,
+        if (method, m.group(2)) == ("POST", "start"):
+            start = _json_body(body)
+            # A detached start is answered as a plain request, not a stream:
+            # raw bytes behind it would be read as the next request.
+            return Decision(_target(prefix, rest, q), _dump(start) if body else body,
+                            upgrade=not start.get("Detach"), mutating=True,
                             what=f"exec start in {str(found.get('Id', ''))[:12]}")
         if (method, m.group(2)) in (("POST", "resize"), ("GET", "json")):
             return Decision(_target(prefix, rest, q))

@@ -171,6 +171,23 @@ def error_reply(status: int, message: str) -> bytes:
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
 
+def response_head(raw: bytes) -> tuple[int, Head]:
+    """The status and headers of a reply head read up to its blank line."""
+    lines = raw.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise BadRequest("the engine's reply is not HTTP")
+    headers: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if not line:
+            continue
+        if len(headers) >= MAX_HEADERS:
+            raise BadRequest("the engine sent too many headers")
+        k, _, v = line.partition(":")
+        headers.append((k.strip(), v.strip()))
+    return int(parts[1]), Head("GET", "/", parts[0], headers)
+
+
 async def read_response(reader: asyncio.StreamReader, limit: int) -> tuple[int, bytes]:
     """A whole response (status, body), bounded: for the proxy's own questions."""
     line = await reader.readuntil(b"\r\n")

@@ -316,3 +316,84 @@ def test_rules_missing_a_field_are_refused_not_read_as_no_rules() -> None:
     with pytest.raises(AttributeError, match="allow"):
         policy.from_effective(bare, taint_enabled=True, on_exceed="deny",  # type: ignore[arg-type]
                               shell_clearance=Sensitivity.INTERNAL, allow_private=False)
+
+
+# ------------------------------------------- what mutation testing found open
+
+
+def test_with_no_ports_configured_only_ssh_http_and_https_pass() -> None:
+    s = policy.from_effective(resolve(cfg(""), None, None, "a").agent, taint_enabled=False,
+                              on_exceed="ask", shell_clearance=None, allow_private=False)
+    assert s.max_connections == 64  # docs/configuration.md
+    for port in (22, 80, 443):
+        assert decide(s, "a.test", port, Sensitivity.PUBLIC).outcome == "allow", port
+    for port in (0, 21, 23, 25, 79, 81, 442, 444, 8080, 65535):
+        assert decide(s, "a.test", port, Sensitivity.PUBLIC).rule == "port", port
+    back = ProxySettings.from_json({k: v for k, v in s.to_json().items() if k != "ports"})
+    assert back.ports == (22, 80, 443)
+
+
+def test_settings_saved_without_a_default_clearance_read_back_as_internal() -> None:
+    """A settings file of an adopted agent that lacks the field must not
+    clear every domain for more than internal data."""
+    s = ProxySettings(taint_enabled=True, on_exceed="deny")
+    d = {k: v for k, v in s.to_json().items() if k != "default_clearance"}
+    back = ProxySettings.from_json(d)
+    assert back.default_clearance == Sensitivity.INTERNAL
+    assert decide(back, "x.test", 443, Sensitivity.PRIVATE).outcome == "deny"
+    assert not ProxySettings.from_json({}).allow_private
+
+
+def test_a_host_name_of_253_characters_is_the_longest() -> None:
+    longest = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])
+    assert len(longest) == 253
+    assert policy.normalize_host(longest) == longest
+    assert policy.normalize_host(longest + ".") == longest  # the root's dot is no character
+    too_long = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 62])
+    assert len(too_long) == 254 and policy.normalize_host(too_long) is None
+    assert policy.normalize_host(".") is None and policy.normalize_host("[]") is None
+    assert policy.normalize_host("a" * 63 + ".test") is not None
+    assert policy.normalize_host("a" * 64 + ".test") is None
+
+
+@pytest.mark.parametrize("host", ["[a.test", "a.test]", "xa.test]", "[xa.test", "x[a.test]",
+                                  "[a.test]x", "[a.test]"])
+def test_brackets_are_only_around_an_address(host: str) -> None:
+    got = policy.normalize_host(host)
+    assert got is None or (got == "a.test" and host == "[a.test]")
+
+
+def test_a_shell_cleared_lower_than_internal_lowers_every_domains_clearance() -> None:
+    s = policy.from_effective(resolve(cfg(""), None, None, "a").agent, taint_enabled=True,
+                              on_exceed="deny", shell_clearance=Sensitivity.PUBLIC,
+                              allow_private=False)
+    assert s.default_clearance == Sensitivity.PUBLIC
+    assert decide(s, "a.test", 443, Sensitivity.INTERNAL).outcome == "deny"
+    unset = policy.from_effective(resolve(cfg(""), None, None, "a").agent, taint_enabled=True,
+                                  on_exceed="deny", shell_clearance=None, allow_private=False)
+    assert unset.default_clearance == Sensitivity.INTERNAL
+    assert decide(unset, "a.test", 443, Sensitivity.PRIVATE).outcome == "deny"
+
+
+@pytest.mark.parametrize("form", ["93.184.216.34", "93.184.216.34.", "::ffff:93.184.216.34",
+                                  "[::ffff:93.184.216.34]", "[::FFFF:5db8:d822]", "1572395042",
+                                  "0x5db8d822", "0X5DB8D822", "93.184.55330", "93.12113954",
+                                  "0135.184.216.34", "0x5d.0xb8.0xd8.0x22"])
+def test_an_ip_literal_denied_is_denied_in_every_form_the_resolver_reads(form: str) -> None:
+    """"IP literals are names too" (docs/configuration.md): the resolver
+    (glibc's inet_aton) reads these as 93.184.216.34, and an IPv4-mapped
+    IPv6 address is that IPv4 address."""
+    s = ProxySettings(deny=("93.184.216.34",))
+    host = policy.normalize_host(form)
+    assert host == "93.184.216.34"
+    denied = decide(s, host, 443, Sensitivity.PUBLIC)
+    assert (denied.outcome, denied.rule) == ("deny", "deny-domain")
+    assert decide(ProxySettings(allow=(("a.test",),)), host, 443,
+                  Sensitivity.PUBLIC).outcome == "deny"
+    allowed = ProxySettings(allow=(("93.184.216.34",),))
+    assert decide(allowed, host, 443, Sensitivity.PUBLIC).outcome == "allow"
+
+
+def test_names_that_only_start_like_numbers_stay_names() -> None:
+    for name in ("1password.com", "0x.test", "123.example", "3com.com"):
+        assert policy.normalize_host(name) == name
