@@ -317,18 +317,21 @@ def start(
     return pid
 
 
-def ended_early(pid: int) -> int | None:
-    """After start(): the status of a PID 1 that is gone already (killed
-    while its fence was built: `lev stop` right after the start), as the
-    shell would have recorded it; None while it runs."""
+def ended_early(pid: int) -> tuple[int, bool] | None:
+    """After start(): a PID 1 that is gone already, reaped: (status, killed).
+    Killed (`lev stop` while its fence was built), the status is 128+N, as
+    the shell would have recorded it had it run. Ended by itself, the shell
+    ran the command and wrote the command's status to the record: its own
+    exit status is printf's, not the agent's. None while it runs."""
     try:
         got, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         return None
     if got == 0:
         return None
-    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(
-        status)
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status), True
+    return os.waitstatus_to_exitcode(status), False
 
 
 def _run(

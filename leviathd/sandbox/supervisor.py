@@ -352,17 +352,32 @@ def _hand_over(
         _complain(f"leviath: could not start the agent: {exc}")
         _write_exit(exit_path, 127)
         return 127
-    early = namespace.ended_early(pid)
+    early = ended_at_start(pid, exit_path)
     if early is not None:
-        # Killed before its shell ran: we record it and stay the one
-        # watched (the daemon sees our end).
-        _write_exit(exit_path, early)
         return early
     try:
         os.write(status_w, f"pid {pid}\n".encode())
     except OSError:
         pass  # the daemon went away: a restarted one finds PID 1 in the scope
     return 0
+
+
+def ended_at_start(pid: int, exit_path: str) -> int | None:
+    """PID 1 (pid) gone already, just after its start: its status, and we
+    stay the one watched (the daemon sees our end); None while it runs.
+    Killed before its shell ran, we record it; a command that ended this
+    fast has its status in the record the shell wrote (the spare, which
+    RecordStore.read_exit reads when exit_path has none). Writing the
+    shell's own status here recorded 0 for `sh -c "exit 5"`."""
+    from leviathd.sandbox import namespace
+
+    early = namespace.ended_early(pid)
+    if early is None:
+        return None
+    code, killed = early
+    if killed:
+        _write_exit(exit_path, code)
+    return code
 
 
 def _open_spare_exit(agent_id: str) -> int:
