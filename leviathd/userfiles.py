@@ -3,38 +3,18 @@ the user point it at something they could not read themselves."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import os
 import stat
 
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    # Loaded at the first read, not at import (the CLI's start time).
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.setfsuid.argtypes = [ctypes.c_uint]
-    libc.setfsgid.argtypes = [ctypes.c_uint]
-    return libc
+from leviathd import fsids
 
 
 def _open_as(path: str, uid: int, gid: int) -> int:
-    """os.open with `uid`/`gid` as the file-system ids when root: the folders
-    on the way (and any link among them) are searched with the user's rights,
-    so a link to a folder of root's tells them nothing of what is in it.
-    fsuid is per thread, and nothing between the switch and its undoing yields."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    if os.geteuid() != 0:
-        return os.open(path, flags)
-    libc = _libc()
-    old_gid = libc.setfsgid(gid)
-    old_uid = libc.setfsuid(uid)
-    try:
-        return os.open(path, flags)
-    finally:
-        libc.setfsuid(old_uid)
-        libc.setfsgid(old_gid)
+    """os.open as the user: the folders on the way (and any link among them)
+    are searched with the user's rights, so a link to a folder of root's
+    tells them nothing of what is in it."""
+    with fsids.as_user(uid, gid):
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 def read_user_file(path: str, uid: int, gid: int, *, limit: int = 1 << 20) -> str | None:

@@ -22,8 +22,8 @@ import posixpath
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 
+from leviathd import fsids
 from leviathd.sandbox.protected import initial_content
 from leviathd.sandbox.spec import Mount, SandboxSpec
 
@@ -47,9 +47,9 @@ _libc.mount.argtypes = [
     ctypes.c_char_p,
 ]
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
-_libc.setfsuid.argtypes = [ctypes.c_uint]
-_libc.setfsgid.argtypes = [ctypes.c_uint]
 
+
+fsids.preload()
 
 class GuardError(Exception):
     """A protected path could not be protected: the agent must not start."""
@@ -62,15 +62,8 @@ def _mount(source: str | None, target: str, flags: int) -> None:
         raise GuardError(f"cannot protect {target}: {os.strerror(err)}")
 
 
-@contextlib.contextmanager
-def _as_user(spec: SandboxSpec) -> Iterator[None]:
-    _libc.setfsgid(spec.gid)
-    _libc.setfsuid(spec.uid)
-    try:
-        yield
-    finally:
-        _libc.setfsuid(0)
-        _libc.setfsgid(0)
+def _as_user(spec: SandboxSpec) -> contextlib.AbstractContextManager[None]:
+    return fsids.as_user(spec.uid, spec.gid)
 
 
 def apply(spec: SandboxSpec) -> None:

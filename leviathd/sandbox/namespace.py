@@ -56,7 +56,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
-from leviathd import resource_defaults
+from leviathd import fsids, resource_defaults
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.paths import runtime_dir
 from leviathd.sandbox import guard, scratch, seccomp
@@ -104,8 +104,8 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-_libc.setfsuid.argtypes = [ctypes.c_uint]
-_libc.setfsgid.argtypes = [ctypes.c_uint]
+
+fsids.preload()
 
 _SYS_MOUNT_SETATTR = 442  # the same number on every architecture (kernel 5.12)
 _AT_SYMLINK_NOFOLLOW = 0x100
@@ -909,13 +909,8 @@ def _as_user(spec: SandboxSpec, active: bool) -> Iterator[None]:
     if not active:
         yield
         return
-    _libc.setfsgid(spec.gid)
-    _libc.setfsuid(spec.uid)
-    try:
+    with fsids.as_user(spec.uid, spec.gid):
         yield
-    finally:
-        _libc.setfsuid(0)
-        _libc.setfsgid(0)
 
 
 class _Root:

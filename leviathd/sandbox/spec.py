@@ -15,7 +15,6 @@ but this table.
 
 from __future__ import annotations
 
-import functools
 import os.path
 import posixpath
 import pwd
@@ -723,35 +722,17 @@ def host_read_text(path: str, limit: int = 65536) -> str | None:
         os.close(fd)
 
 
-@functools.cache
-def _libc() -> Any:
-    """Loaded once: ctypes.util.find_library runs `ldconfig -p` (a fork and
-    exec from the daemon) each time it is asked, which was a good part of a
-    start's own time (issue 18)."""
-    import ctypes
-    import ctypes.util
-
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
 def host_read_text_as(uid: int, gid: int) -> Callable[[str], str | None]:
     """host_read_text with `uid`/`gid` as the file-system ids (when root):
     the user's own files (a workdir's `.git`, the git folder it names, their
     `.gitconfig`) are read with the user's rights, never root's, so a link
     planted on the way cannot make root read for them. fsuid is per thread
     and nothing between the switch and its undoing yields."""
-    libc = _libc()
+    from leviathd import fsids
 
     def read(path: str) -> str | None:
-        if os.geteuid() != 0:
+        with fsids.as_user(uid, gid):
             return host_read_text(path)
-        old_gid = libc.setfsgid(gid)
-        old_uid = libc.setfsuid(uid)
-        try:
-            return host_read_text(path)
-        finally:
-            libc.setfsuid(old_uid)
-            libc.setfsgid(old_gid)
 
     return read
 

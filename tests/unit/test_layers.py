@@ -46,6 +46,7 @@ PARTS: dict[str, str] = {
     "safetext": "Ground",
     "resource_defaults": "Ground",
     "heap": "Ground",
+    "fsids": "Ground",
     "budget": "Ground",
     "__init__": "Ground",
 }
