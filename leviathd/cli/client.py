@@ -12,9 +12,10 @@ from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 
 from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
+from leviathd.cli.wire import DRIVER as _DRIVER
+from leviathd.cli.wire import RESTART_MATCH, new_owner
 from leviathd.errors import LeviathError
 
-_DRIVER = "org.freedesktop.DBus"
 _FRIENDLY = {
     "org.freedesktop.DBus.Error.ServiceUnknown": (
         "leviathd is not running (start it with `systemctl start leviathd`)"
@@ -117,11 +118,11 @@ class Client:
     def new_daemon(self, msg: Message) -> bool:
         """msg is the bus saying a daemon now owns the name (after
         watch_restarts): signals are trusted from it from now on."""
-        if not (msg.message_type is MessageType.SIGNAL and msg.sender == _DRIVER
-                and msg.interface == _DRIVER and msg.member == "NameOwnerChanged"
-                and len(msg.body) == 3 and msg.body[0] == BUS_NAME and msg.body[2]):
+        owner = new_owner(msg.message_type is MessageType.SIGNAL, msg.sender, msg.interface,
+                          msg.member, list(msg.body))
+        if owner is None:
             return False
-        self._daemon = str(msg.body[2])
+        self._daemon = owner
         return True
 
     async def watch_restarts(self) -> None:
@@ -132,8 +133,7 @@ class Client:
             Message(
                 destination=_DRIVER, path="/org/freedesktop/DBus", interface=_DRIVER,
                 member="AddMatch", signature="s",
-                body=[f"type='signal',sender='{_DRIVER}',interface='{_DRIVER}',"
-                      f"member='NameOwnerChanged',arg0='{BUS_NAME}'"],
+                body=[RESTART_MATCH],
             )
         )
 

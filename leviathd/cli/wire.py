@@ -491,6 +491,23 @@ class Connection:
         self.sock.close()
 
 
+# The bus's word that the daemon's name changed hands (both clients).
+RESTART_MATCH = (f"type='signal',sender='{DRIVER}',interface='{DRIVER}',"
+                 f"member='NameOwnerChanged',arg0='{BUS_NAME}'")
+
+
+def new_owner(
+    is_signal: bool, sender: str | None, interface: str | None, member: str | None,
+    body: list[Any],
+) -> str | None:
+    """The daemon's new unique name when a message is the bus (no client can
+    send as org.freedesktop.DBus) saying the name has a new owner; else None."""
+    if (is_signal and sender == DRIVER and interface == DRIVER and member == "NameOwnerChanged"
+            and len(body) == 3 and body[0] == BUS_NAME and body[2]):
+        return str(body[2])
+    return None
+
+
 class SyncClient:
     """The blocking counterpart of cli.client.Client, for the same calls."""
 
@@ -586,19 +603,16 @@ class SyncClient:
         self.daemon_name()
         self.conn.send(Message(
             METHOD_CALL, destination=DRIVER, path="/org/freedesktop/DBus", interface=DRIVER,
-            member="AddMatch", signature="s",
-            body=[f"type='signal',sender='{DRIVER}',interface='{DRIVER}',"
-                  f"member='NameOwnerChanged',arg0='{BUS_NAME}'"],
+            member="AddMatch", signature="s", body=[RESTART_MATCH],
         ))  # fmt: skip
 
     def new_daemon(self, msg: Message) -> bool:
         """msg says a daemon now owns the name: signals are trusted from it
         from now on. False for any other message."""
-        if not (msg.type == SIGNAL and msg.sender == DRIVER and msg.member == "NameOwnerChanged"
-                and msg.interface == DRIVER and len(msg.body) == 3
-                and msg.body[0] == BUS_NAME and msg.body[2]):
+        owner = new_owner(msg.type == SIGNAL, msg.sender, msg.interface, msg.member, msg.body)
+        if owner is None:
             return False
-        self._daemon = self.conn.keep_signals_from = str(msg.body[2])
+        self._daemon = self.conn.keep_signals_from = owner
         return True
 
     def from_daemon(self, msg: Message, member: str, interface: str = MANAGER_IFACE) -> bool:
