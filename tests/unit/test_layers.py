@@ -42,6 +42,7 @@ PARTS: dict[str, str] = {
     "errors": "Ground",
     "fsat": "Ground",
     "fanotify": "Ground",
+    "inotify": "Ground",
     "hidden": "Ground",
     "safetext": "Ground",
     "resource_defaults": "Ground",

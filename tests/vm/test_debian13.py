@@ -401,6 +401,15 @@ def test_a_machine_rule_denies_read_file_of_a_pem_file(vm: Run) -> None:
     assert "no-pem" in vm.out("rule_audit"), vm.out("rule_audit")
 
 
+def test_a_rules_d_edit_takes_effect_without_a_reload_and_without_inotify_simple(
+    vm: Run,
+) -> None:
+    assert vm.rc("watch_wait") == 0, vm.out("watch_wait")
+    out = vm.out("watch_rule")
+    assert vm.rc("watch_rule") != 0 and "an edit seen without a reload" in out, out
+    assert vm.out("watch_journal").strip() == "none", vm.out("watch_journal")
+
+
 def test_a_blueprint_tool_runs_in_the_fence_and_refuses_an_option_like_value(vm: Run) -> None:
     parts = vm.out("bptool").split("==")
     assert len(parts) == 4, vm.out("bptool")
