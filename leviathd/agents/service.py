@@ -399,6 +399,8 @@ class Agents:
                 reads_granted=len(eff.read_paths_granted),
                 reads_declared=len(eff.read_paths_declared),
                 supervisor_pid=held.pid, scratch=scratch_path, started_at=time.time(),
+                blueprint=(req.blueprint_source if req.blueprint_text is not None
+                           and req.blueprint_source.startswith("/") else ""),
             )
             # Without containers the steps are final here: the spec and the
             # record (each written and fsynced, a few ms) are written while

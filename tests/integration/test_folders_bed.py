@@ -43,6 +43,8 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     testbed.run(setup, user=USER, input=CONFIG)
     for name in ("a", "b"):
         testbed.run(f"cat > ~/bp/{name}/blueprint.toml", user=USER, input=_blueprint(name))
+    testbed.run("mkdir -p ~/bp/c ~/extra && cat > ~/bp/c/blueprint.toml", user=USER,
+                input='[agent]\nname = "c"\ncommand = ["sleep", "600"]\n')
     try:
         yield testbed
     finally:
@@ -83,4 +85,40 @@ def test_a_folder_inside_ssh_is_refused(bed: Testbed) -> None:
         rc, out = _run(bed, "a", "r")
         assert rc != 0 and "hidden path" in out, out
     finally:
+        bed.run("cat > ~/.config/leviath/config.toml", user=USER, input=CONFIG)
+
+
+def test_lev_folder_add_refuses_a_hidden_folder(bed: Testbed) -> None:
+    r = bed.run("lev folder add ~/.ssh/k --agent a", user=USER, check=False)
+    assert r.returncode != 0 and "hidden path" in r.stderr, (r.stdout, r.stderr)
+    assert ".ssh" not in bed.run("cat ~/.config/leviath/config.toml", user=USER).stdout
+
+
+def test_a_folder_added_while_the_agent_runs_takes_effect_after_lev_restart(
+    bed: Testbed,
+) -> None:
+    home = bed.users[USER].home
+    old = bed.run("lev run ~/bp/c --workdir ~/r --detach", user=USER).stdout.strip()
+    new = ""
+    try:
+        r = bed.run("lev folder add ~/extra --agent c --repository ~/r --write", user=USER)
+        assert f"agent c ({old}) is running" in r.stdout, r.stdout
+        assert f"lev restart {old}" in r.stdout, r.stdout
+        assert f"{home}/extra" not in bed.run(["lev", "inspect", old], user=USER).stdout
+        r = bed.run(["lev", "restart", old], user=USER)
+        new = r.stdout.strip()
+        assert new and new != old, (r.stdout, r.stderr)
+        shown = bed.run(["lev", "inspect", new], user=USER).stdout
+        line = next((ln for ln in shown.splitlines() if f"{home}/extra " in ln), shown)
+        assert "read-write" in line and "folder for agent c and repository ~/r" in line, line
+        assert f"{home}/r " in shown  # the same workdir
+        ps = bed.run(["lev", "ps", "--all", "--json"], user=USER).stdout
+        assert old in ps and new in ps
+        bed.run("lev add ~/bp/c", user=USER)
+        listed = bed.run("lev list", user=USER).stdout
+        assert "folder ~/extra (read-write) when in ~/r" in listed, listed
+    finally:
+        for agent_id in (old, new):
+            if agent_id:
+                bed.run(["lev", "stop", agent_id], user=USER, check=False)
         bed.run("cat > ~/.config/leviath/config.toml", user=USER, input=CONFIG)
