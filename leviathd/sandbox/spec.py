@@ -489,6 +489,14 @@ def _workdir(p: _Plan) -> None:
             return f"{path} is inside the hidden path {hit}"
         return None
 
+    # The daemon's own first check (agents/request.py), here too so that
+    # `lev inspect` gives the reason `lev run` gives (`/` is a system folder
+    # before it is an ancestor of the home). Imported here: request.py
+    # imports this module.
+    from leviathd.agents.request import refuse_system_workdir
+
+    for path in dict.fromkeys((workdir, resolve(workdir))):
+        refuse_system_workdir(path, home)
     why = refusal(workdir)
     if why is not None and "whole home" in why:
         raise InvalidArgument(f"workdir {why}; choose a project folder")
