@@ -337,6 +337,8 @@ step watch_rule as alice "lev run -- lev tool read_file small.txt"
 step watch_journal sh -c 'journalctl -u leviathd --no-pager -o cat | grep -a inotify_simple || echo none'
 rm -f /etc/leviath/rules.d/50-vm-watch.toml
 systemctl reload leviathd
+# --- the unit's exposure on Debian 13's systemd (issue 33 item 6)
+step analyze systemd-analyze security --no-pager leviathd.service
 # --- a blueprint's own tool (issue 15 §2): runs in the agent's fence, its
 # arguments substituted into one element each, an option-like value refused.
 runuser -l alice -c 'mkdir -p ~/bp && cat >~/bp/blueprint.toml' <<'EOF5'
