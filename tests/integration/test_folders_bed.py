@@ -122,3 +122,30 @@ def test_a_folder_added_while_the_agent_runs_takes_effect_after_lev_restart(
             if agent_id:
                 bed.run(["lev", "stop", agent_id], user=USER, check=False)
         bed.run("cat > ~/.config/leviath/config.toml", user=USER, input=CONFIG)
+
+
+def test_the_container_kind_shows_the_folders_at_their_access_too(bed: Testbed) -> None:
+    from test_container import BUILD_IMAGE, IMAGE
+
+    home = bed.users[USER].home
+    bed.run(BUILD_IMAGE, timeout=300)
+    bed.write_file("/etc/leviath/config.toml",
+                   f'[sandbox]\nkind = "container"\nimage = "{IMAGE}"\nnetwork = false\n')
+    bed.run(["systemctl", "restart", "leviathd"])
+    bed.run(f"rm -f {home}/out/w")
+    try:
+        rc, out = _run(bed, "a", "r")
+        assert rc == 0, out
+        assert "spec-text" in out and "out-text" in out and "out-written" in out, out
+        assert "Read-only file system" in out, out
+        assert bed.read_file(f"{home}/out/w").strip() == "w"
+        import json
+
+        rows = json.loads(bed.run(["lev", "ps", "--all", "--json"], user=USER).stdout)
+        assert rows[-1]["agent"] == "a" and rows[-1]["sandbox"] == "container", rows[-1]
+        rc, out = _run(bed, "b", "r")
+        assert rc == 0, out
+        assert "spec-text" not in out and "out-text" not in out, out
+    finally:
+        bed.write_file("/etc/leviath/config.toml", '[sandbox]\nkind = "namespace"\n')
+        bed.run(["systemctl", "restart", "leviathd"])
