@@ -121,3 +121,18 @@ def test_a_caller_polkit_refuses_makes_nothing_in_her_home(bed: Testbed) -> None
     r = bed.run("lev run -- codex --version", user="carol", check=False, input="")
     assert r.returncode != 0, r.stdout
     assert bed.run(["test", "-e", f"{carol.home}/.codex"], check=False).returncode != 0
+
+
+def test_lev_inspect_says_what_will_be_made(bed: Testbed) -> None:
+    """Before any agent ran for her, inspect names the state the start makes."""
+    bed.add_user("nell", ("leviath",))
+    try:
+        bed.run(f"mkdir -p ~/bp ~/{WORK} && printf '[agent]\\nname = \"g\"\\n"
+                "command = [\"gemini\", \"-p\", \"hi\"]\\n' > ~/bp/blueprint.toml", user="nell")
+        out = bed.run(f"cd ~/{WORK} && lev inspect ~/bp", user="nell").stdout
+        assert "~/.gemini: missing; made as you (folder 0700) when the agent starts" in out, out
+        assert bed.run(["test", "-e", f"{bed.users['nell'].home}/.gemini"],
+                       check=False).returncode != 0  # inspect makes nothing
+    finally:
+        bed.run(["userdel", "-r", "-f", "nell"], check=False)
+        bed.users.pop("nell", None)
