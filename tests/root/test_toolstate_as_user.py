@@ -53,12 +53,18 @@ def test_state_is_made_as_the_user_with_private_modes(base: Path) -> None:
 
 def test_a_planted_link_on_the_way_is_not_followed(base: Path) -> None:
     home = base / "home"
-    os.symlink(str(base / "root"), home / ".config")
-    os.lchown(home / ".config", NOBODY, NOBODY)
-    notes = create_as_user(NOBODY, NOBODY, str(home),
-                           [Missing("opencode", ".config/opencode", True, "installed")])
-    assert len(notes) == 1 and "not made" in notes[0], notes
-    assert os.listdir(base / "root") == []
+    elsewhere = base / "elsewhere"  # nobody's own, so only the link check stops it
+    elsewhere.mkdir(mode=0o755)
+    os.chown(elsewhere, NOBODY, NOBODY)
+    for target in (base / "root", elsewhere):
+        if os.path.lexists(home / ".config"):
+            os.unlink(home / ".config")
+        os.symlink(str(target), home / ".config")
+        os.lchown(home / ".config", NOBODY, NOBODY)
+        notes = create_as_user(NOBODY, NOBODY, str(home),
+                               [Missing("opencode", ".config/opencode", True, "installed")])
+        assert len(notes) == 1 and "not made" in notes[0], notes
+        assert os.listdir(target) == [], target
 
 
 def test_what_the_user_cannot_write_is_not_made_by_roots_rights(base: Path) -> None:
