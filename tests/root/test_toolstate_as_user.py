@@ -90,3 +90,27 @@ def test_a_home_that_is_not_the_users_is_refused(base: Path) -> None:
                            [Missing("Codex", ".codex", True, "installed")])
     assert notes and "not the user's own folder" in notes[0], notes
     assert os.listdir(base / "root") == []
+
+
+def test_prepare_looks_and_makes_as_the_user(base: Path) -> None:
+    from leviathd.sandbox.toolstate import prepare
+
+    home = base / "home"
+    (home / ".local" / "bin").mkdir(parents=True)
+    (home / ".local" / "bin" / "codex").touch()
+    for p in (home / ".local", home / ".local" / "bin", home / ".local" / "bin" / "codex"):
+        os.lchown(p, NOBODY, NOBODY)
+    # Root's 0700 folder holding a claude: root sees it, the user does not,
+    # so it does not count as her installed tool.
+    (home / ".npm-global" / "bin").mkdir(parents=True)
+    (home / ".npm-global" / "bin" / "claude").touch()
+    os.chmod(home / ".npm-global", 0o700)
+    asked: list[int] = []
+    assert prepare(NOBODY, NOBODY, str(home), [["make"]], [], lambda: asked.append(1)) == []
+    assert asked == [1]
+    st = os.lstat(home / ".codex")
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY, 0o700)
+    assert not os.path.lexists(home / ".claude") and not os.path.lexists(home / ".claude.json")
+    # Nothing missing: polkit's answer is not waited for.
+    assert prepare(NOBODY, NOBODY, str(home), [["make"]], [], lambda: asked.append(2)) == []
+    assert asked == [1]
