@@ -109,6 +109,10 @@ def test_the_claude_settings_stay_read_only_inside(bed: Testbed) -> None:
     assert "mine=0" in out, out
     assert "hooks" not in bed.read_file(f"{home}/.claude/settings.json")
     assert bed.read_file(f"{home}/.claude/mine").strip() == "state"
+    # Codex's config.toml (its notify command runs on the host) likewise.
+    rc, out = _agent(bed, "sh -c 'echo notify = 1 > ~/.codex/config.toml; echo rc=$?'")
+    assert "rc=0" not in out and "Read-only file system" in out, out
+    assert "notify" not in bed.read_file(f"{home}/.codex/config.toml")
 
 
 def test_a_caller_polkit_refuses_makes_nothing_in_her_home(bed: Testbed) -> None:
