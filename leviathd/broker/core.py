@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from leviathd.broker import gitcreds, schema
+from leviathd.broker import gitcreds, resolve, schema
 from leviathd.broker.limits import Limits, too_large
 from leviathd.broker.net import AddressRefused
 from leviathd.broker.opener import Opener
@@ -222,7 +222,7 @@ class Broker:
 
     async def decide(self, tool: str, args: Mapping[str, Any]) -> Decision:
         """Gate a call, holding it for a person when policy says ask."""
-        call = self._call_for(tool, args)
+        call = await self._touched(tool, args, self._call_for(tool, args))
         view: ApprovalView = self.approvals.session
         for _ in range(3):  # at most a permission ask and a taint ask
             taint = self.ledger.taint
@@ -244,6 +244,36 @@ class Broker:
                 view = OnceApproval(view, d.ask_kind, tool, call.approval_key, taint)
         raise Unavailable("approval loop did not settle")  # pragma: no cover
 
+    async def _touched(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
+        """The call with what it will really touch (broker/resolve.py): the
+        real paths of the files, the address a web call dials."""
+        kind = TOOLS.kind_of(tool)
+        if kind in (ToolKind.READ, ToolKind.WRITE):
+            for attempt in (1, 2):
+                self.start()
+                assert self._opener is not None
+                try:
+                    return await self.in_pool(resolve.file_call, call, self._opener,
+                                              self.policy.grant, write=kind is ToolKind.WRITE)
+                except Unavailable:
+                    self._drop_opener()  # its user can kill it: a new one, once
+                    if attempt == 2:
+                        raise
+        own = self.policy.tools.get(tool)
+        if own is not None and (call.paths or call.host):
+            self.start()
+            assert self._opener is not None
+            return await self.in_pool(resolve.blueprint_touched, call, self._opener,
+                                      self.policy.grant)
+        if kind is ToolKind.WEB:
+            try:
+                return await self.in_pool(
+                    resolve.web_call, call, args,
+                    allow_private=self.policy.settings.allow_private_addresses)
+            except AddressRefused as exc:
+                raise ToolRefused(str(exc), "address-refused") from None
+        return call
+
     def _describe(self, tool: str, args: Mapping[str, Any]) -> str:
         own = self.policy.tools.get(tool)
         if own is None:
@@ -260,9 +290,9 @@ class Broker:
         own = self.policy.tools.get(tool)
         if own is None:
             return schema.call_for(tool, args, self.policy.workdir)
-        # The target is the command line it would run: what rules, allowlist
-        # globs and the person answering an approval see.
-        return Call(tool, command_line(render(own, check_args(own, args))))
+        # The target is the whole command line it would run: what rules,
+        # allowlist globs and the person answering an approval see.
+        return resolve.blueprint_call(own, args, self.policy.workdir)
 
     def _facts(self, args: Mapping[str, Any]) -> Facts:
         ledger = tuple((e.tool, e.target, str(e.label)) for e in self.ledger.entries())
@@ -275,6 +305,9 @@ class Broker:
         """Run one tool call; returns the JSON-able reply (ok or error)."""
         try:
             d = await self.decide(tool, args)
+        except ToolRefused as exc:
+            self._record(Call(tool, ""), self.ledger.taint, None, exc.rule, "deny", str(exc))
+            return _error("denied", str(exc), exc.rule)
         except LimitExceeded as exc:
             self._record(Call(tool, ""), self.ledger.taint, None, "limit", "error", str(exc))
             return limit_error(exc)
@@ -292,7 +325,7 @@ class Broker:
             self._record(call, d.taint, d.clearance, d.rule, "deny", detail)
             return _error("denied", _why(d), d.rule)
         try:
-            result, label = await self._run(tool, args, d.label)
+            result, label = await self._run(tool, args, d.label, call)
         except ToolRefused as exc:
             self._record(call, d.taint, d.clearance, exc.rule, "deny", str(exc))
             return _error("denied", str(exc), exc.rule)
@@ -475,7 +508,7 @@ class Broker:
             os.close(fd)
 
     async def _run(
-        self, tool: str, args: Mapping[str, Any], predicted: Sensitivity
+        self, tool: str, args: Mapping[str, Any], predicted: Sensitivity, call: Call,
     ) -> tuple[Any, Sensitivity]:
         settings = self.policy.settings
         kind = TOOLS.kind_of(tool)
@@ -486,6 +519,7 @@ class Broker:
                 assert self._opener is not None
                 files = FileTools(self._opener, self.policy.grant, self.limits)
                 files.taint = self.ledger.taint
+                files.decided = frozenset(call.paths)
                 try:
                     result = await self.in_pool(
                         _file_call, files, tool, args, workdir, self._budget()
@@ -503,7 +537,7 @@ class Broker:
             try:
                 return await self.in_pool(
                     web_tool, tool, args, allow_private=settings.allow_private_addresses,
-                    max_bytes=self._budget() // 2,
+                    max_bytes=self._budget() // 2, address=call.address or None,
                 ), predicted
             except AddressRefused as exc:
                 raise ToolRefused(str(exc), "address-refused") from None

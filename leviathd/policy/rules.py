@@ -16,13 +16,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from leviathd.policy.cel import CelError, Program, compile_expr
+from leviathd.hosts import address_facts
+from leviathd.policy.cel import MAX_STEPS, CelError, Program, compile_expr
 
 RuleDecision = Literal["allow", "deny", "ask"]
 VARIABLES = ("call", "agent", "taint", "ledger", "time")
 MAX_RULES = 256  # per layer
 MAX_REASON = 200
-_RANK = {"allow": 0, "ask": 1, "deny": 2}
+RANK = {"allow": 0, "ask": 1, "deny": 2}
+# Steps one call may spend on all its rules, every layer and every file of
+# it together (each rule also keeps its own cel.MAX_STEPS): what bounds the
+# worst call's time, whoever wrote the rules (docs/configuration.md).
+MAX_CALL_STEPS = 40_000
 # The ledger a rule sees: its newest entries, enough to tell what the agent
 # has been reading, bounded so a long-lived agent's rules cost the same.
 LEDGER_TAIL = 32
@@ -128,18 +133,35 @@ class RuleSet:
         return found
 
 
-def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any]) -> RuleResult | None:
-    """The strictest matching rule's result, or None when none matched."""
+class StepBudget:
+    """The steps left for one call's rules (MAX_CALL_STEPS)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any],
+             budget: StepBudget | None = None) -> RuleResult | None:
+    """The strictest matching rule's result, or None when none matched. With
+    `budget`, each rule runs with what the call has left (at most its own
+    MAX_STEPS); once the call's budget is spent, the next rule counts as a
+    deny that names it, like a rule over its own budget: fails closed."""
     best: RuleResult | None = None
     for rule in rules:
         if best is not None and best.decision == "deny":
             break  # nothing is stricter than a deny
+        steps = MAX_STEPS if budget is None else min(MAX_STEPS, budget.left)
+        if budget is not None and steps <= 0:
+            why = f"the call's rules ran over their step budget ({MAX_CALL_STEPS} steps)"
+            return RuleResult("deny", rule.label, f"rule not run: {why}", why)
         if rule.program is None:
             result = RuleResult("deny", rule.label, f"rule does not compile: {rule.error}",
                                 rule.error)
         else:
             try:
-                matched = rule.program.evaluate(env)
+                matched = rule.program.evaluate(env, max_steps=steps, spent=budget)
             except CelError as exc:
                 result = RuleResult("deny", rule.label, f"rule failed: {exc}", str(exc))
             except Exception as exc:  # a bug here must still fail closed, named
@@ -155,7 +177,7 @@ def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any]) -> RuleResul
                 else:
                     result = RuleResult(rule.spec.decision, rule.label,
                                         rule.spec.reason or rule.spec.when)
-        if best is None or _RANK[result.decision] > _RANK[best.decision]:
+        if best is None or RANK[result.decision] > RANK[best.decision]:
             best = result
     return best
 
@@ -163,15 +185,21 @@ def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any]) -> RuleResul
 def environment(
     *, tool: str, target: str, args: Mapping[str, Any], paths: Sequence[str], taint: str,
     agent: Mapping[str, Any], ledger: Iterable[tuple[str, str, str]], now: float | None = None,
+    kind: str = "", requested: str = "", host: str = "", address: str = "",
 ) -> dict[str, Any]:
     """What a rule sees. `ledger`: (tool, target, label) of the live entries,
-    oldest first."""
+    oldest first. `kind`: what the call does (rule_kind); `requested`: the
+    path(s) or URL as the agent wrote them, where `target`/`paths` are what
+    will really be touched (the opened files' real paths, the canonical
+    host); `address`: the IP address the call will dial ("" for none)."""
     entries = list(ledger)
     tail = entries[-LEDGER_TAIL:]
     unix = time.time() if now is None else now
     t = time.localtime(unix)
     return {
-        "call": {"tool": tool, "target": target, "args": _plain(args, 4), "paths": tuple(paths)},
+        "call": {"tool": tool, "target": target, "args": _plain(args, 4), "paths": tuple(paths),
+                 "kind": kind, "requested": requested, "host": host, "address": address,
+                 "ip": address_facts(address)},
         "agent": agent,
         "taint": taint,
         "ledger": {

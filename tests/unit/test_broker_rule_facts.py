@@ -1,0 +1,135 @@
+"""Issue 31 §1 and §3: rules decide on what the broker will really touch.
+
+Through a real broker socket on real files (the opener as this user): a
+workdir link to a denied file or folder is judged by the real path it leads
+to, for read_file, read_files and list_dir alike; `call.kind == "read"`
+covers every file-reading tool; `call.requested` keeps the text the agent
+sent; a link swapped after the decision is refused, not read. Each of the
+link cases returned the key before resolve.py (seen failing)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from broker_harness import Running, call, running_broker
+
+from leviathd.policy.rules import RuleSpec
+from leviathd.policy.settings import PolicySettings
+
+RULES = (
+    RuleSpec("no-pem", 'call.kind == "read" && call.target.endsWith(".pem")', "deny",
+             "key files stay on the host"),
+    RuleSpec("no-secret", 'call.kind == "read" && call.target.contains("/secret")', "deny",
+             "the secret folder stays shut"),
+    RuleSpec("old-style", 'call.tool == "read_file" && call.target.endsWith(".key")', "deny",
+             "keys"),
+    RuleSpec("no-write-hooks", 'call.kind == "write" && call.target.contains("/hooks/")',
+             "deny", "hooks"),
+    RuleSpec("said", 'call.kind == "read" && call.requested == "shown-as.txt"', "deny",
+             "requested text"),
+)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> dict[str, Path]:
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    (work / "secret").mkdir(parents=True)
+    (work / "hooks").mkdir()
+    home.mkdir()
+    (work / "server.pem").write_text("PEMKEY")
+    (work / "id.key").write_text("KEYKEY")
+    (work / "secret" / "plans.txt").write_text("SECRETPLANS")
+    (work / "small.txt").write_text("small")
+    (work / "shown-as.txt").write_text("shown")
+    os.symlink("server.pem", work / "notes.txt")
+    os.symlink("id.key", work / "notes2.txt")
+    os.symlink("secret", work / "secdir")
+    os.symlink("hooks", work / "githooks")
+    return {"home": home, "work": work, "tmp": tmp_path}
+
+
+@pytest.fixture
+def broker(tree: dict[str, Path]) -> Iterator[Running]:
+    settings = PolicySettings(rules=RULES)
+    with running_broker(home=str(tree["home"]), workdir=str(tree["work"]), settings=settings,
+                        socket_path=str(tree["tmp"] / "broker.sock")) as running:
+        yield running
+
+
+def _denied(reply: dict[str, object], rule: str) -> None:
+    assert reply["ok"] is False, reply
+    err = reply["error"]
+    assert isinstance(err, dict) and err.get("rule") == rule, reply
+
+
+def test_a_link_to_a_pem_file_is_judged_as_the_pem_file(broker: Running) -> None:
+    _denied(call(broker.path, "read_file", {"path": "notes.txt"}), "rule:machine:no-pem")
+    _denied(call(broker.path, "read_file", {"path": "server.pem"}), "rule:machine:no-pem")
+    ok = call(broker.path, "read_file", {"path": "small.txt"})
+    assert ok["ok"] and ok["result"]["content"] == "small", ok  # type: ignore[index]
+
+
+def test_a_tool_named_rule_sees_the_real_path_too(broker: Running) -> None:
+    _denied(call(broker.path, "read_file", {"path": "notes2.txt"}), "rule:machine:old-style")
+
+
+def test_read_files_is_judged_file_by_file_through_links(broker: Running) -> None:
+    reply = call(broker.path, "read_files", {"paths": ["small.txt", "notes.txt"]})
+    _denied(reply, "rule:machine:no-pem")
+    assert "PEMKEY" not in str(reply)
+    reply = call(broker.path, "read_files", {"paths": ["secdir/plans.txt", "small.txt"]})
+    _denied(reply, "rule:machine:no-secret")
+    assert "SECRETPLANS" not in str(reply)
+
+
+def test_list_dir_and_reads_through_a_linked_folder_are_judged_by_the_folder(
+    broker: Running,
+) -> None:
+    reply = call(broker.path, "list_dir", {"path": "secdir"})
+    _denied(reply, "rule:machine:no-secret")
+    assert "plans.txt" not in str(reply)
+    _denied(call(broker.path, "read_file", {"path": "secdir/plans.txt"}),
+            "rule:machine:no-secret")
+
+
+def test_a_write_through_a_linked_folder_is_judged_by_the_real_folder(
+    broker: Running, tree: dict[str, Path],
+) -> None:
+    _denied(call(broker.path, "write_file", {"path": "githooks/pre-commit", "content": "x"}),
+            "rule:machine:no-write-hooks")
+    assert not (tree["work"] / "hooks" / "pre-commit").exists()
+
+
+def test_the_requested_text_is_there_for_rules_as_sent(broker: Running) -> None:
+    _denied(call(broker.path, "read_file", {"path": "shown-as.txt"}), "rule:machine:said")
+    rec = [r for r in broker.audit if r.tool == "read_file"][-1]
+    assert rec.target.endswith("/shown-as.txt") and os.path.isabs(rec.target)
+
+
+def test_a_link_swapped_after_the_decision_is_refused(
+    broker: Running, tree: dict[str, Path],
+) -> None:
+    """The gate decided on small.txt; when the run opens the path it leads to
+    server.pem: refused by the decided-path check, never read."""
+    from leviathd.broker import tools
+
+    link = tree["work"] / "swap.txt"
+    os.symlink("small.txt", link)
+    real_open = tools.FileTools._open_read
+
+    def swapping(self: tools.FileTools, path: str, **kw: object) -> object:
+        os.unlink(link)
+        os.symlink("server.pem", link)
+        return real_open(self, path, **kw)  # type: ignore[arg-type]
+
+    tools.FileTools._open_read = swapping  # type: ignore[assignment,method-assign]
+    try:
+        reply = call(broker.path, "read_file", {"path": "swap.txt"})
+    finally:
+        tools.FileTools._open_read = real_open  # type: ignore[method-assign]
+    assert reply["ok"] is False and "PEMKEY" not in str(reply), reply
+    assert "changed meanwhile" in str(reply)
