@@ -19,6 +19,7 @@ from leviathd.broker import gitcreds, resolve, schema
 from leviathd.broker.limits import Limits, too_large
 from leviathd.broker.net import AddressRefused
 from leviathd.broker.opener import Opener
+from leviathd.broker.rulelane import Lane, Lanes
 from leviathd.broker.tools import (
     ArgvRequest,
     ArgvRunner,
@@ -40,8 +41,9 @@ from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.policy import filelabels
 from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
-from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide
+from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide, rule_views
 from leviathd.policy.ledger import Ledger
+from leviathd.policy.rules import RuleResult
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 from leviathd.policy.tooldef import check_args, command_line, render
 from leviathd.readpatterns import is_inside
@@ -100,8 +102,12 @@ class Broker:
         agent_facts: Mapping[str, Any] | None = None,
         tool_runner: ArgvRunner | None = None,
         stage: Callable[[], str] | None = None,
+        lane: Lane | None = None,
     ) -> None:
         self.agent_id = agent_id
+        # Where this user's rules take their turns (broker/rulelane.py): the
+        # daemon gives all brokers of one user the same lane.
+        self._lane = lane or Lanes().lane(user.uid)
         # What policy rules see of the agent (gate.Facts).
         self.agent_facts: Mapping[str, Any] = agent_facts or {"id": agent_id, "user": user.name}
         self.user = user
@@ -226,8 +232,10 @@ class Broker:
         view: ApprovalView = self.approvals.session
         for _ in range(3):  # at most a permission ask and a taint ask
             taint = self.ledger.taint
-            facts = self._facts(self._rule_args(tool, args)) if self.policy.rules else Facts()
-            d = decide(self.policy, call, taint, view, facts)
+            policy = self.policy
+            facts = self._facts(self._rule_args(tool, args)) if policy.rules else Facts()
+            ruled = await self._rules(policy, call, taint, facts)
+            d = decide(policy, call, taint, view, facts, ruled)
             if d.outcome != "ask":
                 return d
             assert d.ask_kind is not None
@@ -243,6 +251,18 @@ class Broker:
             if answer is Answer.ONCE:
                 view = OnceApproval(view, d.ask_kind, tool, call.approval_key, taint)
         raise Unavailable("approval loop did not settle")  # pragma: no cover
+
+    async def _rules(
+        self, policy: CompiledPolicy, call: Call, taint: Sensitivity, facts: Facts,
+    ) -> tuple[RuleResult | None] | None:
+        """The rules' result for the gate, evaluated in this user's lane (in
+        slices, the loop getting turns between them); None: no rule concerns
+        this tool, the gate has nothing to evaluate."""
+        concern = policy.rules.for_tool(call.tool) if policy.rules else ()
+        if not concern:
+            return None
+        views = rule_views(policy, call, taint, facts)
+        return (await self._lane.evaluate(concern, views),)
 
     async def _touched(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
         """The call with what it will really touch (broker/resolve.py): the

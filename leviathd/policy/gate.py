@@ -9,7 +9,7 @@ file.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -128,29 +128,37 @@ def normalise(path: str, workdir: str) -> str:
     return os.path.normpath(os.path.join(workdir, path))
 
 
-def _evaluate_rules(
-    concern: tuple[CompiledRule, ...], call: Call, policy: CompiledPolicy, taint: Sensitivity,
-    facts: Facts,
-) -> RuleResult | None:
-    """The rules on this call. A call touching several files (read_files) is
-    judged file by file, each as the target, so a rule about one file holds
-    whichever tool reads it; the strictest result stands."""
+def rule_views(
+    policy: CompiledPolicy, call: Call, taint: Sensitivity, facts: Facts,
+) -> list[dict[str, Any]]:
+    """What the rules see of this call, once per thing it touches: a call on
+    several files (read_files) is judged file by file, each as the target,
+    so a rule about one file holds whichever tool reads it; a blueprint
+    tool by its command line, then each argument it declares a path, as a
+    read."""
     kind = policy.registry.kind_of(call.tool)
     views: list[tuple[str, str]]
     if kind is ToolKind.BLUEPRINT:
-        # Its command line, then each argument it declares a path, as a read.
         views = [("tool", call.target), *(("read", p) for p in call.paths)]
     elif len(call.paths) > 1:
         views = [(rule_kind(kind), p) for p in call.paths]
     else:
         views = [(rule_kind(kind), call.target)]
+    return [environment(tool=call.tool, target=target, args=facts.args, paths=call.paths,
+                        taint=str(taint), agent=facts.agent, ledger=facts.ledger,
+                        now=facts.now, kind=what, requested=call.requested,
+                        host=call.host, address=call.address)
+            for what, target in views]
+
+
+def evaluate_views(
+    concern: Sequence[CompiledRule], views: Sequence[Mapping[str, Any]],
+) -> RuleResult | None:
+    """Every view against the rules, within one call's step budget; the
+    strictest result stands (the broker's cooperative form: broker/rulelane.py)."""
     budget = StepBudget(MAX_CALL_STEPS)
     best: RuleResult | None = None
-    for what, target in views:
-        env = environment(tool=call.tool, target=target, args=facts.args, paths=call.paths,
-                          taint=str(taint), agent=facts.agent, ledger=facts.ledger,
-                          now=facts.now, kind=what, requested=call.requested,
-                          host=call.host, address=call.address)
+    for env in views:
         found = evaluate(concern, env, budget)
         if found is not None and (best is None or RANK[found.decision] > RANK[best.decision]):
             best = found
@@ -165,7 +173,10 @@ def decide(
     taint: Sensitivity,
     approvals: ApprovalView = NO_APPROVALS,
     facts: Facts = NO_FACTS,
+    ruled_already: tuple[RuleResult | None] | None = None,
 ) -> Decision:
+    """`ruled_already`: the rules' result, when the caller evaluated them
+    itself (the broker does, off the shared path: broker/rulelane.py)."""
     steps: list[Step] = []
     tool = call.tool
     kind = TOOLS.kind_of(tool)
@@ -191,7 +202,8 @@ def decide(
     ruled: RuleResult | None = None
     concern = policy.rules.for_tool(tool) if policy.rules else ()
     if concern:
-        ruled = _evaluate_rules(concern, call, policy, taint, facts)
+        ruled = (ruled_already[0] if ruled_already is not None
+                 else evaluate_views(concern, rule_views(policy, call, taint, facts)))
         if ruled is None:
             steps.append(Step("rules", "none", f"none of {len(concern)} rules for {tool} matched"))
         else:

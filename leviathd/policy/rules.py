@@ -28,6 +28,9 @@ RANK = {"allow": 0, "ask": 1, "deny": 2}
 # it together (each rule also keeps its own cel.MAX_STEPS): what bounds the
 # worst call's time, whoever wrote the rules (docs/configuration.md).
 MAX_CALL_STEPS = 40_000
+# What running one rule costs besides its nodes, charged to the call's
+# budget: thousands of trivial rules times many files cost time too.
+RULE_OVERHEAD = 16
 # The ledger a rule sees: its newest entries, enough to tell what the agent
 # has been reading, bounded so a long-lived agent's rules cost the same.
 LEDGER_TAIL = 32
@@ -152,6 +155,8 @@ def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any],
     for rule in rules:
         if best is not None and best.decision == "deny":
             break  # nothing is stricter than a deny
+        if budget is not None:
+            budget.left -= RULE_OVERHEAD
         steps = MAX_STEPS if budget is None else min(MAX_STEPS, budget.left)
         if budget is not None and steps <= 0:
             why = f"the call's rules ran over their step budget ({MAX_CALL_STEPS} steps)"
