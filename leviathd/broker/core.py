@@ -227,17 +227,38 @@ class Broker:
         )
 
     async def decide(self, tool: str, args: Mapping[str, Any]) -> Decision:
-        """Gate a call, holding it for a person when policy says ask."""
+        """Gate a call, holding it for a person when policy says ask.
+
+        A call that dials a host is decided twice: first without its address,
+        and only a call that would then go ahead is resolved (its name never
+        reaches a resolver for a call the gate refuses or a person has not
+        allowed yet: a host name can carry data out), then decided again with
+        the address it will dial, the approvals given so far still holding."""
         call = await self._touched(tool, args, self._call_for(tool, args))
-        view: ApprovalView = self.approvals.session
-        for _ in range(3):  # at most a permission ask and a taint ask
+        d, view = await self._settle(tool, args, call, self.approvals.session)
+        if d.outcome != "allow" or not self._dials(tool, call):
+            return d
+        call = await self._dialled(tool, args, call)
+        return (await self._settle(tool, args, call, view))[0]
+
+    def _dials(self, tool: str, call: Call) -> bool:
+        return bool(call.host) and not call.address and (
+            TOOLS.kind_of(tool) is ToolKind.WEB or tool in self.policy.tools)
+
+    async def _settle(
+        self, tool: str, args: Mapping[str, Any], call: Call, view: ApprovalView,
+    ) -> tuple[Decision, ApprovalView]:
+        """The decision, holding the call for a person as often as policy
+        asks (at most a permission ask and a taint ask), and the approvals
+        view it was reached with."""
+        for _ in range(3):
             taint = self.ledger.taint
             policy = self.policy
             facts = self._facts(self._rule_args(tool, args)) if policy.rules else Facts()
             ruled = await self._rules(policy, call, taint, facts)
             d = decide(policy, call, taint, view, facts, ruled)
             if d.outcome != "ask":
-                return d
+                return d, view
             assert d.ask_kind is not None
             self._record(call, taint, d.clearance, d.rule, "ask")
             answer = await self.approvals.ask(
@@ -247,7 +268,7 @@ class Broker:
             )
             if answer is Answer.DENY:
                 return Decision("deny", f"{d.rule}:refused-by-person-or-timeout", d.steps,
-                                call, taint, d.clearance, d.label)
+                                call, taint, d.clearance, d.label), view
             if answer is Answer.ONCE:
                 view = OnceApproval(view, d.ask_kind, tool, call.approval_key, taint)
         raise Unavailable("approval loop did not settle")  # pragma: no cover
@@ -261,12 +282,16 @@ class Broker:
         concern = policy.rules.for_tool(call.tool) if policy.rules else ()
         if not concern:
             return None
+        if self._dials(call.tool, call):
+            # Not resolved yet (decide's first pass): rules about the address
+            # wait for the second, which has it.
+            concern = tuple(r for r in concern if not r.reads_address)
         views = rule_views(policy, call, taint, facts)
         return (await self._lane.evaluate(concern, views),)
 
     async def _touched(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
-        """The call with what it will really touch (broker/resolve.py): the
-        real paths of the files, the address a web call dials."""
+        """The call with the real paths of the files it will touch
+        (broker/resolve.py); its address comes later (`_dialled`)."""
         kind = TOOLS.kind_of(tool)
         if kind in (ToolKind.READ, ToolKind.WRITE):
             for attempt in (1, 2):
@@ -280,19 +305,23 @@ class Broker:
                     if attempt == 2:
                         raise
         own = self.policy.tools.get(tool)
-        if own is not None and (call.paths or call.host):
+        if own is not None and call.paths:
             self.start()
             assert self._opener is not None
-            return await self.in_pool(resolve.blueprint_touched, call, self._opener,
+            return await self.in_pool(resolve.blueprint_paths, call, self._opener,
                                       self.policy.grant)
-        if kind is ToolKind.WEB:
-            try:
-                return await self.in_pool(
-                    resolve.web_call, call, args,
-                    allow_private=self.policy.settings.allow_private_addresses)
-            except AddressRefused as exc:
-                raise ToolRefused(str(exc), "address-refused") from None
         return call
+
+    async def _dialled(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
+        """The call with the address it will dial (broker/resolve.py)."""
+        if TOOLS.kind_of(tool) is not ToolKind.WEB:
+            return await self.in_pool(resolve.blueprint_address, call)
+        try:
+            return await self.in_pool(
+                resolve.web_call, call, args,
+                allow_private=self.policy.settings.allow_private_addresses)
+        except AddressRefused as exc:
+            raise ToolRefused(str(exc), "address-refused") from None
 
     def _describe(self, tool: str, args: Mapping[str, Any]) -> str:
         own = self.policy.tools.get(tool)

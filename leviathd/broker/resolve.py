@@ -9,7 +9,9 @@ and the gate decide on facts rather than on what the agent typed.
   swapped between the two opens is refused, never read.
 - Web tools: the canonical host is resolved once and every address checked
   (net.resolve_checked); the first is `call.address`, and the request dials
-  exactly that address.
+  exactly that address. The broker resolves only a call the gate would let
+  go without its address (core.Broker.decide), so a name never reaches a
+  resolver for a call that is refused.
 
 A path that cannot be opened (missing, refused) keeps its lexical form: the
 run fails on it as it would have, and a file created there meanwhile has
@@ -105,20 +107,22 @@ def blueprint_call(own: ToolDef, args: Mapping[str, Any], workdir: str) -> Call:
                 requested=" ".join(declared(own, checked, "path")))
 
 
-def blueprint_touched(call: Call, opener: Opener, index: GrantIndex) -> Call:
-    """The real paths of its path arguments and the address its host has
-    for the host's resolver (the tool resolves for itself in its fence, so
-    this is what a rule can know, not a pin). Blocking."""
+def blueprint_paths(call: Call, opener: Opener, index: GrantIndex) -> Call:
+    """The real paths of its declared path arguments. Blocking."""
     reals = tuple(real_read_path(opener, index, p, directory=False) for p in call.paths)
-    address = ""
-    if call.host:
-        try:
-            infos = socket.getaddrinfo(call.host, None, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError):
-            infos = []
-        if infos:
-            address = canonical_host(str(infos[0][4][0]).split("%")[0]) or ""
-    return replace(call, paths=reals, address=address)
+    return replace(call, paths=reals)
+
+
+def blueprint_address(call: Call) -> Call:
+    """The address its declared host has for the host's resolver (the tool
+    resolves for itself in its fence, so this is what a rule can know, not
+    a pin); "" when it does not resolve. Blocking."""
+    try:
+        infos = socket.getaddrinfo(call.host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        infos = []
+    address = (canonical_host(str(infos[0][4][0]).split("%")[0]) or "") if infos else ""
+    return replace(call, address=address)
 
 
 def web_call(call: Call, args: Mapping[str, Any], *, allow_private: bool) -> Call:

@@ -55,6 +55,12 @@ class CompiledRule:
     def label(self) -> str:
         return f"rule:{self.spec.layer}:{self.spec.name}"
 
+    @property
+    def reads_address(self) -> bool:
+        """Whether it reads `call.address` or `call.ip` (a call not resolved
+        yet is judged by such a rule only once it is: broker/core.py)."""
+        return self.program is not None and reads_call_field(self.program, ADDRESS_FIELDS)
+
 
 @dataclass(frozen=True)
 class RuleResult:
@@ -98,6 +104,26 @@ def tool_guard(program: Program) -> frozenset[str] | None:
                     c[0] == "lit" and isinstance(c[2], str) for c in other[2:]):
                 return frozenset(c[2] for c in other[2:])
     return None
+
+
+ADDRESS_FIELDS = frozenset({"address", "ip"})
+
+
+def reads_call_field(program: Program, names: frozenset[str]) -> bool:
+    """Whether the condition reads one of `call`'s fields `names` (as
+    `call.x` or `call["x"]`)."""
+    stack = [program.tree]
+    while stack:
+        node = stack.pop()
+        base = node[2] if node[0] in ("field", "index") else None
+        if base is not None and base[0] == "var" and base[2] == "call":
+            key = node[3]
+            if node[0] == "field" and key in names:
+                return True
+            if node[0] == "index" and (key[0] != "lit" or key[2] in names):
+                return True  # a computed key may be any field
+        stack.extend(c for c in node[2:] if isinstance(c, tuple))
+    return False
 
 
 def _is_call_tool(node: tuple[Any, ...]) -> bool:

