@@ -180,6 +180,9 @@ def call_for(tool: str, args: Mapping[str, Any], workdir: str) -> Call:
         where = git_target(str(args["url"]))
         return Call(tool, where, scope=where)
     if kind is ToolKind.SSH:
-        host = str(args["host"])[:300]
+        host = str(args["host"])
+        if len(host) > 300:
+            # Refused, never cut: a rule must see the whole target.
+            raise InvalidArgument(f"{tool}: a host of more than 300 characters")
         return Call(tool, host, scope=host)
     return Call(tool, "")

@@ -191,3 +191,15 @@ def test_a_refused_call_never_sends_its_host_name_to_a_resolver(
         reply = call(b.path, "http_get", {"url": "http://s3cr3t.leak.invalid/x"})
     assert reply["ok"] is False and "permission" in str(reply), reply
     assert lookups == []
+
+
+def test_no_target_is_cut_for_rules() -> None:
+    """Issue 31 §3: a target longer than rules see is refused by name (ssh's
+    host was cut at 300 characters: seen failing), git's host canonical."""
+    from leviathd.broker import gitcreds, schema
+    from leviathd.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="more than 300"):
+        schema.call_for("ssh_sign", {"host": "h" * 301}, "/w")
+    assert schema.call_for("ssh_sign", {"host": "h" * 300}, "/w").target == "h" * 300
+    assert gitcreds.target("https://2130706433/r.git") == "https://127.0.0.1/r.git"
