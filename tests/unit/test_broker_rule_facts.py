@@ -203,3 +203,25 @@ def test_no_target_is_cut_for_rules() -> None:
         schema.call_for("ssh_sign", {"host": "h" * 301}, "/w")
     assert schema.call_for("ssh_sign", {"host": "h" * 300}, "/w").target == "h" * 300
     assert gitcreds.target("https://2130706433/r.git") == "https://127.0.0.1/r.git"
+
+
+def test_a_blueprint_tools_declared_path_is_judged_as_a_read_of_the_real_file(
+    tree: dict[str, Path],
+) -> None:
+    """`format = "path"`: the rule about reads holds for the blueprint tool's
+    argument too, through the link (before: its target was only the command
+    line `cat -- notes.txt`)."""
+    from leviathd.policy.tooldef import make_tool
+
+    show = make_tool("show", description="print a file",
+                     schema={"properties": {"path": {"type": "string", "format": "path"}},
+                             "required": ["path"]},
+                     argv=["cat", "--", "{path}"], output="internal", sends_data=False,
+                     timeout=10)
+    settings = PolicySettings(rules=RULES, tools={"show": show})
+    with running_broker(home=str(tree["home"]), workdir=str(tree["work"]), settings=settings,
+                        socket_path=str(tree["tmp"] / "bp.sock")) as b:
+        _denied(call(b.path, "show", {"path": "notes.txt"}), "rule:machine:no-pem")
+        reply = call(b.path, "show", {"path": "small.txt"})
+    # Allowed by the rules: it fails only for want of the daemon's fence here.
+    assert "blueprint tools need the daemon's fence" in str(reply), reply
