@@ -44,6 +44,11 @@ def _real(fd: int) -> str:
 
 
 def real_read_path(opener: Opener, index: GrantIndex, path: str, *, directory: bool) -> str:
+    if not index.may_read(path):
+        # Outside what the agent may read as written: the gate refuses it on
+        # these words, as before, and nothing there is opened first (a
+        # device's open can do things).
+        return path
     try:
         fd = opener.open(path, READ_FLAGS | (os.O_DIRECTORY if directory else 0))
     except OpenFailed:
@@ -61,6 +66,8 @@ def real_write_path(opener: Opener, index: GrantIndex, path: str) -> str:
     """The real folder the file would be written in, and its name (the run
     opens the name with O_NOFOLLOW, so a link there is refused anyway)."""
     parent, name = os.path.split(path)
+    if not index.may_write(path):
+        return path  # refused on these words by the gate, as before
     try:
         fd = opener.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
     except OpenFailed:

@@ -225,3 +225,25 @@ def test_a_blueprint_tools_declared_path_is_judged_as_a_read_of_the_real_file(
         reply = call(b.path, "show", {"path": "small.txt"})
     # Allowed by the rules: it fails only for want of the daemon's fence here.
     assert "blueprint tools need the daemon's fence" in str(reply), reply
+
+
+def test_nothing_outside_what_the_agent_may_read_is_opened_to_resolve_it(tmp_path: Path) -> None:
+    """The broker opens a path before the gate decides only where the agent
+    may read it as written (workdir, granted paths); /dev/watchdog outside
+    them is refused on its words, never opened first."""
+    from leviathd.broker import resolve
+    from leviathd.policy.readgrant import build_index
+
+    opened: list[str] = []
+
+    class Recording:
+        def open(self, path: str, flags: int, *a: object, **kw: object) -> int:
+            opened.append(path)
+            return os.open("/dev/null", os.O_RDONLY)
+
+    index = build_index((), home=str(tmp_path), workdir=str(tmp_path / "w"))
+    fake = Recording()
+    assert resolve.real_read_path(fake, index, "/dev/watchdog",  # type: ignore[arg-type]
+                                  directory=False) == "/dev/watchdog"
+    assert resolve.real_write_path(fake, index, "/etc/cron.d/x") == "/etc/cron.d/x"  # type: ignore[arg-type]
+    assert opened == []
