@@ -601,6 +601,7 @@ def _protected(p: _Plan) -> None:
         git=protected.git_folders(p.workdir, p.git_dirs, p.read_text, p.exists, p.resolve),
         extra=protected.refuse_bad(p.effective.protected_paths),
         exists=p.exists,
+        read_text=p.read_text,
     )
     if str(p.effective.kind) == "none":
         return

@@ -49,6 +49,7 @@ PARTS: dict[str, str] = {
     "heap": "Ground",
     "fsids": "Ground",
     "budget": "Ground",
+    "hosts": "Ground",
     "__init__": "Ground",
 }
 
