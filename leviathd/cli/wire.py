@@ -37,8 +37,14 @@ TRY_AGAIN = frozenset({"org.leviath.Error.Busy", "org.leviath.Error.Authorizatio
 # of other agents of ours); the oldest go first.
 MAX_KEPT_SIGNALS = 4096
 # How long a start waits, in all, while the daemon says Busy (it bounds the
-# requests of one user being prepared at once; issue 22).
-BUSY_PATIENCE = 120.0
+# requests of one user being prepared at once; issue 22). A Busy start left
+# nothing behind, so waiting long costs nothing: 1,000 starts sent at once
+# (250 a user) took 2-3 minutes here, as long as 1,000 `systemd-run` did
+# (docs/operations.md, "How many agents a machine runs"); 120 s gave up on 426.
+BUSY_PATIENCE = 600.0
+# The longest pause between two asks: hundreds of waiting clients asking
+# every second were a load of their own.
+BUSY_BACKOFF = 2.0
 
 METHOD_CALL, METHOD_RETURN, ERROR, SIGNAL = 1, 2, 3, 4
 NO_REPLY_EXPECTED = 0x1
@@ -549,7 +555,7 @@ class SyncClient:
         """call(), asked again while the daemon answers Busy or
         AuthorizationUnavailable: many starts sent at once then queue here
         instead of failing. Backs off
-        with jitter up to a second, for BUSY_PATIENCE seconds in all."""
+        with jitter up to BUSY_BACKOFF, for BUSY_PATIENCE seconds in all."""
         import time
 
         deadline = time.monotonic() + BUSY_PATIENCE
@@ -563,7 +569,7 @@ class SyncClient:
             import random  # only when asked again: its import is start-up time
 
             time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, BUSY_BACKOFF)
 
     def daemon_name(self) -> str:
         """The daemon's unique name; signals are trusted only from it (any
