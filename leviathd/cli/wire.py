@@ -204,11 +204,18 @@ class _Writer:
             raise WireError(f"cannot write type {t!r}")
 
 
+# One compiled Struct per fixed type and byte order: `lev ps` reads ~17,000
+# values for 1,000 agents (issue 34).
+_STRUCTS = {order: {c: struct.Struct(order + f) for c, f in _FIXED.items()} for order in "<>"}
+
+
 class _Reader:
     def __init__(self, data: bytes, order: str, pos: int = 0) -> None:
         self.data = data
         self.order = order
         self.pos = pos
+        self._fixed = _STRUCTS[order]
+        self._u32 = self._fixed["u"]
 
     def _take(self, n: int) -> int:
         start = self.pos
@@ -220,30 +227,47 @@ class _Reader:
     def align(self, n: int) -> None:
         self._take(-self.pos % n)
 
+    def _length(self) -> int:
+        self.align(4)
+        (n,) = self._u32.unpack_from(self.data, self._take(4))
+        return int(n)
+
     def get(self, t: str, depth: int = 0) -> Any:
         if depth > 64:
             raise WireError("message nested too deep")
         c = t[0]
-        if c in _FIXED:
-            self.align(_ALIGN[c])
-            fmt = self.order + _FIXED[c]
-            (v,) = struct.unpack_from(fmt, self.data, self._take(struct.calcsize(fmt)))
+        data = self.data
+        fixed = self._fixed.get(c)
+        if fixed is not None:
+            # align() and _take() inline, the same bounds: the padding and
+            # the value lie inside the message.
+            at = self.pos + (-self.pos % _ALIGN[c])
+            if at + fixed.size > len(data):
+                raise WireError("truncated message")
+            (v,) = fixed.unpack_from(data, at)
+            self.pos = at + fixed.size
             return bool(v) if c == "b" else v
         if c in "so":
-            n = self.get("u")
-            at = self._take(n + 1)
-            return self.data[at : at + n].decode()
+            at = self.pos + (-self.pos % 4)
+            if at + 4 > len(data):
+                raise WireError("truncated message")
+            (n,) = self._u32.unpack_from(data, at)
+            at += 4
+            if at + n + 1 > len(data):
+                raise WireError("truncated message")
+            self.pos = at + n + 1
+            return data[at : at + n].decode()
         if c == "g":
             n = self.data[self._take(1)]
             at = self._take(n + 1)
             return self.data[at : at + n].decode()
         if c == "v":
             sig = self.get("g")
-            if len(split_signature(sig)) != 1:
+            if not _single_type(sig):
                 raise WireError("bad variant signature")
             return Variant(sig, self.get(sig, depth + 1))
         if c == "a":
-            n = self.get("u")
+            n = self._length()
             elem = t[1:]
             self.align(_ALIGN[elem[0]])
             end = self.pos + n
@@ -265,6 +289,22 @@ class _Reader:
             self.align(8)
             return [self.get(sub, depth + 1) for sub in split_signature(t[1:-1])]
         raise WireError(f"cannot read type {t!r}")
+
+
+# Variant signatures seen and found to be one complete type; bounded, since
+# a message's sender picks them (any local user can send us signals).
+_SINGLE: set[str] = set()
+_SINGLE_MAX = 256
+
+
+def _single_type(sig: str) -> bool:
+    if sig in _SINGLE:
+        return True
+    if len(split_signature(sig)) != 1:
+        return False
+    if len(_SINGLE) < _SINGLE_MAX:
+        _SINGLE.add(sig)
+    return True
 
 
 def encode(msg: Message) -> bytes:
