@@ -160,7 +160,7 @@ def bench_broker() -> None:
         f.write("x" * 4096)
     own = cgroup_of(os.getpid())
     user = UserInfo("bench", os.getuid(), os.getgid(), tuple(os.getgroups()), home)
-    settings = PolicySettings(budget=1_000_000)
+    settings = PolicySettings()  # the default budget, as agents have it
     broker = Broker(agent_id="bench000", user=user, workdir=work, settings=settings,
                     ledger=Ledger(settings.budget),
                     approvals=ApprovalQueue(agent_id="bench000", owner_uid=user.uid, timeout=1),

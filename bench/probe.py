@@ -3,7 +3,11 @@ measurements that need the bed's /proc and cgroups.
 
     probe.py mem UNIT...        PSS and tasks of each agent's own processes
                                 (all but the agent's command), and leviathd's PSS
-    probe.py daemon             leviathd's main PID PSS
+    probe.py daemon             leviathd's main PID: private memory, RSS, fds
+    probe.py peer N WINDOW      N `systemd-run --scope sleep 600` (root, the
+                                agents' limits, in peer.slice), WINDOW
+                                starting at a time; wall time to all
+                                running, then the slice stopped
     probe.py starts N CMD USER...  N concurrent `lev run --detach -- CMD` (split
                                 over USERs, each in ~USER/work); wall time to
                                 all returned, failures (first lines of stderr)
@@ -82,6 +86,63 @@ def daemon_pss() -> int:
     return private_kib(int(pid)) if pid and pid != "0" else 0
 
 
+def daemon_facts() -> dict[str, int]:
+    """leviathd's main PID: private memory, RSS and open descriptors."""
+    pid = subprocess.run(
+        ["systemctl", "show", "-P", "MainPID", "leviathd"], capture_output=True, text=True
+    ).stdout.strip()
+    if not pid or pid == "0":
+        return {"daemon_pss_kib": 0, "daemon_rss_kib": 0, "daemon_fds": 0}
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmRSS:"))
+    return {"daemon_pss_kib": private_kib(int(pid)), "daemon_rss_kib": rss,
+            "daemon_fds": len(os.listdir(f"/proc/{pid}/fd"))}  # fmt: skip
+
+
+def peer(n: int, window: int) -> dict[str, object]:
+    """The peer of `starts`: N `systemd-run --scope sleep 600` as root under
+    the same setpriv wrapper, with the agents' limits, each in its own scope
+    of peer.slice, at most `window` of them still starting at a time. All
+    at once fail: the bus takes 256 connections of one uid (root's 1,000:
+    966 failed), and as four users asking polkit, systemd's own connection
+    reaches the bus's 128 pending replies (694 of 1,000 failed). lev's
+    1,000 come from four users, 250 each, under both. systemd-run execs
+    sleep once the scope is there, so all running is N sleeps in the slice."""
+    argv, home = as_user("root", [
+        "systemd-run", "--scope", "--quiet", "--slice=peer.slice",
+        "-p", "MemoryMax=512M", "-p", "TasksMax=256", "sleep", "600"])  # fmt: skip
+    t0 = time.perf_counter()
+    procs: list[subprocess.Popen[str]] = []
+    starting: list[subprocess.Popen[str]] = []
+    running = 0
+    while time.perf_counter() - t0 < 900:
+        starting = [p for p in starting if p.poll() is None and comm(p.pid) != "sleep"]
+        while len(starting) < window and len(procs) < n:
+            p = subprocess.Popen(argv, cwd=home, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+            procs.append(p)
+            starting.append(p)
+        running = sum(1 for p in slice_pids("peer.slice") if comm(p) == "sleep")
+        ended = sum(1 for p in procs if p.poll() is not None)
+        if len(procs) >= n and running + ended >= n:
+            break
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    errors: dict[str, int] = {}
+    for p in procs:
+        if p.poll() is not None:
+            assert p.stderr is not None
+            key = (p.stderr.read().strip().splitlines() or ["?"])[-1][:160]
+            errors[key] = errors.get(key, 0) + 1
+    subprocess.run(["systemctl", "stop", "peer.slice"], check=False)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    return {"n": n, "all_running_s": wall, "running": running,
+            "failed": sum(errors.values()), "errors": errors}  # fmt: skip
+
+
 def mem(units: list[str]) -> dict[str, object]:
     own_pss: list[int] = []
     own_private: list[int] = []
@@ -153,9 +214,9 @@ def starts(n: int, cmd: str, users: list[str]) -> dict[str, object]:
             "failed": n - len(ids), "errors": errors}  # fmt: skip
 
 
-def slice_pids() -> list[int]:
-    """Every process in leviath.slice (cgroup v2 or a hybrid's systemd tree)."""
-    bases = [CGROOT / sub / "leviath.slice" for sub in ("", "unified", "systemd")]
+def slice_pids(name: str = "leviath.slice") -> list[int]:
+    """Every process in a slice (cgroup v2 or a hybrid's systemd tree)."""
+    bases = [CGROOT / sub / name for sub in ("", "unified", "systemd")]
     base = next((b for b in bases if b.exists()), bases[0])
     pids: list[int] = []
     for procs in base.rglob("cgroup.procs"):
@@ -268,7 +329,9 @@ def main() -> None:
     if what == "mem":
         print(json.dumps(mem(sys.argv[2:])))
     elif what == "daemon":
-        print(json.dumps({"daemon_pss_kib": daemon_pss()}))
+        print(json.dumps(daemon_facts()))
+    elif what == "peer":
+        print(json.dumps(peer(int(sys.argv[2]), int(sys.argv[3]))))
     elif what == "starts":
         print(json.dumps(starts(int(sys.argv[2]), sys.argv[3], sys.argv[4:])))
     elif what == "list":

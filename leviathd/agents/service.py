@@ -257,6 +257,16 @@ class Agents:
         # aborts the child and stops the scope, leaving nothing (docs/
         # security-model.md). What would cost more than that before the
         # answer (an engine probe, a warning in the journal) waits for it.
+        if (who.uid in self._granted
+                and self._plan_waiting.get(who.uid, 0) >= MAX_WAITING_PER_UID):
+            # Refused either way (_in_worker), so polkit is not asked: `lev
+            # run` asks again while Busy, and at 1,000 starts sent at once
+            # (250 a user, hundreds of clients each asking about once a
+            # second) every ask cost a polkit check (bench/scale.py: 426 of
+            # 1,000 gave up after lev's patience). Only for a uid polkit said
+            # yes to: anyone else hears polkit's answer first, as before.
+            raise Busy(f"uid {who.uid} has {MAX_WAITING_PER_UID} requests being prepared; "
+                       "try again later")
         auth = asyncio.ensure_future(self._authorize(who, req))
         auth.add_done_callback(lambda done: self._heard(who.uid, done))
         try:

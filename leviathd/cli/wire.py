@@ -10,7 +10,6 @@ so a malformed message raises WireError instead of reading past it."""
 from __future__ import annotations
 
 import _socket  # the socket module's C half: the Python half imports enum, selectors
-import array
 import os
 import select
 import struct
@@ -37,8 +36,14 @@ TRY_AGAIN = frozenset({"org.leviath.Error.Busy", "org.leviath.Error.Authorizatio
 # of other agents of ours); the oldest go first.
 MAX_KEPT_SIGNALS = 4096
 # How long a start waits, in all, while the daemon says Busy (it bounds the
-# requests of one user being prepared at once; issue 22).
-BUSY_PATIENCE = 120.0
+# requests of one user being prepared at once; issue 22). A Busy start left
+# nothing behind, so waiting long costs nothing: 1,000 starts sent at once
+# (250 a user) took 2-3 minutes here, as long as 1,000 `systemd-run` did
+# (docs/operations.md, "How many agents a machine runs"); 120 s gave up on 426.
+BUSY_PATIENCE = 600.0
+# The longest pause between two asks: hundreds of waiting clients asking
+# every second were a load of their own.
+BUSY_BACKOFF = 2.0
 
 METHOD_CALL, METHOD_RETURN, ERROR, SIGNAL = 1, 2, 3, 4
 NO_REPLY_EXPECTED = 0x1
@@ -199,11 +204,18 @@ class _Writer:
             raise WireError(f"cannot write type {t!r}")
 
 
+# One compiled Struct per fixed type and byte order: `lev ps` reads ~17,000
+# values for 1,000 agents (issue 34).
+_STRUCTS = {order: {c: struct.Struct(order + f) for c, f in _FIXED.items()} for order in "<>"}
+
+
 class _Reader:
     def __init__(self, data: bytes, order: str, pos: int = 0) -> None:
         self.data = data
         self.order = order
         self.pos = pos
+        self._fixed = _STRUCTS[order]
+        self._u32 = self._fixed["u"]
 
     def _take(self, n: int) -> int:
         start = self.pos
@@ -215,30 +227,47 @@ class _Reader:
     def align(self, n: int) -> None:
         self._take(-self.pos % n)
 
+    def _length(self) -> int:
+        self.align(4)
+        (n,) = self._u32.unpack_from(self.data, self._take(4))
+        return int(n)
+
     def get(self, t: str, depth: int = 0) -> Any:
         if depth > 64:
             raise WireError("message nested too deep")
         c = t[0]
-        if c in _FIXED:
-            self.align(_ALIGN[c])
-            fmt = self.order + _FIXED[c]
-            (v,) = struct.unpack_from(fmt, self.data, self._take(struct.calcsize(fmt)))
+        data = self.data
+        fixed = self._fixed.get(c)
+        if fixed is not None:
+            # align() and _take() inline, the same bounds: the padding and
+            # the value lie inside the message.
+            at = self.pos + (-self.pos % _ALIGN[c])
+            if at + fixed.size > len(data):
+                raise WireError("truncated message")
+            (v,) = fixed.unpack_from(data, at)
+            self.pos = at + fixed.size
             return bool(v) if c == "b" else v
         if c in "so":
-            n = self.get("u")
-            at = self._take(n + 1)
-            return self.data[at : at + n].decode()
+            at = self.pos + (-self.pos % 4)
+            if at + 4 > len(data):
+                raise WireError("truncated message")
+            (n,) = self._u32.unpack_from(data, at)
+            at += 4
+            if at + n + 1 > len(data):
+                raise WireError("truncated message")
+            self.pos = at + n + 1
+            return data[at : at + n].decode()
         if c == "g":
             n = self.data[self._take(1)]
             at = self._take(n + 1)
             return self.data[at : at + n].decode()
         if c == "v":
             sig = self.get("g")
-            if len(split_signature(sig)) != 1:
+            if not _single_type(sig):
                 raise WireError("bad variant signature")
             return Variant(sig, self.get(sig, depth + 1))
         if c == "a":
-            n = self.get("u")
+            n = self._length()
             elem = t[1:]
             self.align(_ALIGN[elem[0]])
             end = self.pos + n
@@ -260,6 +289,22 @@ class _Reader:
             self.align(8)
             return [self.get(sub, depth + 1) for sub in split_signature(t[1:-1])]
         raise WireError(f"cannot read type {t!r}")
+
+
+# Variant signatures seen and found to be one complete type; bounded, since
+# a message's sender picks them (any local user can send us signals).
+_SINGLE: set[str] = set()
+_SINGLE_MAX = 256
+
+
+def _single_type(sig: str) -> bool:
+    if sig in _SINGLE:
+        return True
+    if len(split_signature(sig)) != 1:
+        return False
+    if len(_SINGLE) < _SINGLE_MAX:
+        _SINGLE.add(sig)
+    return True
 
 
 def encode(msg: Message) -> bytes:
@@ -393,7 +438,10 @@ class Connection:
         msg.serial = self._serial
         data = encode(msg)
         if msg.unix_fds:
-            anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", msg.unix_fds))]
+            # struct, not array: importing array imports collections (~1 ms
+            # of every lev's start-up here), to register it as a sequence.
+            fds = struct.pack(f"{len(msg.unix_fds)}i", *msg.unix_fds)
+            anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)]
             sent = self.sock.sendmsg([data], anc)
             self.sock.sendall(data[sent:])
         else:
@@ -414,9 +462,8 @@ class Connection:
         )
         for level, kind, payload in anc:
             if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                fds = array.array("i")
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                self._fds += list(fds)
+                count = len(payload) // 4
+                self._fds += list(struct.unpack(f"{count}i", payload[: count * 4]))
         if not data:
             raise WireError("the bus closed the connection")
         self._buf += data
@@ -549,7 +596,7 @@ class SyncClient:
         """call(), asked again while the daemon answers Busy or
         AuthorizationUnavailable: many starts sent at once then queue here
         instead of failing. Backs off
-        with jitter up to a second, for BUSY_PATIENCE seconds in all."""
+        with jitter up to BUSY_BACKOFF, for BUSY_PATIENCE seconds in all."""
         import time
 
         deadline = time.monotonic() + BUSY_PATIENCE
@@ -563,7 +610,7 @@ class SyncClient:
             import random  # only when asked again: its import is start-up time
 
             time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, BUSY_BACKOFF)
 
     def daemon_name(self) -> str:
         """The daemon's unique name; signals are trusted only from it (any

@@ -158,6 +158,12 @@ def join_new_session_keyring() -> int:
         err = ctypes.get_errno()
         if err == errno.ENOSYS:
             return 0
+        if err == errno.EDQUOT:
+            # Seen at ~200 agents of one user (bench/scale.py): the message
+            # names the knob (docs/operations.md, "How many agents").
+            raise OSError(err, "KEYCTL_JOIN_SESSION_KEYRING: the user's kernel key quota is "
+                          "full (sysctl kernel.keys.maxkeys and kernel.keys.maxbytes: each "
+                          "running agent holds one or two keyrings)")
         raise OSError(err, f"KEYCTL_JOIN_SESSION_KEYRING: {os.strerror(err)}")
     return int(serial)
 

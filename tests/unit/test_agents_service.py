@@ -16,10 +16,10 @@ import pytest
 
 from leviathd.agents.orphans import unknown_record
 from leviathd.agents.request import RunInput
-from leviathd.agents.service import Agents
+from leviathd.agents.service import MAX_WAITING_PER_UID, Agents
 from leviathd.audit.readers import Readers
 from leviathd.authority import Caller, Right
-from leviathd.errors import AccessDenied, ConfigError, NotFound
+from leviathd.errors import AccessDenied, Busy, ConfigError, NotFound
 from leviathd.records import AgentRecord, AgentState, RecordStore
 from leviathd.sandbox import container, supervisor
 from leviathd.systemd.manager import ScopeLimits, SystemdManager, UnitState
@@ -247,6 +247,40 @@ def test_a_caller_never_granted_waits_for_the_answer_before_any_scope(tmp_path: 
         asyncio.run(agents.run(ALICE, req, _stdio()))
     assert systemd.started == []
     assert ALICE.uid not in agents._granted
+
+
+def test_a_granted_callers_start_over_its_queue_is_busy_without_asking_polkit(
+    tmp_path: Path,
+) -> None:
+    # `lev run` asks again while Busy; 1,000 starts sent at once made ~1,000
+    # such asks a second, each one a polkit check before this (bench/scale.py).
+    systemd = StandInSystemd()
+    authority = StandInAuthority({ALICE.uid: {Right.RUN}})
+    agents = make_agents(tmp_path, authority, systemd)
+    agents._granted.add(ALICE.uid)
+    agents._plan_waiting[ALICE.uid] = MAX_WAITING_PER_UID
+    stdio = _stdio()
+    with pytest.raises(Busy):
+        asyncio.run(agents.run(ALICE, RunInput(command=["true"], workdir=str(tmp_path)), stdio))
+    assert authority.asked == []
+    assert systemd.started == []
+    for fd in stdio.fds():  # the caller's descriptors are closed as on any refusal
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def test_a_caller_polkit_never_granted_hears_its_refusal_not_busy(tmp_path: Path) -> None:
+    # Carol, refused, learns nothing of the daemon's queues: polkit's no comes
+    # first, however many of her requests wait.
+    systemd = StandInSystemd()
+    authority = StandInAuthority({})
+    agents = make_agents(tmp_path, authority, systemd)
+    agents._plan_waiting[ALICE.uid] = MAX_WAITING_PER_UID
+    with pytest.raises(AccessDenied):
+        asyncio.run(agents.run(ALICE, RunInput(command=["true"], workdir=str(tmp_path)),
+                               _stdio()))
+    assert (ALICE.uid, Right.RUN) in authority.asked
+    assert systemd.started == []
 
 
 def test_no_run_starts_a_scope_while_the_machine_config_does_not_load(tmp_path: Path) -> None:

@@ -20,10 +20,11 @@ REPO = Path(os.environ.get("LEVIATH_IMPORTS_TREE") or Path(__file__).resolve().p
 # Never on any of these paths: the event loop, the async bus library, the
 # config models, what the daemon's side uses, argparse (with re, gettext,
 # locale, shutil), the typing and dataclasses modules, enum (which the
-# signal module's Python half imports) and random (a Busy retry's jitter).
+# signal module's Python half imports), random (a Busy retry's jitter) and
+# array (which imports collections to register itself: ~2 ms of CPU a start).
 HEAVY = ("asyncio", "dbus_fast", "pydantic", "leviathd.config", "leviathd.broker",
          "leviathd.policy", "leviathd.sandbox", "leviathd.cli.client", "argparse", "re",
-         "typing", "dataclasses", "pathlib", "socket", "enum", "random")  # fmt: skip
+         "typing", "dataclasses", "pathlib", "socket", "enum", "random", "array")  # fmt: skip
 # `lev tool NAME ARG...` in an agent: not even argparse, json's Python half,
 # re, typing or the socket module's Python half.
 TOOL_HEAVY = (*HEAVY, "json", "leviathd.errors")

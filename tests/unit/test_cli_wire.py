@@ -195,3 +195,19 @@ def test_signals_are_kept_only_from_the_daemon_and_the_bus() -> None:
     for sender in (":1.5", "org.freedesktop.DBus", ":1.66", None):
         conn._keep(_owner_changed(sender=sender))
     assert [m.sender for m in conn.signals] == [":1.5", "org.freedesktop.DBus"]
+
+
+def test_a_body_cut_anywhere_raises_wire_error_and_nothing_else() -> None:
+    # The reader's bounds (inlined for speed, issue 34) hold at every byte: a
+    # message whose header claims a shorter body is refused, never read past.
+    msg = dbus_fast.Message(
+        message_type=dbus_fast.MessageType.METHOD_RETURN, reply_serial=5, signature=SIG,
+        body=body(DVariant), serial=9,
+    )
+    data = bytes(msg._marshall(False))
+    body_len = int.from_bytes(data[4:8], "little")
+    head_len = len(data) - body_len
+    for cut in range(body_len):
+        short = bytearray(data[:4] + cut.to_bytes(4, "little") + data[8 : head_len + cut])
+        with pytest.raises(wire.WireError):
+            wire.parse(short, [])
