@@ -237,8 +237,13 @@ def _mount_scratch(spec: SandboxSpec, pfd: int, name: str) -> None:
         dev, path = loopfs.make(pfd, size)
         try:
             # discard: what the agent deletes goes back to the host's disk.
+            # nobarrier: no cache flush reaches the host's disk through the
+            # loop device (an fsync there would be the host file's fsync), as
+            # nothing in scratch outlives the agent; ~40 ms of every end
+            # here went to the flush of the unmount. noinit_itable: no
+            # kernel thread zeroing inode tables (mkfs leaves them to it).
             _sys(_libc.mount(path.encode(), target, b"ext4", MS_NOSUID | MS_NODEV | MS_NOATIME,
-                             b"discard,errors=remount-ro"),
+                             b"discard,nobarrier,noinit_itable,errors=remount-ro"),
                  "mount the scratch filesystem")  # fmt: skip
         finally:
             # The mount holds the device now; autoclear frees it with the mount.
