@@ -71,7 +71,8 @@ def io(bed: Testbed, rounds: int, mb: int, synced: bool) -> None:
 
 def _loop_control(bed: Testbed, present: bool) -> None:
     if present:
-        bed.run(["sh", "-c", "[ -e /dev/loop-control ] || mknod -m 0600 /dev/loop-control c 10 237"])
+        bed.run(["sh", "-c",
+                 "[ -e /dev/loop-control ] || mknod -m 0600 /dev/loop-control c 10 237"])
     else:
         bed.run(["sh", "-c", "umount /dev/loop-control 2>/dev/null; rm -f /dev/loop-control"])
 

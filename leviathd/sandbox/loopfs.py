@@ -43,6 +43,9 @@ _BLOCK = 4096
 # devices: one taken between our GET_FREE and our CONFIGURE is tried again.
 _ATTEMPTS = 16
 MKFS_TIMEOUT = 60.0
+# Named image files (a filesystem without O_TMPFILE) start so; never an
+# execution id (scratch._ID), and the sweep removes them.
+IMAGE_PREFIX = ".image-"
 
 
 def _trusted(path: str) -> bool:
@@ -75,10 +78,12 @@ def _unnamed_file(dir_fd: int) -> int:
             raise
     # A filesystem without O_TMPFILE: a fresh name in the root-only folder,
     # unlinked at once (nothing else opens it by name).
-    name = f".image-{secrets.token_hex(8)}"
+    name = f"{IMAGE_PREFIX}{secrets.token_hex(8)}"
     fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)  # fmt: skip
-    os.unlink(name, dir_fd=dir_fd)
+    # The sweep removes one a crash left here; it may have come first.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)
     return fd
 
 

@@ -329,6 +329,12 @@ def sweep(scratch_dir: str, live: Collection[str]) -> list[str]:
     removed = []
     try:
         for name in sorted(os.listdir(pfd)):
+            if name.startswith(loopfs.IMAGE_PREFIX):
+                # An image file a crash left between its creation and its
+                # unlink (loopfs._unnamed_file); a loop device keeps its own.
+                with contextlib.suppress(OSError):
+                    fsat.unlink_at(pfd, name)
+                continue
             if name in live or not _ID.match(name):
                 continue
             with contextlib.suppress(Unavailable, OSError):

@@ -189,10 +189,13 @@ def test_sweep_removes_ended_executions_and_never_touches_running_ones(base: Pat
     scratch.create(running)
     scratch.create(ended)
     (base / "scratch" / "not an id!").mkdir()
+    # An image file a crash left named (a filesystem without O_TMPFILE).
+    (base / "scratch" / f"{loopfs.IMAGE_PREFIX}0123456789abcdef").write_bytes(b"")
     assert scratch.sweep(str(base / "scratch"), live={"aaaa0005"}) == ["aaaa0006"]
     assert os.path.isdir(running.scratch)
     assert not os.path.exists(ended.scratch)
     assert (base / "scratch" / "not an id!").is_dir()
+    assert sorted(os.listdir(base / "scratch")) == ["aaaa0005", "not an id!"]
 
 
 def test_creating_over_a_folder_that_is_not_roots_alone_is_refused(base: Path) -> None:
