@@ -91,3 +91,36 @@ def test_under_throwaway_the_shell_tool_sees_the_agents_edits_not_the_host_tree(
     home = bed.users["alice"].home
     assert bed.read_file(f"{home}/sw/f.txt") == "host version\n"
     assert bed.run(["ls", f"{home}/sw"]).stdout.split() == ["f.txt"]
+
+
+STAGED = """
+[agent]
+name = "staged"
+description = "a seed and two stages sharing one scratch"
+
+[seed]
+commands = [["sh", "-c", "echo from-seed > /tmp/s; echo seed-home > ~/s; echo seed-edit > f.txt"]]
+
+[stages.one]
+command = ["sh", "-c", '''echo from-one >> /tmp/s
+lev tool shell 'cat /tmp/s ~/s f.txt' | tr -d '\\n'; echo''']
+
+[stages.two]
+command = ["sh", "-c", "echo two: $(cat /tmp/s ~/s f.txt | tr '\\\\n' ' ')"]
+"""
+
+
+def test_every_step_and_its_shell_tool_share_one_scratch_and_layer(bed: Testbed) -> None:
+    # A supervised agent (seed and stages): the shell tool joins the fence
+    # of the step running now, a child of the supervisor.
+    home = bed.users["alice"].home
+    bed.run(f"mkdir -p {home}/bp/staged && cat > {home}/bp/staged/blueprint.toml", user="alice",
+            input=STAGED)  # fmt: skip
+    r = bed.run(["lev", "run", "--workdir-mode", "throwaway", f"{home}/bp/staged"], user="alice",
+                cwd=f"{home}/sw", check=False, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    (got,) = shell_results(r.stdout)
+    assert got["exit_status"] == 0, got
+    assert got["stdout"] == "from-seed\nfrom-one\nseed-home\nseed-edit\n", got
+    assert "two: from-seed from-one seed-home seed-edit\n" in r.stdout, r.stdout
+    assert bed.read_file(f"{home}/sw/f.txt") == "host version\n"
