@@ -176,10 +176,14 @@ def open_mounted(spec: SandboxSpec) -> int | None:
     return fd
 
 
-def enter(spec: SandboxSpec) -> None:
+def enter(spec: SandboxSpec, image: int | None = None) -> None:
     """Give this process a mount namespace of its own with the execution's
-    scratch tmpfs mounted and filled. Needs root; changes this process's
-    namespace for good (call it in a process made for the agent)."""
+    scratch mounted and filled. Needs root; changes this process's
+    namespace for good (call it in a process made for the agent).
+    `image`: an empty unnamed file for the ext4 (loopfs.make), closed here."""
+    if image is not None and spec.scratch_fs != "ext4":
+        os.close(image)
+        image = None
     parent, name = _split(spec)
     _sys(_libc.unshare(CLONE_NEWNS), "unshare")
     # A slave: the host's later mounts still reach us, ours never leave.
@@ -200,7 +204,8 @@ def enter(spec: SandboxSpec) -> None:
             os.close(fd)
         if st.st_uid != 0 or stat.S_IMODE(st.st_mode) != 0o700:
             raise Unavailable(f"scratch folder {spec.scratch} exists and is not root's")
-        _mount_scratch(spec, pfd, name)
+        _mount_scratch(spec, pfd, name, image)
+        image = None
         # From the same parent, now in this namespace: the new filesystem's
         # root (open_mounted's checks, without walking again).
         root = os.open(name, _DIR, dir_fd=pfd)
@@ -219,9 +224,11 @@ def enter(spec: SandboxSpec) -> None:
             os.close(root)
     finally:
         os.close(pfd)
+        if image is not None:
+            os.close(image)
 
 
-def _mount_scratch(spec: SandboxSpec, pfd: int, name: str) -> None:
+def _mount_scratch(spec: SandboxSpec, pfd: int, name: str, image: int | None = None) -> None:
     """Mount the execution's scratch on `name` in `pfd` (this namespace
     only): its own ext4 on disk (sandbox/loopfs.py) where the spec says so,
     else a tmpfs; `scratch_size` bytes either way."""
@@ -234,7 +241,7 @@ def _mount_scratch(spec: SandboxSpec, pfd: int, name: str) -> None:
                              f"mode=0700,uid=0,gid=0,size={size}".encode()),
                  "mount the scratch tmpfs")  # fmt: skip
             return
-        dev, path = loopfs.make(pfd, size)
+        dev, path = loopfs.make(pfd, size, image)
         try:
             # discard: what the agent deletes goes back to the host's disk.
             # nobarrier: no cache flush reaches the host's disk through the

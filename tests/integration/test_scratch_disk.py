@@ -92,10 +92,18 @@ def running_scratch(bed: Testbed, script: str, user: str = "alice") -> tuple[str
     return agent_id, device, backing
 
 
+def daemon_files(bed: Testbed) -> str:
+    pid = bed.run(["systemctl", "show", "-P", "MainPID", "leviathd"]).stdout.strip()
+    return bed.run(["sh", "-c", f"ls -l /proc/{pid}/fd/ 2>/dev/null"], check=False).stdout
+
+
 def assert_all_gone(bed: Testbed, agent_id: str, device: str, backing: str) -> None:
     # The loop device lets go of the file when the agent's last mount goes
     # (its namespaces die with its last process): waited for, not timed.
     wait_until(f"{device} let go of {backing}", lambda: backing_of(bed, device) != backing)
+    # Nor does the daemon keep its copy of the file (closed once it ended).
+    wait_until("the daemon let go of the file", lambda: backing.removesuffix(" (deleted)")
+               not in daemon_files(bed))
     wait_until(f"{SCRATCH}/{agent_id} removed",
                lambda: bed.run(["test", "-e", f"{SCRATCH}/{agent_id}"],
                                check=False).returncode != 0)  # fmt: skip
