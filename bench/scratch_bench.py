@@ -28,7 +28,8 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO), str(HERE)]
 
 from testbed import Testbed  # noqa: E402
 
-CONFIG = '[sandbox]\nkind = "namespace"\n\n[resources]\nmemory_max = "512M"\n'
+MEMORY = "512M"
+CONFIG = f'[sandbox]\nkind = "namespace"\n\n[resources]\nmemory_max = "{MEMORY}"\n'
 # Not an execution id (it starts with a dot): the daemon's sweep leaves it.
 HOST_DIR = "/var/lib/leviath/scratch/.bench-host"
 
@@ -38,27 +39,34 @@ def workload(folder: str, mb: int, synced: bool) -> str:
     direct I/O (on the scratch, whose ext4 is mounted nobarrier, an fsync
     does not reach the host's disk: nothing there outlives the agent)."""
     sync, direct = (" conv=fsync", " iflag=direct") if synced else ("", "")
-    return (f"dd if=/dev/zero of={folder}/big bs=1M count={mb}{sync} 2>/dev/null && "
+    # Timed inside, so an agent's start and end are not counted (starts()).
+    return (f"s=$(date +%s%N); "
+            f"dd if=/dev/zero of={folder}/big bs=1M count={mb}{sync} 2>/dev/null && "
             f"dd if={folder}/big of=/dev/null bs=1M{direct} 2>/dev/null && "
-            f"rm {folder}/big")
+            f"rm {folder}/big && echo $(( $(date +%s%N) - s ))")
 
 
-def timed(bed: Testbed, argv: list[str], user: str | None) -> float:
+def timed(bed: Testbed, argv: list[str], user: str | None, *, inner: bool = False) -> float:
+    """Seconds `argv` took: from outside, or as it printed (`inner`, ns)."""
     cwd = f"{bed.users['alice'].home}/work" if user else None
     start = time.perf_counter()
-    bed.run(argv, user=user, cwd=cwd, timeout=600)
+    r = bed.run(argv, user=user, cwd=cwd, timeout=600)
+    if inner:
+        return int(r.stdout.split()[-1]) / 1e9
     return time.perf_counter() - start
 
 
 def io(bed: Testbed, rounds: int, mb: int, synced: bool) -> None:
     bed.run(["mkdir", "-p", "-m", "0700", HOST_DIR])
     agent = ["lev", "run", "--", "sh", "-c", workload("/tmp", mb, synced)]
-    host = ["sh", "-c", workload(HOST_DIR, mb, synced)]
+    # The host's peer under the agent's memory limit too (a scope of its own).
+    host = ["systemd-run", "--scope", "--quiet", "-p", f"MemoryMax={MEMORY}", "sh", "-c",
+            workload(HOST_DIR, mb, synced)]
     times: dict[str, list[float]] = {"agent, /tmp in scratch": [], "host, same disk": []}
     for n in range(rounds):
         pair = [("agent, /tmp in scratch", agent, "alice"), ("host, same disk", host, None)]
         for label, argv, user in pair if n % 2 == 0 else pair[::-1]:
-            times[label].append(timed(bed, argv, user))
+            times[label].append(timed(bed, argv, user, inner=True))
     bed.run(["rm", "-rf", HOST_DIR])
     a, h = (statistics.median(v) for v in times.values())
     how = "fsync + read back (direct)" if synced else "+ read back (page cache)"

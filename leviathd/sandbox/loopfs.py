@@ -2,7 +2,7 @@
 
 An unnamed sparse file (O_TMPFILE) of `scratch_size` bytes in the root-only
 scratch folder, made an ext4 by mkfs.ext4, attached to a free loop device
-with autoclear (buffered I/O): the device lets go of the file when its last mount goes,
+with autoclear and direct I/O: the device lets go of the file when its last mount goes,
 and the file, which no name ever reached, goes with it. So nothing of the
 scratch stays on disk however the agent ends (its mount namespaces die with
 its processes), there is nothing for a user to reach or swap by name, and
@@ -34,6 +34,7 @@ MKFS_CANDIDATES = ("/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4")
 _LOOP_CTL_GET_FREE = 0x4C82
 _LOOP_CONFIGURE = 0x4C0A
 _LO_FLAGS_AUTOCLEAR = 4
+_LO_FLAGS_DIRECT_IO = 16
 # struct loop_info64 (linux/loop.h): five u64, four u32, three name/key
 # arrays, two u64; struct loop_config: fd, block_size, the info, 8 u64.
 _INFO64 = struct.Struct("=QQQQQIIII64s64s32sQQ")
@@ -124,8 +125,8 @@ def _device_node(number: int) -> str:
     return path
 
 
-def _config(image: int) -> bytes:
-    info = _INFO64.pack(0, 0, 0, 0, 0, 0, 0, 0, _LO_FLAGS_AUTOCLEAR, b"", b"", b"", 0, 0)
+def _config(image: int, flags: int) -> bytes:
+    info = _INFO64.pack(0, 0, 0, 0, 0, 0, 0, 0, flags, b"", b"", b"", 0, 0)
     return _CONFIG_HEAD.pack(image, _BLOCK) + info + bytes(64)
 
 
@@ -133,6 +134,16 @@ def _attach(image: int) -> tuple[int, str]:
     """A free loop device backed by `image`, autoclear: (its descriptor,
     its path). The device stays while the descriptor or a mount holds it."""
     ctl = os.open(LOOP_CONTROL, os.O_RDWR | os.O_CLOEXEC)
+    # Buffered I/O on the file, not direct: with direct I/O the unmount at
+    # the agent's end wrote what was dirty to the host's disk and waited
+    # for it (+125 ms of an attached `lev run -- true` here); buffered, it
+    # lands in the file's page cache, dropped unwritten when the file goes.
+    # The agent's data sits in two caches (its ext4's and the file's),
+    # both reclaimable: bench/scratch_bench.py, 500 MB written and read
+    # back under memory_max = 512M, 0.67x the host's time (its peer in a
+    # scope of 512M too). Set after configuring (LOOP_SET_DIRECT_IO),
+    # direct I/O also fsync'd mkfs's writes first, ~60 ms of a start.
+    flags = _LO_FLAGS_AUTOCLEAR
     try:
         for _ in range(_ATTEMPTS):
             number = fcntl.ioctl(ctl, _LOOP_CTL_GET_FREE)
@@ -143,14 +154,15 @@ def _attach(image: int) -> tuple[int, str]:
                 os.close(dev)
                 raise Unavailable(f"{path} is not root's loop device")
             try:
-                fcntl.ioctl(dev, _LOOP_CONFIGURE, _config(image))
+                fcntl.ioctl(dev, _LOOP_CONFIGURE, _config(image, flags))
             except OSError as exc:
                 os.close(dev)
                 if exc.errno == errno.EBUSY:
                     continue  # someone else took it first
+                if exc.errno == errno.EINVAL and flags & _LO_FLAGS_DIRECT_IO:
+                    flags &= ~_LO_FLAGS_DIRECT_IO  # a file that cannot do direct I/O
+                    continue
                 raise
-            # Buffered, not direct I/O: switching to direct I/O first
-            # fsyncs the file (mkfs's writes), ~60 ms of every start here.
             return dev, path
     finally:
         os.close(ctl)
