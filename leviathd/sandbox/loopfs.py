@@ -44,6 +44,9 @@ _BLOCK = 4096
 # devices: one taken between our GET_FREE and our CONFIGURE is tried again.
 _ATTEMPTS = 16
 MKFS_TIMEOUT = 60.0
+# mkfs.ext4 cannot build one smaller (64 KiB: "Not enough space"): a smaller
+# scratch_size gets this much (docs/configuration.md).
+MIN_SIZE = 1 << 20
 # Named image files (a filesystem without O_TMPFILE) start so; never an
 # execution id (scratch._ID), and the sweep removes them.
 IMAGE_PREFIX = ".image-"
@@ -179,7 +182,7 @@ def make(dir_fd: int, size: int, image: int | None = None) -> tuple[int, str]:
     if image is None:
         image = unnamed_file(dir_fd)
     try:
-        os.ftruncate(image, size)
+        os.ftruncate(image, max(size, MIN_SIZE))
         _mkfs(image)
         return _attach(image)
     except OSError as exc:

@@ -211,3 +211,17 @@ def test_a_scratch_dir_below_a_users_folder_is_refused(base: Path) -> None:
     os.chown(base, NOBODY, NOBODY)
     with pytest.raises(Unavailable, match="not root's alone"):
         scratch.create(_spec(base, "aaaa0008"))
+
+
+@pytest.mark.skipif(loopfs.backing() != "ext4", reason="no loop devices or mkfs.ext4 here")
+def test_a_scratch_size_too_small_for_an_ext4_gets_the_smallest_one(base: Path) -> None:
+    spec = dataclasses.replace(_spec(base, "aaaa0013"), scratch_size=64 << 10, scratch_fs="ext4")
+
+    def inside() -> object:
+        scratch.enter(spec)
+        st = os.statvfs(spec.scratch)
+        return st.f_blocks * st.f_frsize
+
+    got = _in_child(inside)
+    assert "ok" in got, got
+    assert 0 < got["ok"] <= loopfs.MIN_SIZE
