@@ -156,10 +156,21 @@ def test_nothing_of_the_scratch_stays_after_lev_stop(bed: Testbed) -> None:
     assert_all_gone(bed, agent_id, device, backing)
 
 
+# PID 1 of the agent's PID namespace, among its scope's processes.
+FIND_PID1 = r"""
+for p in $(cat /sys/fs/cgroup/systemd/leviath.slice/"$1"/cgroup.procs); do
+  ns=$(awk '/^NSpid:/ {print $NF, NF}' /proc/$p/status 2>/dev/null)
+  if [ "$ns" = "1 3" ]; then echo $p; fi
+done
+"""
+
+
 def test_nothing_of_the_scratch_stays_after_a_kill_of_pid_1(bed: Testbed) -> None:
     agent_id, device, backing = running_scratch(bed, "sleep 300")
     unit = info(bed, agent_id)["unit"]
-    bed.run(["systemctl", "kill", "--signal=SIGKILL", unit])
+    pid1 = bed.run(["sh", "-c", FIND_PID1, "find", unit]).stdout.split()
+    assert len(pid1) == 1, pid1
+    bed.run(["kill", "-KILL", pid1[0]])
     wait_ended(bed, agent_id)
     assert_all_gone(bed, agent_id, device, backing)
 
