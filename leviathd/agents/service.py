@@ -43,7 +43,7 @@ from leviathd.events import Event
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy import filelabels
 from leviathd.records import FULL, AgentRecord, AgentState, RecordStore
-from leviathd.sandbox import container, fencehold, scratch, supervisor, toolstate
+from leviathd.sandbox import container, fencehold, loopfs, scratch, supervisor, toolstate
 from leviathd.sandbox.spec import (
     DEFAULT_SCRATCH_DIR,
     RunRequest,
@@ -120,6 +120,9 @@ class Agents:
         self._store = store
         self._machine_path = machine_config_path
         self._scratch_default = scratch_dir_default
+        # Each running namespace agent's scratch file, a copy kept by us
+        # (sandbox/loopfs.py): closed once the agent has ended.
+        self._images: dict[str, int] = {}
         self._on_started = on_started
         self._on_ended = on_ended
         self.machine_config = Config()
@@ -322,15 +325,18 @@ class Agents:
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             held_stdio = supervisor.Stdio(stdin=stdio.stdin, stdout=out_w, stderr=err_w,
                                           kept=(out_r, err_r))
+        image = self._scratch_image(eff) if "namespace" in kinds else None
         try:
             held = supervisor.fork_held(
                 user, req.workdir, exit_path=self._store.exit_path(agent_id),
                 identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=held_stdio,
                 shell=_shared_shell() if "namespace" in kinds or kinds == ["none"] else None,
                 init=_shared_shell(init=True) if "namespace" in kinds else None,
-                hold=hold[1].fileno() if hold else None,
+                hold=hold[1].fileno() if hold else None, image=image,
             )
         except BaseException:
+            if image is not None:
+                os.close(image)
             if hold:
                 hold[0].close()
             if clients is not None:
@@ -444,6 +450,8 @@ class Agents:
                 # so nothing of it may stay (its record, scratch, scope).
                 raise Unavailable(supervisor.ENDED_EARLY) from exc
         except BaseException:
+            if image is not None:
+                os.close(image)  # nothing was written to it yet
             if hold:
                 hold[0].close()
             if copy is not None:
@@ -461,6 +469,8 @@ class Agents:
             self._store.forget(agent_id)
             raise
         self.records[agent_id] = rec
+        if image is not None:
+            self._images[agent_id] = image
         if hold and holding:
             task = asyncio.ensure_future(
                 fencehold.serve(hold[0], lambda pid: self._fence_ready(rec, pid)))
@@ -836,6 +846,12 @@ class Agents:
                 LEVIATH_EVENT=Event.END, LEVIATH_EXIT_STATUS=rec.exit_status,
             )
             self._tell_ended(rec)
+            image = self._images.pop(agent_id, None)
+            if image is not None:
+                # The last copy of the scratch's file, closed in a worker:
+                # freeing its blocks (with the host's discards) is slow disk
+                # work, which the agent's own end no longer waits for.
+                await asyncio.to_thread(os.close, image)
             # Whatever the agent left behind in its scope ends with it.
             with _logged(f"agent {agent_id}: stopping {rec.unit} after its end"):
                 await self._systemd.stop_unit(rec.unit)
@@ -1048,6 +1064,24 @@ class Agents:
                 f"agent {rec.id}: its record ({rec.state.value}) is written now",
                 LEVIATH_AGENT=rec.id, LEVIATH_EVENT=Event.RECORD_SAVED,
             )
+
+    def _scratch_image(self, eff: Effective) -> int | None:
+        """An empty unnamed file for a namespace agent's scratch filesystem
+        in the machine's scratch folder (loopfs.make fills it in the agent's
+        held process); None where the scratch is a tmpfs or the folder
+        cannot be had now (the held process then makes its own)."""
+        if loopfs.backing() != "ext4":
+            return None
+        try:
+            dfd = scratch.open_root_dir(eff.scratch_dir or DEFAULT_SCRATCH_DIR)
+        except (Unavailable, OSError):
+            return None
+        try:
+            return loopfs.unnamed_file(dfd)
+        except OSError:
+            return None
+        finally:
+            os.close(dfd)
 
     def _scratch_dirs(self) -> list[str]:
         dirs = {self._scratch_default}

@@ -121,6 +121,22 @@ def _access(readonly: bool) -> str:
     return "read-only" if readonly else "read-write"
 
 
+def _bytes(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def _scratch_fs(spec: SandboxSpec) -> str:
+    """What holds home, /tmp and the throwaway layers (sandbox/loopfs.py)."""
+    size = _bytes(spec.scratch_size)
+    if spec.scratch_fs == "ext4":
+        return f"on disk, its own ext4 of {size} (not charged to memory_max)"
+    return (f"in memory, a tmpfs of {size} charged to memory_max (this host has no loop "
+            "devices or no mkfs.ext4)")
+
+
 def render(spec: SandboxSpec) -> str:
     lines = [
         f"sandbox     {spec.kind}",
@@ -128,8 +144,8 @@ def render(spec: SandboxSpec) -> str:
         f"user        {spec.user} (uid {spec.uid}, gid {spec.gid}, "
         f"groups {','.join(map(str, spec.groups))})",
         f"workdir     {spec.workdir} ({spec.workdir_mode})",
-        f"home        {spec.sandbox_home} (empty, on disk in scratch)",
-        f"scratch     {spec.scratch}  ({_PLACEHOLDER_ID} = the run's id)",
+        f"home        {spec.sandbox_home} (empty, in scratch)",
+        f"scratch     {spec.scratch}  ({_PLACEHOLDER_ID} = the run's id): {_scratch_fs(spec)}",
         f"namespaces  {', '.join(spec.namespaces) or '(none)'}",
         "network     " + (SHARED_NETWORK if spec.network else
                              "proxy (only lo; out through the daemon's proxy at 127.0.0.1:3128)"

@@ -408,18 +408,18 @@ class GateService:
 
     async def run_shell(self, req: ShellRequest) -> Mapping[str, Any]:
         """Run the command in the agent's own scope and sandbox: a child of
-        the daemon is moved into the scope (its cgroups), then builds a fresh
-        fence from the agent's recorded spec (same mounts, same user, same
-        network setting) and runs `sh -c COMMAND` in it."""
+        the daemon is moved into the scope (its cgroups), then enters the
+        agent's running fence (its mounts, scratch and layers, its user, its
+        network) and runs `sh -c COMMAND` there."""
         live, spec = self._agent_spec(req.agent_id)
         if spec.get("kind") not in ("namespace", "none"):
             raise Unavailable(f"shell is not available in a {spec.get('kind')} sandbox yet")
         spec["argv"] = ["/bin/sh", "-c", req.command]
         timeout = min(req.timeout or SHELL_TIMEOUT, SHELL_TIMEOUT)
-        # A fence of its own: a mount namespace the broker's write watch has
-        # not seen. Its PID 1 waits until the broker has marked it.
+        # In the agent's own fence (sandbox/join.py); the command waits until
+        # the broker has marked that namespace's mounts for its write watch.
         hold = live.broker.watch_fence if spec.get("kind") == "namespace" else None
-        return await self._run_in_scope(live, spec, timeout, hold=hold)
+        return await self._run_in_scope(live, spec, timeout, hold=hold, join=True)
 
     async def run_tool(self, req: ArgvRequest) -> Mapping[str, Any]:
         """A blueprint tool's argv, run exactly as the shell is (its scope,
@@ -430,10 +430,10 @@ class GateService:
             raise Unavailable(f"blueprint tools are not available in a {spec.get('kind')} "
                               "sandbox yet")
         spec["argv"] = list(req.argv)
-        # Its fence is as new as the shell's: marked first (run_shell).
+        # In the agent's fence too, marked first (run_shell).
         hold = live.broker.watch_fence if spec.get("kind") == "namespace" else None
         return await self._run_in_scope(live, spec, min(req.timeout, SHELL_TIMEOUT),
-                                        hold=hold)
+                                        hold=hold, join=True)
 
     async def run_credential(self, req: CredentialRequest) -> Mapping[str, Any]:
         """A credential command in the agent's scope (its limits apply) but in
@@ -449,8 +449,10 @@ class GateService:
 
     async def _run_in_scope(
         self, live: _Live, spec: dict[str, Any], timeout: float, *, stdin: str = "",
-        hold: Callable[[int, str], None] | None = None,
+        hold: Callable[[int, str], None] | None = None, join: bool = False,
     ) -> Mapping[str, Any]:
+        """`join`: in the agent's running fence (found from its recorded
+        anchor process, sandbox/join.py), not a fresh one of its own."""
         held = fencehold.pair() if hold is not None else None
         # The child's end keeps its number across the exec (pass_fds).
         child_end = held[1].fileno() if held else -1
@@ -470,6 +472,11 @@ class GateService:
                 held[1].close()
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         message: dict[str, Any] = {"unit": live.rec.unit, "spec": spec}
+        if join and spec.get("kind") == "namespace":
+            # The record as it is now: a handover replaced the held process
+            # by PID 1 (agents/service.py).
+            now = self._agents.records.get(live.rec.id, live.rec)
+            message["join"] = now.supervisor_pid
         if stdin:
             message["stdin"] = stdin
         try:

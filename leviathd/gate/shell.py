@@ -5,9 +5,10 @@ It reads the sandbox spec (JSON) from stdin and waits for end of file: the
 daemon first moves this process into the agent's scope (its cgroups) and
 only then sends the spec, so nothing runs outside
 the scope. It then checks that it really sits in the scope named in the spec
-message, puts /dev/null on stdin and runs the command through the same
-launcher as the agent (a fresh fence built from the agent's recorded spec),
-exiting with the command's status. stdout and stderr are the daemon's pipes.
+message, puts /dev/null on stdin and runs the command in the agent's own
+running fence (`join`: its anchor process, sandbox/join.py), the same
+files at the same paths as the agent's processes, exiting with the
+command's status. stdout and stderr are the daemon's pipes.
 With `hold` in the message (a socket the daemon passed), the fence's PID 1
 says so on it once its mounts are built and runs nothing of the command
 until the daemon answers: the daemon marks those mounts for its write watch
@@ -74,6 +75,17 @@ def main() -> int:
     for sig in _RESET_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     sys.stdout.flush()
+    anchor = message.get("join")
+    if spec.kind == "namespace" and isinstance(anchor, int) and anchor > 1:
+        # The agent's own running fence: its home, /tmp and layers (issue 33).
+        from leviathd.errors import Unavailable
+        from leviathd.sandbox import join
+
+        try:
+            return join.run(spec, anchor=anchor, unit=unit, ready=ready)
+        except Unavailable as exc:
+            print(f"leviathd shell: {exc}", file=sys.stderr)
+            return 125
     if spec.kind == "namespace":
         from leviathd.sandbox import namespace
 

@@ -95,5 +95,9 @@ def credential_spec(
         argv=list(argv), env=full_env, workdir=home, mounts=mounts, network=True,
         namespaces=namespaces, notes=[],
         hostname=(str(agent_spec.get("hostname", "leviath")) + "-cred")[-64:],
+        # It binds nothing of the scratch (its home and /tmp are tmpfs of
+        # its own): the launcher's scratch for it is a tmpfs, not an ext4
+        # made per call (sandbox/loopfs.py).
+        scratch_fs="tmpfs",
     )
     return spec

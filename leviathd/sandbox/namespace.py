@@ -728,14 +728,17 @@ def _pid1(
 
 def _agent(
     spec: SandboxSpec, wfd: int, init: int | None = None, exit_fd: int | None = None,
-    listener: int = -1, kept: tuple[int, int] | None = None,
+    listener: int = -1, kept: tuple[int, int] | None = None, new_session: bool = True,
 ) -> NoReturn:
     """Prepare and exec the agent's command; with `init`, this is PID 1 and
     execs init with the command (init forks and execs it, as this user,
     under the same filter, in this session). With `exit_fd`, `init` is the
-    sealed shell, which runs the command and writes its status there."""
+    sealed shell, which runs the command and writes its status there.
+    `new_session` False (sandbox/join.py): the command stays in the caller's
+    session, which has no terminal, and in its group, which the daemon kills."""
     try:
-        os.setsid()
+        if new_session:
+            os.setsid()
         drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=True, real_gid=spec.real_gid)
         if init is not None and exit_fd is None:
             # As PID 1: the change of credentials cleared the parent-death

@@ -31,7 +31,7 @@ from leviathd.domain.mounts import Mount as MountRequest
 from leviathd.errors import InvalidArgument
 from leviathd.hidden import HIDDEN_ABSOLUTE, HIDDEN_IN_HOME
 from leviathd.identity import UserInfo
-from leviathd.sandbox import protected
+from leviathd.sandbox import loopfs, protected
 from leviathd.sandbox.environment import build_environment, parse_git_identity
 
 WorkdirMode = Literal["rw", "ro", "throwaway"]
@@ -245,6 +245,10 @@ class SandboxSpec:
     # network = "proxy": `network` is False (only lo) and the launcher starts
     # the forwarder to the daemon's proxy in the new network namespace.
     proxy: bool = False
+    # What holds home, /tmp and the throwaway layers: "ext4", a filesystem of
+    # its own on disk (sandbox/loopfs.py), or "tmpfs" (memory; a host
+    # without loop devices, and records of agents started before).
+    scratch_fs: str = "tmpfs"
 
     @property
     def scratch_home(self) -> str:
@@ -835,6 +839,8 @@ def build_spec_on_host(
         git_identity=parse_git_identity(gitconfig) if gitconfig else None,
         other_homes=host_other_homes(user) if other_homes is None else other_homes,
     )
+    if spec.kind == "namespace":
+        spec = replace(spec, scratch_fs=loopfs.backing())
     return with_default_limits(spec)
 
 

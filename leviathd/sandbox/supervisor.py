@@ -105,6 +105,7 @@ class Held:
 def fork_held(
     user: UserInfo, workdir: str, *, exit_path: str, identifier: str, unit: str, stdio: Stdio,
     shell: int | None = None, init: int | None = None, hold: int | None = None,
+    image: int | None = None,
 ) -> Held:
     """`shell`: the daemon's sealed copy of dash (namespace.shared_sealed),
     which an agent without a supervisor runs as PID 1; None: every agent
@@ -112,7 +113,9 @@ def fork_held(
     a supervised namespace agent's PID 1 runs (None: PID 1 makes its own).
     `hold`: the child's end of a hold socket; when the steps say `hold`, each
     fence's PID 1 waits on it for the daemon to mark its mounts before the
-    command runs (sandbox/fencehold.py)."""
+    command runs (sandbox/fencehold.py). `image`: an empty unnamed file for
+    the agent's scratch filesystem (sandbox/loopfs.py), of which the daemon
+    keeps a copy."""
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -127,13 +130,15 @@ def fork_held(
             # live on in the agent's supervisor: a supervisor holding the bus
             # socket keeps a dead daemon's name owned.
             keep = {0, 1, 2, status_w, go_r, *stdio.fds()}
-            _close_fds_except(keep | {fd for fd in (shell, init, hold) if fd is not None})
+            _close_fds_except(keep | {fd for fd in (shell, init, hold, image) if fd is not None})
             # A daemon with many agents holds over WORKDIR_FD descriptors:
             # what we keep may sit where the workdir, or the hold socket,
             # goes next.
             status_w, go_r = _off_workdir_fd(status_w), _off_workdir_fd(go_r)
             shell = None if shell is None else _off_workdir_fd(shell)
             init = None if init is None else _off_workdir_fd(init)
+            global _image
+            _image = None if image is None else _off_workdir_fd(image)
             moved = [None if fd is None else _off_workdir_fd(fd)
                      for fd in (stdio.stdin, stdio.stdout, stdio.stderr)]
             stdio = Stdio(moved[0], moved[1], moved[2],
@@ -156,6 +161,15 @@ def fork_held(
 
 
 ENDED_EARLY = "the agent's process ended before it was ready"
+
+# In the held child: the daemon's empty image file for the scratch (fork_held).
+_image: int | None = None
+
+
+def _take_image() -> int | None:
+    global _image
+    image, _image = _image, None
+    return image
 
 
 def read_status(fd: int) -> tuple[bool, str]:
@@ -331,7 +345,7 @@ def _hand_over(
             j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING, unit=unit)
         exit_fd = _open_spare_exit(agent_id)
         if spec.kind == "namespace":
-            scratch.enter(spec)
+            scratch.enter(spec, _take_image())
         stdin = stdio.stdin if stdio is not None else None
         null = os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin
         os.dup2(null, 0)
@@ -449,7 +463,7 @@ def _supervise(
     fenced = [spec for _label, spec in steps if spec.kind == "namespace"]
     if fenced:
         try:
-            scratch.enter(fenced[0])
+            scratch.enter(fenced[0], _take_image())
         except (OSError, Unavailable) as exc:
             _complain(f"leviath: could not make the agent's scratch: {exc}")
             steps, code = [], 127

@@ -205,8 +205,8 @@ def test_swapped_throwaway_layers_never_take_the_agents_writes(bed: Testbed) -> 
         bed.run(["systemctl", "reload", "leviathd"])
     assert bed.run(["ls", "-A", f"{target}/upper"]).stdout.split() == [], swaps
     assert bed.run(["find", target, "-name", "zz-agent.conf"]).stdout == ""
-    # The agent's write went to its own throwaway layer (scratch is a tmpfs,
-    # where overlayfs takes its layers even in the bed).
+    # The agent's write went to its own throwaway layer (in its scratch
+    # filesystem, where overlayfs takes its layers even in the bed).
     assert all("pwned" in o for o in outputs), outputs
     assert bed.run(["ls", "-A", f"{WORK}/leviathd.service.d"]).stdout == ""
 

@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from leviathd.config.merge import Effective
 from leviathd.config.models import SandboxKind
 from leviathd.errors import Unavailable
 from leviathd.identity import UserInfo
-from leviathd.sandbox import scratch
+from leviathd.sandbox import loopfs, scratch
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand folders to a user")
@@ -106,6 +107,55 @@ def test_the_tmpfs_is_seen_only_in_the_agents_namespace_and_is_bounded(base: Pat
     assert os.listdir(spec.scratch) == []
 
 
+def _loop_backing(device: str) -> str:
+    try:
+        with open(f"/sys/dev/block/{device}/loop/backing_file", encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(loopfs.backing() != "ext4", reason="no loop devices or mkfs.ext4 here")
+def test_the_ext4_scratch_is_bounded_on_disk_and_goes_with_its_namespace(base: Path) -> None:
+    spec = dataclasses.replace(_spec(base, "aaaa0012", mode="throwaway"), scratch_size=16 << 20,
+                               scratch_fs="ext4")  # fmt: skip
+
+    def inside() -> object:
+        scratch.enter(spec)
+        root = os.stat(spec.scratch)
+        st = os.statvfs(spec.scratch)
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            mine = [ln.split() for ln in f if ln.split()[4] == spec.scratch]
+        try:
+            with open(os.path.join(spec.scratch_tmp, "big"), "wb") as f:
+                f.write(b"x" * (32 << 20))
+            full = "no error"
+        except OSError as exc:
+            full = errno.errorcode[exc.errno or 0]
+        device = mine[0][2]
+        return {"root": [root.st_uid, stat.S_IMODE(root.st_mode)],
+                "entries": sorted(os.listdir(spec.scratch)), "fstype": mine[0][-3],
+                "bytes": st.f_blocks * st.f_frsize, "full": full, "device": device,
+                "backing": _loop_backing(device)}  # fmt: skip
+
+    got = _in_child(inside)["ok"]
+    assert got["fstype"] == "ext4" and got["root"] == [0, 0o700]
+    # No lost+found: what is there is root's folders and the user's two.
+    assert got["entries"] == ["home", "overlay", "tmp"]
+    assert got["bytes"] <= 16 << 20 and got["full"] == "ENOSPC"
+    # On disk in the scratch folder, but under no name.
+    assert got["backing"].endswith(" (deleted)") and "/#" in got["backing"]
+    assert os.listdir(base / "scratch") == ["aaaa0012"]
+    assert os.listdir(spec.scratch) == []
+    # The child's namespace, the only holder of the mount, is gone: so is
+    # the device's hold on the file (autoclear), waited for, not timed.
+    for _ in range(200):
+        if _loop_backing(got["device"]) != got["backing"]:
+            break
+        time.sleep(0.05)
+    assert _loop_backing(got["device"]) != got["backing"]
+
+
 def test_removal_does_not_follow_links_an_agent_planted(base: Path) -> None:
     # The on-disk layout older versions left: the user's folders with the agent's links.
     spec = _spec(base, "aaaa0003")
@@ -139,10 +189,13 @@ def test_sweep_removes_ended_executions_and_never_touches_running_ones(base: Pat
     scratch.create(running)
     scratch.create(ended)
     (base / "scratch" / "not an id!").mkdir()
+    # An image file a crash left named (a filesystem without O_TMPFILE).
+    (base / "scratch" / f"{loopfs.IMAGE_PREFIX}0123456789abcdef").write_bytes(b"")
     assert scratch.sweep(str(base / "scratch"), live={"aaaa0005"}) == ["aaaa0006"]
     assert os.path.isdir(running.scratch)
     assert not os.path.exists(ended.scratch)
     assert (base / "scratch" / "not an id!").is_dir()
+    assert sorted(os.listdir(base / "scratch")) == ["aaaa0005", "not an id!"]
 
 
 def test_creating_over_a_folder_that_is_not_roots_alone_is_refused(base: Path) -> None:
@@ -158,3 +211,17 @@ def test_a_scratch_dir_below_a_users_folder_is_refused(base: Path) -> None:
     os.chown(base, NOBODY, NOBODY)
     with pytest.raises(Unavailable, match="not root's alone"):
         scratch.create(_spec(base, "aaaa0008"))
+
+
+@pytest.mark.skipif(loopfs.backing() != "ext4", reason="no loop devices or mkfs.ext4 here")
+def test_a_scratch_size_too_small_for_an_ext4_gets_the_smallest_one(base: Path) -> None:
+    spec = dataclasses.replace(_spec(base, "aaaa0013"), scratch_size=64 << 10, scratch_fs="ext4")
+
+    def inside() -> object:
+        scratch.enter(spec)
+        st = os.statvfs(spec.scratch)
+        return st.f_blocks * st.f_frsize
+
+    got = _in_child(inside)
+    assert "ok" in got, got
+    assert 0 < got["ok"] <= loopfs.MIN_SIZE

@@ -38,7 +38,8 @@ SYSTEMD = "/lib/systemd/systemd"
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Device nodes that are safe to share with the host: they carry no host state.
-SHARED_DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "fuse", "net/tun")
+SHARED_DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "fuse", "net/tun",
+                  "loop-control")
 
 # Units that would do host-ish work in the bed (a database on the host's data,
 # daily apt runs, gettys on a console that is a log file): masked in the overlay.
@@ -236,6 +237,12 @@ def _stage2_script(
         "mount -o remount,bind,ro $R/proc/sys",
         "if [ -e $R/proc/sysrq-trigger ]; then mount --bind $R/proc/sysrq-trigger "
         "$R/proc/sysrq-trigger; mount -o remount,bind,ro $R/proc/sysrq-trigger; fi",
+        # Agents' scratch on the host's disk, as on a real machine: the
+        # overlay's upper layer is memory, and a scratch image there would be
+        # charged to the agent's memory (sandbox/loopfs.py). In the bed's
+        # workdir, removed with it.
+        f"mkdir -p $R/var/lib/leviath/scratch; mount --bind {q(str(console.parent / 'scratch'))} "
+        "$R/var/lib/leviath/scratch",
         "mount -t tmpfs -o mode=755,nosuid,nodev testbed-run $R/run",
         "mount -t tmpfs -o mode=1777,nosuid,nodev testbed-tmp $R/tmp",
         "mkdir -p $R/etc/systemd/system",
@@ -320,6 +327,7 @@ class Testbed:
                 shutil.rmtree(old, ignore_errors=True)
         self._cgroups = cgroups.create_children(hs, self.name)
         self.console_log.touch()
+        (self.workdir / "scratch").mkdir(mode=0o711)
         stage1 = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"'
         namespaces = ["--pid", "--fork", "--kill-child", "--mount", "--uts", "--ipc", "--cgroup"]
         if not self.share_network:

@@ -55,6 +55,8 @@ def test_nothing_the_agent_can_write_is_in_the_fence() -> None:
     assert spec["argv"] == ["git", "push"]
     assert spec["network"] is True and "net" not in spec["namespaces"]
     assert spec["real_gid"] == NOGROUP
+    # Nothing of the agent's scratch is in it: no ext4 is made per call.
+    assert spec["scratch_fs"] == "tmpfs"
 
 
 def test_workdir_ro_shows_the_workdir_read_only_and_keeps_its_masks() -> None:

@@ -399,3 +399,20 @@ def test_an_execution_id_cannot_climb_out_of_the_scratch_folder() -> None:
             Effective(kind=SandboxKind.NAMESPACE), ALICE, RunRequest(("true",), WORKDIR),
             "../../etc", existing=everything_exists,
         )
+
+
+def test_lev_inspect_says_whether_the_scratch_is_on_disk_or_in_memory() -> None:
+    import dataclasses
+
+    from leviathd.cli.inspect import render
+
+    # A record of an agent started before issue 33 reads as the tmpfs it had.
+    old = spec_for().to_dict()
+    del old["scratch_fs"]
+    assert SandboxSpec.from_dict(old).scratch_fs == "tmpfs"
+    disk = dataclasses.replace(spec_for(), scratch_fs="ext4", scratch_size=1 << 30)
+    line = next(ln for ln in render(disk).splitlines() if ln.startswith("scratch "))
+    assert "on disk, its own ext4 of 1 GiB (not charged to memory_max)" in line
+    memory = dataclasses.replace(disk, scratch_fs="tmpfs", scratch_size=48 << 20)
+    line = next(ln for ln in render(memory).splitlines() if ln.startswith("scratch "))
+    assert "in memory, a tmpfs of 48 MiB charged to memory_max" in line
