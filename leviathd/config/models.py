@@ -10,6 +10,7 @@ defaults themselves live in the merge's `Effective`, documented in docs/configur
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -361,6 +362,21 @@ def _domain(value: str) -> str:
 DomainPattern = Annotated[str, AfterValidator(_domain)]
 
 
+def _private_range(value: str) -> str:
+    try:
+        net = ipaddress.ip_network(value.strip(), strict=False)
+    except ValueError:
+        raise ValueError(f"{value[:80]!r} is not an address range such as 192.168.1.0/24") from None
+    if not net.is_private or net.is_loopback or net.is_link_local or net.prefixlen == 0:
+        # Loopback has host_ports; link-local and metadata stay closed.
+        raise ValueError(f"{value[:80]!r} is not a private (LAN) range; loopback is opened "
+                         "by host_ports, link-local never")
+    return str(net)
+
+
+PrivateRange = Annotated[str, AfterValidator(_private_range)]
+
+
 class ProxyConfig(_Model):
     """`[proxy]`: the policy of `network = "proxy"` (leviathd/proxy). Each layer
     (machine, user, blueprint) only narrows: a connection must pass every
@@ -372,6 +388,12 @@ class ProxyConfig(_Model):
     ports: list[Annotated[StrictInt, Field(ge=1, le=65535)]] | None = None
     clearance: dict[DomainPattern, Label] = Field(default_factory=dict)
     max_connections: Annotated[StrictInt, Field(ge=1, le=4096)] | None = None
+    # Openings the proxy otherwise refuses (issue 30): ports of the host's own
+    # loopback (a dev server on localhost:3000) and private/LAN ranges. Opened
+    # by the configs; a blueprint's only narrow them (leviathd/config/merge.py).
+    host_ports: Annotated[list[Annotated[StrictInt, Field(ge=1, le=65535)]],
+                          Field(max_length=64)] | None = None
+    private_ranges: Annotated[list[PrivateRange], Field(max_length=64)] | None = None
 
 
 class PolicyRule(_Model):

@@ -341,16 +341,24 @@ class ProxyServer:
         if decision.outcome != "allow":
             raise Refused(decision.rule, decision.reason)
         loop = asyncio.get_running_loop()
-        try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(host, conn.port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT)
-        except (OSError, TimeoutError) as exc:
-            raise Refused("resolve", f"cannot resolve {host}: {exc}", status=502,
-                          socks=4) from None
-        addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
-        why = policy.check_addresses(addrs, allow_private=self.settings.allow_private)
-        if why is not None:
-            raise Refused("address", f"refusing {host}: {why}")
+        local = policy.host_loopback(host)
+        if local is not None:
+            # decide() let it through: a port in [proxy] host_ports, by a name
+            # that means the host itself, never by what a resolver answered.
+            addrs = [local]
+        else:
+            try:
+                infos = await asyncio.wait_for(
+                    loop.getaddrinfo(host, conn.port, type=socket.SOCK_STREAM),
+                    CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as exc:
+                raise Refused("resolve", f"cannot resolve {host}: {exc}", status=502,
+                              socks=4) from None
+            addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
+            why = policy.check_addresses(addrs, allow_private=self.settings.allow_private,
+                                         private_ranges=self.settings.private_ranges)
+            if why is not None:
+                raise Refused("address", f"refusing {host}: {why}")
         if not addrs:
             raise Refused("resolve", f"{host} resolved to nothing", status=502, socks=4)
         last: Exception | None = None
