@@ -436,7 +436,7 @@ def _host_pattern(value: str) -> str:
 
 
 HostPattern = Annotated[str, AfterValidator(_host_pattern)]
-CredentialKind = Literal["command", "git", "cli", "ssh"]
+CredentialKind = Literal["command", "git", "cli", "ssh", "http"]
 GitAccess = Literal["fetch", "push"]
 
 
@@ -476,6 +476,14 @@ class CredentialConfig(_Model):
     # kind "cli": the name of the wrapper, and the variable the real CLI reads.
     wrap: str | None = None
     token_env: EnvName | None = None
+    # kind "http" (issue 30): the header the proxy puts the secret in toward
+    # `hosts`, and its value ("{secret}" is replaced; "basic": basic auth with
+    # `username`). `token_env` then names the sandbox variable holding the
+    # placeholder (e.g. GH_TOKEN).
+    header: Annotated[str, Field(min_length=1, max_length=64,
+                                 pattern=r"^[A-Za-z0-9-]+$")] = "Authorization"
+    value: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\r\n\x00]*$")] = (
+        "Bearer {secret}")
     # kind "ssh": known_hosts files mapping host keys to names (read as the
     # secret is); default the user's ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts.
     known_hosts: Annotated[list[AbsolutePath], Field(max_length=8)] = Field(default_factory=list)
@@ -486,7 +494,9 @@ class CredentialConfig(_Model):
             raise ValueError("set exactly one of secret_file or secret_command")
         if self.kind in ("command", "cli") and not self.command:
             raise ValueError(f"a credential of kind {self.kind!r} needs command")
-        if self.kind in ("git", "ssh") and not self.hosts:
+        if self.kind == "http" and self.value != "basic" and "{secret}" not in self.value:
+            raise ValueError('kind "http": value must hold {secret} or be "basic"')
+        if self.kind in ("git", "ssh", "http") and not self.hosts:
             raise ValueError(f"a credential of kind {self.kind!r} needs hosts")
         if self.kind == "cli":
             if not self.token_env:
