@@ -35,7 +35,7 @@ from leviathd.broker.tools import (
 from leviathd.broker.writewatch import TooBusy, WriteWatch
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, SendsOut, ToolKind
-from leviathd.errors import LeviathError, LimitExceeded, NotFound, Unavailable
+from leviathd.errors import AccessDenied, LeviathError, LimitExceeded, NotFound, Unavailable
 from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.policy import filelabels
@@ -528,6 +528,13 @@ class Broker:
             spec = settings.credentials.get(name)
             if spec is None:
                 raise NotFound(f"no credential named {name!r} is configured")
+            if (spec.kind == "cli" and self.placeholder_for is not None
+                    and self.placeholder_for(name) is not None):
+                # Issue 30: its token is injected at the egress; the real
+                # program with the real token, any arguments, is what not to run.
+                raise AccessDenied(f"credential {name!r} is injected at the egress: run "
+                                   f"{spec.wrap or 'the program'} itself in the sandbox (its "
+                                   f"{spec.token_env or 'token'} is a placeholder)")
             self.start()
             assert self._opener is not None
             out = await run_credential(

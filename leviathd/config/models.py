@@ -462,7 +462,9 @@ class CredentialConfig(_Model):
     # "ro": the command's fence shows the agent's workdir read-only; "none"
     # (default): nothing of it. It never runs in it (docs/security-model.md).
     workdir: Literal["none", "ro"] = "none"
-    # kind "git" and "ssh": the hosts (fnmatch patterns, host or host:port) covered.
+    # kind "git", "ssh" and "http": the hosts (fnmatch patterns, host or host:port)
+    # covered; kind "cli" with hosts: its CLI runs in the agent's own fence and
+    # the proxy injects the secret toward them (issue 30).
     hosts: Annotated[list[HostPattern], Field(max_length=64)] = Field(default_factory=list)
     # kind "git": the user name git sends with the token; which operations get it;
     # whether plain http (the token in clear on the wire) is served too.

@@ -29,6 +29,7 @@ from leviathd.broker.core import Broker
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
 from leviathd.identity import UserInfo
+from leviathd.proxy import egress
 from leviathd.records import AgentRecord
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
@@ -45,11 +46,13 @@ def _of_kind(credentials: Mapping[str, Any], kind: str) -> dict[str, Any]:
     return {n: c for n, c in credentials.items() if getattr(c, "kind", "command") == kind}
 
 
-def wrappers(credentials: Mapping[str, Any]) -> dict[str, str]:
+def wrappers(credentials: Mapping[str, Any], inside: Iterable[str] = ()) -> dict[str, str]:
     """Program name on PATH → the cli credential it runs (the first by name
-    when two wrap the same program)."""
+    when two wrap the same program). `inside`: cli credentials injected at
+    the egress, whose real program the agent runs itself: no wrapper."""
     out: dict[str, str] = {}
-    for name in sorted(_of_kind(credentials, "cli")):
+    skip = set(inside)
+    for name in sorted(n for n in _of_kind(credentials, "cli") if n not in skip):
         c = credentials[name]
         prog = c.wrap or str(c.command[0]).rsplit("/", 1)[-1]
         out.setdefault(prog, name)
@@ -87,8 +90,9 @@ def _script(*args: str) -> bytes:
     return f'#!/bin/sh\nexec {python} -I -m leviathd.cli.credhelper {words} "$@"\n'.encode()
 
 
-def programs(credentials: Mapping[str, Any]) -> dict[str, bytes]:
-    files = {prog: _script("run", cred) for prog, cred in wrappers(credentials).items()}
+def programs(credentials: Mapping[str, Any], inside: Iterable[str] = ()) -> dict[str, bytes]:
+    files = {prog: _script("run", cred)
+             for prog, cred in wrappers(credentials, inside).items()}
     if _of_kind(credentials, "git"):
         files[GIT_HELPER] = _script("git-credential")
     return files
@@ -107,7 +111,7 @@ class CredentialService:
 
     def extend_spec(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
         creds = dict(eff.credentials)
-        wanted = programs(creds)
+        wanted = programs(creds, egress.inside(creds) if egress.applies(spec) else ())
         ssh = bool(_of_kind(creds, "ssh"))
         if not wanted and not ssh:
             return spec
@@ -129,7 +133,8 @@ class CredentialService:
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
         creds = dict(merged.agent.credentials)
-        files = programs(creds)
+        behind = rec.sandbox == "namespace" and merged.agent.network == "proxy"
+        files = programs(creds, egress.inside(creds) if behind else ())
         if files:
             write_programs(rec.id, files.items())
         if _of_kind(creds, "ssh") and rec.sandbox in ("none", "namespace"):

@@ -36,7 +36,16 @@ KINDS = ("git", "http")
 
 
 def injected(credentials: Mapping[str, CredentialConfig]) -> dict[str, CredentialConfig]:
-    return {n: c for n, c in credentials.items() if c.kind in KINDS}
+    """git and http, and a cli credential that names its `hosts`: that CLI
+    (gh, glab) then runs inside the agent's own fence with the placeholder as
+    its token (issue 30 item 3) instead of in the credential fence."""
+    return {n: c for n, c in credentials.items()
+            if c.kind in KINDS or (c.kind == "cli" and c.hosts)}
+
+
+def inside(credentials: Mapping[str, CredentialConfig]) -> set[str]:
+    """The cli credentials that run inside the agent's fence when injected."""
+    return {n for n, c in injected(credentials).items() if c.kind == "cli"}
 
 
 def injections(credentials: Mapping[str, CredentialConfig], key: bytes
@@ -65,6 +74,7 @@ def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
             f"credential {n} (kind {c.kind}): not injected at the egress (injection needs "
             'network = "proxy" in a namespace sandbox); '
             + ("git's credential helper is given the token" if c.kind == "git"
+               else "the wrapper runs it in the credential fence" if c.kind == "cli"
                else "not offered") for n, c in sorted(creds.items()))))
     env = dict(spec.env)
     bundle = f"{SANDBOX_RUNTIME}/{BUNDLE}"
@@ -72,12 +82,15 @@ def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
         env[name] = bundle
     notes = list(spec.notes)
     for name, c in sorted(creds.items()):
-        if c.kind == "http" and c.token_env:
+        if c.kind in ("http", "cli") and c.token_env:
             env[c.token_env] = inject.placeholder(key, name)
         what = ("git " + "+".join(c.access)) if c.kind == "git" else f"{c.header} header"
         notes.append(f"credential {name} (kind {c.kind}): injected at the proxy toward "
                      f"{', '.join(c.hosts)} ({what}); the sandbox holds a placeholder"
-                     + (f" in {c.token_env}" if c.kind == "http" and c.token_env else ""))
+                     + (f" in {c.token_env}" if c.kind in ("http", "cli") and c.token_env
+                        else "")
+                     + ("; the real program runs in the agent's own fence" if c.kind == "cli"
+                        else ""))
     return replace(spec, env=env, notes=tuple(notes))
 
 

