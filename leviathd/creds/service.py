@@ -31,6 +31,7 @@ from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
 from leviathd.identity import UserInfo
 from leviathd.proxy import egress
 from leviathd.records import AgentRecord
+from leviathd.sandbox import gitenv
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
@@ -60,9 +61,14 @@ def wrappers(credentials: Mapping[str, Any], inside: Iterable[str] = ()) -> dict
 
 
 def git_config(credentials: Mapping[str, Any], helper: str) -> dict[str, str]:
-    """GIT_CONFIG_* variables: for each covered URL, the helper list reset
-    and then ours alone (so no helper of the user's answers for those hosts
-    from inside the sandbox), with the path passed (the audit shows the repo)."""
+    """GIT_CONFIG_* variables of `git_pairs`, numbered from 0."""
+    return gitenv.append({}, git_pairs(credentials, helper))
+
+
+def git_pairs(credentials: Mapping[str, Any], helper: str) -> list[tuple[str, str]]:
+    """For each covered URL, the helper list reset and then ours alone (so
+    no helper of the user's answers for those hosts from inside the
+    sandbox), with the path passed (the audit shows the repo)."""
     pairs: list[tuple[str, str]] = []
     for name in sorted(_of_kind(credentials, "git")):
         c = credentials[name]
@@ -74,14 +80,7 @@ def git_config(credentials: Mapping[str, Any], helper: str) -> dict[str, str]:
                 key = f"credential.{url}." if url else "credential."
                 pairs += [(key + "helper", ""), (key + "helper", helper),
                           (key + "useHttpPath", "true")]
-    pairs = list(dict.fromkeys(pairs))
-    if not pairs:
-        return {}
-    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
-    for i, (k, v) in enumerate(pairs):
-        env[f"GIT_CONFIG_KEY_{i}"] = k
-        env[f"GIT_CONFIG_VALUE_{i}"] = v
-    return env
+    return list(dict.fromkeys(pairs))
 
 
 def _script(*args: str) -> bytes:
@@ -126,7 +125,8 @@ class CredentialService:
         env = dict(spec.env)
         if wanted:
             env["PATH"] = f"{base}/{BIN}:{env.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
-            env.update(git_config(creds, f"{base}/{BIN}/{GIT_HELPER}"))
+            # After what is there (the proxy's http.proxy, core.sshCommand).
+            env = gitenv.append(env, git_pairs(creds, f"{base}/{BIN}/{GIT_HELPER}"))
         if ssh:
             env["SSH_AUTH_SOCK"] = f"{base}/{SSH_SOCKET}"
         return replace(spec, env=env)

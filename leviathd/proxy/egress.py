@@ -25,6 +25,7 @@ from leviathd.config.merge import Effective
 from leviathd.config.models import CredentialConfig
 from leviathd.gate.service import SANDBOX_RUNTIME, agent_dir
 from leviathd.proxy import inject
+from leviathd.sandbox import gitenv
 from leviathd.sandbox.spec import SandboxSpec
 
 BUNDLE = "ca-bundle.pem"
@@ -80,6 +81,7 @@ def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
     bundle = f"{SANDBOX_RUNTIME}/{BUNDLE}"
     for name in TRUST_VARIABLES:
         env[name] = bundle
+    env = gitenv.append(env, ssh_rewrites(creds))
     notes = list(spec.notes)
     for name, c in sorted(creds.items()):
         if c.kind in ("http", "cli") and c.token_env:
@@ -92,6 +94,27 @@ def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
                      + ("; the real program runs in the agent's own fence" if c.kind == "cli"
                         else ""))
     return replace(spec, env=env, notes=tuple(notes))
+
+
+def ssh_rewrites(creds: Mapping[str, CredentialConfig]) -> list[tuple[str, str]]:
+    """The Legato spec: "git fetches with read tokens even when the
+    repository's origin is an ssh address". For each host a git token covers
+    (a plain name on 443), `git@HOST:` and `ssh://git@HOST/` are fetched
+    over https (`url.<https>.insteadOf`); pushes too when the token may
+    push, else they stay on ssh (`pushInsteadOf` to themselves)."""
+    pairs: list[tuple[str, str]] = []
+    for _name, c in sorted(creds.items()):
+        if c.kind != "git":
+            continue
+        for pattern in c.hosts:
+            if ":" in pattern or any(ch in pattern for ch in "*?[]"):
+                continue
+            https = f"https://{pattern}/"
+            for ssh in (f"git@{pattern}:", f"ssh://git@{pattern}/"):
+                pairs.append((f"url.{https}.insteadOf", ssh))
+                if "push" not in c.access:
+                    pairs.append((f"url.{ssh}.pushInsteadOf", ssh))
+    return list(dict.fromkeys(pairs))
 
 
 def system_bundle() -> bytes:

@@ -279,6 +279,19 @@ def test_the_environment_holds_the_placeholder_and_the_bundle(agent: Agent) -> N
     assert ph.startswith("leviath-placeholder-") and API_TOKEN not in out
     assert files == "/run/leviath/ca-bundle.pem /run/leviath/ca-bundle.pem"
     assert int(count) > 2  # the system's CAs and the agent's
+    # The proxy's git settings survive the credential helper's (they were
+    # overwritten by it: core.sshCommand was lost for such agents).
+    rc, out, err = agent.call("git config http.proxy; git config core.sshCommand")
+    assert out.splitlines() == ["http://127.0.0.1:3128",
+                                "ssh -o ProxyCommand='lev connect %h %p'"], (out, err)
+
+
+def test_an_ssh_origin_of_a_covered_host_is_fetched_over_https_with_the_token(
+        agent: Agent) -> None:
+    """There is no sshd at git.test: the clone works only by the rewrite."""
+    rc, out, err = agent.call("rm -rf viassh && git clone -q git@git.test:repo.git viassh && "
+                              "cat viassh/README && git -C viassh config remote.origin.url")
+    assert rc == 0 and out.splitlines() == ["hello", "git@git.test:repo.git"], (out, err)
 
 
 def test_the_api_gets_the_real_token_and_another_host_only_the_placeholder(
@@ -377,3 +390,4 @@ def test_the_real_gh_runs_in_the_agents_fence_and_its_token_reaches_only_its_hos
     rc, out, err = agent.call(f"lev tool credential --json '{args}'")
     assert rc != 0 and "injected at the egress" in err, (rc, out, err)
     assert GH_TOKEN not in out + err
+

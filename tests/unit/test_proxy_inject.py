@@ -346,3 +346,30 @@ def test_a_cli_credential_with_hosts_runs_inside_with_no_wrapper() -> None:
     assert set(programs(creds)) == {"gh", "glab"}  # not behind the proxy: the wrappers
     (inj,) = egress.injections(creds, KEY)
     assert inj.kind == "cli" and inj.hosts == ("api.github.com",)
+
+
+def test_an_ssh_origin_is_rewritten_to_https_and_pushes_stay_on_ssh_without_push_access(
+        ) -> None:
+    from leviathd.config.models import CredentialConfig
+    from leviathd.proxy import egress
+
+    read = CredentialConfig(kind="git", hosts=["github.com", "*.corp.test", "git.test:8443"],
+                            secret_file="/etc/x")
+    pairs = egress.ssh_rewrites({"r": read})
+    assert ("url.https://github.com/.insteadOf", "git@github.com:") in pairs
+    assert ("url.https://github.com/.insteadOf", "ssh://git@github.com/") in pairs
+    assert ("url.git@github.com:.pushInsteadOf", "git@github.com:") in pairs
+    assert not any("corp.test" in k or "8443" in k for k, _ in pairs)
+    push = CredentialConfig(kind="git", hosts=["github.com"], access=["fetch", "push"],
+                            secret_file="/etc/x")
+    assert not any("pushInsteadOf" in k for k, _ in egress.ssh_rewrites({"p": push}))
+
+
+def test_git_settings_of_several_parts_are_appended_not_overwritten() -> None:
+    from leviathd.sandbox import gitenv
+
+    env = gitenv.append({"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "http.proxy",
+                         "GIT_CONFIG_VALUE_0": "p", "GIT_CONFIG_KEY_1": "core.sshCommand",
+                         "GIT_CONFIG_VALUE_1": "s"}, [("credential.helper", "h")])
+    assert env["GIT_CONFIG_COUNT"] == "3" and env["GIT_CONFIG_KEY_0"] == "http.proxy"
+    assert env["GIT_CONFIG_KEY_2"] == "credential.helper"
