@@ -50,6 +50,11 @@ def constraint_names(patterns: Iterable[str]) -> list[str]:
             host = host[2:]
         if not host or any(c in host for c in "*?[]"):
             continue
+        try:
+            ipaddress.ip_address(host)
+            continue  # addresses are never intercepted (proxy/server.py)
+        except ValueError:
+            pass
         if host not in names:
             names.append(host)
     return names
@@ -75,10 +80,11 @@ class AgentCA:
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()),
                            critical=False)
         )
-        if self.names:
-            builder = builder.add_extension(x509.NameConstraints(
-                permitted_subtrees=[x509.DNSName(n) for n in self.names],
-                excluded_subtrees=None), critical=True)
+        # Always constrained: with no name to cover, to `invalid` (RFC 6761),
+        # which nothing is.
+        builder = builder.add_extension(x509.NameConstraints(
+            permitted_subtrees=[x509.DNSName(n) for n in self.names or ["invalid"]],
+            excluded_subtrees=None), critical=True)
         self.cert = builder.sign(self._key, hashes.SHA256())
         self.pem = self.cert.public_bytes(serialization.Encoding.PEM)
         self._leaves: dict[str, ssl.SSLContext] = {}

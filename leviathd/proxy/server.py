@@ -130,6 +130,10 @@ class Injector:
     upstream: Any = None  # ssl.SSLContext toward the real hosts; None: the system's
 
     def covering(self, host: str, port: int) -> list[inject.Injection]:
+        # An IP literal gets no leaf (a name constraint speaks of names): a tunnel.
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(host)
+            return []
         if not self.ca.covers(host):
             return []
         return inject.covering(self.injections, host, port)

@@ -129,13 +129,16 @@ async def intercept(
     socket (this takes it). `up` is the connected TCP socket to the checked
     address; it is closed by the caller."""
     out = Outcome()
-    leaf = await asyncio.to_thread(ca.leaf_context, host)
     try:
+        leaf = await asyncio.to_thread(ca.leaf_context, host)
         reader, writer = await _accept_tls(agent, leaf)
-    except (ssl.SSLError, OSError, TimeoutError) as exc:
+    except (ssl.SSLError, OSError, TimeoutError, ValueError) as exc:
         agent.close()
-        out.refused = f"the agent's TLS handshake failed: {exc}"
+        out.refused = f"no TLS with the agent: {exc}"
         return out
+    except BaseException:
+        agent.close()
+        raise
     try:
         return await _serve(reader, writer, up, out, host=host, port=port,
                             injections=injections, secret=secret, ask_push=ask_push,

@@ -373,3 +373,19 @@ def test_git_settings_of_several_parts_are_appended_not_overwritten() -> None:
                          "GIT_CONFIG_VALUE_1": "s"}, [("credential.helper", "h")])
     assert env["GIT_CONFIG_COUNT"] == "3" and env["GIT_CONFIG_KEY_0"] == "http.proxy"
     assert env["GIT_CONFIG_KEY_2"] == "credential.helper"
+
+
+def test_an_ip_literal_is_never_intercepted() -> None:
+    inj = injection(hosts=("10.0.0.5", "api.example.com"))
+    ca = AgentCA("0123abcd", inj.hosts)
+
+    async def secret(_n: str) -> str:
+        return SECRET
+
+    injector = Injector(ca=ca, injections=(inj,), secret=secret)
+    assert injector.covering("10.0.0.5", 443) == []
+    assert injector.covering("api.example.com", 443) == [inj]
+    with pytest.raises(ValueError):
+        ca.leaf_context("10.0.0.5")
+    with pytest.raises(ValueError):
+        ca.leaf_context("other.example.com")
