@@ -233,7 +233,8 @@ class ProxyService:
         from leviathd.proxy.ca import AgentCA  # cryptography: only when needed
 
         ca = await asyncio.to_thread(AgentCA, agent_id, hosts)
-        egress.write_bundle(agent_id, ca.pem)
+        # The system's bundle is some hundred KiB: read and written off the loop.
+        await asyncio.to_thread(egress.write_bundle, agent_id, ca.pem)
         gate = self._gate
         # git: its tools give the placeholder; cli: the credential tool is
         # refused (the program runs in the agent's fence with the placeholder).

@@ -160,10 +160,10 @@ def _pem(path: Path, key: ec.EllipticCurvePrivateKey | None, *certs: x509.Certif
 class Upstream:
     """A TLS server for `localhost` recording each request head it gets."""
 
-    def __init__(self, tmp: Path, *, trusted: bool = True) -> None:
+    def __init__(self, tmp: Path, *, trusted: bool = True, name: str = "localhost") -> None:
         ca_key, ca = _cert("test ca", ca=True)
         if trusted:
-            key, cert = _cert("localhost", ca_key, ca.subject)
+            key, cert = _cert(name, ca_key, ca.subject)
         else:  # self-signed: no CA vouches for it
             key, cert = _cert("localhost")
         self.server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -254,6 +254,14 @@ def test_a_host_whose_certificate_does_not_verify_gets_no_secret(tmp_path: Path)
     got = asyncio.run(_through_proxy(
         tmp_path, up, b"GET /user HTTP/1.1\r\nAuthorization: token PH\r\n\r\n"))
     assert b" 502 " in got and b"does not verify" in got and b"no credential was sent" in got
+    assert up.heads == []
+
+
+def test_a_host_whose_certificate_names_another_host_gets_no_secret(tmp_path: Path) -> None:
+    up = Upstream(tmp_path, name="elsewhere.test")  # a good CA, the wrong name
+    got = asyncio.run(_through_proxy(
+        tmp_path, up, b"GET /user HTTP/1.1\r\nAuthorization: token PH\r\n\r\n"))
+    assert b" 502 " in got and b"does not verify" in got and SECRET.encode() not in got
     assert up.heads == []
 
 
@@ -389,3 +397,36 @@ def test_an_ip_literal_is_never_intercepted() -> None:
         ca.leaf_context("10.0.0.5")
     with pytest.raises(ValueError):
         ca.leaf_context("other.example.com")
+
+
+def _handshake(server: ssl.SSLContext, client: ssl.SSLContext, name: str) -> None:
+    """A TLS handshake in memory: raises what the client's check raises."""
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    cli = client.wrap_bio(c_in, c_out, server_hostname=name)
+    srv = server.wrap_bio(s_in, s_out, server_side=True)
+    for _ in range(10):
+        for side, out_bio, peer_in in ((cli, c_out, s_in), (srv, s_out, c_in)):
+            try:
+                side.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            peer_in.write(out_bio.read())
+        try:
+            cli.do_handshake()
+            return
+        except ssl.SSLWantReadError:
+            continue
+
+
+def test_the_agents_ca_vouches_for_its_covered_names_only(tmp_path: Path) -> None:
+    """The name constraint: even a leaf the CA's key signed for another name
+    (the proxy never makes one) does not verify in the sandbox."""
+    ca = AgentCA("0123abcd", ("api.example.com",))
+    (tmp_path / "ca.pem").write_bytes(ca.pem)
+    client = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    _handshake(ca.leaf_context("api.example.com"), client, "api.example.com")
+    key, leaf = _cert("evil.test", ca._key, ca.cert.subject)
+    forged = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    forged.load_cert_chain(_pem(tmp_path / "forged.pem", key, leaf))
+    with pytest.raises(ssl.SSLCertVerificationError, match="permitted subtree violation"):
+        _handshake(forged, client, "evil.test")
