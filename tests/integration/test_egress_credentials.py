@@ -391,3 +391,24 @@ def test_the_real_gh_runs_in_the_agents_fence_and_its_token_reaches_only_its_hos
     assert rc != 0 and "injected at the egress" in err, (rc, out, err)
     assert GH_TOKEN not in out + err
 
+
+
+def test_other_ways_to_a_covered_host_carry_only_the_placeholder_or_get_the_injection(
+        testbed: Testbed, agent: Agent) -> None:
+    """SOCKS5 to the covered name is injected like CONNECT; its address
+    (an IP literal is never intercepted) and a CONNECT to another name with
+    the covered Host header (curl --connect-to) are tunnels: the server only
+    ever sees the placeholder there."""
+    testbed.run("rm -f /srv/inj/log.jsonl")
+    _rc, out, err = agent.call(
+        'curl -fsS --proxy socks5h://127.0.0.1:3128 https://api.test/socks -H '
+        '"Authorization: Bearer $GH_TOKEN"; '
+        'curl -sSk https://10.78.0.2/byip -H "Authorization: Bearer $GH_TOKEN"; '
+        'curl -sSk --connect-to api.test:443:other.test:443 https://api.test/fronted -H '
+        '"Authorization: Bearer $GH_TOKEN"')
+    assert API_TOKEN not in out + err, (out, err)
+    seen = {str(e["path"]): str(e["auth"]) for e in log(testbed)}
+    assert seen.get("/socks") == f"Bearer {API_TOKEN}", seen
+    for path in ("/byip", "/fronted"):
+        assert path in seen and API_TOKEN not in seen[path], seen
+        assert seen[path].startswith("Bearer leviath-placeholder-"), seen
