@@ -591,7 +591,8 @@ class Agents:
         for _label, step_eff, _argv in plan:
             kind, step_marks = self._choose_kind(step_eff, req, probe, authorized)
             kinds.append(kind)
-            # `lev ps` shows a network other than the host's (the default).
+            # `lev ps` shows a network other than the host's (net:proxy is the
+            # default since issue 30).
             if kind == "namespace" and step_eff.network == "proxy":
                 step_marks = [*step_marks, "net:proxy"]
             elif kind != "none" and step_eff.network is not True:

@@ -36,7 +36,7 @@ from leviathd.broker.tools import (
 from leviathd.broker.writewatch import TooBusy, WriteWatch
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, SendsOut, ToolKind
-from leviathd.errors import LeviathError, LimitExceeded, NotFound, Unavailable
+from leviathd.errors import AccessDenied, LeviathError, LimitExceeded, NotFound, Unavailable
 from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.policy import filelabels
@@ -137,6 +137,10 @@ class Broker:
         # taint: reading them back carries it again (no laundering through
         # the workdir). Keyed by (st_dev, st_ino), which survives renames.
         self._tainted_files: dict[tuple[int, int], Sensitivity] = {}
+        # Issue 30: set by the proxy for an agent whose git credentials are
+        # injected at the egress: the git tools give the agent this
+        # placeholder (by credential name) instead of the token.
+        self.placeholder_for: Callable[[str], str | None] | None = None
         self.policy = self._compile(settings, workdir)
 
     def _compile(self, settings: PolicySettings, workdir: str) -> CompiledPolicy:
@@ -177,6 +181,18 @@ class Broker:
             self._opener = Opener(uid=self.user.uid, gid=self.user.gid, groups=self.user.groups,
                                   cgroup=self.scope_cgroup,
                                   max_data=self.limits.request_max_bytes)
+
+    async def credential_secret(self, name: str) -> str:
+        """The secret of credential `name`, read as `read_secret` does (for
+        the proxy's injection: it goes into a request, never to the agent)."""
+        spec = self.policy.settings.credentials.get(name)
+        if spec is None:
+            raise LookupError(f"no credential named {name!r} is configured")
+        self.start()
+        assert self._opener is not None
+        return await read_secret(spec, opener=self._opener, uid=self.user.uid,
+                                 gid=self.user.gid, groups=self.user.groups,
+                                 home=self.user.home)
 
     def _drop_opener(self) -> None:
         if self._opener is not None:
@@ -595,6 +611,13 @@ class Broker:
             spec = settings.credentials.get(name)
             if spec is None:
                 raise NotFound(f"no credential named {name!r} is configured")
+            if (spec.kind == "cli" and self.placeholder_for is not None
+                    and self.placeholder_for(name) is not None):
+                # Issue 30: its token is injected at the egress; the real
+                # program with the real token, any arguments, is what not to run.
+                raise AccessDenied(f"credential {name!r} is injected at the egress: run "
+                                   f"{spec.wrap or 'the program'} itself in the sandbox (its "
+                                   f"{spec.token_env or 'token'} is a placeholder)")
             self.start()
             assert self._opener is not None
             out = await run_credential(
@@ -605,7 +628,10 @@ class Broker:
             _fit_output(out, self._budget())
             return out, predicted
         if kind is ToolKind.GIT:
-            _, spec = gitcreds.pick(settings.credentials, tool, str(args["url"]))
+            name, spec = gitcreds.pick(settings.credentials, tool, str(args["url"]))
+            stand_in = self.placeholder_for(name) if self.placeholder_for is not None else None
+            if stand_in is not None:
+                return {"username": spec.username, "password": stand_in}, predicted
             self.start()
             assert self._opener is not None
             token = gitcreds.check_token(await read_secret(

@@ -69,6 +69,9 @@ Level = Literal["error", "warn", "note"]
 DEFAULT_KIND = SandboxKind.NAMESPACE
 DEFAULT_ENGINE = Engine.AUTO
 DEFAULT_ON_UNAVAILABLE = OnUnavailable.ERROR
+# The built-in network of a fenced agent (issue 30): its own loopback, out only
+# through the daemon's proxy. `true` (the host's network) is an explicit choice.
+DEFAULT_NETWORK: Literal["proxy"] = "proxy"
 DEFAULT_TAINT_BUDGET = 32
 DEFAULT_APPROVAL_TIMEOUT = 120
 
@@ -115,9 +118,48 @@ class ProxyRules:
     ports: tuple[int, ...] | None = None
     clearance: tuple[tuple[str, Sensitivity], ...] = ()
     max_connections: int | None = None
+    # Openings (issue 30): the host's loopback ports and private ranges the
+    # proxy may reach. Opened by the configs (open_proxy), narrowed below.
+    host_ports: tuple[int, ...] = ()
+    private_ranges: tuple[str, ...] = ()
 
 
-def narrow_proxy(rules: ProxyRules, layer: ProxyConfig) -> ProxyRules:
+def open_proxy(rules: ProxyRules, layer: ProxyConfig) -> ProxyRules:
+    """The openings of a config layer added to `rules` (the machine's, or a
+    user's where the machine left the network open: she could have chosen
+    `network = true`, which reaches all of it)."""
+    return replace(
+        rules,
+        host_ports=tuple(sorted({*rules.host_ports, *(layer.host_ports or ())})),
+        private_ranges=tuple(dict.fromkeys((*rules.private_ranges,
+                                            *(layer.private_ranges or ())))),
+    )
+
+
+def _narrow_openings(rules: ProxyRules, layer: ProxyConfig, where: str,
+                     out: _Findings | None) -> ProxyRules:
+    """A layer that may not open anything: what it lists narrows the openings
+    above it; what it lists beyond them is a finding."""
+    host_ports, ranges = rules.host_ports, rules.private_ranges
+    if layer.host_ports is not None:
+        extra = sorted(set(layer.host_ports) - set(host_ports))
+        if extra and out is not None:
+            out.add("warn", "proxy-opening-overruled",
+                    f"{where} [proxy] host_ports {extra} are ignored: only the machine config "
+                    "(or a user's config where the machine sets no network) opens host ports")
+        host_ports = tuple(p for p in host_ports if p in layer.host_ports)
+    if layer.private_ranges is not None:
+        extra_r = [r for r in layer.private_ranges if r not in ranges]
+        if extra_r and out is not None:
+            out.add("warn", "proxy-opening-overruled",
+                    f"{where} [proxy] private_ranges {extra_r} are ignored: only the machine "
+                    "config (or a user's config where the machine sets no network) opens them")
+        ranges = tuple(r for r in ranges if r in layer.private_ranges)
+    return replace(rules, host_ports=host_ports, private_ranges=ranges)
+
+
+def narrow_proxy(rules: ProxyRules, layer: ProxyConfig, *, where: str = "blueprint",
+                 out: _Findings | None = None) -> ProxyRules:
     """`rules` narrowed by one more layer: by construction nothing loosens."""
     clearance = dict(rules.clearance)
     for pattern, sens in layer.clearance.items():
@@ -130,14 +172,17 @@ def narrow_proxy(rules: ProxyRules, layer: ProxyConfig) -> ProxyRules:
     cap = rules.max_connections
     if layer.max_connections is not None:
         cap = layer.max_connections if cap is None else min(cap, layer.max_connections)
-    return ProxyRules(
+    narrowed = ProxyRules(
         allow=rules.allow + ((tuple(layer.allow_domains),) if layer.allow_domains is not None
                              else ()),
         deny=tuple(dict.fromkeys((*rules.deny, *layer.deny_domains))),
         ports=ports,
         clearance=tuple(sorted(clearance.items())),
         max_connections=cap,
+        host_ports=rules.host_ports,
+        private_ranges=rules.private_ranges,
     )
+    return _narrow_openings(narrowed, layer, where, out)
 
 
 @dataclass(frozen=True)
@@ -160,7 +205,7 @@ class Effective:
     kind: SandboxKind = DEFAULT_KIND
     engine: Engine = DEFAULT_ENGINE
     image: str | None = None
-    network: Network = True
+    network: Network = DEFAULT_NETWORK
     mounts: list[Mount] = field(default_factory=list)
     default_mounts: bool = True
     on_unavailable: OnUnavailable = DEFAULT_ON_UNAVAILABLE
@@ -420,6 +465,9 @@ class _Base:
     grants: list[str]
     agent_grants: list[str]
     allow_all: bool
+    # No config set `network`: the built-in default ("proxy", or true for
+    # kind = "none", which has no proxy) applies.
+    network_defaulted: bool = False
 
 
 def _perm_table(cfg: Config, agent: str) -> dict[str, Permission]:
@@ -585,7 +633,11 @@ def _config_layer(
     kind = ms.kind or DEFAULT_KIND
     engine = ms.engine or DEFAULT_ENGINE
     image = ms.image
-    network: Network = True if ms.network is None else ms.network
+    # Unset on the machine: the ceiling stays the host's network (a user may
+    # choose `true` for her agents), the default is the proxy.
+    ceiling: Network = True if ms.network is None else ms.network
+    network: Network = DEFAULT_NETWORK if ms.network is None else ms.network
+    network_defaulted = ms.network is None
     mounts = list(ms.mounts or [])
     protected_paths = list(ms.protected_paths or [])
     default_mounts = True if ms.default_mounts is None else ms.default_mounts
@@ -616,9 +668,12 @@ def _config_layer(
     allowlist = list(machine.allowlist)
     rules = _layer_rules(machine.rules, "machine", "machine config [[rules]]", out)
     _check_credential_store(sec.credential_store, "machine config [security]", out)
-    proxy = narrow_proxy(ProxyRules(), machine.proxy)
+    proxy = _config_proxy(ProxyRules(), machine.proxy)
     if user is not None:
-        proxy = narrow_proxy(proxy, user.proxy)
+        if ceiling is True:
+            proxy = _config_proxy(proxy, user.proxy)
+        else:
+            proxy = narrow_proxy(proxy, user.proxy, where="user config", out=out)
 
     _check_tools(machine.tool_permissions, "machine config [tool_permissions]", out, known)
     for name, table in machine.agent_tool_permissions.items():
@@ -656,11 +711,13 @@ def _config_layer(
                 mounts = _narrow_mounts(list(us.mounts), mounts, f"{w} [sandbox]", out)
         narrowed = _narrow_axes(
             ("network", "default_mounts", "on_unavailable"), us,
-            {"network": network, "default_mounts": default_mounts,
+            {"network": ceiling, "default_mounts": default_mounts,
              "on_unavailable": on_unavailable},
             _BELOW_MACHINE, lambda _n: f"{w} [sandbox]", out,
         )
-        network = narrowed.get("network", network)  # type: ignore[assignment]
+        if "network" in narrowed:
+            network = narrowed["network"]  # type: ignore[assignment]
+            network_defaulted = False
         default_mounts = bool(narrowed.get("default_mounts", default_mounts))
         on_unavailable = narrowed.get("on_unavailable", on_unavailable)  # type: ignore[assignment]
         if us.scratch_dir is not None or us.scratch_size is not None:
@@ -766,7 +823,20 @@ def _config_layer(
         grants=grants,
         agent_grants=agent_grants,
         allow_all=allow_all,
+        network_defaulted=network_defaulted,
     )
+
+
+def _config_proxy(rules: ProxyRules, layer: ProxyConfig) -> ProxyRules:
+    """A config layer's `[proxy]`: its lists narrow, its openings open."""
+    shut = layer.model_copy(update={"host_ports": None, "private_ranges": None})
+    return open_proxy(narrow_proxy(rules, shut), layer)
+
+
+def default_network(eff: Effective) -> Effective:
+    """The built-in network for the sandbox kind: kind = "none" has no proxy
+    (it keeps the host's network), every fence gets the proxy."""
+    return replace(eff, network=True) if eff.kind == SandboxKind.NONE else eff
 
 
 # ----------------------------------------------------------- the blueprint layer
@@ -800,6 +870,11 @@ def _apply_sandbox(
 
     upper = {"kind": e.kind, "network": e.network, "default_mounts": e.default_mounts,
              "on_unavailable": e.on_unavailable}
+    if base.network_defaulted and sb.network is True:
+        out.add("warn", "network-overruled",
+                f"{where('network')} network = true is overruled: the built-in default is "
+                'network = "proxy"', "a [sandbox] network = true in your config.toml allows it")
+        sb = sb.model_copy(update={"network": None})
     got.update(_narrow_axes(("kind",), sb, upper, _BELOW_CONFIGS, where, out))
     if sb.engine is not None:
         out.add(
@@ -859,7 +934,10 @@ def _apply_sandbox(
         ]
     if opt_in and ("image" in got or "mounts" in got):
         got["blueprint_sandbox"] = True
-    return replace(e, **got)  # type: ignore[arg-type]
+    fenced = replace(e, **got)  # type: ignore[arg-type]
+    if base.network_defaulted and "network" not in got:
+        fenced = default_network(fenced)
+    return fenced
 
 
 def _apply_permissions(
@@ -955,7 +1033,8 @@ def resolve(
     _check_patterns(base.grants, "config [security] read_paths", out)
     _check_patterns(base.agent_grants, f"config [agent_read_paths.{agent_name}]", out)
     if blueprint is None:
-        return MergeResult(agent=base.eff, stages={}, seed=[], findings=out.items)
+        eff = default_network(base.eff) if base.network_defaulted else base.eff
+        return MergeResult(agent=eff, stages={}, seed=[], findings=out.items)
 
     declared_raw = list(blueprint.read_paths.allow)
     _check_patterns(declared_raw, "blueprint [read_paths] allow", out)
@@ -963,7 +1042,7 @@ def resolve(
     granted = active_patterns(declared, base.grants + base.agent_grants, allow_all=base.allow_all)
     _check_tools(blueprint.permissions, "blueprint [permissions]", out, known)
     permissions = _apply_permissions(base, blueprint.permissions, out)
-    proxy = narrow_proxy(base.eff.proxy, blueprint.proxy)
+    proxy = narrow_proxy(base.eff.proxy, blueprint.proxy, where="blueprint", out=out)
     resources = _tighten_resources(base.eff.resources, blueprint.resources, "blueprint", out)
     blueprint_rules = _layer_rules(blueprint.rules, "blueprint", "blueprint [[rules]]", out)
 

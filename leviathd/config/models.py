@@ -10,6 +10,7 @@ defaults themselves live in the merge's `Effective`, documented in docs/configur
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -361,6 +362,21 @@ def _domain(value: str) -> str:
 DomainPattern = Annotated[str, AfterValidator(_domain)]
 
 
+def _private_range(value: str) -> str:
+    try:
+        net = ipaddress.ip_network(value.strip(), strict=False)
+    except ValueError:
+        raise ValueError(f"{value[:80]!r} is not an address range such as 192.168.1.0/24") from None
+    if not net.is_private or net.is_loopback or net.is_link_local or net.prefixlen == 0:
+        # Loopback has host_ports; link-local and metadata stay closed.
+        raise ValueError(f"{value[:80]!r} is not a private (LAN) range; loopback is opened "
+                         "by host_ports, link-local never")
+    return str(net)
+
+
+PrivateRange = Annotated[str, AfterValidator(_private_range)]
+
+
 class ProxyConfig(_Model):
     """`[proxy]`: the policy of `network = "proxy"` (leviathd/proxy). Each layer
     (machine, user, blueprint) only narrows: a connection must pass every
@@ -372,6 +388,12 @@ class ProxyConfig(_Model):
     ports: list[Annotated[StrictInt, Field(ge=1, le=65535)]] | None = None
     clearance: dict[DomainPattern, Label] = Field(default_factory=dict)
     max_connections: Annotated[StrictInt, Field(ge=1, le=4096)] | None = None
+    # Openings the proxy otherwise refuses (issue 30): ports of the host's own
+    # loopback (a dev server on localhost:3000) and private/LAN ranges. Opened
+    # by the configs; a blueprint's only narrow them (leviathd/config/merge.py).
+    host_ports: Annotated[list[Annotated[StrictInt, Field(ge=1, le=65535)]],
+                          Field(max_length=64)] | None = None
+    private_ranges: Annotated[list[PrivateRange], Field(max_length=64)] | None = None
 
 
 class PolicyRule(_Model):
@@ -414,7 +436,7 @@ def _host_pattern(value: str) -> str:
 
 
 HostPattern = Annotated[str, AfterValidator(_host_pattern)]
-CredentialKind = Literal["command", "git", "cli", "ssh"]
+CredentialKind = Literal["command", "git", "cli", "ssh", "http"]
 GitAccess = Literal["fetch", "push"]
 
 
@@ -440,7 +462,9 @@ class CredentialConfig(_Model):
     # "ro": the command's fence shows the agent's workdir read-only; "none"
     # (default): nothing of it. It never runs in it (docs/security-model.md).
     workdir: Literal["none", "ro"] = "none"
-    # kind "git" and "ssh": the hosts (fnmatch patterns, host or host:port) covered.
+    # kind "git", "ssh" and "http": the hosts (fnmatch patterns, host or host:port)
+    # covered; kind "cli" with hosts: its CLI runs in the agent's own fence and
+    # the proxy injects the secret toward them (issue 30).
     hosts: Annotated[list[HostPattern], Field(max_length=64)] = Field(default_factory=list)
     # kind "git": the user name git sends with the token; which operations get it;
     # whether plain http (the token in clear on the wire) is served too.
@@ -454,6 +478,14 @@ class CredentialConfig(_Model):
     # kind "cli": the name of the wrapper, and the variable the real CLI reads.
     wrap: str | None = None
     token_env: EnvName | None = None
+    # kind "http" (issue 30): the header the proxy puts the secret in toward
+    # `hosts`, and its value ("{secret}" is replaced; "basic": basic auth with
+    # `username`). `token_env` then names the sandbox variable holding the
+    # placeholder (e.g. GH_TOKEN).
+    header: Annotated[str, Field(min_length=1, max_length=64,
+                                 pattern=r"^[A-Za-z0-9-]+$")] = "Authorization"
+    value: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\r\n\x00]*$")] = (
+        "Bearer {secret}")
     # kind "ssh": known_hosts files mapping host keys to names (read as the
     # secret is); default the user's ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts.
     known_hosts: Annotated[list[AbsolutePath], Field(max_length=8)] = Field(default_factory=list)
@@ -464,7 +496,9 @@ class CredentialConfig(_Model):
             raise ValueError("set exactly one of secret_file or secret_command")
         if self.kind in ("command", "cli") and not self.command:
             raise ValueError(f"a credential of kind {self.kind!r} needs command")
-        if self.kind in ("git", "ssh") and not self.hosts:
+        if self.kind == "http" and self.value != "basic" and "{secret}" not in self.value:
+            raise ValueError('kind "http": value must hold {secret} or be "basic"')
+        if self.kind in ("git", "ssh", "http") and not self.hosts:
             raise ValueError(f"a credential of kind {self.kind!r} needs hosts")
         if self.kind == "cli":
             if not self.token_env:

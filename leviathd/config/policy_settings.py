@@ -31,6 +31,7 @@ def policy_settings(eff: Effective, machine: Config | None = None) -> PolicySett
             access=tuple(spec.access), allow_http=spec.allow_http,
             wrap=(spec.wrap or command[0].rsplit("/", 1)[-1]) if spec.kind == "cli" else "",
             token_env=spec.token_env or "", known_hosts=tuple(spec.known_hosts),
+            header=spec.header, value=spec.value,
         )
     taint = eff.taint
     limits = Limits(**machine.broker.model_dump(exclude_none=True)) if machine else Limits()

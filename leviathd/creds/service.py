@@ -29,7 +29,9 @@ from leviathd.broker.core import Broker
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
 from leviathd.identity import UserInfo
+from leviathd.proxy import egress
 from leviathd.records import AgentRecord
+from leviathd.sandbox import gitenv
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
@@ -45,11 +47,13 @@ def _of_kind(credentials: Mapping[str, Any], kind: str) -> dict[str, Any]:
     return {n: c for n, c in credentials.items() if getattr(c, "kind", "command") == kind}
 
 
-def wrappers(credentials: Mapping[str, Any]) -> dict[str, str]:
+def wrappers(credentials: Mapping[str, Any], inside: Iterable[str] = ()) -> dict[str, str]:
     """Program name on PATH → the cli credential it runs (the first by name
-    when two wrap the same program)."""
+    when two wrap the same program). `inside`: cli credentials injected at
+    the egress, whose real program the agent runs itself: no wrapper."""
     out: dict[str, str] = {}
-    for name in sorted(_of_kind(credentials, "cli")):
+    skip = set(inside)
+    for name in sorted(n for n in _of_kind(credentials, "cli") if n not in skip):
         c = credentials[name]
         prog = c.wrap or str(c.command[0]).rsplit("/", 1)[-1]
         out.setdefault(prog, name)
@@ -57,9 +61,14 @@ def wrappers(credentials: Mapping[str, Any]) -> dict[str, str]:
 
 
 def git_config(credentials: Mapping[str, Any], helper: str) -> dict[str, str]:
-    """GIT_CONFIG_* variables: for each covered URL, the helper list reset
-    and then ours alone (so no helper of the user's answers for those hosts
-    from inside the sandbox), with the path passed (the audit shows the repo)."""
+    """GIT_CONFIG_* variables of `git_pairs`, numbered from 0."""
+    return gitenv.append({}, git_pairs(credentials, helper))
+
+
+def git_pairs(credentials: Mapping[str, Any], helper: str) -> list[tuple[str, str]]:
+    """For each covered URL, the helper list reset and then ours alone (so
+    no helper of the user's answers for those hosts from inside the
+    sandbox), with the path passed (the audit shows the repo)."""
     pairs: list[tuple[str, str]] = []
     for name in sorted(_of_kind(credentials, "git")):
         c = credentials[name]
@@ -71,14 +80,7 @@ def git_config(credentials: Mapping[str, Any], helper: str) -> dict[str, str]:
                 key = f"credential.{url}." if url else "credential."
                 pairs += [(key + "helper", ""), (key + "helper", helper),
                           (key + "useHttpPath", "true")]
-    pairs = list(dict.fromkeys(pairs))
-    if not pairs:
-        return {}
-    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
-    for i, (k, v) in enumerate(pairs):
-        env[f"GIT_CONFIG_KEY_{i}"] = k
-        env[f"GIT_CONFIG_VALUE_{i}"] = v
-    return env
+    return list(dict.fromkeys(pairs))
 
 
 def _script(*args: str) -> bytes:
@@ -87,8 +89,9 @@ def _script(*args: str) -> bytes:
     return f'#!/bin/sh\nexec {python} -I -m leviathd.cli.credhelper {words} "$@"\n'.encode()
 
 
-def programs(credentials: Mapping[str, Any]) -> dict[str, bytes]:
-    files = {prog: _script("run", cred) for prog, cred in wrappers(credentials).items()}
+def programs(credentials: Mapping[str, Any], inside: Iterable[str] = ()) -> dict[str, bytes]:
+    files = {prog: _script("run", cred)
+             for prog, cred in wrappers(credentials, inside).items()}
     if _of_kind(credentials, "git"):
         files[GIT_HELPER] = _script("git-credential")
     return files
@@ -107,7 +110,7 @@ class CredentialService:
 
     def extend_spec(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
         creds = dict(eff.credentials)
-        wanted = programs(creds)
+        wanted = programs(creds, egress.inside(creds) if egress.applies(spec) else ())
         ssh = bool(_of_kind(creds, "ssh"))
         if not wanted and not ssh:
             return spec
@@ -122,14 +125,16 @@ class CredentialService:
         env = dict(spec.env)
         if wanted:
             env["PATH"] = f"{base}/{BIN}:{env.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
-            env.update(git_config(creds, f"{base}/{BIN}/{GIT_HELPER}"))
+            # After what is there (the proxy's http.proxy, core.sshCommand).
+            env = gitenv.append(env, git_pairs(creds, f"{base}/{BIN}/{GIT_HELPER}"))
         if ssh:
             env["SSH_AUTH_SOCK"] = f"{base}/{SSH_SOCKET}"
         return replace(spec, env=env)
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
         creds = dict(merged.agent.credentials)
-        files = programs(creds)
+        behind = rec.sandbox == "namespace" and merged.agent.network == "proxy"
+        files = programs(creds, egress.inside(creds) if behind else ())
         if files:
             write_programs(rec.id, files.items())
         if _of_kind(creds, "ssh") and rec.sandbox in ("none", "namespace"):

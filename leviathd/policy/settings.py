@@ -47,7 +47,7 @@ class CredentialSpec:
     # "git" (the sandbox's git credential helper), "cli" (a wrapped CLI) or
     # "ssh" (the sandbox's SSH agent), and their settings. Defaults: a
     # snapshot written before them reads as the command credential it was.
-    kind: Literal["command", "git", "cli", "ssh"] = "command"
+    kind: Literal["command", "git", "cli", "ssh", "http"] = "command"
     hosts: tuple[str, ...] = ()
     username: str = "x-access-token"
     access: tuple[str, ...] = ("fetch",)
@@ -55,6 +55,9 @@ class CredentialSpec:
     wrap: str = ""
     token_env: str = ""
     known_hosts: tuple[str, ...] = ()
+    # kind "http": the header and its value form ("{secret}", or "basic").
+    header: str = "Authorization"
+    value: str = "Bearer {secret}"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 import leviathd.broker.net as net
 from leviathd.domain.sensitivity import Sensitivity
-from leviathd.hosts import canonical_host
+from leviathd.hosts import canonical_host, embedded_ipv4
 
 if TYPE_CHECKING:
     from leviathd.config.merge import Effective
@@ -53,6 +53,9 @@ class ProxySettings:
     on_exceed: str = "ask"
     default_clearance: Sensitivity = Sensitivity.INTERNAL
     allow_private: bool = False
+    # [proxy] host_ports and private_ranges (issue 30).
+    host_ports: tuple[int, ...] = ()
+    private_ranges: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -62,6 +65,7 @@ class ProxySettings:
             "max_connections": self.max_connections, "taint_enabled": self.taint_enabled,
             "on_exceed": self.on_exceed, "default_clearance": int(self.default_clearance),
             "allow_private": self.allow_private,
+            "host_ports": list(self.host_ports), "private_ranges": list(self.private_ranges),
         }
 
     @classmethod
@@ -83,6 +87,9 @@ class ProxySettings:
             on_exceed=str(d.get("on_exceed", "ask")),
             default_clearance=Sensitivity(int(str(d.get("default_clearance", 1)))),
             allow_private=bool(d.get("allow_private")),
+            host_ports=tuple(int(p) for p in hp) if isinstance(hp := d.get("host_ports"), list)
+            else (),
+            private_ranges=strs(d.get("private_ranges")),
         )
 
 
@@ -104,7 +111,27 @@ def from_effective(eff: Effective, *, taint_enabled: bool, on_exceed: str,
         default_clearance=shell_clearance if shell_clearance is not None
         else Sensitivity.INTERNAL,
         allow_private=allow_private,
+        host_ports=tuple(rules.host_ports),
+        private_ranges=tuple(rules.private_ranges),
     )
+
+
+# Names the agent may use for the host's own loopback, for a port in
+# [proxy] host_ports: its own `localhost` is the sandbox's.
+HOST_NAMES = frozenset({"localhost", "host.leviath.internal"})
+
+
+def host_loopback(host: str) -> str | None:
+    """The host's loopback address `host` (normalised) names, or None. Only
+    these names and literal loopback addresses: a name resolving to 127.0.0.1
+    is refused as before (a DNS answer must not open the host)."""
+    if host in HOST_NAMES:
+        return "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return str(ip) if ip.is_loopback else None
 
 
 def normalize_host(host: str) -> str | None:
@@ -138,8 +165,14 @@ def decide(s: ProxySettings, host: str, port: int, taint: Sensitivity) -> Decisi
     for layer in s.allow:
         if _any(layer, host) is None:
             return Decision("deny", "not-allowed-domain", f"{host} is not in allow_domains")
-    if port not in s.ports:
-        return Decision("deny", "port", f"port {port} is not in ports {list(s.ports)}")
+    local = host_loopback(host) is not None
+    if local and port not in s.host_ports:
+        return Decision("deny", "host-port",
+                        f"{host}:{port} is the host's own loopback; [proxy] host_ports = "
+                        f"[{port}] in the config opens that port (open now: "
+                        f"{list(s.host_ports)})")
+    if not local and port not in s.ports:
+        return Decision("deny", "port", f"port {port} is not in [proxy] ports {list(s.ports)}")
     if not s.taint_enabled:
         return Decision("allow", "allowed", "")
     clearance = clearance_of(s, host)
@@ -154,18 +187,31 @@ def decide(s: ProxySettings, host: str, port: int, taint: Sensitivity) -> Decisi
     return Decision("deny", "taint-exceeds-clearance", why, clearance)
 
 
-def address_refusal(addr: net.Address, *, allow_private: bool) -> str | None:
+def address_refusal(addr: net.Address, *, allow_private: bool,
+                    private_ranges: Sequence[str] = ()) -> str | None:
     """The broker's check, with the host's loopback and link-local refused
-    even where private addresses are allowed (the proxy runs on the host)."""
-    return net.address_refusal(addr, allow_private=allow_private, host_local_always=True)
+    even where private addresses are allowed (the proxy runs on the host);
+    an address in one of `private_ranges` passes as with allow_private."""
+    inner = embedded_ipv4(addr) if isinstance(addr, ipaddress.IPv6Address) else None
+    plain = inner or addr
+    opened = allow_private or any(plain in ipaddress.ip_network(r) for r in private_ranges)
+    why = net.address_refusal(addr, allow_private=opened, host_local_always=True)
+    if why is not None and plain.is_loopback:
+        return (f"{why}: the host's loopback is reached only by the names "
+                f"{sorted(HOST_NAMES)} or a loopback address, for a port in [proxy] host_ports")
+    if why is not None and not opened and plain.is_private and not plain.is_link_local:
+        return (f"{addr} is a private address; [proxy] private_ranges = [\"{plain}/32\"] "
+                "in the config opens it (or [taint] allow_private_addresses = true)")
+    return why
 
 
-def check_addresses(addrs: Sequence[str], *, allow_private: bool) -> str | None:
+def check_addresses(addrs: Sequence[str], *, allow_private: bool,
+                    private_ranges: Sequence[str] = ()) -> str | None:
     """One refused address refuses the name: trying "the other one" would
     let a name that mixes public and private answers reach the private one."""
     for ip in addrs:
         reason = address_refusal(ipaddress.ip_address(ip.split("%")[0]),
-                                 allow_private=allow_private)
+                                 allow_private=allow_private, private_ranges=private_ranges)
         if reason is not None:
             return reason
     return None

@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leviathd import fsat
 from leviathd.broker.core import AuditRecord
@@ -43,8 +43,13 @@ from leviathd.broker.server import identify
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, LimitExceeded
 from leviathd.policy.approvals import Answer, ApprovalQueue
-from leviathd.proxy import policy, splice
+from leviathd.proxy import inject, policy, splice, tls
 from leviathd.proxy.policy import Decision, ProxySettings
+
+if TYPE_CHECKING:
+    # cryptography costs the daemon memory at start: loaded with the first
+    # injected credential (tests/unit/test_daemon_imports.py).
+    from leviathd.proxy.ca import AgentCA
 
 MAX_HEAD = 16384
 HANDSHAKE_TIMEOUT = 30.0
@@ -112,10 +117,34 @@ class Agent:
     is_own: Callable[[str], bool]  # a peer's cgroup path belongs to this agent
 
 
+@dataclass
+class Injector:
+    """The agent's credentials injected at the egress (issue 30): its CA,
+    what each credential covers, and how the proxy reads a secret (the
+    broker's reader, as the credential's owner) and asks about a push."""
+
+    ca: AgentCA
+    injections: tuple[inject.Injection, ...]
+    secret: tls.ReadSecret
+    push: str = "ask"  # the git_push permission: allow, ask or deny
+    upstream: Any = None  # ssl.SSLContext toward the real hosts; None: the system's
+
+    def covering(self, host: str, port: int) -> list[inject.Injection]:
+        # An IP literal gets no leaf (a name constraint speaks of names): a tunnel.
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(host)
+            return []
+        if not self.ca.covers(host):
+            return []
+        return inject.covering(self.injections, host, port)
+
+
 class ProxyServer:
     def __init__(self, agent: Agent, settings: ProxySettings, path: str,
-                 audit: Callable[[AuditRecord], None]) -> None:
+                 audit: Callable[[AuditRecord], None],
+                 injector: Injector | None = None) -> None:
         self.agent = agent
+        self.injector = injector
         self.settings = settings
         self.path = path
         self._audit = audit
@@ -281,12 +310,17 @@ class ProxyServer:
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError,
                 asyncio.LimitOverrunError, ValueError):
             return  # the agent went away or spoke nonsense; nothing was connected
+        covered = (self.injector.covering(conn.host, conn.port)
+                   if self.injector is not None and not head else [])
         try:
             if socks:
                 await _socks_reply(writer, 0)
             elif not head:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
+            if covered:
+                await self._intercept(reader, writer, up, conn, covered)
+                return
             await self._relay(reader, writer, up, head, conn)
         except (ConnectionError, OSError):
             pass
@@ -325,6 +359,60 @@ class ProxyServer:
             conn.received += counts[1]
             own.close()
 
+    async def _intercept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         up: socket.socket, conn: _Conn,
+                         covered: list[inject.Injection]) -> None:
+        """A covered host: TLS ended here, the secret put in (proxy/tls.py);
+        one audit record per request, with the refs of a push."""
+        injector = self.injector
+        assert injector is not None
+        out = tls.Outcome()
+
+        async def ask_push(repo: str, refs: list[str]) -> bool:
+            if injector.push == "allow":
+                return True
+            if injector.push == "deny":
+                return False
+            approvals = self.agent.approvals()
+            if approvals is None:
+                return False
+            try:
+                answer = await approvals.ask(
+                    kind="permission", tool="git_push", target=repo[:300],
+                    taint=conn.taint, clearance=None, rule="git-push-at-the-proxy",
+                    detail="; ".join(refs)[:1000])
+            except LimitExceeded:
+                return False
+            return answer is not Answer.DENY
+
+        # The agent's socket leaves the plain stream (nothing is buffered:
+        # a client sends its TLS hello only after the 200) for the TLS one.
+        transport = writer.transport
+        assert isinstance(transport, asyncio.ReadTransport)
+        transport.pause_reading()
+        if getattr(reader, "_buffer", b""):
+            return
+        agent = socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno()))
+        agent.setblocking(False)
+        writer.transport.abort()
+        try:
+            out = await tls.intercept(
+                agent, up, host=conn.host, port=conn.port, ca=injector.ca,
+                injections=covered, secret=injector.secret, ask_push=ask_push,
+                upstream=injector.upstream or tls.client_context())
+        except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            out.refused = out.refused or f"the intercepted connection failed: {exc}"
+        conn.sent += out.sent
+        conn.received += out.received
+        what = f"{out.method} {out.path}" + (f" refs {', '.join(out.refs)}" if out.refs else "")
+        if out.used:
+            self._record(conn, "allow", "credential " + ",".join(out.used),
+                         f"{what}; injected; sent {out.sent} bytes, received "
+                         f"{out.received} bytes")
+        else:
+            self._record(conn, "deny" if out.refused else "allow", "credential-not-injected",
+                         f"{what}; {out.refused or 'no credential applied'}")
+
     async def _connect(self, conn: _Conn) -> socket.socket:
         host = policy.normalize_host(conn.host)
         if host is None or not 0 < conn.port < 65536:
@@ -341,16 +429,24 @@ class ProxyServer:
         if decision.outcome != "allow":
             raise Refused(decision.rule, decision.reason)
         loop = asyncio.get_running_loop()
-        try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(host, conn.port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT)
-        except (OSError, TimeoutError) as exc:
-            raise Refused("resolve", f"cannot resolve {host}: {exc}", status=502,
-                          socks=4) from None
-        addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
-        why = policy.check_addresses(addrs, allow_private=self.settings.allow_private)
-        if why is not None:
-            raise Refused("address", f"refusing {host}: {why}")
+        local = policy.host_loopback(host)
+        if local is not None:
+            # decide() let it through: a port in [proxy] host_ports, by a name
+            # that means the host itself, never by what a resolver answered.
+            addrs = [local]
+        else:
+            try:
+                infos = await asyncio.wait_for(
+                    loop.getaddrinfo(host, conn.port, type=socket.SOCK_STREAM),
+                    CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as exc:
+                raise Refused("resolve", f"cannot resolve {host}: {exc}", status=502,
+                              socks=4) from None
+            addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
+            why = policy.check_addresses(addrs, allow_private=self.settings.allow_private,
+                                         private_ranges=self.settings.private_ranges)
+            if why is not None:
+                raise Refused("address", f"refusing {host}: {why}")
         if not addrs:
             raise Refused("resolve", f"{host} resolved to nothing", status=502, socks=4)
         last: Exception | None = None

@@ -14,9 +14,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import secrets
 import syslog
 from dataclasses import replace
 
@@ -24,15 +26,15 @@ from leviathd import fsat
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord
-from leviathd.config.merge import MergeResult
+from leviathd.config.merge import Effective, MergeResult
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.events import Event
 from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.labels import clearance_for
-from leviathd.proxy import policy
-from leviathd.proxy.server import Agent, ProxyServer
+from leviathd.proxy import egress, inject, policy, tls
+from leviathd.proxy.server import Agent, Injector, ProxyServer
 from leviathd.records import AgentRecord
 from leviathd.sandbox import forwarder
 from leviathd.sandbox.spec import SandboxSpec
@@ -78,10 +80,13 @@ class ProxyService:
         self._gate = gate
         self._snapshots = os.path.join(state_dir, "proxy")
         self.live: dict[str, ProxyServer] = {}
+        # Per agent: the key its placeholders derive from (issue 30).
+        self._keys: dict[str, bytes] = {}
 
     def install(self) -> None:
         """After gate.install(): the hooks run in order, the gate's first."""
         self._agents.spec_extensions.append(self.extend_spec)
+        self._agents.effective_spec_extensions.append(self.extend_egress)
         self._agents.start_hooks.append(self.on_start)
         self._agents.end_hooks.append(self.on_end)
         self._agents.handover_hooks.append(self.on_handover)
@@ -106,6 +111,19 @@ class ProxyService:
         # namespace; container: the daemon, in the engine's (sandbox/container/start.py).
         return replace(spec, env=_git_env({**spec.env, **proxy_env()}))
 
+    def _key(self, agent_id: str) -> bytes:
+        key = self._keys.get(agent_id)
+        if key is None:
+            key = self._keys[agent_id] = secrets.token_bytes(32)
+        return key
+
+    def extend_egress(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
+        if not egress.injected(dict(eff.credentials)):
+            return spec
+        if not egress.applies(spec):
+            return egress.extend_env(spec, eff, b"")  # the notes only
+        return egress.extend_env(spec, eff, self._key(spec.execution_id))
+
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
         if not _proxied(merged):
             return
@@ -116,11 +134,19 @@ class ProxyService:
             shell_clearance=clearance_for("shell", taint.clearance, network=True),
             allow_private=taint.allow_private_addresses,
         )
-        self._save(rec.id, settings)
-        await self._open(rec, user, settings)
+        injections: tuple[inject.Injection, ...] = ()
+        if rec.sandbox == "namespace" and egress.injected(dict(eff.credentials)):
+            injections = egress.injections(dict(eff.credentials), self._key(rec.id))
+        push = eff.permissions.get("git_push")
+        egress_state: dict[str, object] = {"key": self._key(rec.id).hex(),
+                        "injections": [i.to_json() for i in injections],
+                        "push": push.value if push is not None else "ask"}
+        self._save(rec.id, settings, egress_state)
+        await self._open(rec, user, settings, egress_state)
 
     async def on_end(self, rec: AgentRecord) -> None:
         server = self.live.pop(rec.id, None)
+        self._keys.pop(rec.id, None)
         if server is not None:
             await server.close()
         with contextlib.suppress(OSError):
@@ -142,8 +168,11 @@ class ProxyService:
                     continue
                 try:
                     with open(os.path.join(self._snapshots, name), encoding="utf-8") as f:
-                        settings = policy.ProxySettings.from_json(json.load(f))
-                    await self._open(rec, user_info(rec.uid), settings)
+                        saved = json.load(f)
+                    settings = policy.ProxySettings.from_json(saved)
+                    state = saved.get("egress")
+                    await self._open(rec, user_info(rec.uid), settings,
+                                     state if isinstance(state, dict) else None)
                     self.on_handover(rec)
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     journal.record(f"agent {agent_id}: no network proxy after the restart: "
@@ -163,8 +192,8 @@ class ProxyService:
             await server.close()
         self.live.clear()
 
-    async def _open(self, rec: AgentRecord, user: UserInfo, settings: policy.ProxySettings
-                    ) -> None:
+    async def _open(self, rec: AgentRecord, user: UserInfo, settings: policy.ProxySettings,
+                    egress_state: dict[str, object] | None = None) -> None:
         gate = self._gate
 
         def taint() -> Sensitivity:
@@ -185,18 +214,59 @@ class ProxyService:
                       approvals=approvals, is_own=lambda cg: gate.lookup(cg) == rec.id)
         server = ProxyServer(agent, settings,
                              os.path.join(agent_dir(rec.id), forwarder.SOCKET_NAME),
-                             self._audit)
+                             self._audit, await self._injector(rec.id, egress_state))
         await server.start()
         self.live[rec.id] = server
+
+    async def _injector(self, agent_id: str, state: dict[str, object] | None
+                        ) -> Injector | None:
+        """The agent's CA (new at each daemon start: its key is only ever in
+        memory), its bundle written, and the broker told to give git the
+        placeholders."""
+        raw = state.get("injections") if state is not None else None
+        if state is None or not isinstance(raw, list) or not raw:
+            return None
+        key = bytes.fromhex(str(state.get("key", "")))
+        self._keys[agent_id] = key
+        injections = tuple(inject.Injection.from_json(d) for d in raw if isinstance(d, dict))
+        hosts = [h for i in injections for h in i.hosts]
+        from leviathd.proxy.ca import AgentCA  # cryptography: only when needed
+
+        ca = await asyncio.to_thread(AgentCA, agent_id, hosts)
+        # The system's bundle is some hundred KiB: read and written off the loop.
+        await asyncio.to_thread(egress.write_bundle, agent_id, ca.pem)
+        gate = self._gate
+        # git: its tools give the placeholder; cli: the credential tool is
+        # refused (the program runs in the agent's fence with the placeholder).
+        by_name = {i.name: i.placeholder for i in injections if i.kind in ("git", "cli")}
+        live = gate.live.get(agent_id)
+        if live is not None:
+            live.broker.placeholder_for = by_name.get
+
+        async def secret(name: str) -> str:
+            live = gate.live.get(agent_id)
+            if live is None:
+                raise LookupError("the agent's broker is gone")
+            return await live.broker.credential_secret(name)
+
+        push = str(state.get("push", "ask"))
+        # The system's CAs, loaded once per agent (not per connection, on the loop).
+        upstream = await asyncio.to_thread(tls.client_context)
+        return Injector(ca=ca, injections=injections, secret=secret,
+                        push=push if push in ("allow", "ask", "deny") else "ask",
+                        upstream=upstream)
 
     def _audit(self, record: AuditRecord) -> None:
         live = self._gate.live.get(record.agent)
         audit.WRITER.tool(record, taint_after=str(live.broker.ledger.taint)
                           if live is not None else "-")
 
-    def _save(self, agent_id: str, settings: policy.ProxySettings) -> None:
+    def _save(self, agent_id: str, settings: policy.ProxySettings,
+              egress_state: dict[str, object]) -> None:
         fd = fsat.open_dir(self._snapshots, create_mode=0o700)
         try:
-            fsat.atomic_write_at(fd, f"{agent_id}.json", json.dumps(settings.to_json()).encode())
+            data = {**settings.to_json(), "egress": egress_state}
+            fsat.atomic_write_at(fd, f"{agent_id}.json", json.dumps(data).encode(),
+                                 mode=0o600)
         finally:
             os.close(fd)

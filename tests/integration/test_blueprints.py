@@ -68,8 +68,9 @@ def test_inspect_by_id_shows_each_steps_sandbox(bed: Testbed) -> None:
     labels = [s["label"] for s in steps]
     assert labels == ["seed 1", "stage fetch", "stage check", "stage never"]
     by_label = {s["label"]: s["spec"] for s in steps}
-    assert by_label["stage fetch"]["network"] is True
-    assert by_label["stage check"]["network"] is False
+    # No network set: the built-in default, the proxy (issue 30).
+    assert by_label["stage fetch"]["network"] is False and by_label["stage fetch"]["proxy"]
+    assert by_label["stage check"]["network"] is False and not by_label["stage check"]["proxy"]
     text = bed.run(["lev", "inspect", agent_id], user="alice").stdout
     assert "== stage check ==" in text and "none (only lo)" in text
     r = bed.run(["lev", "inspect", agent_id], user="bob", check=False)

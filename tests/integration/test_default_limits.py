@@ -99,7 +99,7 @@ def test_the_slice_caps_all_agents_together(bed: Testbed) -> None:
     assert prop(bed, "leviath.slice", "TasksMax").isdigit()
 
 
-def test_lev_inspect_shows_the_default_limits_and_the_shared_network(bed: Testbed) -> None:
+def test_lev_inspect_shows_the_default_limits_and_the_proxied_network(bed: Testbed) -> None:
     memory, tasks = expected(bed)
     home = bed.users["alice"].home
     bed.run(["mkdir", "-p", f"{home}/work/bp"], user="alice")
@@ -109,7 +109,9 @@ def test_lev_inspect_shows_the_default_limits_and_the_shared_network(bed: Testbe
     assert f"memory_max={memory}" in out and f"tasks_max={tasks}" in out, out
     assert "cpu_weight=50" in out
     assert "the machine's default applies" in out
-    assert "shares the host network: loopback services and abstract sockets reachable" in out
+    # Issue 30: the default network is the proxy, no longer the host's.
+    assert "proxy (only lo; out through the daemon's proxy at 127.0.0.1:3128)" in out, out
+    assert "shares the host network" not in out
 
 
 @pytest.fixture

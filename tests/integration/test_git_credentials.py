@@ -89,6 +89,9 @@ http.server.ThreadingHTTPServer(("127.0.0.1", {PORT}), H).serve_forever()
 CONFIG = f"""
 [sandbox]
 kind = "namespace"
+# The host's network, chosen (the git server is on the bed's loopback; the
+# default is the proxy since issue 30).
+network = true
 
 [taint]
 approval_timeout = 20

@@ -75,9 +75,10 @@ def plant(bed: Testbed, folder: str) -> None:
 
 
 def assert_root_folder(bed: Testbed, folder: str) -> None:
-    """Root's, searchable by alice's group only, nothing in it but her socket."""
+    """Root's, searchable by alice's group only, nothing in it but her sockets
+    (the broker's, and the proxy's: the default network since issue 30)."""
     assert bed.run(["stat", "-c", "%U %G %a", folder]).stdout.split() == ["root", "alice", "750"]
-    assert bed.run(["ls", "-A", folder]).stdout.split() == ["broker.sock"]
+    assert bed.run(["ls", "-A", folder]).stdout.split() == ["broker.sock", "proxy.sock"]
     st = bed.run(["stat", "-c", "%F %U %a", f"{folder}/broker.sock"]).stdout.strip()
     assert st == "socket alice 600", st
 

@@ -37,7 +37,8 @@ ULIMITS = {"nofile": (1024, 1024), "nproc": (4096, 4096)}
 
 
 def eff(**kw: object) -> Effective:
-    base: dict[str, object] = {"kind": SandboxKind.CONTAINER, "image": "localhost/img:1"}
+    base: dict[str, object] = {"kind": SandboxKind.CONTAINER, "image": "localhost/img:1",
+                             "network": True}
     base.update(kw)
     return Effective(**base)  # type: ignore[arg-type]
 

@@ -50,7 +50,8 @@ def test_with_nothing_configured_an_agent_gets_the_documented_defaults() -> None
     e = resolve(Config(), None, None, "a").agent
     assert e == Effective()
     assert e.kind is SandboxKind.NAMESPACE
-    assert e.network is True and e.default_mounts is True
+    # Issue 30: a fenced agent's own network is the proxy unless a config says true.
+    assert e.network == "proxy" and e.default_mounts is True
     assert e.on_unavailable is OnUnavailable.ERROR
     assert e.taint.budget == 32 and e.taint.approval_timeout == 120
     assert e.taint.on_exceed is TaintPolicy.ASK

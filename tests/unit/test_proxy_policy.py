@@ -257,9 +257,9 @@ def test_a_handed_over_tcp_connection_is_served_and_relayed_in_both_directions(
             c.close()
 
         policy_check = policy.check_addresses
-        policy.check_addresses = lambda *_a, **_k: None  # the upstream is on loopback
         try:
-            srv = _server(tmp_path, ProxySettings(ports=(port,)), seen)
+            # The upstream is on the host's loopback: a port opened by host_ports.
+            srv = _server(tmp_path, ProxySettings(host_ports=(port,)), seen)
             await srv.start()
             task = asyncio.create_task(echo())
             lst = s.create_server(("127.0.0.1", 0))

@@ -373,7 +373,10 @@ def test_the_scratch_size_comes_from_the_config_with_a_default() -> None:
 
 
 def test_network_false_adds_a_network_namespace() -> None:
-    assert spec_for().namespaces == ("ipc", "mnt", "pid", "uts")
+    host = spec_for(Effective(kind=SandboxKind.NAMESPACE, network=True))
+    assert host.namespaces == ("ipc", "mnt", "pid", "uts")
+    # The default (issue 30) is the proxy: a network namespace with only lo.
+    assert spec_for().namespaces == ("ipc", "mnt", "net", "pid", "uts") and spec_for().proxy
     spec = spec_for(Effective(kind=SandboxKind.NAMESPACE, network=False))
     assert spec.namespaces == ("ipc", "mnt", "net", "pid", "uts") and not spec.network
 

@@ -42,7 +42,8 @@ BUILD_PACKAGES = [
     # The unit tests run here too, on Debian 13's python3 and libraries: at
     # native speed, where under emulation in the VM they took over 20 minutes.
     "python3-pydantic", "python3-dbus-fast", "python3-pystemd", "python3-prctl",
-    "python3-asyncssh", "python3-pytest", "python3-hypothesis", "dbus-daemon",
+    "python3-asyncssh", "python3-cryptography", "python3-pytest", "python3-hypothesis",
+    "dbus-daemon",
 ]
 DEBIAN_CODENAMES = {"bullseye", "bookworm", "trixie", "forky", "sid",
                     "stable", "testing", "unstable", "oldstable"}

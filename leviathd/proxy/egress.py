@@ -1,0 +1,137 @@
+"""Credentials injected at the egress, in the agent life cycle (issue 30).
+
+For a `network = "proxy"` agent in a namespace sandbox with credentials of
+kind "git" or "http":
+- a per-agent key (daemon memory and the proxy's root-only snapshot) from
+  which each credential's placeholder is derived (proxy/inject.py);
+- the sandbox's environment names the trust bundle (the system's CAs and
+  the agent's own CA, `ca-bundle.pem` in its runtime folder, read-only at
+  /run/leviath) in SSL_CERT_FILE, GIT_SSL_CAINFO, NODE_EXTRA_CA_CERTS,
+  REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE, and a kind "http" credential's
+  `token_env` holds its placeholder;
+- the broker's git tools give git the placeholder, never the token;
+- the proxy's Injector (proxy/server.py) holds the agent's CA (its key in
+  memory only) and reads a secret through the broker when a request needs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+
+from leviathd import fsat
+from leviathd.config.merge import Effective
+from leviathd.config.models import CredentialConfig
+from leviathd.gate.service import SANDBOX_RUNTIME, agent_dir
+from leviathd.proxy import inject
+from leviathd.sandbox import gitenv
+from leviathd.sandbox.spec import SandboxSpec
+
+BUNDLE = "ca-bundle.pem"
+SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+TRUST_VARIABLES = ("SSL_CERT_FILE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS",
+                   "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+MAX_SYSTEM_BUNDLE = 4 << 20
+KINDS = ("git", "http")
+
+
+def injected(credentials: Mapping[str, CredentialConfig]) -> dict[str, CredentialConfig]:
+    """git and http, and a cli credential that names its `hosts`: that CLI
+    (gh, glab) then runs inside the agent's own fence with the placeholder as
+    its token (issue 30 item 3) instead of in the credential fence."""
+    return {n: c for n, c in credentials.items()
+            if c.kind in KINDS or (c.kind == "cli" and c.hosts)}
+
+
+def inside(credentials: Mapping[str, CredentialConfig]) -> set[str]:
+    """The cli credentials that run inside the agent's fence when injected."""
+    return {n for n, c in injected(credentials).items() if c.kind == "cli"}
+
+
+def injections(credentials: Mapping[str, CredentialConfig], key: bytes
+               ) -> tuple[inject.Injection, ...]:
+    return tuple(
+        inject.Injection(name=n, kind=c.kind, hosts=tuple(c.hosts),
+                         placeholder=inject.placeholder(key, n), header=c.header
+                         if c.kind == "http" else "Authorization",
+                         value=c.value, username=c.username, access=tuple(c.access))
+        for n, c in sorted(injected(credentials).items()))
+
+
+def applies(spec: SandboxSpec) -> bool:
+    return spec.kind == "namespace" and spec.proxy and any(
+        m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts)
+
+
+def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
+    """The trust bundle's variables and the kind "http" placeholders."""
+    creds = injected(dict(eff.credentials))
+    if not creds:
+        return spec
+    if not applies(spec):
+        # What `lev inspect` says: no injection here, the old way holds.
+        return replace(spec, notes=(*spec.notes, *(
+            f"credential {n} (kind {c.kind}): not injected at the egress (injection needs "
+            'network = "proxy" in a namespace sandbox); '
+            + ("git's credential helper is given the token" if c.kind == "git"
+               else "the wrapper runs it in the credential fence" if c.kind == "cli"
+               else "not offered") for n, c in sorted(creds.items()))))
+    env = dict(spec.env)
+    bundle = f"{SANDBOX_RUNTIME}/{BUNDLE}"
+    for name in TRUST_VARIABLES:
+        env[name] = bundle
+    env = gitenv.append(env, ssh_rewrites(creds))
+    notes = list(spec.notes)
+    for name, c in sorted(creds.items()):
+        if c.kind in ("http", "cli") and c.token_env:
+            env[c.token_env] = inject.placeholder(key, name)
+        what = ("git " + "+".join(c.access)) if c.kind == "git" else f"{c.header} header"
+        notes.append(f"credential {name} (kind {c.kind}): injected at the proxy toward "
+                     f"{', '.join(c.hosts)} ({what}); the sandbox holds a placeholder"
+                     + (f" in {c.token_env}" if c.kind in ("http", "cli") and c.token_env
+                        else "")
+                     + ("; the real program runs in the agent's own fence" if c.kind == "cli"
+                        else ""))
+    return replace(spec, env=env, notes=tuple(notes))
+
+
+def ssh_rewrites(creds: Mapping[str, CredentialConfig]) -> list[tuple[str, str]]:
+    """The Legato spec: "git fetches with read tokens even when the
+    repository's origin is an ssh address". For each host a git token covers
+    (a plain name on 443), `git@HOST:` and `ssh://git@HOST/` are fetched
+    over https (`url.<https>.insteadOf`); pushes too when the token may
+    push, else they stay on ssh (`pushInsteadOf` to themselves)."""
+    pairs: list[tuple[str, str]] = []
+    for _name, c in sorted(creds.items()):
+        if c.kind != "git":
+            continue
+        for pattern in c.hosts:
+            if ":" in pattern or any(ch in pattern for ch in "*?[]"):
+                continue
+            https = f"https://{pattern}/"
+            for ssh in (f"git@{pattern}:", f"ssh://git@{pattern}/"):
+                pairs.append((f"url.{https}.insteadOf", ssh))
+                if "push" not in c.access:
+                    pairs.append((f"url.{ssh}.pushInsteadOf", ssh))
+    return list(dict.fromkeys(pairs))
+
+
+def system_bundle() -> bytes:
+    for path in SYSTEM_BUNDLES:
+        try:
+            with open(path, "rb") as f:
+                return f.read(MAX_SYSTEM_BUNDLE)
+        except OSError:
+            continue
+    return b""
+
+
+def write_bundle(agent_id: str, ca_pem: bytes) -> None:
+    """Into the agent's folder (root's, made by the gate), by descriptor."""
+    data = system_bundle().rstrip(b"\n") + b"\n" + ca_pem
+    fd = fsat.open_dir(agent_dir(agent_id))
+    try:
+        fsat.atomic_write_at(fd, BUNDLE, data, mode=0o644)
+    finally:
+        os.close(fd)

@@ -1,0 +1,214 @@
+"""A CONNECT to a host one of the agent's credentials covers (issue 30): the
+proxy is the TLS server toward the agent (a leaf from the agent's own CA,
+proxy/ca.py) and a TLS client toward the real host, verifying the host's
+certificate against the system's CAs before any secret is sent. One request
+per connection: its head is rebuilt (proxy/inject.py), with the secret
+where the placeholder was, a push (git-receive-pack) first approved by a
+person with the ref updates it asks for (proxy/receivepack.py); the rest of
+the connection is copied both ways as it comes. If the host does not
+verify, the agent gets a 502 saying why and nothing was sent upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from leviathd.errors import LeviathError
+from leviathd.proxy import inject, receivepack
+
+if TYPE_CHECKING:
+    from leviathd.proxy.ca import AgentCA  # loaded lazily (proxy/server.py)
+
+MAX_HEAD = 16384
+TIMEOUT = 30.0
+COPY = 1 << 16
+
+
+@dataclass
+class Outcome:
+    """What the audit record says of one intercepted connection."""
+
+    method: str = "-"
+    path: str = "-"
+    used: list[str] = field(default_factory=list)
+    refs: list[str] = field(default_factory=list)
+    refused: str = ""
+    sent: int = 0
+    received: int = 0
+
+
+# Answers a push: True to let it through. Arguments: the repository URL and
+# the ref updates in words.
+AskPush = Callable[[str, list[str]], Awaitable[bool]]
+ReadSecret = Callable[[str], Awaitable[str]]
+
+
+def client_context() -> ssl.SSLContext:
+    """Toward the real host: the system's CAs, the host name checked."""
+    ctx = ssl.create_default_context()
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+async def _answer(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+    body = f"leviathd proxy: {message}\n".encode("utf-8", "replace")[:2000]
+    with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+        writer.write(f"HTTP/1.1 {status} Refused\r\nContent-Type: text/plain\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        await writer.drain()
+
+
+async def _push_commands(reader: asyncio.StreamReader, req: inject.Request
+                         ) -> tuple[list[receivepack.RefUpdate], bytes]:
+    """Read the body until its commands end; (updates, the bytes read)."""
+    chunked = (req.header("transfer-encoding") or "").lower() == "chunked"
+    length = req.header("content-length")
+    if not chunked and length is None:
+        raise inject.Refusal(411, "a push needs a body of known length")
+    if (req.header("content-encoding") or "identity").lower() != "identity":
+        raise inject.Refusal(415, "a compressed push body is not read")
+    total = int(length) if length is not None and length.isdigit() else None
+    got = b""
+    while True:
+        try:
+            body = receivepack.dechunk(got) if chunked else got
+            updates, _ = receivepack.parse_commands(body)
+            return updates, got
+        except receivepack.Incomplete:
+            pass
+        except ValueError as exc:
+            raise inject.Refusal(400, f"not a git push: {exc}") from None
+        if len(got) > receivepack.MAX_COMMANDS or (total is not None and len(got) >= total):
+            raise inject.Refusal(400, "the push ends before its ref updates do")
+        more = await reader.read(COPY)
+        if not more:
+            raise inject.Refusal(400, "the push ends before its ref updates do")
+        got += more
+
+
+async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: list[int],
+                i: int) -> None:
+    try:
+        while data := await src.read(COPY):
+            dst.write(data)
+            count[i] += len(data)
+            await dst.drain()
+    except (ConnectionError, OSError, ssl.SSLError):
+        pass
+    finally:
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError, ssl.SSLError):
+            if dst.can_write_eof():
+                dst.write_eof()
+
+
+async def _accept_tls(agent: socket.socket, leaf: ssl.SSLContext
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The agent's connection as the TLS server's side (StreamWriter.start_tls
+    would be the client's)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_HEAD, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await asyncio.wait_for(loop.connect_accepted_socket(
+        lambda: protocol, sock=agent, ssl=leaf, ssl_handshake_timeout=TIMEOUT), TIMEOUT)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+async def intercept(
+    agent: socket.socket, up: socket.socket,
+    *, host: str, port: int, ca: AgentCA, injections: Sequence[inject.Injection],
+    secret: ReadSecret, ask_push: AskPush, upstream: ssl.SSLContext,
+) -> Outcome:
+    """Serve one intercepted CONNECT (the 200 already sent) on the agent's
+    socket (this takes it). `up` is the connected TCP socket to the checked
+    address; it is closed by the caller."""
+    out = Outcome()
+    try:
+        leaf = await asyncio.to_thread(ca.leaf_context, host)
+        reader, writer = await _accept_tls(agent, leaf)
+    except (ssl.SSLError, OSError, TimeoutError, ValueError) as exc:
+        agent.close()
+        out.refused = f"no TLS with the agent: {exc}"
+        return out
+    except BaseException:
+        agent.close()
+        raise
+    try:
+        return await _serve(reader, writer, up, out, host=host, port=port,
+                            injections=injections, secret=secret, ask_push=ask_push,
+                            upstream=upstream)
+    finally:
+        writer.close()
+
+
+async def _serve(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: socket.socket,
+    out: Outcome, *, host: str, port: int, injections: Sequence[inject.Injection],
+    secret: ReadSecret, ask_push: AskPush, upstream: ssl.SSLContext,
+) -> Outcome:
+    try:
+        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        out.refused = "no request head"
+        return out
+    try:
+        req = inject.parse_head(raw[:-4])
+        out.method, out.path = req.method, req.path[:300]
+        early = b""
+        applies = [i for i in injections if i.kind != "git" or not req.push
+                   or "push" in i.access]
+        if req.push and req.method == "POST":
+            updates, early = await asyncio.wait_for(_push_commands(reader, req), TIMEOUT)
+            out.refs = [u.text() for u in updates]
+            repo = f"https://{host}{'' if port == 443 else f':{port}'}" + req.path.rsplit(
+                "/git-receive-pack", 1)[0]
+            if not await ask_push(repo, out.refs):
+                raise inject.Refusal(403, "the push was refused by a person (or the wait "
+                                          "timed out); nothing was sent")
+        secrets: dict[str, str] = {}
+        for inj in applies:
+            try:
+                secrets[inj.name] = inject.check_secret(await secret(inj.name))
+            except (OSError, ValueError, LookupError, LeviathError) as exc:
+                raise inject.Refusal(502, f"credential {inj.name!r} is unavailable: "
+                                          f"{str(exc)[:200]}") from None
+        where = host if port == 443 else f"{host}:{port}"
+        head, out.used = inject.rebuild(req, applies, secrets, host=where)
+    except inject.Refusal as exc:
+        out.refused = str(exc)
+        await _answer(writer, exc.status, str(exc))
+        return out
+    try:
+        up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(
+            sock=up, ssl=upstream, server_hostname=host, limit=COPY), TIMEOUT)
+    except ssl.SSLCertVerificationError as exc:
+        out.used, out.refused = [], f"{host}'s certificate does not verify: {exc.verify_message}"
+        await _answer(writer, 502, f"{out.refused}; no credential was sent")
+        return out
+    except (ssl.SSLError, OSError, TimeoutError) as exc:
+        out.used, out.refused = [], f"no TLS connection to {host}: {exc}"
+        await _answer(writer, 502, f"{out.refused}; no credential was sent")
+        return out
+    count = [0, 0]
+    try:
+        up_writer.write(head + early)
+        await up_writer.drain()
+        count[0] += len(early)
+        back = asyncio.create_task(_copy(up_reader, writer, count, 1))
+        forth = asyncio.create_task(_copy(reader, up_writer, count, 0))
+        try:
+            await back  # the response ends the exchange (Connection: close)
+        finally:
+            forth.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await forth
+    finally:
+        out.sent, out.received = count
+        up_writer.close()
+    return out

