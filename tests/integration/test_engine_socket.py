@@ -20,10 +20,14 @@ from testbed import Testbed
 pytestmark = pytest.mark.testbed
 
 IMAGE = "localhost/leviath-engine-busybox:1"
+# host_root_engine: these tests hold the filter in front of the daemon's
+# rootful engine, which stays a machine's choice (issue 29); agents' default
+# engine, their users' own rootless podman, is test_engine_rootless.py's.
 CONFIG = """[sandbox]
 kind = "namespace"
 [sandbox.containers]
 enabled = true
+host_root_engine = true
 """
 
 BUILD_IMAGE = rf"""set -e

@@ -1,0 +1,240 @@
+"""The agent's container engine is its user's own rootless podman (issue 29,
+leviathd/enginesock/rootless.py), seen from the attacker's side: from inside
+real agents in the test bed, with raw requests on $DOCKER_HOST and with the
+docker CLI. Whatever a request gets past the filter, the engine holds only
+the agent's user's rights: its containers' processes are that user on the
+host, live in the agent's scope, and are gone (with everything the agent
+imported) after `lev stop`.
+
+Each agent starts with an empty storage of its own, so it imports the image
+itself, from a tarball of the bed's static busybox in its workdir (no
+registry).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+CONFIG = """[sandbox]
+kind = "namespace"
+[sandbox.containers]
+enabled = true
+"""
+# (podman 4.3 tags an import :latest whatever its tag parameter says)
+IMAGE = "localhost/leviath-rootless-busybox:latest"
+TARBALL = "bb.tar"
+
+MAKE_TARBALL = r"""set -e
+command -v podman >/dev/null || { echo "no podman in the bed" >&2; exit 3; }
+[ -x /bin/busybox ] || { echo "no static busybox (busybox-static) in the bed" >&2; exit 3; }
+d=$(mktemp -d /var/tmp/leviath-image.XXXXXX); chmod 755 "$d"
+mkdir -p "$d/bin" "$d/etc" "$d/tmp" "$d/proc" "$d/sys" "$d/dev" "$d/root"; chmod 1777 "$d/tmp"
+cp /bin/busybox "$d/bin/busybox"
+for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$d/bin/$a"; done
+echo 'root:x:0:0:root:/root:/bin/sh' > "$d/etc/passwd"; echo 'root:x:0:' > "$d/etc/group"
+tar -C "$d" -cf "$1" .
+rm -rf "$d"
+"""
+
+# Runs inside the agent. Arguments are JSON requests [method, path, body];
+# "IMPORT" posts the tarball as a new image, "SLEEP" waits, "OUT" names a
+# file the replies are written to as well. One JSON line per request.
+CLIENT = r'''
+import http.client, json, os, socket, sys, time
+
+class Conn(http.client.HTTPConnection):
+    def __init__(self, path):
+        super().__init__("localhost", timeout=120)
+        self.path_ = path
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(self.path_)
+
+host = os.environ.get("DOCKER_HOST", "").removeprefix("unix://")
+out = []
+target = None
+def say(x):
+    out.append(x)
+    print(json.dumps(x), flush=True)
+    if target:
+        with open(target + ".part", "w") as f:
+            json.dump(out, f)
+        os.rename(target + ".part", target)
+say(["DOCKER_HOST", os.environ.get("DOCKER_HOST", "")])
+for arg in sys.argv[1:]:
+    method, path, body = json.loads(arg)
+    if method == "OUT":
+        target = path; continue
+    if method == "SLEEP":
+        time.sleep(float(path)); continue
+    headers = {"Content-Type": "application/json"}
+    data = None if body is None else json.dumps(body)
+    if method == "IMPORT":
+        method, headers = "POST", {"Content-Type": "application/x-tar"}
+        data = open(body, "rb").read()
+    c = Conn(host)
+    try:
+        c.request(method, path, body=data, headers=headers)
+        r = c.getresponse()
+        raw = r.read()
+        try:
+            reply = json.loads(raw) if raw.strip() else None
+        except ValueError:
+            reply = raw.decode(errors="replace")
+        say([r.status, reply])
+    except Exception as exc:
+        say([0, repr(exc)])
+'''
+
+IMPORT = ["IMPORT", "/images/create?fromSrc=-&repo=localhost/leviath-rootless-busybox"
+          "&tag=latest", TARBALL]
+# What podman needs in the bed (tests/testbed/README.md, "Podman inside").
+BED_HOST_CONFIG = {"Runtime": "runc", "NetworkMode": "none", "Ulimits": [
+    {"Name": "nofile", "Soft": 1024, "Hard": 1024}, {"Name": "nproc", "Soft": 1000, "Hard": 1000}]}
+
+
+def _create(cmd: list[str], host_config: dict[str, object] | None = None,
+            **extra: object) -> dict[str, object]:
+    return {"Image": IMAGE, "Cmd": cmd, "HostConfig": {**BED_HOST_CONFIG, **(host_config or {})},
+            **extra}
+
+
+@pytest.fixture(scope="module")
+def bed(testbed: Testbed) -> Iterator[Testbed]:
+    for user in ("alice", "bob"):
+        home = testbed.users[user].home
+        testbed.run(["mkdir", "-p", "rootless-work"], user=user)
+        r = testbed.run(["sh", "-c", MAKE_TARBALL, "sh", f"{home}/rootless-work/{TARBALL}"],
+                        check=False, timeout=180)
+        if r.returncode == 3:
+            pytest.skip(r.stderr.strip())
+        assert r.returncode == 0, r.stderr
+        testbed.write_file(f"{home}/rootless-work/client.py", CLIENT)
+        testbed.run(["chown", "-R", f"{user}:", f"{home}/rootless-work"])
+    testbed.write_file("/etc/leviath/config.toml", CONFIG)
+    testbed.run(["systemctl", "restart", "leviathd"])
+    yield testbed
+    testbed.write_file("/etc/leviath/config.toml", '[sandbox]\nkind = "namespace"\n')
+    testbed.run(["systemctl", "restart", "leviathd"])
+
+
+def agent(bed: Testbed, user: str, *requests: list[object],
+          detach: bool = False) -> list[list[object]] | str:
+    argv = ["lev", "run", *(["--detach"] if detach else []), "--", "python3", "client.py",
+            *(json.dumps(r) for r in requests)]
+    home = bed.users[user].home
+    r = bed.run(argv, user=user, cwd=f"{home}/rootless-work", check=False, timeout=240)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    if detach:
+        return r.stdout.strip()
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("[")]
+    assert lines and lines[0] == ["DOCKER_HOST", "unix:///run/leviath/engine.sock"], r.stdout
+    return lines[1:]
+
+
+def _wait_file(bed: Testbed, path: str, entries: int, seconds: float = 120) -> list[list[object]]:
+    deadline = time.monotonic() + seconds
+    while True:
+        r = bed.run(["cat", path], check=False)
+        if r.returncode == 0 and r.stdout.strip():
+            got = json.loads(r.stdout)
+            if len(got) >= entries:
+                return [x for x in got if x[0] != "DOCKER_HOST"]
+        assert time.monotonic() < deadline, f"the agent never wrote {entries} replies to {path}"
+        time.sleep(0.3)
+
+
+def _alive(bed: Testbed, pid: int) -> bool:
+    return bed.run(["test", "-e", f"/proc/{pid}"], check=False).returncode == 0
+
+
+def test_a_containers_processes_are_the_agents_user_in_its_scope_and_end_with_it(
+        bed: Testbed) -> None:
+    home = bed.users["alice"].home
+    out = f"{home}/rootless-work/held.json"
+    bed.run(["rm", "-f", out])
+    agent_id = agent(
+        bed, "alice", ["OUT", "held.json", None], IMPORT,
+        ["POST", "/containers/create?name=held", _create(["sleep", "3171"])],
+        ["POST", "/containers/held/start", None],
+        ["GET", "/containers/held/json", None],
+        ["SLEEP", "600", None], detach=True)
+    assert isinstance(agent_id, str)
+    try:
+        imported, create, start, inspect = _wait_file(bed, out, 5)
+        assert imported[0] == 200, imported
+        assert create[0] == 201, create
+        assert start[0] == 204, start
+        pid = int(inspect[1]["State"]["Pid"])  # type: ignore[index]
+        # Read while the agent holds the container alive (its client sleeps).
+        status = bed.run(["cat", f"/proc/{pid}/status"]).stdout
+        cgroups = bed.run(["cat", f"/proc/{pid}/cgroup"]).stdout
+        cmdline = bed.run(["cat", f"/proc/{pid}/cmdline"]).stdout
+        assert cmdline.split("\0")[:2] == ["sleep", "3171"], cmdline
+        uid = bed.users["alice"].uid
+        uids = next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1:]
+        assert uids == [str(uid)] * 4, status  # the agent's user on the host, never root
+        systemd = next(ln for ln in cgroups.splitlines() if ":name=systemd:" in ln
+                       or ln.startswith("0::"))
+        assert agent_id in systemd and ".scope" in systemd, cgroups  # in the agent's scope
+        # Its storage is the agent's own, the user's, not root's.
+        st = bed.run(["stat", "-c", "%u %a",
+                      f"/var/lib/leviath/engine-storage/{agent_id}"]).stdout.split()
+        assert st == [str(uid), "700"], st
+    finally:
+        bed.run(["lev", "stop", agent_id], user="alice", check=False)
+    deadline = time.monotonic() + 60
+    while _alive(bed, pid):
+        assert time.monotonic() < deadline, f"the container's process {pid} outlived lev stop"
+        time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while bed.run(["test", "-e", f"/var/lib/leviath/engine-storage/{agent_id}"],
+                  check=False).returncode == 0:
+        assert time.monotonic() < deadline, "the agent's engine storage outlived it"
+        time.sleep(0.3)
+    assert bed.run(["test", "-e", f"/run/leviath/engine/{agent_id}.sock"],
+                   check=False).returncode != 0
+
+
+def test_a_volumes_key_or_a_bind_of_shadow_reads_nothing_root_may_read(bed: Testbed) -> None:
+    bed.run(["rm", "-f", "/root/leviath-rootless-pwned"])
+    shadow_root = bed.run(["sh", "-c", "grep '^root:' /etc/shadow"]).stdout.strip()
+    script = ("cat /host/etc/shadow; cat /s; echo planted > /host/root/leviath-rootless-pwned;"
+              " ls /host/root; id")
+    out = agent(
+        bed, "alice", IMPORT,
+        ["POST", "/containers/create?name=vol", _create(["sh", "-c", script],
+                                                        Volumes={"/:/host": {}})],
+        ["POST", "/containers/vol/start", None],
+        ["POST", "/containers/vol/wait", None],
+        ["GET", "/containers/vol/logs?stdout=1&stderr=1", None],
+        ["POST", "/containers/create?name=shadow",
+         _create(["sh", "-c", script], {"Binds": ["/etc/shadow:/s:ro"]})],
+        ["POST", "/containers/shadow/start", None],
+        ["POST", "/containers/shadow/wait", None],
+        ["GET", "/containers/shadow/logs?stdout=1&stderr=1", None],
+    )
+    assert isinstance(out, list)
+    assert out[0][0] == 200, out[0]
+    for reply in out[1:]:
+        # Refused by the filter or run: either way, never root's file.
+        assert shadow_root not in json.dumps(reply), reply
+    assert bed.run(["test", "-e", "/root/leviath-rootless-pwned"], check=False).returncode != 0
+
+
+def test_an_agent_without_subordinate_ids_is_refused_with_a_reason(bed: Testbed) -> None:
+    erin = bed.users.get("erin") or bed.add_user("erin", ("leviath",))
+    bed.run(["sh", "-c", "sed -i '/^erin:/d' /etc/subuid /etc/subgid"])
+    bed.run(["mkdir", "-p", "w"], user="erin")
+    r = bed.run(["lev", "run", "--", "true"], user="erin", cwd=f"{erin.home}/w", check=False,
+                timeout=120)
+    assert r.returncode != 0, r.stdout
+    assert "rootless podman" in r.stderr and "subordinate ids in /etc/subuid" in r.stderr, \
+        r.stderr
