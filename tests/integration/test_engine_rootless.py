@@ -14,6 +14,7 @@ registry).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 
@@ -238,3 +239,85 @@ def test_an_agent_without_subordinate_ids_is_refused_with_a_reason(bed: Testbed)
     assert r.returncode != 0, r.stdout
     assert "rootless podman" in r.stderr and "subordinate ids in /etc/subuid" in r.stderr, \
         r.stderr
+
+
+DOCKER_DIR = os.environ.get("LEVIATH_DOCKER_DIR", "/opt/leviath-dev/docker")
+DOCKER = "/usr/bin/docker"  # the bed's /usr/local/bin may hold another docker
+BED_RUN = ("--runtime runc --network none --ulimit nofile=1024:1024 "
+           "--ulimit nproc=1000:1000")
+COMPOSE = f"""services:
+  web:
+    image: {IMAGE}
+    command: ["sleep", "300"]
+    runtime: runc
+    network_mode: none
+    ulimits: {{nofile: 1024, nproc: 1000}}
+  db:
+    image: {IMAGE}
+    command: ["sleep", "300"]
+    runtime: runc
+    network_mode: none
+    ulimits: {{nofile: 1024, nproc: 1000}}
+"""
+DOCKERFILE = f"""FROM {IMAGE}
+COPY hello.txt /hello.txt
+RUN echo built-by-run > /built.txt
+"""
+
+
+@pytest.fixture(scope="module")
+def cli(bed: Testbed) -> Testbed:
+    docker = f"{DOCKER_DIR}/bin/docker"
+    compose = f"{DOCKER_DIR}/cli-plugins/docker-compose"
+    if not (os.access(docker, os.X_OK) and os.access(compose, os.X_OK)):
+        pytest.skip(f"no docker CLI and compose in {DOCKER_DIR} (scripts/setup fetches them)")
+    bed.run(["install", "-D", "-m", "0755", docker, DOCKER])
+    bed.run(["install", "-D", "-m", "0755", compose,
+             "/usr/libexec/docker/cli-plugins/docker-compose"])
+    work = f"{bed.users['alice'].home}/rootless-work"
+    bed.run(["mkdir", "-p", f"{work}/stack", f"{work}/ctx"], user="alice")
+    bed.write_file(f"{work}/stack/compose.yaml", COMPOSE)
+    bed.write_file(f"{work}/ctx/Dockerfile", DOCKERFILE)
+    bed.write_file(f"{work}/ctx/hello.txt", "hello from the context\n")
+    bed.write_file(f"{work}/to-copy.txt", "copied in\n")
+    bed.run(["chown", "-R", "alice:", work])
+    return bed
+
+
+def test_docker_run_build_cp_and_compose_work_on_the_users_engine(cli: Testbed) -> None:
+    script = f"""set -e
+echo $DOCKER_HOST
+{DOCKER} import {TARBALL} {IMAGE} >/dev/null
+{DOCKER} run --name st-1 {BED_RUN} {IMAGE} sh -c 'echo hello from docker run; id -u' || true
+{DOCKER} rm st-1 >/dev/null
+{DOCKER} run --rm {BED_RUN} {IMAGE} true && echo run-rm-ok
+{DOCKER} build -q --network none -t localhost/rootless-built:1 ctx >/dev/null && echo build-ok
+{DOCKER} run --rm {BED_RUN} localhost/rootless-built:1 cat /hello.txt /built.txt
+{DOCKER} run -d --name cp-1 {BED_RUN} {IMAGE} sleep 300 >/dev/null
+{DOCKER} cp to-copy.txt cp-1:/tmp/in.txt
+{DOCKER} exec cp-1 cat /tmp/in.txt
+{DOCKER} exec cp-1 sh -c 'echo copied out > /tmp/out.txt'
+{DOCKER} cp cp-1:/tmp/out.txt ./out.txt && cat ./out.txt
+{DOCKER} rm -f cp-1 >/dev/null
+cd stack
+{DOCKER} compose -p stack up -d 2>/dev/null
+{DOCKER} compose -p stack ps --format '{{{{.Service}}}} {{{{.State}}}}' | sort
+{DOCKER} compose -p stack down -t 0 2>/dev/null && echo down-ok
+{DOCKER} ps -a -q | wc -l
+"""
+    home = cli.users["alice"].home
+    cli.run(["rm", "-f", f"{home}/rootless-work/out.txt"])
+    r = cli.run(["lev", "run", "--", "sh", "-c", script], user="alice",
+                cwd=f"{home}/rootless-work", check=False, timeout=300)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    out = r.stdout
+    assert out.splitlines()[0] == "unix:///run/leviath/engine.sock", out
+    assert "hello from docker run\n0\n" in out, out  # root in the container: the user outside
+    assert "run-rm-ok" in out and "build-ok" in out, (out, r.stderr)
+    assert "hello from the context\nbuilt-by-run\n" in out, out
+    assert "copied in\n" in out and "copied out\n" in out, out
+    assert "db running\nweb running\n" in out and "down-ok" in out, (out, r.stderr)
+    assert out.splitlines()[-1].strip() == "0", out
+    # What docker cp wrote out is the user's own file.
+    st = cli.run(["stat", "-c", "%u", f"{home}/rootless-work/out.txt"]).stdout.strip()
+    assert st == str(cli.users["alice"].uid), st
