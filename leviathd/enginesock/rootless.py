@@ -185,8 +185,10 @@ def attach(supervisor_pid: int, unit: str, pid: int) -> None:
 
 
 async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
-                state_dir: str) -> str:
-    """The agent's service, running and answering; its socket's path."""
+                state_dir: str, *, host_network: bool) -> str:
+    """The agent's service, running and answering; its socket's path.
+    `host_network` false: the service gets a network namespace of its own
+    with only lo (rootless_exec.own_namespaces)."""
     podman = await asyncio.to_thread(preflight, user)
     p = await asyncio.to_thread(prepare, agent_id, state_dir, user)
     sock = await asyncio.to_thread(bind, agent_id)
@@ -208,7 +210,8 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
                "LOGNAME": user.name, "XDG_RUNTIME_DIR": p.runtime, "LISTEN_FDNAMES": "api"}
         orders = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups), "fd": fd,
                   "argv": service_argv(podman, p), "env": env, "cwd": p.runtime,
-                  "log": os.path.join(p.runtime, "podman.log")}
+                  "log": os.path.join(p.runtime, "podman.log"),
+                  "private_network": not host_network}
         proc.stdin.write(json.dumps(orders).encode() + b"\n")
         await proc.stdin.drain()
         proc.stdin.close()

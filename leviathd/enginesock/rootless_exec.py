@@ -19,11 +19,16 @@ this service and its children have, before giving up root.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
+import socket
+import struct
 import sys
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
 MS_REC, MS_PRIVATE = 0x4000, 0x40000
 LISTEN_FD = 3
@@ -36,9 +41,23 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def own_proc() -> None:
+def loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def own_namespaces(private_network: bool) -> None:
+    """A mount namespace with a fresh /proc; with `private_network` also a
+    network namespace of its own with only lo: an agent without the host's
+    network gets an engine without it (pulls, builds' RUN steps and every
+    container's slirp4netns or pasta reach nothing outside)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    flags = CLONE_NEWNS | (CLONE_NEWNET if private_network else 0)
+    _check(libc.unshare(flags), "unshare")
+    if private_network:
+        loopback_up()
     _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
            "mount -t proc proc /proc")
@@ -56,7 +75,7 @@ def main() -> int:
     sock = int(orders["fd"])
     if uid == 0 or gid == 0:
         return 2  # never root's engine: that is what this whole design avoids
-    own_proc()
+    own_namespaces(bool(orders.get("private_network", True)))
     if sock != LISTEN_FD:
         os.dup2(sock, LISTEN_FD)
         os.close(sock)

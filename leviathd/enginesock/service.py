@@ -134,7 +134,7 @@ class EngineSockService:
         parent: the containers are the service's children in the scope."""
         try:
             sock = await rootless.start(rec.id, rec.unit, rec.supervisor_pid, user,
-                                        self._state_dir)
+                                        self._state_dir, host_network=eff.network is True)
         except rootless.RootlessUnavailable as exc:
             await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
             raise Unavailable(f"the agent's container engine (rootless podman as "

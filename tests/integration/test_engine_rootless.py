@@ -45,7 +45,8 @@ rm -rf "$d"
 """
 
 # Runs inside the agent. Arguments are JSON requests [method, path, body];
-# "IMPORT" posts the tarball as a new image, "SLEEP" waits, "OUT" names a
+# "IMPORT" posts the tarball as a new image, "BUILD" a context of one
+# Dockerfile (the body), "SLEEP" waits, "OUT" names a
 # file the replies are written to as well. One JSON line per request.
 CLIENT = r'''
 import http.client, json, os, socket, sys, time
@@ -80,6 +81,13 @@ for arg in sys.argv[1:]:
     if method == "IMPORT":
         method, headers = "POST", {"Content-Type": "application/x-tar"}
         data = open(body, "rb").read()
+    if method == "BUILD":  # body: the Dockerfile, the whole context
+        import io, tarfile
+        ctx = io.BytesIO()
+        with tarfile.open(fileobj=ctx, mode="w") as t:
+            info = tarfile.TarInfo("Dockerfile"); info.size = len(body.encode())
+            t.addfile(info, io.BytesIO(body.encode()))
+        method, headers, data = "POST", {"Content-Type": "application/x-tar"}, ctx.getvalue()
     c = Conn(host)
     try:
         c.request(method, path, body=data, headers=headers)
@@ -321,3 +329,41 @@ cd stack
     # What docker cp wrote out is the user's own file.
     st = cli.run(["stat", "-c", "%u", f"{home}/rootless-work/out.txt"]).stdout.strip()
     assert st == str(cli.users["alice"].uid), st
+
+
+NO_NETWORK = """[sandbox]
+network = false
+"""
+# (the static busybox's wget crashes here; its nc does not)
+PROBE = ("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 10.213.0.1 18213 | grep -q 200 "
+         "&& echo REACH$((1+1)) || echo BLOCK$((1+1))")  # (not the words the source shows)
+
+
+def test_an_agent_without_network_gets_an_engine_without_it(bed: Testbed) -> None:
+    # An address of the bed's own network namespace outside 127/8 (on lo: the
+    # bed's kernel has no dummy links), with a listener as root.
+    bed.run(["ip", "addr", "add", "10.213.0.1/32", "dev", "lo"])
+    bed.run(["systemd-run", "--quiet", "--unit=leviath-test-listener", "python3", "-m",
+             "http.server", "--bind", "10.213.0.1", "18213"])
+    bob = bed.users["bob"]
+    bed.run(["mkdir", "-p", f"{bob.home}/.config/leviath"], user="bob")
+    bed.write_file(f"{bob.home}/.config/leviath/config.toml", NO_NETWORK)
+    bed.run(["chown", "bob:", f"{bob.home}/.config/leviath/config.toml"])
+    try:
+        deadline = time.monotonic() + 30
+        while "REACH2" not in bed.run(["sh", "-c", PROBE.replace("nc", "busybox nc")],
+                                       check=False).stdout:
+            assert time.monotonic() < deadline, "the listener never answered"
+            time.sleep(0.3)
+        # A build's RUN step: the engine's own network unless told otherwise.
+        out = agent(bed, "bob", IMPORT,
+                    ["BUILD", "/build?t=localhost/net-probe:1", f"FROM {IMAGE}\nRUN {PROBE}\n"])
+        assert isinstance(out, list)
+        imported, built = out
+        assert imported[0] == 200, out
+        assert "REACH2" not in json.dumps(built), out
+        assert built[0] != 200 or "BLOCK2" in json.dumps(built), out
+    finally:
+        bed.run(["rm", "-f", f"{bob.home}/.config/leviath/config.toml"])
+        bed.run(["systemctl", "stop", "leviath-test-listener"], check=False)
+        bed.run(["ip", "addr", "del", "10.213.0.1/32", "dev", "lo"], check=False)
