@@ -190,6 +190,10 @@ class EngineSockService:
                 settings, _view = await asyncio.to_thread(
                     self._load, os.path.join(self._snapshots, f"{rec.id}.json"))
             except (OSError, ValueError, KeyError, TypeError):
+                # No snapshot (its start failed half way, say): what a rootless
+                # engine may have left is still its folders.
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
                 return
         with contextlib.suppress(OSError):
             self._forget(rec.id)

@@ -46,7 +46,7 @@ rm -rf "$d"
 
 # Runs inside the agent. Arguments are JSON requests [method, path, body];
 # "IMPORT" posts the tarball as a new image, "BUILD" a context of one
-# Dockerfile (the body), "SLEEP" waits, "OUT" names a
+# Dockerfile (the body), "SLEEP" waits, "WAITFOR" waits for a file, "OUT" names a
 # file the replies are written to as well. One JSON line per request.
 CLIENT = r'''
 import http.client, json, os, socket, sys, time
@@ -76,6 +76,10 @@ for arg in sys.argv[1:]:
         target = path; continue
     if method == "SLEEP":
         time.sleep(float(path)); continue
+    if method == "WAITFOR":  # until the file `path` exists
+        while not os.path.exists(path):
+            time.sleep(0.2)
+        continue
     headers = {"Content-Type": "application/json"}
     data = None if body is None else json.dumps(body)
     if method == "IMPORT":
@@ -367,3 +371,53 @@ def test_an_agent_without_network_gets_an_engine_without_it(bed: Testbed) -> Non
         bed.run(["rm", "-f", f"{bob.home}/.config/leviath/config.toml"])
         bed.run(["systemctl", "stop", "leviath-test-listener"], check=False)
         bed.run(["ip", "addr", "del", "10.213.0.1/32", "dev", "lo"], check=False)
+
+
+def test_the_engine_outlives_a_daemon_restart_and_an_end_while_away_is_swept(
+        bed: Testbed) -> None:
+    home = bed.users["alice"].home
+    out, go = f"{home}/rootless-work/restart.json", f"{home}/rootless-work/restart.go"
+    bed.run(["rm", "-f", out, go])
+    agent_id = agent(
+        bed, "alice", ["OUT", "restart.json", None], IMPORT,
+        ["POST", "/containers/create?name=kept", _create(["sleep", "3172"])],
+        ["POST", "/containers/kept/start", None],
+        ["GET", "/containers/kept/json", None],
+        ["WAITFOR", "restart.go", None],
+        ["GET", "/containers/kept/json", None],
+        ["SLEEP", "600", None], detach=True)
+    assert isinstance(agent_id, str)
+    storage = f"/var/lib/leviath/engine-storage/{agent_id}"
+    try:
+        _imported, create, start, inspect = _wait_file(bed, out, 5)
+        assert create[0] == 201 and start[0] == 204, (create, start)
+        pid = int(inspect[1]["State"]["Pid"])  # type: ignore[index]
+        cgroups = bed.run(["cat", f"/proc/{pid}/cgroup"]).stdout
+        unit = next(part for part in cgroups.split("/") if part.endswith(".scope\n")
+                    or part.endswith(".scope")).strip()
+        bed.run(["systemctl", "restart", "leviathd"])
+        bed.run(["lev", "ps"], user="alice")  # the new daemon is serving
+        bed.run(["touch", go], user="alice")
+        after = _wait_file(bed, out, 6)[-1]
+        # The same engine, with the same container, through the new daemon's proxy.
+        assert after[0] == 200 and after[1]["State"]["Pid"] == pid, after  # type: ignore[index]
+        # The agent ends while the daemon is away: the next daemon sweeps its engine.
+        bed.run(["systemctl", "stop", "leviathd"])
+        bed.run(["systemctl", "stop", unit])
+        deadline = time.monotonic() + 60
+        while _alive(bed, pid):
+            assert time.monotonic() < deadline, f"the container's process {pid} outlived its scope"
+            time.sleep(0.3)
+        assert bed.run(["test", "-e", storage], check=False).returncode == 0  # nobody swept yet
+        bed.run(["systemctl", "start", "leviathd"])
+        deadline = time.monotonic() + 60
+        while bed.run(["test", "-e", storage], check=False).returncode == 0:
+            assert time.monotonic() < deadline, "the restarted daemon never swept the storage"
+            time.sleep(0.3)
+        assert bed.run(["test", "-e", f"/run/leviath/engine/{agent_id}.sock"],
+                       check=False).returncode != 0
+        assert bed.run(["test", "-e", f"/run/leviath/engine-user/{agent_id}"],
+                       check=False).returncode != 0
+    finally:
+        bed.run(["systemctl", "start", "leviathd"], check=False)
+        bed.run(["lev", "stop", agent_id], user="alice", check=False)
