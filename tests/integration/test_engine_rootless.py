@@ -421,3 +421,45 @@ def test_the_engine_outlives_a_daemon_restart_and_an_end_while_away_is_swept(
     finally:
         bed.run(["systemctl", "start", "leviathd"], check=False)
         bed.run(["lev", "stop", agent_id], user="alice", check=False)
+
+
+def test_a_healthcheck_runs_nothing_outside_the_agents_scope(bed: Testbed) -> None:
+    # Rootful podman ran `podman healthcheck run` as root from a system timer
+    # every interval; the user's engine has no timer of root's to ask for.
+    health = {"Test": ["CMD", "true"], "Interval": 1_000_000_000, "Timeout": 1_000_000_000,
+              "Retries": 1}
+    before = bed.run(["systemctl", "list-units", "--all", "--plain", "--no-legend"]).stdout
+    out = agent(
+        bed, "alice", IMPORT,
+        ["POST", "/containers/create?name=hc",
+         _create(["sleep", "30"], Healthcheck=health)],
+        ["POST", "/containers/hc/start", None],
+        ["SLEEP", "3", None],
+        ["GET", "/containers/hc/json", None],
+    )
+    after = bed.run(["systemctl", "list-units", "--all", "--plain", "--no-legend"]).stdout
+    assert isinstance(out, list)
+    def units(text: str) -> set[str]:
+        return {line.split()[0] for line in text.splitlines() if line.strip()}
+
+    new = units(after) - units(before)
+    assert not [u for u in new if "podman" in u or u.endswith(".timer")], new
+    assert out[1][0] in (201, 403), out  # made, or refused by the filter
+
+
+def inspect_agent(bed: Testbed, user: str, folder: str) -> str:
+    """`lev inspect` of a running agent of `user`'s: its sandbox as the daemon built it."""
+    home = bed.users[user].home
+    r = bed.run(["lev", "run", "--detach", "--", "sleep", "120"], user=user,
+                cwd=f"{home}/{folder}", timeout=120)
+    agent_id = r.stdout.strip()
+    try:
+        return bed.run(["lev", "inspect", agent_id], user=user, cwd=f"{home}/{folder}").stdout
+    finally:
+        bed.run(["lev", "stop", agent_id], user=user, check=False)
+
+
+def test_lev_inspect_says_whose_engine_it_is(bed: Testbed) -> None:
+    out = inspect_agent(bed, "alice", "rootless-work")
+    assert "container engine: the user's own rootless podman" in out, out
+    assert "ROOT ON THE HOST" not in out, out

@@ -348,6 +348,12 @@ def test_published_ports_bind_loopback(bed: Testbed) -> None:
     assert _wait_gone(bed, agent_id) == []
 
 
+def test_lev_inspect_says_the_engine_is_root_on_the_host(bed: Testbed) -> None:
+    from test_engine_rootless import inspect_agent
+    out = inspect_agent(bed, "alice", "engine-work")
+    assert "container engine: ROOT ON THE HOST" in out, out
+
+
 def test_the_agents_things_are_removed_when_it_ends(bed: Testbed) -> None:
     agent_id = agent(bed, "alice",
                      ["POST", "/networks/create", {"Name": "net-1"}],
