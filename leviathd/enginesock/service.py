@@ -66,6 +66,35 @@ def remove_cgroups(cgroup: str) -> None:
                 os.rmdir(d)
 
 
+SCOPE_EMPTY_WAIT = 30.0
+
+
+def _scope_procs(cgroup: str) -> bool:
+    """Whether any process is left in the scope's control group (a missing
+    group holds none)."""
+    for top in folders(cgroup):
+        try:
+            with open(os.path.join(top, "cgroup.procs"), encoding="ascii") as f:
+                if f.read(64).strip():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+async def _scope_emptied(unit: str) -> None:
+    cgroup = control_group(unit)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SCOPE_EMPTY_WAIT
+    while await asyncio.to_thread(_scope_procs, cgroup):
+        if loop.time() > deadline:
+            journal.record(f"{unit}: processes still in it {SCOPE_EMPTY_WAIT:.0f} s after its "
+                           "stop; removing its engine's storage anyway",
+                           priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.ENGINE_CLEANUP)
+            return
+        await asyncio.sleep(0.2)
+
+
 class EngineSockService:
     def __init__(self, agents: Agents, gate: GateService, *, state_dir: str) -> None:
         self._agents = agents
@@ -198,8 +227,11 @@ class EngineSockService:
         with contextlib.suppress(OSError):
             self._forget(rec.id)
         if settings.rootless:
-            # Its service, conmon and containers were processes of the scope,
-            # which has ended: what is left are files.
+            # Its service, conmon and containers are processes of the scope,
+            # which the daemon has asked systemd to stop: once they are gone
+            # (a container's PID 1 ignores SIGTERM: up to the scope's stop
+            # timeout), what is left are files.
+            await _scope_emptied(rec.unit)
             try:
                 await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
             except OSError as exc:

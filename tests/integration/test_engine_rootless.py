@@ -219,8 +219,12 @@ def test_a_containers_processes_are_the_agents_user_in_its_scope_and_end_with_it
 def test_a_volumes_key_or_a_bind_of_shadow_reads_nothing_root_may_read(bed: Testbed) -> None:
     bed.run(["rm", "-f", "/root/leviath-rootless-pwned"])
     shadow_root = bed.run(["sh", "-c", "grep '^root:' /etc/shadow"]).stdout.strip()
+    bob = bed.users["bob"]
+    secret = "bobs-secret-" + os.urandom(6).hex()
+    bed.write_file(f"{bob.home}/leviath-secret", secret + "\n", mode=0o600)
+    bed.run(["chown", "bob:", f"{bob.home}/leviath-secret"])
     script = ("cat /host/etc/shadow; cat /s; echo planted > /host/root/leviath-rootless-pwned;"
-              " ls /host/root; id")
+              f" cat /host{bob.home}/leviath-secret; ls /host/root; id")
     out = agent(
         bed, "alice", IMPORT,
         ["POST", "/containers/create?name=vol", _create(["sh", "-c", script],
@@ -237,8 +241,9 @@ def test_a_volumes_key_or_a_bind_of_shadow_reads_nothing_root_may_read(bed: Test
     assert isinstance(out, list)
     assert out[0][0] == 200, out[0]
     for reply in out[1:]:
-        # Refused by the filter or run: either way, never root's file.
+        # Refused by the filter or run: either way, never root's file, nor another user's.
         assert shadow_root not in json.dumps(reply), reply
+        assert secret not in json.dumps(reply), reply
     assert bed.run(["test", "-e", "/root/leviath-rootless-pwned"], check=False).returncode != 0
 
 
@@ -463,3 +468,31 @@ def test_lev_inspect_says_whose_engine_it_is(bed: Testbed) -> None:
     out = inspect_agent(bed, "alice", "rootless-work")
     assert "container engine: the user's own rootless podman" in out, out
     assert "ROOT ON THE HOST" not in out, out
+
+
+def test_an_agent_killed_outright_leaves_no_engine_behind(bed: Testbed) -> None:
+    home = bed.users["alice"].home
+    out = f"{home}/rootless-work/killed.json"
+    bed.run(["rm", "-f", out])
+    agent_id = agent(
+        bed, "alice", ["OUT", "killed.json", None], IMPORT,
+        ["POST", "/containers/create?name=doomed", _create(["sleep", "3173"])],
+        ["POST", "/containers/doomed/start", None],
+        ["GET", "/containers/doomed/json", None],
+        ["SLEEP", "600", None], detach=True)
+    assert isinstance(agent_id, str)
+    _imported, _create_reply, start, inspect = _wait_file(bed, out, 5)
+    assert start[0] == 204, start
+    pid = int(inspect[1]["State"]["Pid"])  # type: ignore[index]
+    bed.run(["systemctl", "kill", "--signal=KILL", f"leviath-*-{agent_id}.scope"])
+    storage = f"/var/lib/leviath/engine-storage/{agent_id}"
+    deadline = time.monotonic() + 60
+    while _alive(bed, pid) or bed.run(["test", "-e", storage], check=False).returncode == 0:
+        assert time.monotonic() < deadline, "the killed agent's container or storage stayed"
+        time.sleep(0.3)
+    # Nothing of alice's left in that scope, nor anywhere naming its folders.
+    left = bed.run(["sh", "-c", "for p in $(pgrep -u alice); do "
+                    "echo $p $(grep name=systemd /proc/$p/cgroup) $(tr '\\0' ' ' "
+                    "</proc/$p/cmdline); done"]).stdout
+    assert not [ln for ln in left.splitlines() if agent_id in ln], left
+

@@ -151,3 +151,28 @@ def test_a_retag_in_roots_storage_changes_nothing_until_a_reload(bed: Testbed) -
     finally:
         bed.run(["podman", "tag", good, PIN])
         bed.run(["systemctl", "reload", "leviathd"])
+
+
+def test_a_container_kind_agent_gets_its_users_own_engine_too(bed: Testbed) -> None:
+    bob = bed.users["bob"]
+    path = f"{bob.home}/.config/leviath/config.toml"
+    bed.write_file(path, '[sandbox]\nkind = "container"\n')
+    bed.run(["chown", "bob:", path])
+    try:
+        r = bed.run(["lev", "run", "--detach", "--", "sh", "-c",
+                     'echo "$DOCKER_HOST"; test -S /run/leviath/engine.sock && sleep 120'],
+                    user="bob", cwd=f"{bob.home}/pin-work", check=False, timeout=180)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        agent_id = r.stdout.strip()
+        try:
+            # Its engine: bob's rootless podman, in bob's agent's scope.
+            found = bed.run(["sh", "-c", "for p in $(pgrep -f 'podman .*system service'); do "
+                             "echo $(stat -c %u /proc/$p) $(grep name=systemd /proc/$p/cgroup "
+                             "|| grep ^0:: /proc/$p/cgroup); done"]).stdout
+            mine = [ln for ln in found.splitlines() if agent_id in ln]
+            assert mine and all(ln.split()[0] == str(bob.uid) for ln in mine), found
+        finally:
+            bed.run(["lev", "stop", agent_id], user="bob", check=False)
+    finally:
+        bed.write_file(path, BOB_CONFIG)
+        bed.run(["chown", "bob:", path])
