@@ -484,8 +484,12 @@ def test_an_agent_killed_outright_leaves_no_engine_behind(bed: Testbed) -> None:
     _imported, _create_reply, start, inspect = _wait_file(bed, out, 5)
     assert start[0] == 204, start
     pid = int(inspect[1]["State"]["Pid"])  # type: ignore[index]
-    bed.run(["systemctl", "kill", "--signal=KILL", f"leviath-*-{agent_id}.scope"])
     storage = f"/var/lib/leviath/engine-storage/{agent_id}"
+    # The user's engine, with storage of the agent's own (root's, before issue 29).
+    status = bed.run(["cat", f"/proc/{pid}/status"]).stdout
+    assert f"Uid:\t{bed.users['alice'].uid}\t" in status, status
+    assert bed.run(["test", "-d", storage], check=False).returncode == 0
+    bed.run(["systemctl", "kill", "--signal=KILL", f"leviath-*-{agent_id}.scope"])
     deadline = time.monotonic() + 60
     while _alive(bed, pid) or bed.run(["test", "-e", storage], check=False).returncode == 0:
         assert time.monotonic() < deadline, "the killed agent's container or storage stayed"
