@@ -30,7 +30,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
-MS_REC, MS_PRIVATE = 0x4000, 0x40000
+MS_REC, MS_SLAVE = 0x4000, 0x80000
 LISTEN_FD = 3
 MAX_ORDERS = 64 * 1024
 
@@ -54,11 +54,23 @@ def own_namespaces(private_network: bool) -> None:
     network gets an engine without it (pulls, builds' RUN steps and every
     container's slirp4netns or pasta reach nothing outside)."""
     libc = ctypes.CDLL(None, use_errno=True)
+    # From the machine's mount namespace, not the daemon's: the unit's own is
+    # private to it (ProtectSystem= and friends), so mounts the daemon makes
+    # for the agent in the machine's (bind sources pinned by descriptor)
+    # would never reach an engine that started from the unit's.
+    ns = os.open("/proc/1/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(libc.setns(ns, CLONE_NEWNS), "setns(/proc/1/ns/mnt)")
+    finally:
+        os.close(ns)
     flags = CLONE_NEWNS | (CLONE_NEWNET if private_network else 0)
     _check(libc.unshare(flags), "unshare")
     if private_network:
         loopback_up()
-    _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    # Slave, not private: mounts the daemon makes later for the agent in the
+    # machine's namespace (bind sources pinned by descriptor) still reach the
+    # engine; nothing mounted here goes back.
+    _check(libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None), "mount --make-rslave /")
     _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
            "mount -t proc proc /proc")
 

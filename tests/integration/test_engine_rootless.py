@@ -500,3 +500,45 @@ def test_an_agent_killed_outright_leaves_no_engine_behind(bed: Testbed) -> None:
                     "</proc/$p/cmdline); done"]).stdout
     assert not [ln for ln in left.splitlines() if agent_id in ln], left
 
+
+
+def test_a_mount_made_after_the_engine_started_reaches_it(bed: Testbed) -> None:
+    # The daemon mounts things for an agent in the machine's namespace while
+    # its engine runs (bind sources pinned by descriptor): the engine's own
+    # mount namespace must receive them.
+    home = bed.users["alice"].home
+    work = f"{home}/rootless-work"
+    out, go, late = f"{work}/late.json", f"{work}/late.go", f"{work}/late"
+    bed.run(["rm", "-f", out, go])
+    bed.run(["mkdir", "-p", late], user="alice")
+    # The bed's root mount is private (a real host's is shared, systemd makes
+    # it so at boot): here the folder is made a shared mount point of the
+    # machine's namespace by hand, before the engine copies the mount table.
+    bed.run(f"mountpoint -q {late} || "
+            f"{{ mount --bind {late} {late} && mount --make-shared {late}; }}")
+    marker = "mounted-late-" + os.urandom(4).hex()
+    agent_id = agent(
+        bed, "alice", ["OUT", "late.json", None], IMPORT,
+        ["WAITFOR", "late.go", None],
+        ["POST", "/containers/create?name=late",
+         _create(["cat", "/late/marker"], {"Binds": [f"{late}:/late:ro"]})],
+        ["POST", "/containers/late/start", None],
+        ["POST", "/containers/late/wait", None],
+        ["GET", "/containers/late/logs?stdout=1&stderr=1", None],
+        detach=True)
+    assert isinstance(agent_id, str)
+    mounted = False
+    try:
+        _wait_file(bed, out, 2)  # the engine runs (the import went through it)
+        bed.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "leviath-late", late])
+        mounted = True
+        bed.write_file(f"{late}/marker", marker + "\n")
+        bed.run(["touch", go], user="alice")
+        replies = _wait_file(bed, out, 6)
+        assert replies[1][0] == 201 and replies[2][0] == 204, replies
+        assert marker in json.dumps(replies[-1]), replies
+    finally:
+        bed.run(["lev", "stop", agent_id], user="alice", check=False)
+        if mounted:
+            bed.run(["umount", late], check=False)
+        bed.run(["umount", late], check=False)  # the shared bind
