@@ -257,6 +257,13 @@ def remove(agent_id: str, state_dir: str) -> None:
             os.close(pfd)
 
 
+def has_folders(agent_id: str, state_dir: str) -> bool:
+    """Whether the agent has an engine socket or folder here (root's own
+    folders: lstat only)."""
+    p = places(agent_id, state_dir)
+    return any(os.path.lexists(x) for x in (p.socket, p.runtime, p.storage))
+
+
 def left_behind(state_dir: str) -> set[str]:
     """Agents with an engine folder or socket here."""
     found: set[str] = set()

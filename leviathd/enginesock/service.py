@@ -221,8 +221,10 @@ class EngineSockService:
             except (OSError, ValueError, KeyError, TypeError):
                 # No snapshot (its start failed half way, say): what a rootless
                 # engine may have left is still its folders.
-                with contextlib.suppress(OSError):
-                    await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
+                if await asyncio.to_thread(rootless.has_folders, rec.id, self._state_dir):
+                    await _scope_emptied(rec.unit)
+                    with contextlib.suppress(OSError):
+                        await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
                 return
         with contextlib.suppress(OSError):
             self._forget(rec.id)
