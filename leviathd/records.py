@@ -57,6 +57,9 @@ class AgentRecord(BaseModel):
     exit_status: int | None = None
     state: AgentState = AgentState.RUNNING
     stop_requested: bool = False
+    # The blueprint file the client read (its absolute path, as the client
+    # said: `lev restart` reads it again, as the user); "" for a command.
+    blueprint: str = ""
 
     @property
     def running(self) -> bool:

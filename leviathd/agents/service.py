@@ -43,9 +43,16 @@ from leviathd.events import Event
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy import filelabels
 from leviathd.records import FULL, AgentRecord, AgentState, RecordStore
-from leviathd.sandbox import container, fencehold, scratch, supervisor
+from leviathd.sandbox import container, fencehold, scratch, supervisor, toolstate
 from leviathd.sandbox.container import pins as image_pins
-from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host, host_other_homes
+from leviathd.sandbox.spec import (
+    DEFAULT_SCRATCH_DIR,
+    RunRequest,
+    SandboxSpec,
+    build_spec_on_host,
+    hidden_paths,
+    host_other_homes,
+)
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdError, SystemdManager
 from leviathd.userfiles import read_user_file
@@ -368,8 +375,9 @@ class Agents:
                 refuse_system_workdir(real_workdir, user.home)
                 holding = hold is not None and _labelled_workdir(held)
                 # Specs look at the user's workdir (a worktree's git folders...).
-                steps = await self._in_worker(who.uid, self._specs, plan, kinds, user, req,
-                                              real_workdir, agent_id, p.other_homes)  # fmt: skip
+                steps = await self._in_worker(
+                    who.uid, self._specs, plan, kinds, user, req, real_workdir, agent_id,
+                    p.other_homes, lambda: granted.result(timeout=AUTH_PATIENCE))
                 polkit_usec = await auth
             except BaseException as exc:
                 # The scope's start is over (either way) before the clean-up
@@ -397,6 +405,8 @@ class Agents:
                 reads_granted=len(eff.read_paths_granted),
                 reads_declared=len(eff.read_paths_declared),
                 supervisor_pid=held.pid, scratch=scratch_path, started_at=time.time(),
+                blueprint=(req.blueprint_source if req.blueprint_text is not None
+                           and req.blueprint_source.startswith("/") else ""),
             )
             # Without containers the steps are final here: the spec and the
             # record (each written and fsynced, a few ms) are written while
@@ -579,11 +589,33 @@ class Agents:
     def _specs(
         self, plan: list[tuple[str, Effective, list[str]]], kinds: list[str], user: UserInfo,
         req: RunInput, workdir: str, agent_id: str, other_homes: list[str] | None = None,
+        authorized: Callable[[], None] = lambda: None,
     ) -> list[tuple[str, SandboxSpec]]:
+        self._tool_state(plan, kinds, user, other_homes or [], authorized)
         return [
             (label, self._spec(step_eff, kind, user, req, argv, workdir, agent_id, other_homes))
             for (label, step_eff, argv), kind in zip(plan, kinds, strict=True)
         ]
+
+    def _tool_state(
+        self, plan: list[tuple[str, Effective, list[str]]], kinds: list[str], user: UserInfo,
+        other_homes: list[str], authorized: Callable[[], None],
+    ) -> None:
+        """The agent tools' state missing on the host is made, as the user,
+        before the specs bind what exists (sandbox/toolstate.py). Only for a
+        fence: kind none runs in the real home already."""
+        fenced = [(eff, argv) for (_l, eff, argv), kind in zip(plan, kinds, strict=True)
+                  if kind != "none"]
+        if not fenced:
+            return
+        hidden = sorted({h for eff, _argv in fenced for h in hidden_paths(
+            user, eff.hidden_paths, scratch_dir=eff.scratch_dir or DEFAULT_SCRATCH_DIR,
+            other_homes=other_homes)})
+        notes = toolstate.prepare(user.uid, user.gid, user.home,
+                                  [argv for _eff, argv in fenced], hidden, authorized)
+        for note in notes:
+            journal.record(f"agent tools' state for {user.name}: {note}",
+                           priority=syslog.LOG_WARNING)
 
     def _choose_kind(
         self, eff: Effective, req: RunInput, probe: Callable[[Effective], str | None],

@@ -49,6 +49,8 @@ SUMMARY_KEYS = 8
 # this many at most, each cut to this length.
 SUMMARY_TARGETS = 32
 TARGET_MAX = 256
+# A record's own target, at most (longer ones are marked cut, with their length).
+RECORD_TARGET_MAX = 4096
 WINDOW = 1.0
 
 # What `lev audit` gets of each entry (journalctl adds the timestamp and cursor).
@@ -215,13 +217,23 @@ class AuditWriter:
 
     def _write(self, record: AuditRecord, taint_after: str) -> None:
         priority = syslog.LOG_INFO if record.outcome in ("allow", "ask") else syslog.LOG_NOTICE
+        fields = record.journal_fields()
+        target = record.target
+        if len(target) > RECORD_TARGET_MAX:
+            # The journal write is synchronous: an agent's 48,000-character
+            # paths made each record ~100 KB and every other user's bus
+            # call wait for journald (issue 31). The record says it is cut
+            # and how long the target was; the decision saw all of it.
+            target = (f"{target[:RECORD_TARGET_MAX]}… (cut: {len(target)} characters)")
+            fields["LEVIATH_TARGET"] = target
+            fields["LEVIATH_TARGET_LENGTH"] = str(len(record.target))
         self._send(
-            f"agent {record.agent}: {record.tool} {record.target or '-'}: {record.outcome} "
+            f"agent {record.agent}: {record.tool} {target or '-'}: {record.outcome} "
             f"(rule {record.rule}, taint {record.taint}, clearance {record.clearance})"
             + (f": {record.detail}" if record.detail else ""),
             priority=priority, LEVIATH_EVENT=Event.TOOL,
             LEVIATH_AT=f"{record.at or time.time():.6f}", LEVIATH_TAINT_AFTER=taint_after,
-            **record.journal_fields(),
+            **fields,
         )
 
 

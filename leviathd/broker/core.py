@@ -15,10 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from leviathd.broker import gitcreds, schema
+from leviathd.broker import gitcreds, resolve, schema
 from leviathd.broker.limits import Limits, too_large
 from leviathd.broker.net import AddressRefused
 from leviathd.broker.opener import Opener
+from leviathd.broker.rulelane import Lane, Lanes
 from leviathd.broker.tools import (
     ArgvRequest,
     ArgvRunner,
@@ -40,8 +41,9 @@ from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.policy import filelabels
 from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
-from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide
+from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide, rule_views
 from leviathd.policy.ledger import Ledger
+from leviathd.policy.rules import RuleResult
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 from leviathd.policy.tooldef import check_args, command_line, render
 from leviathd.readpatterns import is_inside
@@ -100,8 +102,12 @@ class Broker:
         agent_facts: Mapping[str, Any] | None = None,
         tool_runner: ArgvRunner | None = None,
         stage: Callable[[], str] | None = None,
+        lane: Lane | None = None,
     ) -> None:
         self.agent_id = agent_id
+        # Where this user's rules take their turns (broker/rulelane.py): the
+        # daemon gives all brokers of one user the same lane.
+        self._lane = lane or Lanes().lane(user.uid)
         # What policy rules see of the agent (gate.Facts).
         self.agent_facts: Mapping[str, Any] = agent_facts or {"id": agent_id, "user": user.name}
         self.user = user
@@ -221,15 +227,38 @@ class Broker:
         )
 
     async def decide(self, tool: str, args: Mapping[str, Any]) -> Decision:
-        """Gate a call, holding it for a person when policy says ask."""
-        call = self._call_for(tool, args)
-        view: ApprovalView = self.approvals.session
-        for _ in range(3):  # at most a permission ask and a taint ask
+        """Gate a call, holding it for a person when policy says ask.
+
+        A call that dials a host is decided twice: first without its address,
+        and only a call that would then go ahead is resolved (its name never
+        reaches a resolver for a call the gate refuses or a person has not
+        allowed yet: a host name can carry data out), then decided again with
+        the address it will dial, the approvals given so far still holding."""
+        call = await self._touched(tool, args, self._call_for(tool, args))
+        d, view = await self._settle(tool, args, call, self.approvals.session)
+        if d.outcome != "allow" or not self._dials(tool, call):
+            return d
+        call = await self._dialled(tool, args, call)
+        return (await self._settle(tool, args, call, view))[0]
+
+    def _dials(self, tool: str, call: Call) -> bool:
+        return bool(call.host) and not call.address and (
+            TOOLS.kind_of(tool) is ToolKind.WEB or tool in self.policy.tools)
+
+    async def _settle(
+        self, tool: str, args: Mapping[str, Any], call: Call, view: ApprovalView,
+    ) -> tuple[Decision, ApprovalView]:
+        """The decision, holding the call for a person as often as policy
+        asks (at most a permission ask and a taint ask), and the approvals
+        view it was reached with."""
+        for _ in range(3):
             taint = self.ledger.taint
-            facts = self._facts(self._rule_args(tool, args)) if self.policy.rules else Facts()
-            d = decide(self.policy, call, taint, view, facts)
+            policy = self.policy
+            facts = self._facts(self._rule_args(tool, args)) if policy.rules else Facts()
+            ruled = await self._rules(policy, call, taint, facts)
+            d = decide(policy, call, taint, view, facts, ruled)
             if d.outcome != "ask":
-                return d
+                return d, view
             assert d.ask_kind is not None
             self._record(call, taint, d.clearance, d.rule, "ask")
             answer = await self.approvals.ask(
@@ -239,10 +268,60 @@ class Broker:
             )
             if answer is Answer.DENY:
                 return Decision("deny", f"{d.rule}:refused-by-person-or-timeout", d.steps,
-                                call, taint, d.clearance, d.label)
+                                call, taint, d.clearance, d.label), view
             if answer is Answer.ONCE:
                 view = OnceApproval(view, d.ask_kind, tool, call.approval_key, taint)
         raise Unavailable("approval loop did not settle")  # pragma: no cover
+
+    async def _rules(
+        self, policy: CompiledPolicy, call: Call, taint: Sensitivity, facts: Facts,
+    ) -> tuple[RuleResult | None] | None:
+        """The rules' result for the gate, evaluated in this user's lane (in
+        slices, the loop getting turns between them); None: no rule concerns
+        this tool, the gate has nothing to evaluate."""
+        concern = policy.rules.for_tool(call.tool) if policy.rules else ()
+        if not concern:
+            return None
+        if self._dials(call.tool, call):
+            # Not resolved yet (decide's first pass): rules about the address
+            # wait for the second, which has it.
+            concern = tuple(r for r in concern if not r.reads_address)
+        views = rule_views(policy, call, taint, facts)
+        return (await self._lane.evaluate(concern, views),)
+
+    async def _touched(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
+        """The call with the real paths of the files it will touch
+        (broker/resolve.py); its address comes later (`_dialled`)."""
+        kind = TOOLS.kind_of(tool)
+        if kind in (ToolKind.READ, ToolKind.WRITE):
+            for attempt in (1, 2):
+                self.start()
+                assert self._opener is not None
+                try:
+                    return await self.in_pool(resolve.file_call, call, self._opener,
+                                              self.policy.grant, write=kind is ToolKind.WRITE)
+                except Unavailable:
+                    self._drop_opener()  # its user can kill it: a new one, once
+                    if attempt == 2:
+                        raise
+        own = self.policy.tools.get(tool)
+        if own is not None and call.paths:
+            self.start()
+            assert self._opener is not None
+            return await self.in_pool(resolve.blueprint_paths, call, self._opener,
+                                      self.policy.grant)
+        return call
+
+    async def _dialled(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
+        """The call with the address it will dial (broker/resolve.py)."""
+        if TOOLS.kind_of(tool) is not ToolKind.WEB:
+            return await self.in_pool(resolve.blueprint_address, call)
+        try:
+            return await self.in_pool(
+                resolve.web_call, call, args,
+                allow_private=self.policy.settings.allow_private_addresses)
+        except AddressRefused as exc:
+            raise ToolRefused(str(exc), "address-refused") from None
 
     def _describe(self, tool: str, args: Mapping[str, Any]) -> str:
         own = self.policy.tools.get(tool)
@@ -260,9 +339,9 @@ class Broker:
         own = self.policy.tools.get(tool)
         if own is None:
             return schema.call_for(tool, args, self.policy.workdir)
-        # The target is the command line it would run: what rules, allowlist
-        # globs and the person answering an approval see.
-        return Call(tool, command_line(render(own, check_args(own, args))))
+        # The target is the whole command line it would run: what rules,
+        # allowlist globs and the person answering an approval see.
+        return resolve.blueprint_call(own, args, self.policy.workdir)
 
     def _facts(self, args: Mapping[str, Any]) -> Facts:
         ledger = tuple((e.tool, e.target, str(e.label)) for e in self.ledger.entries())
@@ -275,6 +354,9 @@ class Broker:
         """Run one tool call; returns the JSON-able reply (ok or error)."""
         try:
             d = await self.decide(tool, args)
+        except ToolRefused as exc:
+            self._record(Call(tool, ""), self.ledger.taint, None, exc.rule, "deny", str(exc))
+            return _error("denied", str(exc), exc.rule)
         except LimitExceeded as exc:
             self._record(Call(tool, ""), self.ledger.taint, None, "limit", "error", str(exc))
             return limit_error(exc)
@@ -292,7 +374,7 @@ class Broker:
             self._record(call, d.taint, d.clearance, d.rule, "deny", detail)
             return _error("denied", _why(d), d.rule)
         try:
-            result, label = await self._run(tool, args, d.label)
+            result, label = await self._run(tool, args, d.label, call)
         except ToolRefused as exc:
             self._record(call, d.taint, d.clearance, exc.rule, "deny", str(exc))
             return _error("denied", str(exc), exc.rule)
@@ -475,7 +557,7 @@ class Broker:
             os.close(fd)
 
     async def _run(
-        self, tool: str, args: Mapping[str, Any], predicted: Sensitivity
+        self, tool: str, args: Mapping[str, Any], predicted: Sensitivity, call: Call,
     ) -> tuple[Any, Sensitivity]:
         settings = self.policy.settings
         kind = TOOLS.kind_of(tool)
@@ -486,6 +568,7 @@ class Broker:
                 assert self._opener is not None
                 files = FileTools(self._opener, self.policy.grant, self.limits)
                 files.taint = self.ledger.taint
+                files.decided = frozenset(call.paths)
                 try:
                     result = await self.in_pool(
                         _file_call, files, tool, args, workdir, self._budget()
@@ -503,7 +586,7 @@ class Broker:
             try:
                 return await self.in_pool(
                     web_tool, tool, args, allow_private=settings.allow_private_addresses,
-                    max_bytes=self._budget() // 2,
+                    max_bytes=self._budget() // 2, address=call.address or None,
                 ), predicted
             except AddressRefused as exc:
                 raise ToolRefused(str(exc), "address-refused") from None

@@ -17,6 +17,7 @@ from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
 from leviathd.errors import InvalidArgument, NotFound
+from leviathd.hosts import canonical_host
 from leviathd.policy.settings import CredentialSpec
 
 _DEFAULT_PORT = {"http": 80, "https": 443}
@@ -37,8 +38,11 @@ def parse_url(url: str) -> tuple[str, str, int, str]:
         raise InvalidArgument(f"git credentials are for http(s) URLs, not {url[:80]!r}")
     if parts.username or parts.password or parts.query or parts.fragment:
         raise InvalidArgument("the URL carries a user, a query or a fragment")
-    return parts.scheme, parts.hostname.lower(), port or _DEFAULT_PORT[parts.scheme], (
-        parts.path.lstrip("/"))
+    # The one form rules and credential patterns compare (leviathd/hosts.py).
+    host = canonical_host(parts.hostname)
+    if host is None:
+        raise InvalidArgument(f"not a valid host name in {url[:80]!r}")
+    return parts.scheme, host, port or _DEFAULT_PORT[parts.scheme], parts.path.lstrip("/")
 
 
 def target(url: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from leviathd.errors import AccessDenied, InvalidArgument
+from leviathd.hosts import canonical_host, embedded_ipv4
 
 # Cloud metadata endpoints are refused even with allow_private_addresses:
 # the flag exists for services on the LAN or loopback, and nothing an agent
@@ -36,28 +37,6 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 class AddressRefused(AccessDenied):
     pass
-
-
-_V4_COMPATIBLE = ipaddress.ip_network("::/96")
-_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
-
-
-def embedded_ipv4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 form carries and may reach (mapped
-    ::ffff:a.b.c.d, the old compatible ::a.b.c.d, NAT64 64:ff9b::a.b.c.d,
-    6to4, Teredo), or None: each is judged by the IPv4 address inside, so
-    `[::127.0.0.1]` is loopback as 127.0.0.1 is."""
-    if addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped
-    if addr in _V4_COMPATIBLE and int(addr) > 1:
-        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
-    if any(addr in net for net in _NAT64):
-        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
-    if addr.sixtofour is not None:
-        return addr.sixtofour
-    if addr.teredo is not None:
-        return addr.teredo[1]
-    return None
 
 
 def address_refusal(
@@ -162,7 +141,10 @@ def _origin(url: str) -> tuple[str, str, int] | None:
         return None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return None
-    return parts.scheme, parts.hostname.lower(), port
+    host = canonical_host(parts.hostname)
+    if host is None:
+        return None
+    return parts.scheme, host, port
 
 
 def request(
@@ -175,19 +157,23 @@ def request(
     follow_redirects: bool = True,
     max_bytes: int = MAX_BODY,
     timeout: float = TIMEOUT,
+    address: str | None = None,
 ) -> Response:
     """One request. A redirect is followed only to the same scheme, host and
     port, which the gate already decided on; any other (another host, port
     or scheme, or a Location that does not parse) comes back to the agent as
     the 3xx response with its `location`, and reaching it is a new call
     that the gate decides afresh, with its own audit record (issue 21). Every
-    failure is an InvalidArgument (or AddressRefused), never a bare ValueError."""
+    failure is an InvalidArgument (or AddressRefused), never a bare ValueError.
+    `address`: the one the gate decided on (resolve.py); every hop (all to
+    the same host) dials it, checked again here."""
     start = _origin(url)
     if start is None:
         raise InvalidArgument(f"not an http(s) URL: {url[:200]!r}")
     for _ in range(MAX_REDIRECTS + 1):
         resp, location = _one(method, url, body=body, headers=headers,
-                              allow_private=allow_private, max_bytes=max_bytes, timeout=timeout)
+                              allow_private=allow_private, max_bytes=max_bytes, timeout=timeout,
+                              address=address)
         if not (follow_redirects and method == "GET" and location):
             return resp
         try:
@@ -202,14 +188,21 @@ def request(
 
 def _one(
     method: str, url: str, *, body: bytes | None, headers: Mapping[str, str] | None,
-    allow_private: bool, max_bytes: int, timeout: float,
+    allow_private: bool, max_bytes: int, timeout: float, address: str | None = None,
 ) -> tuple[Response, str | None]:
     origin = _origin(url)
     if origin is None:
         raise InvalidArgument(f"not an http(s) URL: {url[:200]!r}")
     scheme, host, port = origin
     parts = urlsplit(url)
-    _, address = resolve_checked(host, port, allow_private=allow_private)[0]
+    if address is None:
+        _, address = resolve_checked(host, port, allow_private=allow_private)[0]
+    else:
+        reason = address_refusal(ipaddress.ip_address(address.split("%")[0]),
+                                 allow_private=allow_private)
+        if reason is not None:
+            raise AddressRefused(f"refusing {host}: {reason} (set [taint] "
+                                 "allow_private_addresses)")
     cls = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
     conn = cls(host, port, address, timeout)
     path = parts.path or "/"

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from leviathd.broker.gitcreds import target as git_target
 from leviathd.domain.tools import TOOLS, ToolKind
 from leviathd.errors import InvalidArgument
+from leviathd.hosts import canonical_host
 from leviathd.policy.gate import Call, normalise
 
 
@@ -83,7 +84,12 @@ def host_of(url: str) -> str:
         raise InvalidArgument(f"port 0 in {shown_url(url)}")
     if any(c in url for c in "\r\n\t\0 "):
         raise InvalidArgument(f"a URL with spaces or control characters: {shown_url(url)}")
-    return parts.hostname.lower()
+    # The one form rules, the allowlist and approvals compare (hosts.py):
+    # 2130706433, 127.1 and [::ffff:127.0.0.1] are all 127.0.0.1.
+    host = canonical_host(parts.hostname)
+    if host is None:
+        raise InvalidArgument(f"not a valid host name in {shown_url(url)}")
+    return host
 
 
 def port_of(url: str) -> int:
@@ -140,7 +146,8 @@ def check_headers(url: str, headers: Mapping[str, str]) -> None:
 def _same_host(value: str, url: str, host: str) -> bool:
     try:
         given = urlsplit("//" + value.strip())
-        return (given.hostname or "") == host and given.port in (None, urlsplit(url).port)
+        return (canonical_host(given.hostname or "") == host
+                and given.port in (None, urlsplit(url).port))
     except ValueError:
         return False
 
@@ -158,12 +165,13 @@ def call_for(tool: str, args: Mapping[str, Any], workdir: str) -> Call:
         else:
             raw = [str(args.get("path") or ".")]
         paths = tuple(normalise(p, workdir) for p in raw)
-        return Call(tool, " ".join(paths), paths)
+        # The broker replaces these by the real paths it opens (resolve.py).
+        return Call(tool, " ".join(paths), paths, requested=" ".join(map(str, raw)))
     if kind is ToolKind.WEB:
         url = str(args["url"])
         check_headers(url, dict(args.get("headers") or {}))
         host = host_of(url)
-        return Call(tool, host, scope=f"{host}:{port_of(url)}")
+        return Call(tool, host, scope=f"{host}:{port_of(url)}", requested=url, host=host)
     if kind is ToolKind.SHELL:
         return Call(tool, str(args["command"]))
     if kind is ToolKind.CREDENTIAL:
@@ -172,6 +180,9 @@ def call_for(tool: str, args: Mapping[str, Any], workdir: str) -> Call:
         where = git_target(str(args["url"]))
         return Call(tool, where, scope=where)
     if kind is ToolKind.SSH:
-        host = str(args["host"])[:300]
+        host = str(args["host"])
+        if len(host) > 300:
+            # Refused, never cut: a rule must see the whole target.
+            raise InvalidArgument(f"{tool}: a host of more than 300 characters")
         return Call(tool, host, scope=host)
     return Call(tool, "")

@@ -108,6 +108,14 @@ class FileTools:
         self.writes: list[tuple[tuple[int, int], Sensitivity | None]] = []
         # The agent's taint when the call started: what a write carries.
         self.taint = Sensitivity.PUBLIC
+        # The real paths the gate decided on (resolve.py): a descriptor with
+        # another real path (a link swapped since) is refused. None: any.
+        self.decided: frozenset[str] | None = None
+
+    def _check_decided(self, path: str, real: str) -> None:
+        if self.decided is not None and real not in self.decided:
+            raise RealPathRefused(f"{shown(path)}: leads elsewhere than when the call was "
+                                  "decided (changed meanwhile); refused")
 
     def _refused(self, path: str, verb: str) -> RealPathRefused:
         # One message whatever is (or is not) behind the path: the agent must
@@ -141,6 +149,7 @@ class FileTools:
             real = fd_real_path(fd)
             if not self.index.may_read(real):
                 raise self._refused(path, "read")
+            self._check_decided(path, real)
             st = os.fstat(fd)
             if not directory and not stat.S_ISREG(st.st_mode):
                 raise InvalidArgument(f"{shown(path)}: not a regular file")
@@ -240,6 +249,7 @@ class FileTools:
             st = os.fstat(fd)
             if not self.index.may_write(real):
                 raise self._refused(path, "write")
+            self._check_decided(path, real)
             if not stat.S_ISREG(st.st_mode):
                 raise InvalidArgument(f"{shown(path)}: not a regular file")
             if st.st_nlink > 1:
@@ -367,17 +377,19 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def web_tool(
-    tool: str, args: Mapping[str, Any], *, allow_private: bool, max_bytes: int = net.MAX_BODY
+    tool: str, args: Mapping[str, Any], *, allow_private: bool, max_bytes: int = net.MAX_BODY,
+    address: str | None = None,
 ) -> dict[str, Any]:
+    """`address`: the one the gate decided on (resolve.web_call)."""
     url = str(args["url"])
     headers = dict(args.get("headers") or {})
     if tool == "http_post":
         body = str(args["body"]).encode()
         resp = net.request("POST", url, body=body, headers=headers, allow_private=allow_private,
-                           follow_redirects=False, max_bytes=max_bytes)
+                           follow_redirects=False, max_bytes=max_bytes, address=address)
     else:
         resp = net.request("GET", url, headers=headers, allow_private=allow_private,
-                           max_bytes=max_bytes)
+                           max_bytes=max_bytes, address=address)
     return resp.as_dict()
 
 

@@ -89,6 +89,8 @@ def _record_variants(rec: AgentRecord) -> dict[str, Variant]:
         "command": Variant("as", list(rec.command)),
         "started_at": Variant("d", rec.started_at),
     }
+    if rec.blueprint:
+        out["blueprint"] = Variant("s", rec.blueprint)
     if rec.ended_at is not None:
         out["ended_at"] = Variant("d", rec.ended_at)
     if rec.exit_status is not None:

@@ -83,7 +83,38 @@ def compute(args: argparse.Namespace) -> SandboxSpec:
         workdir_mode=args.workdir_mode,
         env=dict(os.environ),
     )
-    return build_spec_on_host(effective, user_info(os.getuid()), request, _PLACEHOLDER_ID)
+    spec = build_spec_on_host(effective, user_info(os.getuid()), request, _PLACEHOLDER_ID)
+    return with_tool_state_notes(spec, [list(command), *merged.seed,
+                                        *(s.command for s in merged.stages.values())])
+
+
+def with_tool_state_notes(spec: SandboxSpec, argvs: list[list[str]]) -> SandboxSpec:
+    """What the daemon would make of the agent tools' state before the fence
+    (sandbox/toolstate.py), as notes: made at the start, not by inspect."""
+    import dataclasses
+
+    from leviathd.sandbox import toolstate
+
+    if spec.kind == "none":
+        return spec
+
+    def list_dir(path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))[: toolstate.MAX_NVM_VERSIONS]
+        except OSError:
+            return []
+
+    from leviathd.sandbox.spec import is_within
+
+    missing = toolstate.missing_state(
+        spec.home, argvs, os.path.lexists, list_dir,
+        hidden=lambda p: any(is_within(p, h) for h in spec.hidden))
+    notes = tuple(
+        f"~/{m.rel}: missing; made as you ({'folder 0700' if m.folder else 'file 0600'}) when "
+        f"the agent starts, so that {m.tool} ({m.why}) keeps its state on the host"
+        for m in missing
+    )
+    return dataclasses.replace(spec, notes=spec.notes + notes) if notes else spec
 
 
 def _access(readonly: bool) -> str:

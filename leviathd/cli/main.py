@@ -30,6 +30,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "leviathd.cli.approvals",
     "leviathd.cli.audit",
     "leviathd.cli.connect",
+    "leviathd.cli.folders",
 )
 
 
@@ -49,13 +50,15 @@ COMMAND_MODULES: dict[str, str] = {
     "approve": "leviathd.cli.approvals",
     "audit": "leviathd.cli.audit",
     "connect": "leviathd.cli.connect",
+    "folder": "leviathd.cli.folders",
+    "restart": "leviathd.cli.folders",
 }
 
 
 # How `lev --help` lists the commands; one missing here shows under "other".
 GROUPS: dict[str, tuple[str, ...]] = {
-    "running agents": ("run", "ps", "stop", "logs", "inspect"),
-    "agent store": ("add", "list", "validate"),
+    "running agents": ("run", "ps", "stop", "restart", "logs", "inspect"),
+    "agent store": ("add", "list", "validate", "folder"),
     "policy": ("policy", "approvals", "approve", "audit"),
     "inside an agent": ("tool", "mcp", "connect"),
 }

@@ -159,7 +159,7 @@ def build_request(args: argparse.Namespace) -> dict[str, Variant]:
         # Read here, as the user: the daemon never opens a path a client names.
         with open(path, encoding="utf-8") as f:
             req["blueprint"] = Variant("s", f.read())
-        req["blueprint_source"] = Variant("s", path)
+        req["blueprint_source"] = Variant("s", os.path.abspath(path))
     else:
         raise InvalidArgument(
             "nothing to run: give a blueprint (lev run my-agent) or -- and a command "

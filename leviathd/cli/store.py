@@ -43,7 +43,10 @@ def _list(args: argparse.Namespace) -> int:
         bp = agent.blueprint
         result = resolve(machine, user, bp, bp.agent.name)
         report = Report(path=agent.path / "blueprint.toml", blueprint=bp, result=result)
-        rows.append(as_json(report))
+        row = as_json(report)
+        row["folders"] = [{"path": f.path, "access": str(f.access), "repository": f.repository}
+                          for f in result.agent.folders]
+        rows.append(row)
         declared = result.agent.read_paths_declared
         granted = result.agent.read_paths_granted
         stages = len(bp.stages)
@@ -58,6 +61,10 @@ def _list(args: argparse.Namespace) -> int:
                     else f" (not granted: {', '.join(d for d in declared if d not in granted)})"
                 )
             )
+        for f in result.agent.folders:
+            access = "read-write" if str(f.access) == "write" else "read-only"
+            where = f" when in {f.repository}" if f.repository else ""
+            lines.append(f"  folder {f.path} ({access}){where}")
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -42,6 +42,7 @@ from leviathd.config.models import (
     Config,
     ContainersConfig,
     CredentialConfig,
+    FolderGrant,
     OnUnavailable,
     PolicyRule,
     ProxyConfig,
@@ -190,6 +191,10 @@ class Effective:
     # True when the image and mounts came from the blueprint's own opt-in (no [sandbox]
     # in any config); shown by `lev validate` and `lev inspect`.
     blueprint_sandbox: bool = False
+    # [[folders]] of the machine and user configs for this agent (or for any
+    # agent in a repository): the spec keeps those whose repository holds the
+    # workdir.
+    folders: list[FolderGrant] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -771,6 +776,8 @@ def _config_layer(
         rules=rules,
         credentials=credentials,
         proxy=proxy,
+        folders=[f for f in [*machine.folders, *(user.folders if user is not None else [])]
+                 if f.agent is None or f.agent == agent],
     )
     return _Base(
         eff=eff,

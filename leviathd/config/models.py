@@ -30,7 +30,7 @@ from pydantic import (
 
 from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.engine import Engine
-from leviathd.domain.mounts import Mount, MountPath
+from leviathd.domain.mounts import Access, Mount, MountPath
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.policy.cel import CelError
@@ -489,6 +489,27 @@ class RecordsConfig(_Model):
     max_per_user: Annotated[StrictInt, Field(ge=0, le=1_000_000)] = 1000
 
 
+class FolderGrant(_Model):
+    """`[[folders]]`: a folder shown to one installed agent (`agent`), to every
+    agent whose workdir is in one repository (`repository`), or to that agent
+    in that repository (both): the Legato spec's resources."""
+
+    path: MountPath
+    access: Access = Access.READ
+    agent: Name | None = None
+    repository: MountPath | None = None
+
+    @model_validator(mode="after")
+    def _for_someone(self) -> FolderGrant:
+        if self.agent is None and self.repository is None:
+            raise ValueError("a folder names the agent or the repository it is for "
+                             "([sandbox] mounts give a folder to every agent)")
+        return self
+
+
+MAX_FOLDERS = 256
+
+
 class Config(_Model):
     """A machine or user config.toml. Every section is optional."""
 
@@ -505,6 +526,8 @@ class Config(_Model):
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     records: RecordsConfig = Field(default_factory=RecordsConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    folders: Annotated[list[FolderGrant], Field(max_length=MAX_FOLDERS)] = Field(
+        default_factory=list)
 
 
 # -------------------------------------------------------------------------- blueprint

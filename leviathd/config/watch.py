@@ -1,6 +1,7 @@
 """Re-read the machine configuration when its file changes (inotify), so the
 next `lev run` after an edit uses it without a restart. The folder is watched,
-not the file: editors and `lev policy` replace files by renaming."""
+not the file: editors and `lev policy` replace files by renaming. inotify
+through libc (leviathd/inotify.py): the packaged daemon has it too."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+
+from leviathd import inotify
 
 log = logging.getLogger(__name__)
 
@@ -25,36 +27,37 @@ class ConfigWatcher:
         self._suffix = suffix
         self._on_change = on_change
         self._settle = settle
-        self._inotify: Any = None
+        self._inotify: int | None = None
         self._pending: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         folder = os.path.dirname(self._path) or "."
-        try:
-            # Not packaged by Debian: where it is missing, SIGHUP and Reload
-            # still re-read the file.
-            from inotify_simple import INotify, flags
-        except ImportError:
-            log.warning("inotify_simple is not installed: edits to %s take effect on "
-                        "`systemctl reload leviathd`", self._path)
-            return
-        mask = flags.CLOSE_WRITE | flags.MOVED_TO | flags.CREATE | flags.DELETE | flags.MOVED_FROM
+        mask = (inotify.IN_CLOSE_WRITE | inotify.IN_MOVED_TO | inotify.IN_CREATE
+                | inotify.IN_DELETE | inotify.IN_MOVED_FROM | inotify.IN_ONLYDIR)
         try:
             os.makedirs(folder, mode=0o755, exist_ok=True)
-            inotify = INotify()
-            inotify.add_watch(folder, mask)
+            fd = inotify.init()
         except OSError as exc:
             log.warning("not watching %s for changes (%s); use `systemctl reload leviathd`",
                         self._path, exc)
             return
-        self._inotify = inotify
-        asyncio.get_running_loop().add_reader(inotify.fileno(), self._readable)
+        try:
+            inotify.add_watch(fd, folder, mask)
+        except OSError as exc:
+            os.close(fd)
+            log.warning("not watching %s for changes (%s); use `systemctl reload leviathd`",
+                        self._path, exc)
+            return
+        self._inotify = fd
+        asyncio.get_running_loop().add_reader(fd, self._readable)
 
     def _readable(self) -> None:
         assert self._inotify is not None
-        events = self._inotify.read(timeout=0)
-        if not any(ev.name == self._name if not self._suffix
-                   else ev.name.endswith(self._suffix) and not ev.name.startswith(".")
+        events = inotify.read(self._inotify)
+        # An overflow lost names: any of them may have been ours.
+        if not any(ev.mask & inotify.IN_Q_OVERFLOW
+                   or (ev.name == self._name if not self._suffix
+                       else ev.name.endswith(self._suffix) and not ev.name.startswith("."))
                    for ev in events):
             return
         # One save is often several events (write, rename): act once they settle.
@@ -68,6 +71,6 @@ class ConfigWatcher:
 
     def close(self) -> None:
         if self._inotify is not None:
-            asyncio.get_running_loop().remove_reader(self._inotify.fileno())
-            self._inotify.close()
+            asyncio.get_running_loop().remove_reader(self._inotify)
+            os.close(self._inotify)
             self._inotify = None

@@ -40,6 +40,7 @@ from leviathd import fsat
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord, Broker
+from leviathd.broker.rulelane import Lanes
 from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of
 from leviathd.broker.tools import MAX_READ, ArgvRequest, CredentialRequest, ShellRequest
 from leviathd.config.merge import MergeResult
@@ -113,6 +114,8 @@ class GateService:
         # uids a bus method has just checked with polkit (answer-any); only
         # ever set and cleared within one synchronous call, see answer().
         self._vouched: set[int] = set()
+        # One lane per user for rule evaluation (broker/rulelane.py).
+        self._lanes = Lanes()
 
     def install(self) -> None:
         self._agents.spec_extensions.append(self.extend_spec)
@@ -245,6 +248,7 @@ class GateService:
             audit=lambda record: self._audit(rec.id, record), shell=self.run_shell,
             credential=self.run_credential, agent_facts=_agent_facts(rec, user, settings),
             tool_runner=self.run_tool, stage=lambda: self.stage_of(rec.id),
+            lane=self._lanes.lane(rec.uid),
         )
         server = BrokerServer(broker, lookup=self.lookup,
                               path=os.path.join(folder, SOCKET_NAME), mode=0o600)

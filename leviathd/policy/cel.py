@@ -29,7 +29,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 MAX_SOURCE = 4096
 MAX_DEPTH = 32
@@ -294,6 +294,11 @@ class _Parser:
 # ------------------------------------------------------------------ program
 
 
+class Spent(Protocol):
+    left: int
+
+
+
 @dataclass(frozen=True)
 class Program:
     source: str
@@ -302,10 +307,17 @@ class Program:
     nodes: int
     fn: Fn
 
-    def evaluate(self, env: Mapping[str, Any], *, max_steps: int = MAX_STEPS) -> Any:
+    def evaluate(self, env: Mapping[str, Any], *, max_steps: int = MAX_STEPS,
+                 spent: Spent | None = None) -> Any:
+        """`spent`: a caller's running total (its `left` is lowered by the
+        steps this evaluation took, also when it fails)."""
         budget = _Budget(max_steps)
-        budget.cost(self.nodes)
-        return self.fn(env, budget)
+        try:
+            budget.cost(self.nodes)
+            return self.fn(env, budget)
+        finally:
+            if spent is not None:
+                spent.left -= max_steps - budget.left
 
 
 def compile_expr(source: str, names: Sequence[str] = ()) -> Program:

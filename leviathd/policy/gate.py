@@ -9,7 +9,7 @@ file.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -17,7 +17,15 @@ from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, ToolKind
 from leviathd.policy.labels import label_for
 from leviathd.policy.permissions import permission_for
-from leviathd.policy.rules import RuleResult, environment, evaluate
+from leviathd.policy.rules import (
+    MAX_CALL_STEPS,
+    RANK,
+    CompiledRule,
+    RuleResult,
+    StepBudget,
+    environment,
+    evaluate,
+)
 from leviathd.policy.settings import CompiledPolicy
 from leviathd.readpatterns import is_inside
 
@@ -36,6 +44,15 @@ class Call:
     # What a session approval covers, when narrower than `target`: a web
     # call's host *and port* (the allowlist still matches the host).
     scope: str = ""
+    # What the agent wrote (its path(s), its URL), where target and paths
+    # are what the call will really touch: the real paths of the files the
+    # broker opened, the canonical host (leviathd/hosts.py).
+    requested: str = ""
+    # The host a call reaches, canonical, and the address it will dial
+    # (after resolution; "" when it dials nothing or the address is not
+    # known, as for a blueprint tool, which resolves for itself).
+    host: str = ""
+    address: str = ""
 
     @property
     def approval_key(self) -> str:
@@ -93,9 +110,61 @@ class NoApprovals:
 NO_APPROVALS = NoApprovals()
 
 
+# What a call does, for rules (`call.kind`): one rule covers every tool that
+# reads a file, whichever of them the agent picked.
+RULE_KINDS = {
+    ToolKind.READ: "read", ToolKind.WRITE: "write", ToolKind.WEB: "net",
+    ToolKind.SHELL: "shell", ToolKind.CREDENTIAL: "credential", ToolKind.GIT: "git",
+    ToolKind.SSH: "ssh", ToolKind.BLUEPRINT: "tool",
+}
+
+
+def rule_kind(kind: ToolKind | None) -> str:
+    return RULE_KINDS.get(kind, "") if kind is not None else ""
+
+
 def normalise(path: str, workdir: str) -> str:
     """Lexical absolute form (relative paths are relative to the workdir)."""
     return os.path.normpath(os.path.join(workdir, path))
+
+
+def rule_views(
+    policy: CompiledPolicy, call: Call, taint: Sensitivity, facts: Facts,
+) -> list[dict[str, Any]]:
+    """What the rules see of this call, once per thing it touches: a call on
+    several files (read_files) is judged file by file, each as the target,
+    so a rule about one file holds whichever tool reads it; a blueprint
+    tool by its command line, then each argument it declares a path, as a
+    read."""
+    kind = policy.registry.kind_of(call.tool)
+    views: list[tuple[str, str]]
+    if kind is ToolKind.BLUEPRINT:
+        views = [("tool", call.target), *(("read", p) for p in call.paths)]
+    elif len(call.paths) > 1:
+        views = [(rule_kind(kind), p) for p in call.paths]
+    else:
+        views = [(rule_kind(kind), call.target)]
+    return [environment(tool=call.tool, target=target, args=facts.args, paths=call.paths,
+                        taint=str(taint), agent=facts.agent, ledger=facts.ledger,
+                        now=facts.now, kind=what, requested=call.requested,
+                        host=call.host, address=call.address)
+            for what, target in views]
+
+
+def evaluate_views(
+    concern: Sequence[CompiledRule], views: Sequence[Mapping[str, Any]],
+) -> RuleResult | None:
+    """Every view against the rules, within one call's step budget; the
+    strictest result stands (the broker's cooperative form: broker/rulelane.py)."""
+    budget = StepBudget(MAX_CALL_STEPS)
+    best: RuleResult | None = None
+    for env in views:
+        found = evaluate(concern, env, budget)
+        if found is not None and (best is None or RANK[found.decision] > RANK[best.decision]):
+            best = found
+        if best is not None and best.decision == "deny":
+            break
+    return best
 
 
 def decide(
@@ -104,7 +173,10 @@ def decide(
     taint: Sensitivity,
     approvals: ApprovalView = NO_APPROVALS,
     facts: Facts = NO_FACTS,
+    ruled_already: tuple[RuleResult | None] | None = None,
 ) -> Decision:
+    """`ruled_already`: the rules' result, when the caller evaluated them
+    itself (the broker does, off the shared path: broker/rulelane.py)."""
     steps: list[Step] = []
     tool = call.tool
     kind = TOOLS.kind_of(tool)
@@ -130,10 +202,8 @@ def decide(
     ruled: RuleResult | None = None
     concern = policy.rules.for_tool(tool) if policy.rules else ()
     if concern:
-        env = environment(tool=tool, target=call.target, args=facts.args, paths=call.paths,
-                          taint=str(taint), agent=facts.agent, ledger=facts.ledger,
-                          now=facts.now)
-        ruled = evaluate(concern, env)
+        ruled = (ruled_already[0] if ruled_already is not None
+                 else evaluate_views(concern, rule_views(policy, call, taint, facts)))
         if ruled is None:
             steps.append(Step("rules", "none", f"none of {len(concern)} rules for {tool} matched"))
         else:

@@ -16,13 +16,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from leviathd.policy.cel import CelError, Program, compile_expr
+from leviathd.hosts import address_facts
+from leviathd.policy.cel import MAX_STEPS, CelError, Program, compile_expr
 
 RuleDecision = Literal["allow", "deny", "ask"]
 VARIABLES = ("call", "agent", "taint", "ledger", "time")
 MAX_RULES = 256  # per layer
 MAX_REASON = 200
-_RANK = {"allow": 0, "ask": 1, "deny": 2}
+RANK = {"allow": 0, "ask": 1, "deny": 2}
+# Steps one call may spend on all its rules, every layer and every file of
+# it together (each rule also keeps its own cel.MAX_STEPS): what bounds the
+# worst call's time, whoever wrote the rules (docs/configuration.md).
+MAX_CALL_STEPS = 40_000
+# What running one rule costs besides its nodes, charged to the call's
+# budget: thousands of trivial rules times many files cost time too.
+RULE_OVERHEAD = 16
 # The ledger a rule sees: its newest entries, enough to tell what the agent
 # has been reading, bounded so a long-lived agent's rules cost the same.
 LEDGER_TAIL = 32
@@ -46,6 +54,12 @@ class CompiledRule:
     @property
     def label(self) -> str:
         return f"rule:{self.spec.layer}:{self.spec.name}"
+
+    @property
+    def reads_address(self) -> bool:
+        """Whether it reads `call.address` or `call.ip` (a call not resolved
+        yet is judged by such a rule only once it is: broker/core.py)."""
+        return self.program is not None and reads_call_field(self.program, ADDRESS_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,26 @@ def tool_guard(program: Program) -> frozenset[str] | None:
     return None
 
 
+ADDRESS_FIELDS = frozenset({"address", "ip"})
+
+
+def reads_call_field(program: Program, names: frozenset[str]) -> bool:
+    """Whether the condition reads one of `call`'s fields `names` (as
+    `call.x` or `call["x"]`)."""
+    stack = [program.tree]
+    while stack:
+        node = stack.pop()
+        base = node[2] if node[0] in ("field", "index") else None
+        if base is not None and base[0] == "var" and base[2] == "call":
+            key = node[3]
+            if node[0] == "field" and key in names:
+                return True
+            if node[0] == "index" and (key[0] != "lit" or key[2] in names):
+                return True  # a computed key may be any field
+        stack.extend(c for c in node[2:] if isinstance(c, tuple))
+    return False
+
+
 def _is_call_tool(node: tuple[Any, ...]) -> bool:
     return bool(node[0] == "field" and node[3] == "tool" and node[2][0] == "var"
                 and node[2][2] == "call")
@@ -128,18 +162,37 @@ class RuleSet:
         return found
 
 
-def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any]) -> RuleResult | None:
-    """The strictest matching rule's result, or None when none matched."""
+class StepBudget:
+    """The steps left for one call's rules (MAX_CALL_STEPS)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any],
+             budget: StepBudget | None = None) -> RuleResult | None:
+    """The strictest matching rule's result, or None when none matched. With
+    `budget`, each rule runs with what the call has left (at most its own
+    MAX_STEPS); once the call's budget is spent, the next rule counts as a
+    deny that names it, like a rule over its own budget: fails closed."""
     best: RuleResult | None = None
     for rule in rules:
         if best is not None and best.decision == "deny":
             break  # nothing is stricter than a deny
+        if budget is not None:
+            budget.left -= RULE_OVERHEAD
+        steps = MAX_STEPS if budget is None else min(MAX_STEPS, budget.left)
+        if budget is not None and steps <= 0:
+            why = f"the call's rules ran over their step budget ({MAX_CALL_STEPS} steps)"
+            return RuleResult("deny", rule.label, f"rule not run: {why}", why)
         if rule.program is None:
             result = RuleResult("deny", rule.label, f"rule does not compile: {rule.error}",
                                 rule.error)
         else:
             try:
-                matched = rule.program.evaluate(env)
+                matched = rule.program.evaluate(env, max_steps=steps, spent=budget)
             except CelError as exc:
                 result = RuleResult("deny", rule.label, f"rule failed: {exc}", str(exc))
             except Exception as exc:  # a bug here must still fail closed, named
@@ -155,7 +208,7 @@ def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any]) -> RuleResul
                 else:
                     result = RuleResult(rule.spec.decision, rule.label,
                                         rule.spec.reason or rule.spec.when)
-        if best is None or _RANK[result.decision] > _RANK[best.decision]:
+        if best is None or RANK[result.decision] > RANK[best.decision]:
             best = result
     return best
 
@@ -163,15 +216,21 @@ def evaluate(rules: Sequence[CompiledRule], env: Mapping[str, Any]) -> RuleResul
 def environment(
     *, tool: str, target: str, args: Mapping[str, Any], paths: Sequence[str], taint: str,
     agent: Mapping[str, Any], ledger: Iterable[tuple[str, str, str]], now: float | None = None,
+    kind: str = "", requested: str = "", host: str = "", address: str = "",
 ) -> dict[str, Any]:
     """What a rule sees. `ledger`: (tool, target, label) of the live entries,
-    oldest first."""
+    oldest first. `kind`: what the call does (rule_kind); `requested`: the
+    path(s) or URL as the agent wrote them, where `target`/`paths` are what
+    will really be touched (the opened files' real paths, the canonical
+    host); `address`: the IP address the call will dial ("" for none)."""
     entries = list(ledger)
     tail = entries[-LEDGER_TAIL:]
     unix = time.time() if now is None else now
     t = time.localtime(unix)
     return {
-        "call": {"tool": tool, "target": target, "args": _plain(args, 4), "paths": tuple(paths)},
+        "call": {"tool": tool, "target": target, "args": _plain(args, 4), "paths": tuple(paths),
+                 "kind": kind, "requested": requested, "host": host, "address": address,
+                 "ip": address_facts(address)},
         "agent": agent,
         "taint": taint,
         "ledger": {

@@ -46,7 +46,12 @@ DEFAULT_TIMEOUT = 60
 MAX_TOOLS = 32
 SCALARS = ("string", "integer", "number", "boolean")
 _PROP_KEYS = frozenset({"type", "description", "enum", "default", "minLength", "maxLength",
-                        "minimum", "maximum", "title"})
+                        "minimum", "maximum", "title", "format"})
+# A string argument's declared meaning, for the gate (docs/configuration.md):
+# "path" is a file the tool reads (rules see its real path and
+# call.kind == "read"), "url"/"host" where it connects (rules see the
+# canonical host and the address it resolves to).
+FORMATS = ("path", "url", "host")
 _TOP_KEYS = frozenset({"type", "properties", "required", "additionalProperties",
                        "description", "title", "$schema"})
 _PROP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -163,6 +168,10 @@ def _check_property(name: str, prop: object) -> dict[str, Any]:
         raise ToolDefError(f"{where}: type must be one of {', '.join(SCALARS)} (a value "
                            "becomes exactly one argument)")
     out: dict[str, Any] = {"type": kind}
+    if "format" in prop:
+        if kind != "string" or prop["format"] not in FORMATS:
+            raise ToolDefError(f"{where}.format: for a string, one of {', '.join(FORMATS)}")
+        out["format"] = prop["format"]
     for key in ("description", "title"):
         if key in prop:
             text = prop[key]
@@ -345,10 +354,18 @@ def render(tool: ToolDef, args: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-def command_line(argv: Sequence[str], limit: int = 1000) -> str:
-    """The argv as a shell would quote it, bounded: a call's target."""
+def command_line(argv: Sequence[str], limit: int | None = None) -> str:
+    """The argv as a shell would quote it: a call's target, whole (rules
+    must see all of it; the argv is bounded by MAX_ARGV and MAX_ELEMENT),
+    or cut at `limit` for a person to read."""
     text = shlex.join(argv)
-    return text if len(text) <= limit else text[:limit] + "…"
+    return text if limit is None or len(text) <= limit else text[:limit] + "…"
+
+
+def declared(tool: ToolDef, args: Mapping[str, Any], fmt: str) -> list[str]:
+    """The checked arguments' values whose property declares `format = fmt`."""
+    return [str(args[name]) for name, prop in tool.properties.items()
+            if prop.get("format") == fmt and isinstance(args.get(name), str)]
 
 
 def positional(tool: ToolDef, values: Sequence[str]) -> dict[str, Any]:

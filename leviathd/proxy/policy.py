@@ -13,13 +13,13 @@ The address the name resolves to is checked after this (`address_refusal`).
 from __future__ import annotations
 
 import ipaddress
-import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import leviathd.broker.net as net
 from leviathd.domain.sensitivity import Sensitivity
+from leviathd.hosts import canonical_host
 
 if TYPE_CHECKING:
     from leviathd.config.merge import Effective
@@ -108,35 +108,11 @@ def from_effective(eff: Effective, *, taint_enabled: bool, on_exceed: str,
 
 
 def normalize_host(host: str) -> str | None:
-    """The host as the policy compares it (lower case, no trailing dot, IPv6
-    without brackets), or None when it is no host name or address at all."""
-    h = host.strip().lower()
-    if h.startswith("[") and h.endswith("]"):
-        h = h[1:-1]
-    h = h.rstrip(".")
-    if not h or len(h) > MAX_HOST:
-        return None
-    try:
-        ip = ipaddress.ip_address(h)
-    except ValueError:
-        pass
-    else:
-        # To the patterns (an IP literal is a name too), an IPv4-mapped
-        # address is the IPv4 address it reaches.
-        mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-        return str(mapped or ip)
-    if not all(c.isascii() and (c.isalnum() or c in "-.") for c in h):
-        return None
-    try:
-        # The resolver reads 1572395042, 0x5db8d822, 93.184.55330 or
-        # 0135.184.216.34 as an IPv4 address too (inet_aton): a pattern naming
-        # the address must match them.
-        return str(ipaddress.IPv4Address(socket.inet_aton(h)))
-    except OSError:
-        pass
-    if any(not label or len(label) > 63 for label in h.split(".")):
-        return None
-    return h
+    """The host as the policy compares it: leviathd/hosts.py's one canonical
+    form (IDNA, lower case, no trailing dot, IPv6 without brackets, any
+    spelling of an IPv4 address in dotted quads), or None when it is no host
+    name or address at all."""
+    return canonical_host(host)
 
 
 def matches(pattern: str, host: str) -> bool:

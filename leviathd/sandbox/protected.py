@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from leviathd.errors import InvalidArgument
+from leviathd.sandbox import gitsettings
 
 # In every git folder the workdir uses (its own, a worktree's, the common one,
 # each submodule's). A trailing "/" marks a folder. `commondir` is read in any
@@ -58,6 +59,9 @@ WORKDIR_TOOLS: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = (
     # aider's lint-cmd/test-cmd run with auto-lint/auto-test
     ((".aider", ".aider.conf.yml"), "", (".aider.conf.yml",)),
 )
+
+# How many paths git settings may name (each is a mount or more).
+MAX_GIT_NAMED = 64
 
 # How many submodules are looked at, and how deep (a .gitmodules is the agent's text).
 MAX_SUBMODULES = 64
@@ -192,11 +196,17 @@ def entries(
     git: tuple[Sequence[str], Sequence[str]],
     extra: Iterable[str],
     exists: Callable[[str], bool],
+    read_text: Callable[[str], str | None] | None = None,
 ) -> list[Protected]:
     """Every protected path for this run, before the check that it lies in a
-    writable mount (see `build`). `git` is (git folders, `.git` files)."""
+    writable mount (see `build`). `git` is (git folders, `.git` files).
+    With `read_text` (the host's files, read as the user), what the git
+    configs' settings name too (gitsettings.py: a hooksPath, an include, a
+    command's script)."""
     out: list[Protected] = []
     folders, files = git
+    if read_text is not None:
+        out += _git_named(folders, home=home, workdir=workdir, read_text=read_text)
     for git_dir in folders:
         out.append(Protected(git_dir, True, True, "git folder (pinned)"))
         for name in GIT_FOLDER:
@@ -219,6 +229,29 @@ def entries(
     for value in extra:
         path, folder = expand_config_path(value, home, workdir)
         out.append(Protected(path, folder, False, "[sandbox] protected_paths"))
+    return out
+
+
+def _git_named(
+    folders: Sequence[str], *, home: str, workdir: str,
+    read_text: Callable[[str], str | None],
+) -> list[Protected]:
+    configs = [posixpath.join(g, n) for g in folders for n in ("config", "config.worktree")]
+    configs += [posixpath.join(home, ".gitconfig"), posixpath.join(home, ".config/git/config")]
+    out = []
+    found = gitsettings.named_paths(configs, home=home, top=workdir, read_text=read_text)
+    for named in found[:MAX_GIT_NAMED]:
+        # Never the workdir or a folder above it (`hooksPath = .`): the agent
+        # must keep writing its work; such a setting is named in the docs' limits.
+        if _inside(workdir, named.path) or _inside(home, named.path):
+            continue
+        out.append(Protected(named.path, named.folder, False, named.why))
+        # Its folders up to the workdir are pinned: renaming `tools` away and
+        # making a new tools/hooks would otherwise sidestep the mount.
+        up = posixpath.dirname(named.path)
+        while _inside(up, workdir) and up != workdir:
+            out.append(Protected(up, True, True, "holds what a git setting names (pinned)"))
+            up = posixpath.dirname(up)
     return out
 
 

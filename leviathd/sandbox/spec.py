@@ -119,6 +119,22 @@ class ResourcesLike(Protocol):
     def cpu_weight(self) -> int | None: ...
 
 
+class FolderLike(Protocol):
+    """A `[[folders]]` grant (leviathd.config.models.FolderGrant)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def access(self) -> str: ...
+
+    @property
+    def agent(self) -> str | None: ...
+
+    @property
+    def repository(self) -> str | None: ...
+
+
 class EffectiveLike(Protocol):
     """The fields of `leviathd.config.merge.Effective` the spec is built from."""
 
@@ -473,6 +489,14 @@ def _workdir(p: _Plan) -> None:
             return f"{path} is inside the hidden path {hit}"
         return None
 
+    # The daemon's own first check (agents/request.py), here too so that
+    # `lev inspect` gives the reason `lev run` gives (`/` is a system folder
+    # before it is an ancestor of the home). Imported here: request.py
+    # imports this module.
+    from leviathd.agents.request import refuse_system_workdir
+
+    for path in dict.fromkeys((workdir, resolve(workdir))):
+        refuse_system_workdir(path, home)
     why = refusal(workdir)
     if why is not None and "whole home" in why:
         raise InvalidArgument(f"workdir {why}; choose a project folder")
@@ -533,6 +557,35 @@ def _config_mounts(p: _Plan) -> None:
         p.b.user_bind(path, readonly=m.access != "write", why="config mount", refuse=True)
 
 
+def folder_applies(folder: FolderLike, workdir: str, home: str,
+                   resolve: Callable[[str], str]) -> bool:
+    """A grant for a repository applies when the workdir is the repository's
+    folder or inside it, by name or where it leads (the agent's name was
+    matched when the configs were merged)."""
+    if folder.repository is None:
+        return True
+    repo = expand(folder.repository, home)
+    return any(is_within(w, r) for w in (workdir, resolve(workdir))
+               for r in (repo, resolve(repo)))
+
+
+def _folders(p: _Plan) -> None:
+    """`[[folders]]` for this agent, or for agents in the workdir's repository:
+    bound like config mounts (refused inside a hidden path, after links)."""
+    folders: Sequence[FolderLike] = getattr(p.effective, "folders", ())
+    for f in folders:
+        if not folder_applies(f, p.workdir, p.home, p.resolve):
+            continue
+        path = expand(f.path, p.home)
+        if is_within(p.home, path):
+            raise InvalidArgument(f"folder {f.path} would show the whole home folder")
+        who = " and ".join(x for x in (f"agent {f.agent}" if f.agent else "",
+                                       f"repository {f.repository}" if f.repository else "")
+                           if x)
+        p.b.user_bind(path, readonly=str(f.access) != "write", why=f"folder for {who}",
+                      refuse=True)
+
+
 def _protected(p: _Plan) -> None:
     """What git or an agent tool would later run on the host: read-only, even
     inside folders the agent may write. (Kind "none" has no fence to apply
@@ -548,6 +601,7 @@ def _protected(p: _Plan) -> None:
         git=protected.git_folders(p.workdir, p.git_dirs, p.read_text, p.exists, p.resolve),
         extra=protected.refuse_bad(p.effective.protected_paths),
         exists=p.exists,
+        read_text=p.read_text,
     )
     if str(p.effective.kind) == "none":
         return
@@ -583,6 +637,7 @@ _STEPS: tuple[tuple[str, Callable[[_Plan], None]], ...] = (
     ("workdir", _workdir),
     ("home entries", _home_entries),
     ("config mounts", _config_mounts),
+    ("folders", _folders),
     ("protected paths", _protected),
     ("masks", _masks),
 )

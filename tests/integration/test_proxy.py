@@ -58,7 +58,7 @@ allow_private_addresses = true
 clearance = {{ shell = "private" }}
 
 [proxy]
-deny_domains = ["denied.test"]
+deny_domains = ["denied.test", "10.77.0.3"]
 ports = [22, 80, 443]
 
 [proxy.clearance]
@@ -223,6 +223,30 @@ def test_lev_connect_is_a_tcp_connection_through_the_proxy(agent: Agent) -> None
         "hello from outside\n"), out
     rc, out, err = agent.call("printf x | lev connect denied.test 80")
     assert rc != 0 and "refused by the proxy" in err and "deny_domains" in err, err
+
+
+@pytest.mark.parametrize("spelling", [
+    "10.77.0.3", "172818435", "10.77.3", "0x0a4d0003", "012.0115.0.03", "10.77.0.3.",
+    "0x0a.77.0.3"])
+def test_one_deny_domains_address_holds_for_every_spelling(agent: Agent, spelling: str) -> None:
+    """Issue 31 §2: the proxy compares the one canonical form (hosts.py), so
+    deny_domains' "10.77.0.3" is the rule that refuses each spelling the
+    resolver reads as it."""
+    rc, _out, err = agent.call(f"printf x | lev connect '{spelling}' 80")
+    assert rc != 0 and "refused by the proxy" in err and "deny_domains" in err, (spelling, err)
+
+
+@pytest.mark.parametrize("spelling", [
+    "[::ffff:10.77.0.3]", "::ffff:10.77.0.3", "\uff11\uff10.77.0.3", "10\u300277\u30020\u30023"])
+def test_spellings_the_proxys_request_parser_refuses_never_connect(
+    agent: Agent, spelling: str,
+) -> None:
+    """An IPv6 form without brackets in CONNECT's host:port and a host that is
+    not ASCII (clients send IDNA names as xn--) are refused before any rule,
+    as no host at all: they never reach 10.77.0.3 either."""
+    rc, _out, err = agent.call(f"printf x | lev connect '{spelling}' 80")
+    assert rc != 0 and "refused by the proxy" in err, (spelling, err)
+    assert "deny_domains" in err or "not a host name" in err, (spelling, err)
 
 
 def test_git_clone_over_http_works(agent: Agent) -> None:

@@ -42,12 +42,14 @@ PARTS: dict[str, str] = {
     "errors": "Ground",
     "fsat": "Ground",
     "fanotify": "Ground",
+    "inotify": "Ground",
     "hidden": "Ground",
     "safetext": "Ground",
     "resource_defaults": "Ground",
     "heap": "Ground",
     "fsids": "Ground",
     "budget": "Ground",
+    "hosts": "Ground",
     "__init__": "Ground",
 }
 

@@ -75,9 +75,34 @@ def test_taint_above_a_domains_clearance_follows_on_exceed() -> None:
     assert decide(off, "x.test", 443, Sensitivity.PRIVATE).outcome == "allow"
 
 
-@pytest.mark.parametrize("host", ["", "a..b", "a b", "x" * 300, "ex\u00e4mple.com", "a/b"])
+@pytest.mark.parametrize("host", ["", "a..b", "a b", "x" * 300, "a/b", "\u00e4" * 70])
 def test_names_that_are_no_host_are_refused(host: str) -> None:
     assert policy.normalize_host(host) is None
+
+
+@pytest.mark.parametrize("spelling", ["127.0.0.1", "2130706433", "127.1", "0x7f000001",
+                                      "0177.0.0.1", "[::ffff:127.0.0.1]", "::ffff:7f00:1",
+                                      "127\u30020\u30020\u30021", "\uff11\uff12\uff17.0.0.1",
+                                      "127.0.0.1."])
+def test_every_spelling_of_loopback_meets_one_deny_pattern(spelling: str) -> None:
+    """Issue 31: the proxy's deny_domains "127.0.0.1" holds for each spelling
+    the resolver would read as it (fullwidth digits and ideographic dots
+    were other strings before hosts.py: seen failing)."""
+    host = policy.normalize_host(spelling)
+    assert host == "127.0.0.1"
+    s = ProxySettings(deny=("127.0.0.1", "localhost"))
+    assert decide(s, host, 443, Sensitivity.PUBLIC).rule == "deny-domain"
+
+
+@pytest.mark.parametrize("spelling", ["localhost", "LOCALHOST.", "\uff4cocalhost",
+                                      "\uff2c\uff2f\uff23\uff21\uff2c\uff28\uff2f\uff33\uff34"])
+def test_every_spelling_of_localhost_is_one_name(spelling: str) -> None:
+    assert policy.normalize_host(spelling) == "localhost"
+
+
+def test_international_names_are_compared_in_their_ascii_form() -> None:
+    assert policy.normalize_host("ex\u00e4mple.com") == "xn--exmple-cua.com"
+    assert policy.normalize_host("EX\u00c4MPLE.com") == "xn--exmple-cua.com"
 
 
 def test_host_names_are_compared_normalized() -> None:

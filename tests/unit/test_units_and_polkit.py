@@ -130,6 +130,19 @@ def test_hardening_that_would_break_agents_is_not_switched_on() -> None:
     assert "/etc/leviath" in single(s, "ReadWritePaths").split()
 
 
+def test_the_syscall_deny_list_and_device_acl_hold_what_analyze_credits() -> None:
+    """Issue 33 item 6 (systemd-analyze security 6.6 -> 6.3): the groups its
+    other settings refuse anyway are named in the deny list; the groups the
+    fence or agents need are not denied."""
+    s = service()
+    denied = set(single(s, "SystemCallFilter").lstrip("~").split())
+    assert {"@reboot", "@swap", "@obsolete", "@raw-io", "@cpu-emulation", "@clock",
+            "@module"} <= denied
+    assert not denied & {"@privileged", "@mount", "@debug", "@resources", "@process"}
+    # "closed" took /dev/fuse from podman's fuse-overlayfs (test_container.py).
+    assert values(s, "DevicePolicy") in ([], ["auto"])
+
+
 def test_the_service_installs_as_the_target_of_bus_activation() -> None:
     unit = unit_entries(UNITS / "leviathd.service")
     alias = single(unit["Install"], "Alias")

@@ -320,6 +320,25 @@ step proxy as alice "lev run -- python3 proxy_probe.py"
 step proxy_ps as alice "lev ps --all"
 step rule_pem as alice "lev run -- lev tool read_file server.pem"
 step rule_plain as alice "lev run -- lev tool read_file small.txt"
+# --- an edit takes effect with no reload (issue 33 item 5): Debian ships no
+# inotify-simple, so the daemon watches /etc/leviath and rules.d through libc.
+reloads() { journalctl -u leviathd --no-pager -o cat LEVIATH_EVENT=reload | wc -l; }
+before=$(reloads)
+mkdir -p /etc/leviath/rules.d
+cat >/etc/leviath/rules.d/50-vm-watch.toml <<'EOF6'
+[[rules]]
+name = "vm-watch"
+when = 'call.tool == "read_file" && call.target.endsWith("small.txt")'
+decision = "deny"
+reason = "an edit seen without a reload"
+EOF6
+step watch_wait sh -c "for i in \$(seq 600); do [ \$(journalctl -u leviathd --no-pager -o cat LEVIATH_EVENT=reload | wc -l) -gt $before ] && exit 0; sleep 0.1; done; exit 1"
+step watch_rule as alice "lev run -- lev tool read_file small.txt"
+step watch_journal sh -c 'journalctl -u leviathd --no-pager -o cat | grep -a inotify_simple || echo none'
+rm -f /etc/leviath/rules.d/50-vm-watch.toml
+systemctl reload leviathd
+# --- the unit's exposure on Debian 13's systemd (issue 33 item 6)
+step analyze systemd-analyze security --no-pager leviathd.service
 # --- a blueprint's own tool (issue 15 §2): runs in the agent's fence, its
 # arguments substituted into one element each, an option-like value refused.
 runuser -l alice -c 'mkdir -p ~/bp && cat >~/bp/blueprint.toml' <<'EOF5'

@@ -401,6 +401,25 @@ def test_a_machine_rule_denies_read_file_of_a_pem_file(vm: Run) -> None:
     assert "no-pem" in vm.out("rule_audit"), vm.out("rule_audit")
 
 
+def test_systemd_analyze_rates_the_unit_below_what_it_was_before_issue_33(vm: Run) -> None:
+    import re
+
+    out = vm.out("analyze")
+    found = re.search(r"Overall exposure level for leviathd.service: ([0-9.]+)", out)
+    assert found, out[-2000:]
+    # 6.6 before DevicePolicy=closed and @clock @module (docs/packaging.md).
+    assert float(found.group(1)) < 6.6, found.group(0)
+
+
+def test_a_rules_d_edit_takes_effect_without_a_reload_and_without_inotify_simple(
+    vm: Run,
+) -> None:
+    assert vm.rc("watch_wait") == 0, vm.out("watch_wait")
+    out = vm.out("watch_rule")
+    assert vm.rc("watch_rule") != 0 and "an edit seen without a reload" in out, out
+    assert vm.out("watch_journal").strip() == "none", vm.out("watch_journal")
+
+
 def test_a_blueprint_tool_runs_in_the_fence_and_refuses_an_option_like_value(vm: Run) -> None:
     parts = vm.out("bptool").split("==")
     assert len(parts) == 4, vm.out("bptool")
