@@ -27,7 +27,7 @@ from leviathd.audit import trail as audit
 from leviathd.audit.readers import CallerWatch, Readers
 from leviathd.authority import Authority, Caller, Right
 from leviathd.config import load as config_load
-from leviathd.config.merge import Effective, MergeResult, resolve
+from leviathd.config.merge import DEFAULT_ENGINE, Effective, MergeResult, resolve
 from leviathd.config.models import Blueprint, Config, SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import (
@@ -44,6 +44,7 @@ from leviathd.identity import UserInfo, user_info
 from leviathd.policy import filelabels
 from leviathd.records import FULL, AgentRecord, AgentState, RecordStore
 from leviathd.sandbox import container, fencehold, loopfs, scratch, supervisor, toolstate
+from leviathd.sandbox.container import pins as image_pins
 from leviathd.sandbox.spec import (
     DEFAULT_SCRATCH_DIR,
     RunRequest,
@@ -191,6 +192,11 @@ class Agents:
         # bad file there keeps the old configuration like a bad config.toml.
         self.machine_config = config_load.load_machine(self._machine_path)
         self.config_problem = None
+        # The container kind runs the ID the machine's image has now, not
+        # whatever its tag names later (sandbox/container/pins.py).
+        ms = self.machine_config.sandbox
+        image_pins.reload({(str(ms.engine or DEFAULT_ENGINE), ms.image)}
+                          if ms is not None and ms.image else set())
 
     async def reload(self) -> None:
         """The bus edge has checked org.leviath.config.manage."""

@@ -187,13 +187,16 @@ def narrow_proxy(rules: ProxyRules, layer: ProxyConfig, *, where: str = "bluepri
 
 @dataclass(frozen=True)
 class ContainerSettings:
-    """The agent's filtered container-engine socket (leviathd/enginesock). `socket`
-    None: the daemon's own rootful podman API service."""
+    """The agent's filtered container-engine socket (leviathd/enginesock).
+    `host_root` false (the default): the agent's user's own rootless podman.
+    True: an engine that is root on the host, `socket` or (None) the daemon's
+    own rootful podman API service."""
 
     enabled: bool = False
     cap_add: tuple[str, ...] = ()
     publish: Publish = Publish.LOOPBACK
     socket: str | None = None
+    host_root: bool = False
 
 
 @dataclass(frozen=True)
@@ -413,6 +416,13 @@ def _tighten_containers(
             )
         else:
             got = replace(got, publish=lower.publish)
+    if lower.host_root_engine is not None:
+        out.add(
+            "warn",
+            "containers-host-root-ignored",
+            f"{where} [sandbox.containers] host_root_engine is ignored: only the machine "
+            "config chooses an engine that is root on the host",
+        )
     if lower.socket is not None:
         out.add(
             "warn",
@@ -782,11 +792,21 @@ def _config_layer(
     # A name the machine or the user withholds is never passed.
     env_pass = [e for e in env_pass if e not in env_withhold]
     mc = ms.containers or ContainersConfig()
+    host_root = bool(mc.host_root_engine)
+    if mc.socket is not None and not host_root:
+        out.add(
+            "warn",
+            "containers-socket-needs-host-root",
+            "machine config [sandbox.containers] socket is ignored without host_root_engine "
+            "= true (an engine on a socket of its own is taken as root on the host): agents "
+            "get their users' own rootless podman",
+        )
     containers = ContainerSettings(
         enabled=bool(mc.enabled),
         cap_add=tuple(dict.fromkeys(mc.cap_add or ())),
         publish=mc.publish or Publish.LOOPBACK,
-        socket=mc.socket,
+        socket=mc.socket if host_root else None,
+        host_root=host_root,
     )
     if user is not None and user.sandbox is not None:
         containers = _tighten_containers(containers, user.sandbox.containers, "user config", out)

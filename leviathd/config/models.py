@@ -255,6 +255,10 @@ class ContainersConfig(_Model):
     enabled: StrictBool | None = None
     cap_add: list[Capability] | None = None
     publish: Publish | None = None
+    # The engine behind the socket is root on the host: the daemon's rootful
+    # podman service, or `socket`. Machine config only, off by default; without
+    # it each agent gets its user's own rootless podman (leviathd/enginesock/rootless.py).
+    host_root_engine: StrictBool | None = None
     socket: AbsolutePath | None = None
 
 

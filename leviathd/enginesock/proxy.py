@@ -51,6 +51,9 @@ class Settings:
     # it creates; "" where the engine cannot place them there (its cgroup
     # manager is not cgroupfs: a configured Docker socket, say).
     cgroup: str = ""
+    # The engine is the agent's user's own rootless podman (enginesock/rootless.py):
+    # a container's root is that user on the host.
+    rootless: bool = False
 
 
 class AgentProxy:
@@ -72,6 +75,7 @@ class AgentProxy:
         self.podman = settings.podman
         self.daemon = settings.daemon
         self.cgroup_parent = settings.cgroup
+        self.rootless = settings.rootless
         self._server: asyncio.AbstractServer | None = None
         self._own: dict[str, dict[str, Any]] = {}
         self._connections = 0

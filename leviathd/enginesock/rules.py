@@ -55,6 +55,7 @@ class Checks(Protocol):
     podman: bool
     daemon: str  # this daemon's instance (leviathd.sandbox.container.daemon_instance)
     cgroup_parent: str  # the agent's scope's control group, "" when not placed
+    rootless: bool  # the engine is the user's rootless podman: container root is the user
 
     def parent_controllers(self) -> frozenset[str] | None:
         """What cgroup_parent passes to its children (cgroup v2), None: all."""
@@ -306,7 +307,9 @@ async def check_create(body: dict[str, Any], c: Checks) -> dict[str, Any]:
         # user's root shell. So such a container runs as the agent's user,
         # with no way back up to root.
         user = str(config.get("User") or "")
-        want = f"{c.uid}:{c.gid}"
+        # Rootless, the container's root is the agent's user on the host (its
+        # uid 1000 a subordinate id that could not even write the folder).
+        want = "0:0" if c.rootless else f"{c.uid}:{c.gid}"
         if user not in ("", want, str(c.uid)):
             raise Refused(f"a container with writable host folders runs as your user: "
                           f"--user {want}, not {user[:40]!r}")

@@ -6,11 +6,16 @@
   binds in (leviathd/gate/service.py), and the sandbox's view is kept for the
   bind checks;
 - a start hook (after the gate's, which makes the folder): the engine (the
-  daemon's podman service unless a socket is configured) and the agent's
-  proxy, with a snapshot so a restarted daemon serves the agent again;
-- an end hook: the proxy closed, the agent's containers, networks and volumes
-  removed; `recover` re-opens proxies and sweeps what agents that ended while
-  the daemon was away left behind.
+  agent's user's own rootless podman in the agent's scope,
+  leviathd/enginesock/rootless.py; only with the machine's
+  `host_root_engine` the daemon's rootful podman or a configured socket)
+  and the agent's proxy, with a snapshot so a restarted daemon serves the
+  agent again;
+- an end hook: the proxy closed; a rootless engine's socket, runtime folder
+  and storage removed (its processes ended with the scope), a host-root
+  engine asked to remove the agent's containers, networks and volumes;
+  `recover` re-opens proxies and sweeps what agents that ended while the
+  daemon was away left behind.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from leviathd import fsat
 from leviathd.agents.service import Agents
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.config.models import Publish
-from leviathd.enginesock import engine
+from leviathd.enginesock import engine, rootless
 from leviathd.enginesock.proxy import SOCKET_NAME, AgentProxy, Settings
 from leviathd.enginesock.view import View, _Entry
 from leviathd.errors import Unavailable
@@ -61,9 +66,39 @@ def remove_cgroups(cgroup: str) -> None:
                 os.rmdir(d)
 
 
+SCOPE_EMPTY_WAIT = 30.0
+
+
+def _scope_procs(cgroup: str) -> bool:
+    """Whether any process is left in the scope's control group (a missing
+    group holds none)."""
+    for top in folders(cgroup):
+        try:
+            with open(os.path.join(top, "cgroup.procs"), encoding="ascii") as f:
+                if f.read(64).strip():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+async def _scope_emptied(unit: str) -> None:
+    cgroup = control_group(unit)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SCOPE_EMPTY_WAIT
+    while await asyncio.to_thread(_scope_procs, cgroup):
+        if loop.time() > deadline:
+            journal.record(f"{unit}: processes still in it {SCOPE_EMPTY_WAIT:.0f} s after its "
+                           "stop; removing its engine's storage anyway",
+                           priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.ENGINE_CLEANUP)
+            return
+        await asyncio.sleep(0.2)
+
+
 class EngineSockService:
     def __init__(self, agents: Agents, gate: GateService, *, state_dir: str) -> None:
         self._agents = agents
+        self._state_dir = state_dir
         self._gate = gate
         self._snapshots = os.path.join(state_dir, "enginesock")
         self._pending: dict[str, tuple[View, Effective]] = {}
@@ -81,23 +116,33 @@ class EngineSockService:
         if not any(m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts):
             return replace(spec, notes=(*spec.notes, "container engine socket not bound: the "
                                         "agent's socket folder is not in its sandbox"))
+        storage = os.path.join(self._state_dir, rootless.STORAGE)
         refused: tuple[str, ...] = (runtime_dir(), os.path.realpath(runtime_dir()),
-                                    engine.service_dir())
+                                    engine.service_dir(), storage, os.path.realpath(storage))
         if eff.containers.socket:
             refused = (*refused, eff.containers.socket)
+        if eff.containers.host_root:
+            note = ("container engine: ROOT ON THE HOST ([sandbox.containers] host_root_engine "
+                    "= true): a container the filter lets through holds root's rights")
+        else:
+            note = ("container engine: the user's own rootless podman, in the agent's scope, "
+                    "with storage of its own that goes when the agent ends")
         # Planning runs in worker threads; one entry per agent, the first step's.
         # A start that fails before the hooks leaves its entry: keep few.
         while len(self._pending) >= MAX_PENDING:
             self._pending.pop(next(iter(self._pending)), None)
         self._pending.setdefault(spec.execution_id, (View.from_spec(spec, refused), eff))
         sock = f"unix://{SANDBOX_RUNTIME}/{SOCKET_NAME}"
-        return replace(spec, env={**spec.env, "DOCKER_HOST": sock})
+        return replace(spec, env={**spec.env, "DOCKER_HOST": sock}, notes=(*spec.notes, note))
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
         pending = self._pending.pop(rec.id, None)
         if pending is None:
             return
         view, eff = pending
+        if not eff.containers.host_root:
+            await self._start_rootless(rec, user, view, eff)
+            return
         try:
             sock = await self.service.ensure(eff.containers.socket)
         except OSError as exc:
@@ -108,6 +153,28 @@ class EngineSockService:
             publish_any=eff.containers.publish == Publish.ANY, engine=sock,
             podman=await engine.is_podman(sock), daemon=daemon_instance(),
             cgroup=await self._placement(rec, sock),
+        )
+        await self._open(settings, view)
+        await asyncio.to_thread(self._save, settings, view)
+
+    async def _start_rootless(self, rec: AgentRecord, user: UserInfo, view: View,
+                              eff: Effective) -> None:
+        """The user's own podman for this agent, then its proxy. No cgroup
+        parent: the containers are the service's children in the scope."""
+        try:
+            sock = await rootless.start(rec.id, rec.unit, rec.supervisor_pid, user,
+                                        self._state_dir, host_network=eff.network is True)
+        except rootless.RootlessUnavailable as exc:
+            await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
+            raise Unavailable(f"the agent's container engine (rootless podman as "
+                              f"{user.name}) cannot run here: {exc.strerror or exc}") from None
+        except OSError as exc:
+            raise Unavailable(f"the agent's container engine (rootless podman as "
+                              f"{user.name}): {exc.strerror or exc}") from None
+        settings = Settings(
+            agent_id=rec.id, uid=user.uid, gid=user.gid, cap_add=eff.containers.cap_add,
+            publish_any=eff.containers.publish == Publish.ANY, engine=sock, podman=True,
+            daemon=daemon_instance(), cgroup="", rootless=True,
         )
         await self._open(settings, view)
         await asyncio.to_thread(self._save, settings, view)
@@ -152,9 +219,28 @@ class EngineSockService:
                 settings, _view = await asyncio.to_thread(
                     self._load, os.path.join(self._snapshots, f"{rec.id}.json"))
             except (OSError, ValueError, KeyError, TypeError):
+                # No snapshot (its start failed half way, say): what a rootless
+                # engine may have left is still its folders.
+                if await asyncio.to_thread(rootless.has_folders, rec.id, self._state_dir):
+                    await _scope_emptied(rec.unit)
+                    with contextlib.suppress(OSError):
+                        await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
                 return
         with contextlib.suppress(OSError):
             self._forget(rec.id)
+        if settings.rootless:
+            # Its service, conmon and containers are processes of the scope,
+            # which the daemon has asked systemd to stop: once they are gone
+            # (a container's PID 1 ignores SIGTERM: up to the scope's stop
+            # timeout), what is left are files.
+            await _scope_emptied(rec.unit)
+            try:
+                await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
+            except OSError as exc:
+                journal.record(f"agent {rec.id}: its engine's storage could not be removed: "
+                               f"{exc}", priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,
+                               LEVIATH_EVENT=Event.ENGINE_CLEANUP)
+            return
         try:
             gone = await engine.remove(settings.engine, settings.daemon, set(), only=rec.id)
         except (TimeoutError, OSError) as exc:
@@ -181,7 +267,8 @@ class EngineSockService:
                 except (OSError, ValueError, KeyError, TypeError):
                     self._forget(agent_id)
                     continue
-                engines.add(settings.engine)
+                if not settings.rootless:
+                    engines.add(settings.engine)
                 if agent_id not in running:
                     self._forget(agent_id)
                     continue
@@ -193,9 +280,17 @@ class EngineSockService:
                     journal.record(f"agent {agent_id}: no engine socket after the restart: "
                                    f"{exc}", priority=syslog.LOG_WARNING,
                                    LEVIATH_AGENT=agent_id, LEVIATH_EVENT=Event.ENGINE_LOST)
+        for agent_id in await asyncio.to_thread(rootless.left_behind, self._state_dir):
+            if agent_id not in running:
+                try:
+                    await asyncio.to_thread(rootless.remove, agent_id, self._state_dir)
+                except OSError as exc:
+                    journal.record(f"agent {agent_id}: its engine's storage could not be "
+                                   f"removed: {exc}", priority=syslog.LOG_WARNING,
+                                   LEVIATH_AGENT=agent_id, LEVIATH_EVENT=Event.ENGINE_CLEANUP)
         machine = self._agents.machine_config.sandbox
         configured = machine.containers if machine is not None else None
-        if configured is not None and configured.enabled:
+        if configured is not None and configured.enabled and configured.host_root_engine:
             with contextlib.suppress(OSError):
                 engines.add(await self.service.ensure(configured.socket))
         for sock in engines:

@@ -20,10 +20,14 @@ from testbed import Testbed
 pytestmark = pytest.mark.testbed
 
 IMAGE = "localhost/leviath-engine-busybox:1"
+# host_root_engine: these tests hold the filter in front of the daemon's
+# rootful engine, which stays a machine's choice (issue 29); agents' default
+# engine, their users' own rootless podman, is test_engine_rootless.py's.
 CONFIG = """[sandbox]
 kind = "namespace"
 [sandbox.containers]
 enabled = true
+host_root_engine = true
 """
 
 BUILD_IMAGE = rf"""set -e
@@ -342,6 +346,12 @@ def test_published_ports_bind_loopback(bed: Testbed) -> None:
     finally:
         bed.run(["lev", "stop", agent_id], user="alice", check=False)
     assert _wait_gone(bed, agent_id) == []
+
+
+def test_lev_inspect_says_the_engine_is_root_on_the_host(bed: Testbed) -> None:
+    from test_engine_rootless import inspect_agent
+    out = inspect_agent(bed, "alice", "engine-work")
+    assert "container engine: ROOT ON THE HOST" in out, out
 
 
 def test_the_agents_things_are_removed_when_it_ends(bed: Testbed) -> None:

@@ -630,6 +630,13 @@ class Testbed:
         self.run([*argv, name])
         uid = int(self.run(["id", "-u", name]).stdout)
         gid = int(self.run(["id", "-g", name]).stdout)
+        # Rootless podman (each agent's engine) needs subordinate ids. useradd
+        # gives them where /etc/subuid and /etc/subgid exist; a host without
+        # those files gets a range here, one per uid, above what useradd uses.
+        base = 1_000_000 + uid * 65536
+        self.run(["sh", "-c", 'touch /etc/subuid /etc/subgid; grep -q "^$1:" /etc/subuid '
+                  '&& grep -q "^$1:" /etc/subgid || usermod --add-subuids "$2-$3" '
+                  '--add-subgids "$2-$3" "$1"', "sh", name, str(base), str(base + 65535)])
         home = self.run(["getent", "passwd", name]).stdout.split(":")[5]
         user = User(name, uid, gid, home, tuple(groups))
         self.users[name] = user

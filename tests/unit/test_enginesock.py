@@ -100,6 +100,7 @@ class _Checks:
     podman = True
     daemon = "d"
     cgroup_parent = "/leviath.slice/leviath-a-x-aaaa1111.scope"
+    rootless = False
     controllers: frozenset[str] | None = None
 
     def parent_controllers(self) -> frozenset[str] | None:

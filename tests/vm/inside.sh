@@ -435,9 +435,13 @@ systemctl reload leviathd
 # --- the filtered engine socket (issue 13) on pure cgroup v2: the agent's
 # containers run under its scope, held by its limits, ended by lev stop. The
 # client speaks the Docker API with python's http.client (no docker CLI here).
+# host_root_engine: these probes still test the filter in front of the rootful
+# engine (issue 29 made agents' engines rootless by default; the rootless
+# probe on the VM is yet to be written).
 cat >/etc/leviath/config.toml <<'EOF5'
 [sandbox.containers]
 enabled = true
+host_root_engine = true
 
 [resources]
 memory_max = "96M"

@@ -19,6 +19,7 @@ from leviathd.events import Event
 from leviathd.paths import runtime_dir
 from leviathd.sandbox import engine as engines
 from leviathd.sandbox import guard, oci_seccomp, pinned
+from leviathd.sandbox.container import pins
 from leviathd.sandbox.container.availability import _engine
 from leviathd.sandbox.container.cgroups import (
     _JOIN,
@@ -168,9 +169,10 @@ async def ensure(
         eng = await asyncio.to_thread(_engine, str(effective.engine))
     except engines.EngineUnavailable as exc:
         raise Unavailable(f"the container sandbox cannot be built here: {exc}") from None
-    image = effective.image
-    if not image:
+    if not effective.image:
         raise Unavailable("the container sandbox needs an image ([sandbox] image)")
+    # The ID the name had at config load, never what the tag says now (pins.py).
+    image = await pins.pinned(str(effective.engine), str(effective.image))
     init = init_binary()
     source = None
     if pinned_workdir is not None:
