@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leviathd import fsat
+from leviathd import fdshare, fsat
 from leviathd.broker.server import identify
 from leviathd.enginesock import engine, rules, wire
 from leviathd.enginesock.view import BindRefused, View
@@ -175,7 +175,9 @@ class AgentProxy:
     # -- one connection -----------------------------------------------------
 
     def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.get_running_loop().create_task(self._connection(reader, writer))
+        # The client's and the engine's descriptors, charged to the agent's user.
+        serve = fdshare.charged(self.uid, 2, self._connection)
+        task = asyncio.get_running_loop().create_task(serve(reader, writer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -29,6 +29,7 @@ import contextlib
 import ipaddress
 import os
 import socket
+import stat
 import struct
 import time
 from collections import Counter
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leviathd import fsat
+from leviathd import fdshare, fsat
 from leviathd.broker.core import AuditRecord
 from leviathd.broker.limits import descriptor_budget
 from leviathd.broker.server import identify
@@ -124,6 +125,7 @@ class ProxyServer:
         self._tcp_listener: socket.socket | None = None
         self._tcp_acceptor: asyncio.Task[None] | None = None
         self._open = 0
+        self._waiting = 0  # unix connections whose first byte has not come
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -208,7 +210,17 @@ class ProxyServer:
         connection itself (a descriptor, with one byte), so the relay below
         reads and writes the agent's socket with no process in between. A
         forwarder from before that change sends the agent's bytes instead;
-        then the unix connection is the agent's stream."""
+        then the unix connection is the agent's stream.
+
+        Until that byte came, the connection is one descriptor charged to
+        the agent's user (fdshare) and one of at most max_connections
+        waiting per agent: an agent that opens connections and sends
+        nothing is refused at once past that, not held for 30 s each."""
+        uid = self.agent.uid
+        if self._waiting >= self.settings.max_connections or not fdshare.LEDGER.take(uid):
+            unix.close()
+            return
+        self._waiting += 1
         try:
             unix.setblocking(False)
             peer = identify(unix)
@@ -218,6 +230,12 @@ class ProxyServer:
         except (AccessDenied, OSError, TimeoutError, ValueError):
             unix.close()
             return
+        except BaseException:
+            unix.close()
+            raise
+        finally:
+            self._waiting -= 1
+            fdshare.LEDGER.give(uid)
         if stream is not unix:
             unix.close()
         await self._serve_stream(first, stream)
@@ -232,11 +250,13 @@ class ProxyServer:
             return
         uid = self.agent.uid
         if (self._open >= self.settings.max_connections or _open_total >= total_budget()
-                or _open_by_uid[uid] >= user_budget()):
+                or _open_by_uid[uid] >= user_budget()
+                or not fdshare.LEDGER.take(uid, FDS_PER_CONNECTION)):
             self._record(_Conn(), "deny", "max_connections",
                          f"{self._open} connections open (limit max_connections = "
                          f"{self.settings.max_connections}; this user's agents "
-                         f"{_open_by_uid[uid]} of {user_budget()})")
+                         f"{_open_by_uid[uid]} of {user_budget()}; descriptors held for "
+                         f"this user {fdshare.LEDGER.held(uid)} of {fdshare.user_share()})")
             await _http_error(writer, 429, "too many connections")
             writer.close()
             return
@@ -254,6 +274,7 @@ class ProxyServer:
             _open_by_uid[uid] -= 1
             if _open_by_uid[uid] <= 0:
                 del _open_by_uid[uid]
+            fdshare.LEDGER.give(uid, FDS_PER_CONNECTION)
             writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -408,11 +429,15 @@ async def _handed(unix: socket.socket) -> tuple[bytes, socket.socket]:
     """What the forwarder sent first: NUL with the agent's TCP connection
     (returned as the stream, checked to be a TCP socket: the daemon only
     reads and writes it), or one byte of the agent's own (the unix
-    connection is then the stream)."""
+    connection is then the stream). Every other descriptor that came along,
+    and the one itself when it is not a TCP socket, is closed here at once:
+    the agent chose what to send (a file, a pipe, 253 at a time), and the
+    daemon holds none of it."""
     loop = asyncio.get_running_loop()
+    room = socket.CMSG_SPACE(fdshare.SCM_MAX_FD * 4)
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(unix, 1, 1)
+            data, ancillary, _flags, _addr = unix.recvmsg(1, room)
             break
         except BlockingIOError:
             ready = loop.create_future()
@@ -421,22 +446,32 @@ async def _handed(unix: socket.socket) -> tuple[bytes, socket.socket]:
                 await ready
             finally:
                 loop.remove_reader(unix.fileno())
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        raise ValueError("nothing was sent")
-    if not fds:
+    fd = _first_right(ancillary)
+    if fd is None:
+        fdshare.close_rights(ancillary)
+        if not data:
+            raise ValueError("nothing was sent")
         return data, unix
-    tcp = socket.socket(fileno=fds[0])
-    for fd in fds[1:]:
+    fdshare.close_rights(ancillary, keep=fd)
+    try:
+        if data != b"\0" or not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise ValueError("not a socket")
+        tcp = socket.socket(fileno=fd)
+    except (OSError, ValueError):
         os.close(fd)
-    if (data != b"\0" or tcp.family not in (socket.AF_INET, socket.AF_INET6)
-            or tcp.type != socket.SOCK_STREAM):
+        raise ValueError("not a TCP connection") from None
+    if tcp.family not in (socket.AF_INET, socket.AF_INET6) or tcp.type != socket.SOCK_STREAM:
         tcp.close()
         raise ValueError("not a TCP connection")
     tcp.setblocking(False)
     return b"", tcp
 
+
+def _first_right(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= 4:
+            return int(struct.unpack_from("i", data)[0])
+    return None
 
 
 async def _socks_head(reader: asyncio.StreamReader,

@@ -48,6 +48,7 @@ PARTS: dict[str, str] = {
     "heap": "Ground",
     "fsids": "Ground",
     "budget": "Ground",
+    "fdshare": "Ground",
     "__init__": "Ground",
 }
 
