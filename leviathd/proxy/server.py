@@ -44,7 +44,7 @@ from leviathd.broker.server import identify
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, LimitExceeded
 from leviathd.policy.approvals import Answer, ApprovalQueue
-from leviathd.proxy import policy, splice
+from leviathd.proxy import policy, resolve, splice
 from leviathd.proxy.policy import Decision, ProxySettings
 
 MAX_HEAD = 16384
@@ -363,12 +363,13 @@ class ProxyServer:
             raise Refused(decision.rule, decision.reason)
         loop = asyncio.get_running_loop()
         try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(host, conn.port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT)
-        except (OSError, TimeoutError) as exc:
+            # Its own threads, a few per agent and per user (proxy/resolve.py):
+            # one agent's unresolvable names never hold up another's lookups.
+            addrs = await resolve.shared().resolve(host, conn.port, uid=self.agent.uid,
+                                                   agent=self.agent.id)
+        except resolve.ResolveError as exc:
             raise Refused("resolve", f"cannot resolve {host}: {exc}", status=502,
                           socks=4) from None
-        addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
         why = policy.check_addresses(addrs, allow_private=self.settings.allow_private)
         if why is not None:
             raise Refused("address", f"refusing {host}: {why}")
