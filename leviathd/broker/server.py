@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leviathd import fdshare, fsat, heap
+from leviathd import fdshare, fsat, heap, parseshare
 from leviathd.broker.core import AuditRecord, Broker, limit_error
 from leviathd.broker.limits import descriptor_budget, too_large
 from leviathd.broker.requests import Lines, TooLong, parse_request
@@ -271,6 +271,8 @@ class BrokerServer:
                 await writer.wait_closed()
 
     async def _handle(self, line: bytes) -> dict[str, Any]:
+        # Off the event loop, yet the daemon's process: paced by the user's share.
+        await parseshare.pace(self.broker.user.uid, len(line))
         try:
             # Off the event loop: a megabyte of brackets is the agent's CPU time.
             req = await self.broker.in_pool(parse_request, line, self.broker.limits.json_max_depth)

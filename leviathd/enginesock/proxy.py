@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leviathd import fdshare, fsat
+from leviathd import fdshare, fsat, parseshare
 from leviathd.broker.server import identify
 from leviathd.enginesock import engine, rules, wire
 from leviathd.enginesock.view import BindRefused, View
@@ -214,6 +214,8 @@ class AgentProxy:
         body: bytes | None = None
         if rules.wants_json_body(head.method, head.path):
             body = await wire.read_body(reader, head, MAX_JSON_BODY)
+            # Parsed in the daemon's process: paced by the user's share.
+            await parseshare.pace(self.uid, len(body or b""))
         try:
             decision = await rules.decide(head.method, head.path, head.query, body, self)
         except rules.Refused as exc:

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leviathd import fdshare, fsat
+from leviathd import fdshare, fsat, parseshare
 from leviathd.broker.core import AuditRecord
 from leviathd.broker.limits import descriptor_budget
 from leviathd.broker.server import identify
@@ -126,6 +126,7 @@ class ProxyServer:
         self._tcp_acceptor: asyncio.Task[None] | None = None
         self._open = 0
         self._waiting = 0  # unix connections whose first byte has not come
+        self._slot_free = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -151,6 +152,12 @@ class ProxyServer:
         assert self._listener is not None
         loop = asyncio.get_running_loop()
         while True:
+            # At the cap of waiting handshakes, accept nothing more until one
+            # is done: the rest wait in the kernel's backlog (a flooding
+            # agent's connect then fails with EAGAIN) at no cost to the loop.
+            while self._waiting >= self.settings.max_connections:
+                self._slot_free.clear()
+                await self._slot_free.wait()
             try:
                 conn, _ = await loop.sock_accept(self._listener)
             except OSError:
@@ -222,6 +229,9 @@ class ProxyServer:
             return
         self._waiting += 1
         try:
+            # The loop's work for a connection (identity, handshake, policy,
+            # lookup, audit), paced per user (parseshare), asleep meanwhile.
+            await parseshare.CONNECTS.pace(uid, 1)
             unix.setblocking(False)
             peer = identify(unix)
             if not self.agent.is_own(peer.cgroup) or peer.uid != self.agent.uid:
@@ -235,13 +245,16 @@ class ProxyServer:
             raise
         finally:
             self._waiting -= 1
+            self._slot_free.set()
             fdshare.LEDGER.give(uid)
         if stream is not unix:
             unix.close()
-        await self._serve_stream(first, stream)
+        await self._serve_stream(first, stream, paced=True)
 
-    async def _serve_stream(self, first: bytes, stream: socket.socket) -> None:
-        """The agent's connection (`first`: a byte of it already read)."""
+    async def _serve_stream(self, first: bytes, stream: socket.socket, *,
+                            paced: bool = False) -> None:
+        """The agent's connection (`first`: a byte of it already read;
+        `paced`: its handshake was already paced)."""
         global _open_total
         try:
             reader, writer = await asyncio.open_connection(sock=stream, limit=MAX_HEAD)
@@ -265,6 +278,8 @@ class ProxyServer:
         _open_by_uid[uid] += 1
         conn = _Conn()
         try:
+            if not paced:  # accepted in the agent's namespace (adopt)
+                await parseshare.CONNECTS.pace(uid, 1)
             await self._handle(reader, writer, conn, first)
         except asyncio.CancelledError:
             pass

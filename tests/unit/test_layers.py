@@ -49,6 +49,7 @@ PARTS: dict[str, str] = {
     "fsids": "Ground",
     "budget": "Ground",
     "fdshare": "Ground",
+    "parseshare": "Ground",
     "__init__": "Ground",
 }
 
