@@ -2,7 +2,8 @@
 past her share, and what she made it hold goes when her agent ends.
 
 From inside alice's agent (a namespace sandbox with the proxy), on every
-socket of her runtime folder (/run/leviath: broker.sock, proxy.sock, and the
+socket of her runtime folder (/run/leviath: broker.sock, proxy.sock, engine.sock (the
+containers are on), and the
 others when there): connections, each carrying descriptors that are not
 sockets (SCM_RIGHTS, /dev/null, several a message), kept open until the
 daemon closes them; then connections that send nothing, kept open. As
@@ -41,6 +42,9 @@ CONFIG = """
 [sandbox]
 kind = "namespace"
 network = "proxy"
+
+[sandbox.containers]
+enabled = true
 
 [proxy]
 deny_domains = ["denied.test"]
@@ -204,7 +208,7 @@ def test_descriptors_sent_on_every_socket_stay_within_the_senders_share_and_go_w
         assert rc == 0, err
         sockets = dict(line.split(" ", 1) for line in out.strip().splitlines())
         # The attack really reached the sockets it was meant for.
-        assert {"broker.sock", "proxy.sock"} <= set(sockets), out
+        assert {"broker.sock", "proxy.sock", "engine.sock"} <= set(sockets), out
         r = bed.run(["/opt/leviath-dev/venv/bin/python", "-c", BUS_FLOOD], user="alice",
                     timeout=120)
         assert "sent 6400" in r.stdout, (r.stdout, r.stderr)
