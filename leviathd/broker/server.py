@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leviathd import fsat, heap
+from leviathd import fdshare, fsat, heap, parseshare
 from leviathd.broker.core import AuditRecord, Broker, limit_error
 from leviathd.broker.limits import descriptor_budget, too_large
 from leviathd.broker.requests import Lines, TooLong, parse_request
@@ -153,7 +153,10 @@ class BrokerServer:
         # that descriptor is closed: asyncio must not unlink by it (close() does).
         extra: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
         try:
-            self._server = await asyncio.start_unix_server(self._serve, sock=sock,
+            # Each connection is a descriptor charged to the agent's user
+            # (fdshare), over all her agents and the daemon's other sockets.
+            serve = fdshare.charged(self.broker.user.uid, 1, self._serve, _refused_share)
+            self._server = await asyncio.start_unix_server(serve, sock=sock,
                                                            limit=READ_CHUNK, **extra)
         except BaseException:
             sock.close()
@@ -270,6 +273,8 @@ class BrokerServer:
                 await writer.wait_closed()
 
     async def _handle(self, line: bytes) -> dict[str, Any]:
+        # Off the event loop, yet the daemon's process: paced by the user's share.
+        await parseshare.pace(self.broker.user.uid, len(line))
         try:
             depth = self.broker.limits.json_max_depth
             # Off the event loop: a megabyte of brackets is the agent's CPU time.
@@ -338,6 +343,12 @@ def encode_reply(reply: dict[str, Any]) -> list[bytes]:
         head = json.dumps(rest, ensure_ascii=False).encode()
         return [head[:-1], b', "result": ', *result.parts, b"}\n"]
     return [json.dumps(reply, ensure_ascii=False).encode() + b"\n"]
+
+
+async def _refused_share(writer: asyncio.StreamWriter) -> None:
+    await _send(writer, limit_error(too_large(
+        "max_connections", fdshare.user_share(),
+        "this user's agents hold as many of the daemon's descriptors as they may")))
 
 
 async def _send(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:

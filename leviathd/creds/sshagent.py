@@ -39,7 +39,7 @@ import asyncssh
 from asyncssh.packet import Byte, PacketDecodeError, SSHPacket, String, UInt32
 from asyncssh.public_key import decode_ssh_public_key
 
-from leviathd import fsat
+from leviathd import fdshare, fsat
 from leviathd.broker.core import AuditRecord, Broker
 from leviathd.broker.server import identify
 from leviathd.broker.tools import read_secret
@@ -105,7 +105,9 @@ class SSHAgentServer:
         finally:
             os.close(dfd)
         try:
-            self._server = await asyncio.start_unix_server(self._serve, sock=sock,
+            # Each connection is a descriptor charged to the agent's user (fdshare).
+            self._server = await asyncio.start_unix_server(fdshare.charged(uid, 1, self._serve),
+                                                           sock=sock,
                                                            limit=MAX_MESSAGE + 4,
                                                            **_no_cleanup())
         except BaseException:

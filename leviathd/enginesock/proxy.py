@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leviathd import fsat
+from leviathd import fdshare, fsat, parseshare
 from leviathd.broker.server import identify
 from leviathd.enginesock import engine, rules, wire
 from leviathd.enginesock.view import BindRefused, View
@@ -179,7 +179,9 @@ class AgentProxy:
     # -- one connection -----------------------------------------------------
 
     def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.get_running_loop().create_task(self._connection(reader, writer))
+        # The client's and the engine's descriptors, charged to the agent's user.
+        serve = fdshare.charged(self.uid, 2, self._connection)
+        task = asyncio.get_running_loop().create_task(serve(reader, writer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -216,6 +218,8 @@ class AgentProxy:
         body: bytes | None = None
         if rules.wants_json_body(head.method, head.path):
             body = await wire.read_body(reader, head, MAX_JSON_BODY)
+            # Parsed in the daemon's process: paced by the user's share.
+            await parseshare.pace(self.uid, len(body or b""))
         try:
             decision = await rules.decide(head.method, head.path, head.query, body, self)
         except rules.Refused as exc:

@@ -29,6 +29,7 @@ import contextlib
 import ipaddress
 import os
 import socket
+import stat
 import struct
 import time
 from collections import Counter
@@ -36,14 +37,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from leviathd import fsat
+from leviathd import fdshare, fsat, parseshare
 from leviathd.broker.core import AuditRecord
 from leviathd.broker.limits import descriptor_budget
 from leviathd.broker.server import identify
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, LimitExceeded
 from leviathd.policy.approvals import Answer, ApprovalQueue
-from leviathd.proxy import inject, policy, splice, tls
+from leviathd.proxy import inject, policy, resolve, splice, tls
 from leviathd.proxy.policy import Decision, ProxySettings
 
 if TYPE_CHECKING:
@@ -153,6 +154,8 @@ class ProxyServer:
         self._tcp_listener: socket.socket | None = None
         self._tcp_acceptor: asyncio.Task[None] | None = None
         self._open = 0
+        self._waiting = 0  # unix connections whose first byte has not come
+        self._slot_free = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -178,6 +181,12 @@ class ProxyServer:
         assert self._listener is not None
         loop = asyncio.get_running_loop()
         while True:
+            # At the cap of waiting handshakes, accept nothing more until one
+            # is done: the rest wait in the kernel's backlog (a flooding
+            # agent's connect then fails with EAGAIN) at no cost to the loop.
+            while self._waiting >= self.settings.max_connections:
+                self._slot_free.clear()
+                await self._slot_free.wait()
             try:
                 conn, _ = await loop.sock_accept(self._listener)
             except OSError:
@@ -237,8 +246,21 @@ class ProxyServer:
         connection itself (a descriptor, with one byte), so the relay below
         reads and writes the agent's socket with no process in between. A
         forwarder from before that change sends the agent's bytes instead;
-        then the unix connection is the agent's stream."""
+        then the unix connection is the agent's stream.
+
+        Until that byte came, the connection is one descriptor charged to
+        the agent's user (fdshare) and one of at most max_connections
+        waiting per agent: an agent that opens connections and sends
+        nothing is refused at once past that, not held for 30 s each."""
+        uid = self.agent.uid
+        if self._waiting >= self.settings.max_connections or not fdshare.LEDGER.take(uid):
+            unix.close()
+            return
+        self._waiting += 1
         try:
+            # The loop's work for a connection (identity, handshake, policy,
+            # lookup, audit), paced per user (parseshare), asleep meanwhile.
+            await parseshare.CONNECTS.pace(uid, 1)
             unix.setblocking(False)
             peer = identify(unix)
             if not self.agent.is_own(peer.cgroup) or peer.uid != self.agent.uid:
@@ -247,12 +269,21 @@ class ProxyServer:
         except (AccessDenied, OSError, TimeoutError, ValueError):
             unix.close()
             return
+        except BaseException:
+            unix.close()
+            raise
+        finally:
+            self._waiting -= 1
+            self._slot_free.set()
+            fdshare.LEDGER.give(uid)
         if stream is not unix:
             unix.close()
-        await self._serve_stream(first, stream)
+        await self._serve_stream(first, stream, paced=True)
 
-    async def _serve_stream(self, first: bytes, stream: socket.socket) -> None:
-        """The agent's connection (`first`: a byte of it already read)."""
+    async def _serve_stream(self, first: bytes, stream: socket.socket, *,
+                            paced: bool = False) -> None:
+        """The agent's connection (`first`: a byte of it already read;
+        `paced`: its handshake was already paced)."""
         global _open_total
         try:
             reader, writer = await asyncio.open_connection(sock=stream, limit=MAX_HEAD)
@@ -261,11 +292,13 @@ class ProxyServer:
             return
         uid = self.agent.uid
         if (self._open >= self.settings.max_connections or _open_total >= total_budget()
-                or _open_by_uid[uid] >= user_budget()):
+                or _open_by_uid[uid] >= user_budget()
+                or not fdshare.LEDGER.take(uid, FDS_PER_CONNECTION)):
             self._record(_Conn(), "deny", "max_connections",
                          f"{self._open} connections open (limit max_connections = "
                          f"{self.settings.max_connections}; this user's agents "
-                         f"{_open_by_uid[uid]} of {user_budget()})")
+                         f"{_open_by_uid[uid]} of {user_budget()}; descriptors held for "
+                         f"this user {fdshare.LEDGER.held(uid)} of {fdshare.user_share()})")
             await _http_error(writer, 429, "too many connections")
             writer.close()
             return
@@ -274,6 +307,8 @@ class ProxyServer:
         _open_by_uid[uid] += 1
         conn = _Conn()
         try:
+            if not paced:  # accepted in the agent's namespace (adopt)
+                await parseshare.CONNECTS.pace(uid, 1)
             await self._handle(reader, writer, conn, first)
         except asyncio.CancelledError:
             pass
@@ -283,6 +318,7 @@ class ProxyServer:
             _open_by_uid[uid] -= 1
             if _open_by_uid[uid] <= 0:
                 del _open_by_uid[uid]
+            fdshare.LEDGER.give(uid, FDS_PER_CONNECTION)
             writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -436,13 +472,13 @@ class ProxyServer:
             addrs = [local]
         else:
             try:
-                infos = await asyncio.wait_for(
-                    loop.getaddrinfo(host, conn.port, type=socket.SOCK_STREAM),
-                    CONNECT_TIMEOUT)
-            except (OSError, TimeoutError) as exc:
+                # Its own threads, a few per agent and per user (proxy/resolve.py):
+                # one agent's unresolvable names never hold up another's lookups.
+                addrs = await resolve.shared().resolve(host, conn.port, uid=self.agent.uid,
+                                                       agent=self.agent.id)
+            except resolve.ResolveError as exc:
                 raise Refused("resolve", f"cannot resolve {host}: {exc}", status=502,
                               socks=4) from None
-            addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
             why = policy.check_addresses(addrs, allow_private=self.settings.allow_private,
                                          private_ranges=self.settings.private_ranges)
             if why is not None:
@@ -504,11 +540,15 @@ async def _handed(unix: socket.socket) -> tuple[bytes, socket.socket]:
     """What the forwarder sent first: NUL with the agent's TCP connection
     (returned as the stream, checked to be a TCP socket: the daemon only
     reads and writes it), or one byte of the agent's own (the unix
-    connection is then the stream)."""
+    connection is then the stream). Every other descriptor that came along,
+    and the one itself when it is not a TCP socket, is closed here at once:
+    the agent chose what to send (a file, a pipe, 253 at a time), and the
+    daemon holds none of it."""
     loop = asyncio.get_running_loop()
+    room = socket.CMSG_SPACE(fdshare.SCM_MAX_FD * 4)
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(unix, 1, 1)
+            data, ancillary, _flags, _addr = unix.recvmsg(1, room)
             break
         except BlockingIOError:
             ready = loop.create_future()
@@ -517,22 +557,32 @@ async def _handed(unix: socket.socket) -> tuple[bytes, socket.socket]:
                 await ready
             finally:
                 loop.remove_reader(unix.fileno())
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        raise ValueError("nothing was sent")
-    if not fds:
+    fd = _first_right(ancillary)
+    if fd is None:
+        fdshare.close_rights(ancillary)
+        if not data:
+            raise ValueError("nothing was sent")
         return data, unix
-    tcp = socket.socket(fileno=fds[0])
-    for fd in fds[1:]:
+    fdshare.close_rights(ancillary, keep=fd)
+    try:
+        if data != b"\0" or not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise ValueError("not a socket")
+        tcp = socket.socket(fileno=fd)
+    except (OSError, ValueError):
         os.close(fd)
-    if (data != b"\0" or tcp.family not in (socket.AF_INET, socket.AF_INET6)
-            or tcp.type != socket.SOCK_STREAM):
+        raise ValueError("not a TCP connection") from None
+    if tcp.family not in (socket.AF_INET, socket.AF_INET6) or tcp.type != socket.SOCK_STREAM:
         tcp.close()
         raise ValueError("not a TCP connection")
     tcp.setblocking(False)
     return b"", tcp
 
+
+def _first_right(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= 4:
+            return int(struct.unpack_from("i", data)[0])
+    return None
 
 
 async def _socks_head(reader: asyncio.StreamReader,

@@ -582,7 +582,9 @@ def test_a_process_left_holding_the_pipes_cannot_hold_the_restarted_daemon(
     meanwhile, and records the end once its drain gives up (10 s), not
     after the sleep."""
     took = _last_output_after_restart(kind_none, linger="sleep 300 & ")
-    assert took < 25, took
+    # Recorded after the drain gave up (10 s), not after the sleep (300 s):
+    # the bound sits between the two, far from either on a loaded machine.
+    assert took < 150, took
 
 
 def test_a_supervised_agent_ends_on_its_supervisors_word_with_all_output_and_no_zombie(

@@ -61,11 +61,11 @@ def test_a_broken_config_at_start_refuses_runs_at_once_and_says_where(bed: Testb
         assert "configuration does not load" in errors, errors[-2000:]
         # `lev` is answered at once: runs are refused with the reason, the
         # rest works.
-        t0 = time.monotonic()
+        # (answered, not held: a hang fails the run's timeout; no time limit
+        # on a loaded machine)
         r = bed.run(["lev", "run", "--detach", "--", "true"], user="alice", check=False,
                     cwd=f"{bed.users['alice'].home}/work", timeout=60)
         assert r.returncode != 0 and f"{CONFIG_PATH}:3" in r.stderr, r.stderr
-        assert time.monotonic() - t0 < 10
         bed.run(["lev", "ps"], user="alice", timeout=10)
         # Fixed: agents start again without a restart.
         bed.write_file(CONFIG_PATH, CONFIG)

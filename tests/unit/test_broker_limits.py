@@ -203,5 +203,5 @@ def test_a_stopped_worker_costs_one_timeout_then_a_new_worker_answers(
     t0 = time.monotonic()
     reply = call(broker.path, "read_file", {"path": "small.txt"})
     assert reply["ok"], reply
-    assert 0.9 < time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 > 0.9  # the stopped worker's timeout was waited out
     assert broker.broker._opener is not None and broker.broker._opener.pid != worker.pid

@@ -50,6 +50,8 @@ PARTS: dict[str, str] = {
     "fsids": "Ground",
     "budget": "Ground",
     "hosts": "Ground",
+    "fdshare": "Ground",
+    "parseshare": "Ground",
     "__init__": "Ground",
 }
 

@@ -3,7 +3,6 @@ layering, fail-closed evaluation and bounded cost."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -109,9 +108,9 @@ def test_a_slow_rule_still_costs_little(tmp_path: Path) -> None:
     # per 64 characters, so the worst rule ends in bounded time.
     worst = 'call.target + call.target + call.target + call.target == ""'
     pol = policy(tmp_path, RuleSpec("slow", worst, "deny"))
-    t = time.perf_counter()
+    # Bounded by the step budget, which is what is checked (a time limit here
+    # failed on a loaded machine; the cost is bench/cel_bench.py's).
     d = decide(pol, Call("http_get", "a" * 300_000), P)
-    assert time.perf_counter() - t < 1.0
     assert d.outcome == "deny" and d.rule == "rule:machine:slow"
     assert "step budget" in d.steps[-1].detail
 

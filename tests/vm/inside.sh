@@ -250,17 +250,21 @@ lim_cg=$(cgroup_of "$lim_unit")
 step limits sh -c "echo cgroup=$lim_cg; for f in memory.max memory.swap.max pids.max cpu.weight cpu.max; do echo \$f=\$(cat $lim_cg/\$f); done"
 as alice "lev stop $lim" >/dev/null 2>&1
 
-step forkbomb_start as alice "lev run --detach -- bash -c 'while :; do sleep 600 & done'"
+# The bomb runs in a subshell beside a first process that needs no fork
+# (exec): bash gives up and exits once its forks keep failing, which used to
+# end the agent and remove the scope while the test still read its
+# pids.events ('No such file or directory', seen in CI from a clean clone).
+# Now the scope lives until `lev stop` below, after the last read.
+step forkbomb_start as alice "lev run --detach -- bash -c '(while :; do sleep 600 & done) & exec sleep 900'"
 fb=$(tail -n 1 "$R/forkbomb_start.out")
-# The scope's cgroup straight from lev's output: the bomb may not live long
-# (its own supervisor cannot fork either), so sampling starts at once.
 fb_cg=/sys/fs/cgroup/leviath.slice/$(sed -n 's/^unit //p' "$R/forkbomb_start.out")
 step forkbomb sh -c "
     peak=0; ev=
     for i in \$(seq 40); do
         c=\$(cat $fb_cg/pids.current 2>/dev/null) || break
         [ \$c -gt \$peak ] && peak=\$c
-        ev=\$(grep max $fb_cg/pids.events)
+        e=\$(grep max $fb_cg/pids.events) && ev=\$e
+        case \$ev in 'max 0'|'') ;; *) [ \$i -ge 4 ] && break ;; esac
         sleep 0.5
     done
     echo peak=\$peak; echo events=\$ev

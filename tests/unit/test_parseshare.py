@@ -1,0 +1,37 @@
+"""Pacing of the bodies a user has the daemon parse (leviathd/parseshare.py),
+on a clock the test turns."""
+
+from __future__ import annotations
+
+from leviathd import parseshare
+from leviathd.parseshare import MIB, Pacer
+
+
+def test_ordinary_bodies_never_wait_and_a_flood_waits_at_its_users_rate() -> None:
+    now = [0.0]
+    pacer = Pacer(rate=4 * MIB, burst=2 * MIB, clock=lambda: now[0])
+    assert all(pacer.wait_for(1001, 8 << 10) == 0 for _ in range(200))  # 1.6 MiB
+    waits = [pacer.wait_for(1001, MIB) for _ in range(8)]
+    # 8 MiB at once past a 2 MiB burst: the last waits for the debt at 4 MiB/s.
+    assert waits[-1] > 1.5
+    assert waits == sorted(waits)
+    # Another user is not behind her.
+    assert pacer.wait_for(1002, MIB) == 0
+
+
+def test_the_share_comes_back_with_time() -> None:
+    now = [0.0]
+    pacer = Pacer(rate=4 * MIB, burst=2 * MIB, clock=lambda: now[0])
+    for _ in range(6):
+        pacer.wait_for(1001, MIB)
+    now[0] += 10
+    assert pacer.wait_for(1001, MIB) == 0
+
+
+def test_idle_users_are_forgotten_past_keep() -> None:
+    now = [0.0]
+    pacer = Pacer(clock=lambda: now[0])
+    for uid in range(parseshare.KEEP + 10):
+        pacer.wait_for(uid, 1)
+        now[0] += 1
+    assert len(pacer._buckets) <= parseshare.KEEP
