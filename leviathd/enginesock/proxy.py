@@ -33,8 +33,11 @@ MAX_JSON_BODY = 1024 * 1024
 MAX_CONNECTIONS = 64
 OWN_CACHE = 1024
 _FULL_ID = re.compile(r"^[0-9a-f]{64}\Z")
-_HOP = frozenset({"connection", "content-length", "transfer-encoding", "upgrade", "keep-alive",
-                  "host", "proxy-connection", "te", "trailer"})
+# The only headers of the agent's that reach the engine (rebuilt, name and
+# value checked by wire.parse_head): the body's type and a registry's
+# credentials for a pull or build. The framing headers are ours.
+_PASSED = {"content-type": "Content-Type", "x-registry-auth": "X-Registry-Auth",
+           "x-registry-config": "X-Registry-Config"}
 
 
 @dataclass(frozen=True)
@@ -233,11 +236,11 @@ class AgentProxy:
                                           f"{exc.strerror}"))
             return
         try:
-            headers = [(k, v) for k, v in head.headers if k.lower() not in _HOP]
+            headers = [(_PASSED[k.lower()], v) for k, v in head.headers if k.lower() in _PASSED]
             headers.append(("Host", "docker"))
-            upgrade = head.get("upgrade") if d.upgrade else None
-            if upgrade:
-                headers += [("Connection", "Upgrade"), ("Upgrade", upgrade[:40])]
+            if d.upgrade and head.get("upgrade"):
+                # The one protocol the docker CLI asks the engine for.
+                headers += [("Connection", "Upgrade"), ("Upgrade", "tcp")]
             else:
                 headers.append(("Connection", "close"))
             if d.body is not None:
