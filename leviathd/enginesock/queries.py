@@ -110,6 +110,15 @@ def dockerfile(name: str, value: str) -> str:
     return value
 
 
+def empty(*zeros: str) -> Check:
+    """A parameter the docker CLI always sends, passed only at its zero."""
+    def check(name: str, value: str) -> str:
+        if value not in ("", *zeros):
+            raise Refused(f"the query parameter {name} is not allowed (only empty)")
+        return value
+    return check
+
+
 def version_one(name: str, value: str) -> str:
     if value not in ("", "1"):
         raise Refused("BuildKit's session is not filtered, so it is refused: build with "
@@ -182,6 +191,10 @@ ALLOWED: dict[str, dict[str, Check]] = {
               "networkmode": network_mode, "version": version_one, "cachefrom": json_refs,
               "shmsize": number, "memory": number, "memswap": number, "cpushares": number,
               "cpusetcpus": pattern(re.compile(r"^[0-9,-]{0,64}\Z")), "cpuperiod": number,
+              "cpusetmems": pattern(re.compile(r"^[0-9,-]{0,64}\Z")),
+              # The legacy builder's CLI sends these empty on every build.
+              "cgroupparent": empty(), "ulimits": empty("[]", "null"),
+              "extrahosts": empty(), "isolation": empty(), "session": empty(),
               "cpuquota": number, "platform": pattern(_PLATFORM), "squash": flag},
     "images/load": {"quiet": flag},
     "images/inspect": {}, "images/history": {}, "distribution": {},

@@ -159,7 +159,8 @@ def test_an_images_own_fast_healthcheck_is_raised_to_the_floor_too() -> None:
 @pytest.mark.parametrize("param", [
     "secrets=../../../../etc/shadow", "nsoptions=[{\"Name\":\"pid\",\"Host\":true}]",
     "addcaps=CAP_SYS_ADMIN", "securityopt=seccomp=unconfined", "devices=/dev/sda",
-    "volume=/:/host", "isolation=chroot", "ulimits=[]", "outputs=type=local,dest=/",
+    "volume=/:/host", "isolation=chroot", 'ulimits=[{"Name":"nofile","Hard":1}]',
+    "cgroupparent=/", "outputs=type=local,dest=/",
     "dockerfile=/etc/shadow", "dockerfile=../../x", "version=2", "networkmode=host",
 ])
 def test_a_build_parameter_outside_the_list_never_reaches_the_engine(param: str) -> None:
@@ -173,6 +174,16 @@ def test_a_build_query_is_serialised_anew() -> None:
     assert d.target == ("/v1.41/build?t=a%2Fb%3A1&dockerfile=sub%2FDockerfile&buildargs=%7B%22A"
                         "%22%3A+%221%22%7D&rm=1&target=base&labels=%7B%22org.leviath.engine-agent"
                         "%22%3A+%22aaaa1111%22%2C+%22org.leviath.engine-daemon%22%3A+%22d%22%7D")
+
+
+def test_the_docker_clis_legacy_build_query_passes() -> None:
+    # `DOCKER_BUILDKIT=0 docker build -t me/x:1 --build-arg A=1 --label l=v ctx` (CLI 26).
+    d = _decide("POST", "/v1.41/build?buildargs=%7B%22A%22%3A%221%22%7D&cachefrom=%5B%5D&"
+                "cgroupparent=&cpuperiod=0&cpuquota=0&cpusetcpus=&cpusetmems=&cpushares=0&"
+                "dockerfile=Dockerfile&labels=%7B%22l%22%3A%22v%22%7D&memory=0&memswap=0&"
+                "networkmode=default&rm=1&shmsize=0&t=me%2Fx%3A1&target=&ulimits=%5B%5D&"
+                "version=1")
+    assert d.mutating and "t=me%2Fx%3A1" in d.target
 
 
 def test_force_never_reaches_the_engine_on_an_image_delete() -> None:
