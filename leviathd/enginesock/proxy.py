@@ -22,7 +22,7 @@ from typing import Any
 
 from leviathd import fsat
 from leviathd.broker.server import identify
-from leviathd.enginesock import engine, rules, wire
+from leviathd.enginesock import engine, pins, rules, wire
 from leviathd.enginesock.view import BindRefused, View
 from leviathd.errors import AccessDenied
 from leviathd.events import Event
@@ -79,6 +79,7 @@ class AgentProxy:
         self._own: dict[str, dict[str, Any]] = {}
         self._connections = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self.pins = pins.Pins(settings.agent_id)
 
     # -- the socket -------------------------------------------------------
 
@@ -169,11 +170,19 @@ class AgentProxy:
 
     async def bind(self, path: str, writable: bool) -> tuple[str, bool]:
         try:
-            return await asyncio.to_thread(self.view.resolve, path, writable)
+            real, readonly = await asyncio.to_thread(self.view.resolve, path, writable)
+            return await asyncio.to_thread(self._pin, real), readonly
         except BindRefused as exc:
             raise rules.Refused(str(exc)) from None
+        except pins.PinError as exc:
+            raise rules.Refused(f"bind of {path[:200]}: {exc}") from None
         except OSError as exc:
             raise rules.Refused(f"bind of {path[:200]}: {exc.strerror}") from None
+
+    def _pin(self, real: str) -> str:
+        """The engine's path for the checked `real`: the object it names now,
+        held by a mount the agent cannot change (leviathd/enginesock/pins.py)."""
+        return self.pins.pin(real, self.uid, self.gid)
 
     # -- one connection -----------------------------------------------------
 

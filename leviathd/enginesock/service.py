@@ -27,7 +27,7 @@ from leviathd import fsat
 from leviathd.agents.service import Agents
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.config.models import Publish
-from leviathd.enginesock import engine
+from leviathd.enginesock import engine, pins
 from leviathd.enginesock.proxy import SOCKET_NAME, AgentProxy, Settings
 from leviathd.enginesock.view import View, _Entry
 from leviathd.errors import Unavailable
@@ -152,16 +152,19 @@ class EngineSockService:
                 settings, _view = await asyncio.to_thread(
                     self._load, os.path.join(self._snapshots, f"{rec.id}.json"))
             except (OSError, ValueError, KeyError, TypeError):
+                await _release_pins(rec.id)
                 return
         with contextlib.suppress(OSError):
             self._forget(rec.id)
         try:
             gone = await engine.remove(settings.engine, settings.daemon, set(), only=rec.id)
         except (TimeoutError, OSError) as exc:
+            await _release_pins(rec.id)
             journal.record(f"agent {rec.id}: its containers could not be removed: {exc}",
                            priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,
                            LEVIATH_EVENT=Event.ENGINE_CLEANUP)
             return
+        await _release_pins(rec.id)
         if gone:
             journal.record(f"agent {rec.id}: removed {gone} containers, networks and volumes "
                            "it left", LEVIATH_AGENT=rec.id, LEVIATH_EVENT=Event.ENGINE_CLEANUP)
@@ -184,6 +187,7 @@ class EngineSockService:
                 engines.add(settings.engine)
                 if agent_id not in running:
                     self._forget(agent_id)
+                    await _release_pins(agent_id)
                     continue
                 try:
                     if settings.engine == engine.service_socket():
@@ -241,3 +245,13 @@ class EngineSockService:
         view = View(tuple(_Entry(**e) for e in v["entries"]), tuple(v["hidden"]),
                     tuple(v["masks"]), tuple(v["refused"]))
         return settings, view
+
+
+async def _release_pins(agent_id: str) -> None:
+    """The ended agent's pinned bind sources (leviathd/enginesock/pins.py)."""
+    try:
+        await asyncio.to_thread(pins.release, agent_id)
+    except pins.PinError as exc:
+        journal.record(f"agent {agent_id}: its pinned binds could not be removed: {exc}",
+                       priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
+                       LEVIATH_EVENT=Event.ENGINE_CLEANUP)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import pytest
 from test_engine_socket import BED_HOST_CONFIG, IMAGE, _create, _podman, agent, bed  # noqa: F401
@@ -180,3 +181,83 @@ def test_a_field_the_model_does_not_know_is_named_in_the_refusal(bed: Testbed) -
         assert "HostConfig.IDontExist is not a field" in str(out[0][1]), out
     finally:
         _clean(bed)
+
+
+# Runs inside the agent: creates a container binding ./d read-only, then
+# swaps ./d for a link to the hidden ~/.ssh before the container starts (the
+# engine mounts a bind's source at start), and prints what the container read.
+RACE = r'''
+import http.client, json, os, socket, sys, time
+
+class Conn(http.client.HTTPConnection):
+    def __init__(self):
+        super().__init__("localhost", timeout=60)
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(os.environ["DOCKER_HOST"].removeprefix("unix://"))
+
+def call(method, path, body=None):
+    c = Conn()
+    c.request(method, path, body=None if body is None else json.dumps(body),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    raw = r.read()
+    c.close()
+    return r.status, raw.decode(errors="replace")
+
+create = json.loads(sys.argv[1])
+here = os.getcwd()
+os.makedirs("d", exist_ok=True)
+with open("d/f", "w") as f:
+    f.write("mine\n")
+create["HostConfig"]["Binds"] = [f"{here}/d:/d:ro"]
+print(json.dumps(["create", *call("POST", "/containers/create?name=rb-race", create)]))
+binds = json.loads(call("GET", "/containers/rb-race/json")[1]).get("HostConfig", {}).get("Binds")
+print(json.dumps(["binds", binds]))
+os.rename("d", "d.old")
+os.symlink(os.path.expanduser("~/.ssh"), "d")
+print(json.dumps(["start", *call("POST", "/containers/rb-race/start")]))
+print(json.dumps(["wait", *call("POST", "/containers/rb-race/wait")]))
+print(json.dumps(["logs", *call("GET", "/containers/rb-race/logs?stdout=1&stderr=1")]))
+'''
+
+
+def test_a_bind_source_swapped_for_a_link_after_the_check_reaches_nothing_else(
+        raw_bed: Testbed) -> None:
+    # Break 7: the filter checked the path, the engine mounted it by path at
+    # start; a folder swapped for a link between the two was followed.
+    tb = raw_bed
+    home = tb.users["alice"].home
+    tb.run(["mkdir", "-p", "-m", "0700", f"{home}/.ssh"], user="alice")
+    tb.run(["sh", "-c", f"echo TOPSECRET > {home}/.ssh/rb-secret"], user="alice")
+    tb.write_file(f"{home}/engine-work/race.py", RACE)
+    tb.run(["chown", "alice", f"{home}/engine-work/race.py"])
+    tb.run(["rm", "-rf", f"{home}/engine-work/d", f"{home}/engine-work/d.old"])
+    create = _create(["sh", "-c", "cat /d/f; cat /d/rb-secret"])
+    before = set(_pinned(tb))
+    try:
+        r = tb.run(["lev", "run", "--", "python3", "race.py", json.dumps(create)],
+                    user="alice", cwd=f"{home}/engine-work", check=False, timeout=180)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        steps = {s[0]: s[1:] for s in (json.loads(ln) for ln in r.stdout.splitlines()
+                                       if ln.startswith("["))}
+        assert steps["create"][0] == 201, steps
+        assert "TOPSECRET" not in steps["logs"][1], steps
+        assert "mine" in steps["logs"][1], steps
+        # The engine was handed a pinned path, not the agent's.
+        assert str(steps["binds"][0][0]).startswith("/run/leviath/engine-binds/"), steps
+    finally:
+        _clean(tb)
+        tb.run(["rm", "-rf", f"{home}/engine-work/d", f"{home}/engine-work/d.old",
+                 f"{home}/.ssh/rb-secret"], check=False)
+    # The pins go with the agent (its end hook runs after `lev run` returns:
+    # wait for it).
+    deadline = time.monotonic() + 30
+    while (left := set(_pinned(tb)) - before) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not left, left
+
+
+def _pinned(tb: Testbed) -> list[str]:
+    return tb.run(["sh", "-c", "ls /run/leviath/engine-binds 2>/dev/null || true"]
+                  ).stdout.split()

@@ -388,3 +388,28 @@ CLI_RUN = (
     '"IPAddress":"","IPPrefixLen":0,"IPv6Gateway":"","GlobalIPv6Address":"",'
     '"GlobalIPv6PrefixLen":0,"DriverOpts":null,"DNSNames":null}}}}'
 )
+
+
+# ------------------------------------------------ break 7: binds by descriptor
+
+
+def test_a_checked_path_whose_folder_became_a_link_is_not_pinned(tmp_path: Path) -> None:
+    from leviathd.enginesock import pins
+    (tmp_path / "d").mkdir()
+    (tmp_path / "secret").mkdir()
+    checked = str(tmp_path / "d")
+    fd = pins.open_checked(checked, os.getuid(), os.getgid())
+    os.close(fd)
+    # The swap after the check: the checked folder is now a link elsewhere.
+    (tmp_path / "d").rename(tmp_path / "d.old")
+    (tmp_path / "d").symlink_to(tmp_path / "secret")
+    with pytest.raises(pins.PinError, match="link"):
+        pins.open_checked(checked, os.getuid(), os.getgid())
+    # A folder on the way swapped: the descriptor's own path is not the checked one.
+    (tmp_path / "d").unlink()
+    (tmp_path / "d.old").rename(tmp_path / "d")
+    (tmp_path / "d" / "in").mkdir()
+    (tmp_path / "d").rename(tmp_path / "d.old")
+    (tmp_path / "d").symlink_to(tmp_path / "d.old")
+    with pytest.raises(pins.PinError, match="changed after the check"):
+        pins.open_checked(str(tmp_path / "d" / "in"), os.getuid(), os.getgid())
