@@ -139,6 +139,9 @@ def narrow_proxy(rules: ProxyRules, layer: ProxyConfig) -> ProxyRules:
     )
 
 
+UPLOAD_MAX_DEFAULT = 4 << 30  # [sandbox.containers] upload_max unset: 4 GiB
+
+
 @dataclass(frozen=True)
 class ContainerSettings:
     """The agent's filtered container-engine socket (leviathd/enginesock). `socket`
@@ -148,6 +151,7 @@ class ContainerSettings:
     cap_add: tuple[str, ...] = ()
     publish: Publish = Publish.LOOPBACK
     socket: str | None = None
+    upload_max: int = UPLOAD_MAX_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -363,6 +367,16 @@ def _tighten_containers(
             )
         else:
             got = replace(got, publish=lower.publish)
+    if lower.upload_max is not None:
+        if lower.upload_max > upper.upload_max:
+            out.add(
+                "warn",
+                "containers-upload-max-overruled",
+                f"{where} [sandbox.containers] upload_max is overruled: over the machine's "
+                f"{upper.upload_max} bytes",
+            )
+        else:
+            got = replace(got, upload_max=lower.upload_max)
     if lower.socket is not None:
         out.add(
             "warn",
@@ -725,6 +739,7 @@ def _config_layer(
         cap_add=tuple(dict.fromkeys(mc.cap_add or ())),
         publish=mc.publish or Publish.LOOPBACK,
         socket=mc.socket,
+        upload_max=UPLOAD_MAX_DEFAULT if mc.upload_max is None else mc.upload_max,
     )
     if user is not None and user.sandbox is not None:
         containers = _tighten_containers(containers, user.sandbox.containers, "user config", out)

@@ -54,6 +54,9 @@ class Settings:
     # it creates; "" where the engine cannot place them there (its cgroup
     # manager is not cgroupfs: a configured Docker socket, say).
     cgroup: str = ""
+    # [sandbox.containers] upload_max: bytes of streamed request bodies over
+    # the agent's life (config.merge.UPLOAD_MAX_DEFAULT when unset).
+    upload_max: int = 4 << 30
 
 
 class AgentProxy:
@@ -80,6 +83,7 @@ class AgentProxy:
         self._connections = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self.pins = pins.Pins(settings.agent_id)
+        self.uploaded = 0  # streamed body bytes passed to the engine (upload_max)
 
     # -- the socket -------------------------------------------------------
 
@@ -230,6 +234,14 @@ class AgentProxy:
             self._audit(f"{head.method} {head.path[:120]}: {exc.message}", allowed=False)
             writer.write(wire.error_reply(exc.status, f"leviathd: {exc.message}"))
             return
+        if decision.body is None:
+            kind, length = head.body_kind()
+            left = max(0, self.s.upload_max - self.uploaded)
+            if kind == "length" and length > left:
+                # Before the engine is even dialled (chunked bodies are
+                # counted as they pass: _forward).
+                self._over(writer, length, left)
+                return
         if decision.mutating:
             self._audit(decision.what, allowed=True)
         if (decision.mutating or decision.upgrade) and self._on_change is not None:
@@ -261,8 +273,16 @@ class AgentProxy:
                     headers.append(("Transfer-Encoding", "chunked"))
                 elif kind == "length":
                     headers.append(("Content-Length", str(length)))
+                left = max(0, self.s.upload_max - self.uploaded)
                 ew.write(head.encode(d.target, headers))
-                await wire.copy_body(reader, head, ew)
+                try:
+                    self.uploaded += await wire.copy_body(reader, head, ew, left)
+                except wire.TooLarge as exc:
+                    # The engine's connection is closed mid-body: it drops
+                    # the request, having stored nothing whole.
+                    self.uploaded += int(exc.args[1])
+                    self._over(writer, None, left)
+                    return
             await ew.drain()
             if d.upgrade and not await _stream_taken(er, writer):
                 return
@@ -284,6 +304,13 @@ class AgentProxy:
                         await t
         finally:
             ew.close()
+
+    def _over(self, writer: asyncio.StreamWriter, size: int | None, left: int) -> None:
+        what = f"of {size} bytes " if size is not None else ""
+        message = (f"this upload {what}is over what the agent may still send to the engine: "
+                   f"{left} of its {self.s.upload_max} bytes ([sandbox.containers] upload_max)")
+        self._audit(message, allowed=False)
+        writer.write(wire.error_reply(413, f"leviathd: {message}"))
 
     def _audit(self, what: str, *, allowed: bool) -> None:
         journal.record(

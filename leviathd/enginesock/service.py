@@ -107,7 +107,7 @@ class EngineSockService:
             agent_id=rec.id, uid=user.uid, gid=user.gid, cap_add=eff.containers.cap_add,
             publish_any=eff.containers.publish == Publish.ANY, engine=sock,
             podman=await engine.is_podman(sock), daemon=daemon_instance(),
-            cgroup=await self._placement(rec, sock),
+            cgroup=await self._placement(rec, sock), upload_max=eff.containers.upload_max,
         )
         await self._open(settings, view)
         await asyncio.to_thread(self._save, settings, view)

@@ -25,6 +25,10 @@ class BadRequest(Exception):
     pass
 
 
+class TooLarge(BadRequest):
+    """A streamed body over what the agent may still upload."""
+
+
 @dataclass
 class Head:
     method: str
@@ -127,11 +131,19 @@ async def read_body(reader: asyncio.StreamReader, head: Head, limit: int) -> byt
             raise BadRequest("a malformed chunk")
 
 
-async def copy_body(reader: asyncio.StreamReader, head: Head, writer: asyncio.StreamWriter) -> None:
+async def copy_body(reader: asyncio.StreamReader, head: Head, writer: asyncio.StreamWriter,
+                    limit: int | None = None) -> int:
     """The request's body copied as it comes, exactly as framed, and nothing
-    after it (a second request on the connection is never passed unread)."""
+    after it (a second request on the connection is never passed unread);
+    the body's size. TooLarge once it is over `limit` (the bytes copied up
+    to then are the caller's to charge: `TooLarge.args[1]`)."""
     kind, length = head.body_kind()
+    total = 0
     if kind == "length":
+        if limit is not None and length > limit:
+            raise TooLarge(f"the request body of {length} bytes is over the {limit} bytes "
+                           "left", 0)
+        total = length
         while length:
             data = await reader.read(min(length, COPY_CHUNK))
             if not data:
@@ -142,12 +154,16 @@ async def copy_body(reader: asyncio.StreamReader, head: Head, writer: asyncio.St
     elif kind == "chunked":
         while True:
             size = await _chunk_size(reader)
+            total += size
+            if limit is not None and total > limit:
+                raise TooLarge(f"the request body is over the {limit} bytes left",
+                               total - size)
             writer.write(f"{size:x}\r\n".encode())
             if size == 0:
                 await _trailers(reader)
                 writer.write(b"\r\n")
                 await writer.drain()
-                return
+                return total
             left = size
             while left:
                 data = await reader.read(min(left, COPY_CHUNK))
@@ -159,6 +175,7 @@ async def copy_body(reader: asyncio.StreamReader, head: Head, writer: asyncio.St
             if await reader.readexactly(2) != b"\r\n":
                 raise BadRequest("a malformed chunk")
             writer.write(b"\r\n")
+    return total
 
 
 async def _chunk_size(reader: asyncio.StreamReader) -> int:
@@ -181,6 +198,7 @@ async def _trailers(reader: asyncio.StreamReader) -> None:
 
 def error_reply(status: int, message: str) -> bytes:
     reason = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
+              413: "Payload Too Large",
               500: "Internal Server Error", 502: "Bad Gateway",
               503: "Service Unavailable"}.get(status, "Error")
     body = json.dumps({"message": message}).encode() + b"\n"

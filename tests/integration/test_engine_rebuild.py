@@ -20,7 +20,8 @@ from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
 
-# Runs inside the agent: each argument is base64 of raw request bytes, sent
+# Runs inside the agent: each argument is base64 of raw request bytes (or
+# @FILE: the bytes of that file, for what is over an argument's size), sent
 # alone on a new connection; prints one JSON line per request: the reply.
 RAW = r'''
 import base64, json, os, socket, sys
@@ -29,7 +30,11 @@ for arg in sys.argv[1:]:
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(30)
     s.connect(host)
-    s.sendall(base64.b64decode(arg))
+    data = open(arg[1:], "rb").read() if arg.startswith("@") else base64.b64decode(arg)
+    try:
+        s.sendall(data)
+    except OSError:
+        pass  # refused before the whole body was read: the reply is queued all the same
     got = b""
     try:
         while chunk := s.recv(65536):
@@ -53,7 +58,8 @@ def raw_bed(bed: Testbed) -> Testbed:  # noqa: F811
 def _raw(tb: Testbed, *requests: bytes) -> list[str]:
     home = tb.users["alice"].home
     argv = ["lev", "run", "--", "python3", "raw.py",
-            *(base64.b64encode(r).decode() for r in requests)]
+            *(r.decode() if r.startswith(b"@") else base64.b64encode(r).decode()
+              for r in requests)]
     r = tb.run(argv, user="alice", cwd=f"{home}/engine-work", check=False, timeout=180)
     assert r.returncode == 0, (r.stdout, r.stderr)
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith('"')]
@@ -261,3 +267,26 @@ def test_a_bind_source_swapped_for_a_link_after_the_check_reaches_nothing_else(
 def _pinned(tb: Testbed) -> list[str]:
     return tb.run(["sh", "-c", "ls /run/leviath/engine-binds 2>/dev/null || true"]
                   ).stdout.split()
+
+
+def test_an_upload_over_upload_max_never_reaches_the_engine(raw_bed: Testbed) -> None:
+    # "Also" of issue 29: one import wrote 600 MiB as root. Uploads are charged
+    # to the agent, at most [sandbox.containers] upload_max over its life.
+    from test_engine_socket import CONFIG
+    tb = raw_bed
+    tb.write_file("/etc/leviath/config.toml", CONFIG + 'upload_max = "64K"\n')
+    tb.run(["systemctl", "restart", "leviathd"])
+    try:
+        body = b"\0" * (200 * 1024)
+        home = tb.users["alice"].home
+        tb.write_file(f"{home}/engine-work/upload.req", (
+            b"POST /v1.41/build?t=rb-upload HTTP/1.1\r\nHost: d\r\nContent-Type: "
+            b"application/x-tar\r\nContent-Length: %d\r\n\r\n" % len(body) + body))
+        tb.run(["chown", "alice", f"{home}/engine-work/upload.req"])
+        replies = _raw(tb, b"@upload.req")
+        assert replies and replies[0].startswith("HTTP/1.1 413 "), replies
+        assert "upload_max" in replies[0], replies
+        assert "rb-upload" not in _podman(tb, "images", "--format", "{{.Repository}}")
+    finally:
+        tb.write_file("/etc/leviath/config.toml", CONFIG)
+        tb.run(["systemctl", "restart", "leviathd"])

@@ -235,9 +235,18 @@ class _Engine:
         self.got: list[bytes] = []
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        raw = await reader.readuntil(b"\r\n\r\n")
+        try:
+            raw = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            writer.close()
+            return
         head = wire.parse_head(raw)
-        body = await wire.read_body(reader, head, 1 << 20)
+        try:
+            body = await wire.read_body(reader, head, 1 << 20)
+        except (asyncio.IncompleteReadError, wire.BadRequest):
+            self.got.append(raw + b"<cut>")  # the proxy closed it mid-body
+            writer.close()
+            return
         self.got.append(raw + body)
         if head.path.endswith("/containers/create"):
             reply = b'{"Id":"' + b"e" * 64 + b'"}'
@@ -249,31 +258,35 @@ class _Engine:
         writer.close()
 
 
-async def _through_proxy(tmp: Path, raw: bytes) -> tuple[bytes, list[bytes]]:
+async def _through_proxy(tmp: Path, *raws: bytes,
+                         upload_max: int = 1 << 30) -> tuple[list[bytes], list[bytes]]:
     engine = _Engine(str(tmp / "engine.sock"))
     server = await asyncio.start_unix_server(engine.serve, path=engine.path)
     folder = tmp / "agent"
     folder.mkdir(mode=0o700)
     settings = proxy.Settings(agent_id="aaaa1111", uid=os.getuid(), gid=os.getgid(),
                               cap_add=(), publish_any=False, engine=engine.path, podman=True,
-                              daemon="d", cgroup="")
+                              daemon="d", cgroup="", upload_max=upload_max)
     view = View((_Entry("/", "tmpfs", "", False),), (), (), ())
     p = proxy.AgentProxy(settings, view, lambda cgroup: "aaaa1111")
     await p.start(str(folder))
+    replies = []
     try:
-        reader, writer = await asyncio.open_unix_connection(str(folder / proxy.SOCKET_NAME))
-        writer.write(raw)
-        await writer.drain()
-        reply = await reader.read()
-        writer.close()
+        for raw in raws:
+            reader, writer = await asyncio.open_unix_connection(str(folder / proxy.SOCKET_NAME))
+            writer.write(raw)
+            await writer.drain()
+            replies.append(await reader.read())
+            writer.close()
     finally:
         await p.close()
         server.close()
-    return reply, engine.got
+    return replies, engine.got
 
 
 def _proxy(tmp: Path, raw: bytes) -> tuple[bytes, list[bytes]]:
-    return asyncio.run(_through_proxy(tmp, raw))
+    replies, got = asyncio.run(_through_proxy(tmp, raw))
+    return replies[0], got
 
 
 @pytest.mark.timeout(60)  # today's proxy forwarded the smuggled request and waited on it
@@ -413,3 +426,56 @@ def test_a_checked_path_whose_folder_became_a_link_is_not_pinned(tmp_path: Path)
     (tmp_path / "d").symlink_to(tmp_path / "d.old")
     with pytest.raises(pins.PinError, match="changed after the check"):
         pins.open_checked(str(tmp_path / "d" / "in"), os.getuid(), os.getgid())
+
+
+# ------------------------------------------- "Also": uploads bounded, charged
+
+
+def _upload(body: bytes, *, chunked: bool = False) -> bytes:
+    head = b"POST /v1.41/build?t=up HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-tar\r\n"
+    if chunked:
+        half = len(body) // 2
+        return (head + b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % half
+                + body[:half] + b"\r\n" + b"%x\r\n" % (len(body) - half) + body[half:]
+                + b"\r\n0\r\n\r\n")
+    return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+@pytest.mark.timeout(60)
+def test_an_upload_over_the_agents_budget_is_refused_before_the_engine_has_it(
+        tmp_path: Path) -> None:
+    replies, got = asyncio.run(_through_proxy(tmp_path, _upload(b"x" * 600),
+                                              _upload(b"y" * 600), upload_max=1000))
+    assert replies[0].startswith(b"HTTP/1.1 404 "), replies  # passed: the engine's answer
+    assert replies[1].startswith(b"HTTP/1.1 413 ") and b"upload_max" in replies[1], replies
+    # The second never reached the engine: 400 of 1000 bytes were left.
+    assert len(got) == 1 and got[0].endswith(b"x" * 600), got
+
+
+@pytest.mark.timeout(60)
+def test_a_chunked_upload_is_cut_off_at_the_budget(tmp_path: Path) -> None:
+    replies, got = asyncio.run(_through_proxy(tmp_path, _upload(b"z" * 3000, chunked=True),
+                                              upload_max=2000))
+    assert replies[0].startswith(b"HTTP/1.1 413 "), replies
+    assert len(got) == 1 and got[0].endswith(b"<cut>") and b"z" * 1501 not in got[0], got
+
+
+def test_upload_max_is_the_machines_and_a_user_only_lowers_it() -> None:
+    from leviathd.config.load import parse_config
+    from leviathd.config.merge import UPLOAD_MAX_DEFAULT, resolve
+    machine = parse_config("[sandbox.containers]\nenabled = true\nupload_max = '1G'\n", "m")
+    assert resolve(machine, None, None, "a").agent.containers.upload_max == 1 << 30
+    raise_it = parse_config("[sandbox.containers]\nupload_max = '8G'\n", "u")
+    got = resolve(machine, raise_it, None, "a")
+    assert got.agent.containers.upload_max == 1 << 30
+    assert "containers-upload-max-overruled" in [f.code for f in got.findings]
+    lower = parse_config("[sandbox.containers]\nupload_max = '10M'\n", "u")
+    assert resolve(machine, lower, None, "a").agent.containers.upload_max == 10 << 20
+    unset = parse_config("[sandbox.containers]\nenabled = true\n", "m")
+    assert resolve(unset, None, None, "a").agent.containers.upload_max == UPLOAD_MAX_DEFAULT
+
+
+def test_upload_max_cannot_be_infinity() -> None:
+    from leviathd.config.load import parse_config
+    with pytest.raises(Exception, match="infinity"):
+        parse_config("[sandbox.containers]\nupload_max = 'infinity'\n", "m")
