@@ -794,8 +794,7 @@ async def _network_op(
         own = await c.container(str(req.get("Container") or ""))
         req["Container"] = str(own.get("Id", ""))
         endpoint = req.get("EndpointConfig")
-        if endpoint is not None:
-            await check_endpoints({"NetworkingConfig": {"EndpointsConfig": {nid: endpoint}}}, c)
+        if endpoint is not None:  # (the network itself is the agent's: looked up above)
             _check_aliases(endpoint)
         req = model.rebuild(req, bodies.NETWORK_CONNECT)
         return Decision(_target(prefix, f"/networks/{nid}/{op}", q), _dump(req), mutating=True,

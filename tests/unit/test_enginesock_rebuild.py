@@ -479,3 +479,43 @@ def test_upload_max_cannot_be_infinity() -> None:
     from leviathd.config.load import parse_config
     with pytest.raises(Exception, match="infinity"):
         parse_config("[sandbox.containers]\nupload_max = 'infinity'\n", "m")
+
+
+def test_the_docker_clis_network_volume_and_connect_bodies_pass() -> None:
+    # As the docker CLI 26 sends them (captured): `network create n1`,
+    # `volume create --label x=y v2`, `network connect --alias a1 NET mine`.
+    from test_enginesock import _own
+    d = _own("POST", "/v1.41/networks/create", json.loads(
+        '{"CheckDuplicate":true,"Driver":"bridge","Scope":"","EnableIPv6":false,"IPAM":'
+        '{"Driver":"default","Options":{},"Config":[]},"Internal":false,"Attachable":false,'
+        '"Ingress":false,"ConfigOnly":false,"ConfigFrom":null,"Options":{},"Labels":{},'
+        '"Name":"n1"}'))
+    assert d.body is not None and json.loads(d.body)["Name"] == "n1"
+    d = _own("POST", "/v1.41/volumes/create",
+             {"Driver": "local", "Labels": {"x": "y"}, "Name": "v2"})
+    assert d.body is not None and json.loads(d.body)["Labels"]["x"] == "y"
+    d = _own("POST", "/v1.41/networks/mine-net/connect", json.loads(
+        '{"Container":"mine","EndpointConfig":{"IPAMConfig":{},"Links":null,"Aliases":["a1"],'
+        '"MacAddress":"","NetworkID":"","EndpointID":"","Gateway":"","IPAddress":"",'
+        '"IPPrefixLen":0,"IPv6Gateway":"","GlobalIPv6Address":"","GlobalIPv6PrefixLen":0,'
+        '"DriverOpts":{},"DNSNames":null}}'))
+    assert d.body is not None
+    assert json.loads(d.body) == {"Container": "c" * 64, "EndpointConfig": {"Aliases": ["a1"]}}
+
+
+@pytest.mark.parametrize(("path", "body", "says"), [
+    ("/networks/create", {"Name": "n", "Options": {"com.docker.network.bridge.name": "eth0"}},
+     "Options is not allowed"),
+    ("/networks/create", {"Name": "n", "IPAM": {"Driver": "dhcp"}}, "IPAM drivers"),
+    ("/volumes/create", {"Name": "../../x"}, "plain name"),
+    ("/volumes/create", {"Name": "v", "DriverOpts": {"device": "/root", "o": "bind"}},
+     "driver options"),
+    ("/networks/mine-net/connect", {"Container": "mine", "EndpointConfig": {
+        "Aliases": ["a,b"]}}, "plain name"),
+    ("/networks/mine-net/connect", {"Container": "mine", "EndpointConfig": {
+        "IPAddress": "10.0.0.5"}}, "IPAddress is not allowed"),
+])
+def test_network_and_volume_bodies_outside_the_model_are_refused(
+        path: str, body: dict[str, Any], says: str) -> None:
+    from test_enginesock import _own_refused
+    assert says in _own_refused("POST", path, body)
