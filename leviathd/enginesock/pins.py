@@ -5,11 +5,24 @@ agent replaces by a link meanwhile (its worktree's `d` swapped for a link to
 its hidden `~/.ssh`) would be followed. So the daemon opens the checked path
 as the agent's user (O_PATH, the last component not followed), checks that
 the descriptor's own path is the one it checked, and bind-mounts that
-descriptor onto a fresh entry of a root-only per-agent folder,
+descriptor onto a fresh entry of a per-agent folder,
 `/run/leviath/engine-binds/<agent>/<n>`, in the machine's mount namespace
-(where the engine runs; the daemon's own is private to its unit). The engine
-gets that path: nothing the agent can change, and the same object at every
-start of the container. The mounts go when the agent ends (release).
+(where the rootful engine runs; the daemon's own is private to its unit). The
+engine gets that path: nothing the agent can change, and the same object at
+every start of the container. The mounts go when the agent ends (release).
+
+The agent's folder is root's, 0700 plus an ACL entry letting only the agent's
+user through (search, not list): a rootless engine runs as that user and must
+reach its pins, while the names are no secret from other users
+(/proc/1/mountinfo lists them), so others must not pass. Without ACLs on /run
+(a tmpfs built without them) the folder is root:<the user's group> 0710.
+
+A rootless engine runs in a mount namespace of its own, a slave copy of the
+machine's made when the agent starts (enginesock/rootless_exec.py). A pin
+mounted later reaches it only if the folder it is under is a shared mount:
+`share_root` makes /run/leviath/engine-binds a mount point with a peer group
+of its own before each rootless engine starts (systemd makes / shared at
+boot, but not every host, the test bed among them, keeps it so).
 
 The mounting is done by a short-lived helper process (`python -m
 leviathd.enginesock.pins`): joining another mount namespace needs a process
@@ -20,10 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import secrets
 import stat
+import struct
 import subprocess
 import sys
 
@@ -33,6 +48,12 @@ PIN_ROOT = "/run/leviath/engine-binds"
 MAX_PINS = 256
 _MS_BIND = 0x1000
 _MS_REC = 0x4000
+_MS_PRIVATE = 0x40000
+_MS_SHARED = 0x100000
+# system.posix_acl_access: version 2, then (tag u16, perm u16, id u32) sorted by tag
+_ACL_VERSION = 2
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_ACL_NO_ID = 0xFFFFFFFF
 _MNT_DETACH = 2
 _CLONE_NEWNS = 0x00020000
 HELPER_TIMEOUT = 20
@@ -84,6 +105,13 @@ class Pins:
 
 
 
+def share_root() -> None:
+    """Make the pins' top folder a shared mount point of the machine's mount
+    namespace (blocking; idempotent): call it before a rootless engine copies
+    that namespace, so the pins mounted later reach the engine."""
+    _helper({"op": "share"})
+
+
 def release(agent_id: str) -> None:
     """Unmount and remove an ended agent's pins (blocking). Not when its
     socket closes: a daemon restart adopts running agents, whose containers
@@ -115,24 +143,82 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
-def _agent_dir(agent: str, *, create: bool) -> int | None:
+def _agent_dir(agent: str, *, create: bool, uid: int = -1, gid: int = -1) -> int | None:
     if not agent.isalnum() or len(agent) > 64:
         raise PinError("a bad agent id")
     top = fsat.open_dir(PIN_ROOT, create_mode=0o711 if create else None)
     try:
         if create:
-            fsat.mkdir_at(top, agent, 0o711, exist_ok=True)
+            fsat.mkdir_at(top, agent, 0o700, exist_ok=True)
         elif fsat.lstat_at(top, agent) is None:
             return None
-        return fsat.open_dir_at(top, agent)
+        fd = fsat.open_dir_at(top, agent)
     finally:
         os.close(top)
+    if create:
+        try:
+            _only_user_passes(fd, uid, gid)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
 
 
-def _pin(libc: ctypes.CDLL, agent: str, name: str, fd: int) -> None:
+def _only_user_passes(fd: int, uid: int, gid: int) -> None:
+    """Root's folder that only `uid` (and root) may pass through, none list."""
+    if uid < 0 or gid < 0:
+        raise PinError("a pin needs the agent's user")
+    os.fchown(fd, 0, 0)
+    os.fchmod(fd, 0o700)
+    acl = struct.pack("<I", _ACL_VERSION) + b"".join(
+        struct.pack("<HHI", tag, perm, ident) for tag, perm, ident in (
+            (_ACL_USER_OBJ, 7, _ACL_NO_ID), (_ACL_USER, 1, uid), (_ACL_GROUP_OBJ, 0, _ACL_NO_ID),
+            (_ACL_MASK, 1, _ACL_NO_ID), (_ACL_OTHER, 0, _ACL_NO_ID)))
+    try:
+        os.setxattr(fd, "system.posix_acl_access", acl)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP):
+            raise
+        # No ACLs here: the user's group passes (usually the user's own).
+        os.fchown(fd, 0, gid)
+        os.fchmod(fd, 0o710)
+
+
+def _mounts() -> list[tuple[str, str]]:
+    """(mount point, optional fields) of this process's mount namespace."""
+    out: list[tuple[str, str]] = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            head = line.split(" - ", 1)[0].split()
+            if len(head) >= 6:
+                out.append((head[4], " ".join(head[6:])))
+    return out
+
+
+def _share(libc: ctypes.CDLL) -> None:
+    os.close(fsat.open_dir(PIN_ROOT, create_mode=0o711))
+    # PIN_ROOT's components are root's (/run, /run/leviath): by path is safe.
+    target = PIN_ROOT.encode()
+    found = [opt for point, opt in _mounts() if point == PIN_ROOT]
+    if not found:
+        # Recursive: pins already made (a daemon from before this) stay seen.
+        if libc.mount(target, target, None, _MS_BIND | _MS_REC, None) != 0:
+            raise PinError(f"mount --bind {PIN_ROOT}: {os.strerror(ctypes.get_errno())}")
+        # Private first: a bind of a shared /run would join /run's peer group
+        # and every pin would propagate back into /run's other copies too.
+        if libc.mount(None, target, None, _MS_PRIVATE, None) != 0:
+            raise PinError(f"mount --make-private {PIN_ROOT}: "
+                           f"{os.strerror(ctypes.get_errno())}")
+        found = [""]
+    if not any("shared:" in opt for opt in found) and \
+            libc.mount(None, target, None, _MS_SHARED, None) != 0:
+        raise PinError(f"mount --make-shared {PIN_ROOT}: {os.strerror(ctypes.get_errno())}")
+
+
+def _pin(libc: ctypes.CDLL, agent: str, name: str, fd: int, uid: int, gid: int) -> None:
     if not (len(name) == 16 and all(c in "0123456789abcdef" for c in name)):
         raise PinError("a bad pin name")
-    folder = _agent_dir(agent, create=True)
+    folder = _agent_dir(agent, create=True, uid=uid, gid=gid)
     assert folder is not None
     try:
         if fsat.lstat_at(folder, name) is not None:
@@ -191,9 +277,12 @@ def main() -> int:
             # must be a mount of the namespace that mounts it.
             fd = open_checked(str(req["path"]), int(req["uid"]), int(req["gid"]))
             try:
-                _pin(libc, str(req["agent"]), str(req["name"]), fd)
+                _pin(libc, str(req["agent"]), str(req["name"]), fd, int(req["uid"]),
+                     int(req["gid"]))
             finally:
                 os.close(fd)
+        elif req["op"] == "share":
+            _share(libc)
         elif req["op"] == "release":
             _release(libc, str(req["agent"]))
     except (PinError, OSError) as exc:
