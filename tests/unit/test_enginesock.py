@@ -455,6 +455,25 @@ def test_a_writable_bind_in_mounts_makes_the_agents_user() -> None:
             {"Type": "bind", "Source": "/work/a", "Target": "/a"}]}})
 
 
+class _RootlessChecks(_Checks):
+    rootless = True
+
+
+def test_on_the_users_rootless_engine_writable_folders_mean_container_root() -> None:
+    # Rootless, container root is the agent's user on the host; its uid 1000
+    # would be a subordinate id (issue 29 part A, carried into part B's model).
+    c = _RootlessChecks()
+    d = _decide("POST", "/containers/create", {
+        "Image": "x", "HostConfig": {"Binds": ["/work:/w"]}}, c)
+    assert d.body is not None
+    body = json.loads(d.body)
+    assert body["User"] == "0:0" and body["Labels"][rules.LABEL_USER] == "0:0"
+    assert "no-new-privileges" in body["HostConfig"]["SecurityOpt"]
+    with pytest.raises(rules.Refused, match="runs as your user: --user 0:0"):
+        _decide("POST", "/containers/create", {
+            "Image": "x", "User": "1:1", "HostConfig": {"Binds": ["/work:/w"]}}, c)
+
+
 @pytest.mark.parametrize("bopts", [{"Propagation": "rshared"}, {"Propagation": "shared"},
                                    {"NonRecursive": True}, {"ReadOnlyNonRecursive": True}])
 def test_bind_options_that_reach_past_the_bind_are_refused(bopts: dict[str, Any]) -> None:
