@@ -98,9 +98,12 @@ CREATE = obj(
     NetworkingConfig=obj(EndpointsConfig=map_of(ENDPOINT, 16)),
 )
 
+# Detach: the docker CLI sends its ExecOptions whole (`docker exec -d` true);
+# the engine decides detaching at exec start.
 EXEC = obj(
     AttachStdin=BOOL, AttachStdout=BOOL, AttachStderr=BOOL, ConsoleSize=list_of(INT, 2),
-    DetachKeys=STR, Tty=BOOL, Env=STRS, Cmd=STRS, Privileged=BOOL, User=STR, WorkingDir=STR,
+    Detach=BOOL, DetachKeys=STR, Tty=BOOL, Env=STRS, Cmd=STRS, Privileged=BOOL, User=STR,
+    WorkingDir=STR,
 )
 
 EXEC_START = obj(Detach=BOOL, Tty=BOOL, ConsoleSize=list_of(INT, 2))

@@ -519,3 +519,16 @@ def test_network_and_volume_bodies_outside_the_model_are_refused(
         path: str, body: dict[str, Any], says: str) -> None:
     from test_enginesock import _own_refused
     assert says in _own_refused("POST", path, body)
+
+
+def test_the_docker_clis_exec_body_passes() -> None:
+    # `docker exec cp-1 cat /tmp/in.txt` of the docker CLI 26: its ExecOptions
+    # has no omitempty, so Detach (false) comes with every exec create. Seen
+    # refused from inside an agent (test_engine_rootless.py's docker exec).
+    from test_enginesock import _own
+    d = _own("POST", "/v1.41/containers/mine/exec", json.loads(
+        '{"User":"","Privileged":false,"Tty":false,"ConsoleSize":[0,0],"AttachStdin":false,'
+        '"AttachStderr":true,"AttachStdout":true,"Detach":false,"DetachKeys":"","Env":null,'
+        '"WorkingDir":"","Cmd":["cat","/tmp/in.txt"]}'))
+    assert d.body is not None
+    assert json.loads(d.body)["Cmd"] == ["cat", "/tmp/in.txt"]
