@@ -185,6 +185,9 @@ def narrow_proxy(rules: ProxyRules, layer: ProxyConfig, *, where: str = "bluepri
     return _narrow_openings(narrowed, layer, where, out)
 
 
+UPLOAD_MAX_DEFAULT = 4 << 30  # [sandbox.containers] upload_max unset: 4 GiB
+
+
 @dataclass(frozen=True)
 class ContainerSettings:
     """The agent's filtered container-engine socket (leviathd/enginesock).
@@ -197,6 +200,7 @@ class ContainerSettings:
     publish: Publish = Publish.LOOPBACK
     socket: str | None = None
     host_root: bool = False
+    upload_max: int = UPLOAD_MAX_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -423,6 +427,16 @@ def _tighten_containers(
             f"{where} [sandbox.containers] host_root_engine is ignored: only the machine "
             "config chooses an engine that is root on the host",
         )
+    if lower.upload_max is not None:
+        if lower.upload_max > upper.upload_max:
+            out.add(
+                "warn",
+                "containers-upload-max-overruled",
+                f"{where} [sandbox.containers] upload_max is overruled: over the machine's "
+                f"{upper.upload_max} bytes",
+            )
+        else:
+            got = replace(got, upload_max=lower.upload_max)
     if lower.socket is not None:
         out.add(
             "warn",
@@ -807,6 +821,7 @@ def _config_layer(
         publish=mc.publish or Publish.LOOPBACK,
         socket=mc.socket if host_root else None,
         host_root=host_root,
+        upload_max=UPLOAD_MAX_DEFAULT if mc.upload_max is None else mc.upload_max,
     )
     if user is not None and user.sandbox is not None:
         containers = _tighten_containers(containers, user.sandbox.containers, "user config", out)

@@ -248,6 +248,14 @@ class Publish(StrEnum):
         return 0 if self is Publish.LOOPBACK else 1
 
 
+def _upload_max(value: object) -> int | None:
+    size = parse_size(value)
+    if size is None and value is not None:
+        raise ValueError('must be a size such as "4G": "infinity" is not allowed (what an '
+                         "agent uploads the engine stores on the machine's disk)")
+    return size
+
+
 class ContainersConfig(_Model):
     """`[sandbox.containers]`: the filtered container-engine socket of each agent
     (leviathd/enginesock). None = not set here."""
@@ -260,6 +268,9 @@ class ContainersConfig(_Model):
     # it each agent gets its user's own rootless podman (leviathd/enginesock/rootless.py).
     host_root_engine: StrictBool | None = None
     socket: AbsolutePath | None = None
+    # Bytes an agent may stream to the engine in request bodies over its
+    # life (build contexts, image loads and imports, copies into containers).
+    upload_max: Annotated[int | None, BeforeValidator(_upload_max)] = None
 
 
 class SandboxConfig(_Model):

@@ -22,7 +22,7 @@ from typing import Any
 
 from leviathd import fdshare, fsat, parseshare
 from leviathd.broker.server import identify
-from leviathd.enginesock import engine, rules, wire
+from leviathd.enginesock import engine, pins, rules, wire
 from leviathd.enginesock.view import BindRefused, View
 from leviathd.errors import AccessDenied
 from leviathd.events import Event
@@ -33,8 +33,11 @@ MAX_JSON_BODY = 1024 * 1024
 MAX_CONNECTIONS = 64
 OWN_CACHE = 1024
 _FULL_ID = re.compile(r"^[0-9a-f]{64}\Z")
-_HOP = frozenset({"connection", "content-length", "transfer-encoding", "upgrade", "keep-alive",
-                  "host", "proxy-connection", "te", "trailer"})
+# The only headers of the agent's that reach the engine (rebuilt, name and
+# value checked by wire.parse_head): the body's type and a registry's
+# credentials for a pull or build. The framing headers are ours.
+_PASSED = {"content-type": "Content-Type", "x-registry-auth": "X-Registry-Auth",
+           "x-registry-config": "X-Registry-Config"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,9 @@ class Settings:
     # The engine is the agent's user's own rootless podman (enginesock/rootless.py):
     # a container's root is that user on the host.
     rootless: bool = False
+    # [sandbox.containers] upload_max: bytes of streamed request bodies over
+    # the agent's life (config.merge.UPLOAD_MAX_DEFAULT when unset).
+    upload_max: int = 4 << 30
 
 
 class AgentProxy:
@@ -80,6 +86,8 @@ class AgentProxy:
         self._own: dict[str, dict[str, Any]] = {}
         self._connections = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self.pins = pins.Pins(settings.agent_id)
+        self.uploaded = 0  # streamed body bytes passed to the engine (upload_max)
 
     # -- the socket -------------------------------------------------------
 
@@ -170,11 +178,19 @@ class AgentProxy:
 
     async def bind(self, path: str, writable: bool) -> tuple[str, bool]:
         try:
-            return await asyncio.to_thread(self.view.resolve, path, writable)
+            real, readonly = await asyncio.to_thread(self.view.resolve, path, writable)
+            return await asyncio.to_thread(self._pin, real), readonly
         except BindRefused as exc:
             raise rules.Refused(str(exc)) from None
+        except pins.PinError as exc:
+            raise rules.Refused(f"bind of {path[:200]}: {exc}") from None
         except OSError as exc:
             raise rules.Refused(f"bind of {path[:200]}: {exc.strerror}") from None
+
+    def _pin(self, real: str) -> str:
+        """The engine's path for the checked `real`: the object it names now,
+        held by a mount the agent cannot change (leviathd/enginesock/pins.py)."""
+        return self.pins.pin(real, self.uid, self.gid)
 
     # -- one connection -----------------------------------------------------
 
@@ -226,6 +242,14 @@ class AgentProxy:
             self._audit(f"{head.method} {head.path[:120]}: {exc.message}", allowed=False)
             writer.write(wire.error_reply(exc.status, f"leviathd: {exc.message}"))
             return
+        if decision.body is None:
+            kind, length = head.body_kind()
+            left = max(0, self.s.upload_max - self.uploaded)
+            if kind == "length" and length > left:
+                # Before the engine is even dialled (chunked bodies are
+                # counted as they pass: _forward).
+                self._over(writer, length, left)
+                return
         if decision.mutating:
             self._audit(decision.what, allowed=True)
         if (decision.mutating or decision.upgrade) and self._on_change is not None:
@@ -241,11 +265,11 @@ class AgentProxy:
                                           f"{exc.strerror}"))
             return
         try:
-            headers = [(k, v) for k, v in head.headers if k.lower() not in _HOP]
+            headers = [(_PASSED[k.lower()], v) for k, v in head.headers if k.lower() in _PASSED]
             headers.append(("Host", "docker"))
-            upgrade = head.get("upgrade") if d.upgrade else None
-            if upgrade:
-                headers += [("Connection", "Upgrade"), ("Upgrade", upgrade[:40])]
+            if d.upgrade and head.get("upgrade"):
+                # The one protocol the docker CLI asks the engine for.
+                headers += [("Connection", "Upgrade"), ("Upgrade", "tcp")]
             else:
                 headers.append(("Connection", "close"))
             if d.body is not None:
@@ -257,8 +281,16 @@ class AgentProxy:
                     headers.append(("Transfer-Encoding", "chunked"))
                 elif kind == "length":
                     headers.append(("Content-Length", str(length)))
+                left = max(0, self.s.upload_max - self.uploaded)
                 ew.write(head.encode(d.target, headers))
-                await wire.copy_body(reader, head, ew)
+                try:
+                    self.uploaded += await wire.copy_body(reader, head, ew, left)
+                except wire.TooLarge as exc:
+                    # The engine's connection is closed mid-body: it drops
+                    # the request, having stored nothing whole.
+                    self.uploaded += int(exc.args[1])
+                    self._over(writer, None, left)
+                    return
             await ew.drain()
             if d.upgrade and not await _stream_taken(er, writer):
                 return
@@ -280,6 +312,13 @@ class AgentProxy:
                         await t
         finally:
             ew.close()
+
+    def _over(self, writer: asyncio.StreamWriter, size: int | None, left: int) -> None:
+        what = f"of {size} bytes " if size is not None else ""
+        message = (f"this upload {what}is over what the agent may still send to the engine: "
+                   f"{left} of its {self.s.upload_max} bytes ([sandbox.containers] upload_max)")
+        self._audit(message, allowed=False)
+        writer.write(wire.error_reply(413, f"leviathd: {message}"))
 
     def _audit(self, what: str, *, allowed: bool) -> None:
         journal.record(

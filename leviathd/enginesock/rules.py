@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode
 
+from leviathd.enginesock import bodies, model, queries
+from leviathd.enginesock.refused import Refused as Refused  # re-exported: rules.Refused
+
 LABEL_AGENT = "org.leviath.engine-agent"
 LABEL_DAEMON = "org.leviath.engine-daemon"
 # Set on a container with writable host folders: who its processes and execs run as.
@@ -37,13 +40,6 @@ _LOG_OPTIONS = frozenset({"max-size", "max-file", "compress"})
 _VERSION = re.compile(r"^/v[0-9]{1,3}(\.[0-9]{1,3}){0,2}(?=/)")
 _NAME = r"([A-Za-z0-9][A-Za-z0-9_.:@/-]{0,254}?)"
 _ID = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,254})"
-
-
-class Refused(Exception):
-    def __init__(self, message: str, status: int = 403) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 class Checks(Protocol):
@@ -99,7 +95,11 @@ def split_version(path: str) -> tuple[str, str]:
 
 
 def _qs(query: str) -> list[tuple[str, str]]:
-    return parse_qsl(query, keep_blank_values=True, max_num_fields=64)
+    try:
+        return parse_qsl(query, keep_blank_values=True, max_num_fields=64,
+                         strict_parsing=bool(query), errors="strict")
+    except (ValueError, UnicodeDecodeError):
+        raise Refused("the query string is malformed or has over 64 parameters", 400) from None
 
 
 def _target(prefix: str, path: str, query: list[tuple[str, str]]) -> str:
@@ -152,21 +152,9 @@ def _labels(value: object, c: Checks, what: str) -> dict[str, str]:
 # field. The checks here read one exact spelling from one decoded dict, so a
 # key the engine could read as one of them, spelt otherwise or repeated, is
 # refused: the CLIs and compose send the API's own spelling, once.
-_CHECKED_KEYS = frozenset({
-    "Annotations", "BindOptions", "Binds", "BlkioDeviceReadBps", "BlkioDeviceReadIOps",
-    "BlkioDeviceWriteBps", "BlkioDeviceWriteIOps", "BlkioWeight", "BlkioWeightDevice", "CapAdd",
-    "Cgroup", "CgroupnsMode", "CgroupParent", "Config", "ConfigFrom", "ConfigOnly", "Container",
-    "CpuPeriod", "CpuQuota", "CpuRealtimePeriod", "CpuRealtimeRuntime", "CpusetCpus",
-    "CpusetMems", "CpuShares", "Detach", "DeviceCgroupRules", "DeviceRequests", "Devices",
-    "Driver", "DriverConfig", "DriverOpts", "EndpointsConfig", "GroupAdd", "HostConfig",
-    "HostIp", "Ingress", "IpcMode", "KernelMemory", "Labels", "Links", "LogConfig",
-    "MaskedPaths", "Memory", "MemoryReservation", "MemorySwap", "Mounts", "NanoCpus",
-    "NetworkingConfig", "NetworkMode", "NonRecursive", "OomScoreAdj", "PidMode", "PidsLimit",
-    "PortBindings", "Privileged", "Propagation", "PublishAllPorts", "ReadOnly",
-    "ReadOnlyNonRecursive", "ReadonlyPaths", "Runtime", "Scope", "SecurityOpt", "Source",
-    "Sysctls", "Target", "Type", "User", "UsernsMode", "UTSMode", "VolumeDriver",
-    "VolumeOptions", "VolumesFrom",
-})
+_CHECKED_KEYS = model.field_names(bodies.CREATE, bodies.EXEC, bodies.EXEC_START,
+                                  bodies.NETWORK_CREATE, bodies.NETWORK_CONNECT,
+                                  bodies.VOLUME_CREATE)
 
 
 def _go_fold(key: str) -> str:
@@ -297,9 +285,19 @@ async def check_create(body: dict[str, Any], c: Checks) -> dict[str, Any]:
         found = await c.container(name)
         host["Links"] = [x for x in host["Links"] if x != ref] + [
             f"{str(found.get('Name', name)).lstrip('/')}:{alias or name}"]
-    writable = await _check_mounts(host, c)
+    writable, anonymous = await _check_mounts(host, c)
     _check_ports(host, c)
+    _check_restart(host.get("RestartPolicy"))
     config = body
+    # Podman's compat layer turns a Volumes key with a colon into a bind
+    # (`{"/:/host": {}}` bound the host's root): only plain targets pass.
+    volumes: dict[str, Any] = {_target_path(t): {} for t in (config.get("Volumes") or {})}
+    config["Volumes"] = {**volumes, **anonymous} or None
+    for port in config.get("ExposedPorts") or {}:
+        _port_key(str(port))
+    await _check_healthcheck(config, c)
+    for ep in ((config.get("NetworkingConfig") or {}).get("EndpointsConfig") or {}).values():
+        _check_aliases(ep)
     config["Labels"] = _labels(config.get("Labels"), c, "container")
     if writable:
         # Root in the container is root on the host for the files of a host
@@ -405,9 +403,9 @@ def _check_security_opts(opts: list[object]) -> None:
                       "stay as the engine sets them")
 
 
-async def _check_mounts(host: dict[str, Any], c: Checks) -> bool:
-    """Checks and rewrites Binds, Mounts and VolumesFrom; True when a host
-    folder is bound writable."""
+async def _check_mounts(host: dict[str, Any], c: Checks) -> tuple[bool, dict[str, Any]]:
+    """Checks and rewrites Binds, Mounts, Tmpfs and VolumesFrom; (True when a
+    host folder is bound writable, the anonymous volumes Mounts asked for)."""
     writable = False
     binds: list[str] = []
     for spec in host.get("Binds") or []:
@@ -429,9 +427,16 @@ async def _check_mounts(host: dict[str, Any], c: Checks) -> bool:
             writable = writable or not ro
             binds.append(f"{real}:{target}:{','.join(opts)}")
         else:
-            await c.volume(source, create=True)
-            binds.append(str(spec))
-    mounts: list[dict[str, Any]] = []
+            await c.volume(_volume_name(source), create=True)
+            binds.append(f"{source}:{target}" + (f":{','.join(opts)}" if opts else ""))
+    # One normalised form: every bind and named volume as a Binds string of
+    # checked parts, tmpfs in HostConfig.Tmpfs, anonymous volumes in
+    # Config.Volumes; HostConfig.Mounts never reaches the engine (podman
+    # formats a Mount's fields into its own --mount option string).
+    tmpfs: dict[str, str] = {}
+    for target, options in (host.get("Tmpfs") or {}).items():
+        tmpfs[_target_path(target)] = _tmpfs_options(str(options))
+    anonymous: dict[str, Any] = {}
     for m in host.get("Mounts") or []:
         if not isinstance(m, dict):
             raise Refused("a mount is not an object", 400)
@@ -452,18 +457,30 @@ async def _check_mounts(host: dict[str, Any], c: Checks) -> bool:
             binds.append(f"{real}:{_target_path(m.get('Target'))}:{','.join(flags)}")
         elif kind == "volume":
             vo = m.get("VolumeOptions") or {}
-            if vo.get("DriverConfig"):
-                raise Refused("volume driver options are not allowed (a volume that binds a "
-                              "folder would bypass the bind checks)")
+            target = _target_path(m.get("Target"))
+            flags = (["ro"] if m.get("ReadOnly") else []) + (["nocopy"] if vo.get("NoCopy")
+                                                             else [])
             if m.get("Source"):
-                await c.volume(str(m["Source"]), create=True)
-            mounts.append(m)
+                name = _volume_name(str(m["Source"]))
+                await c.volume(name, create=True)
+                binds.append(f"{name}:{target}" + (f":{','.join(flags)}" if flags else ""))
+            elif flags:
+                raise Refused("an anonymous volume mount takes no options", 400)
+            else:
+                anonymous[target] = {}
         elif kind == "tmpfs":
-            mounts.append(m)
+            to = m.get("TmpfsOptions") or {}
+            opts = (["ro"] if m.get("ReadOnly") else [])
+            if to.get("SizeBytes"):
+                opts.append(f"size={int(to['SizeBytes'])}")
+            if to.get("Mode"):
+                opts.append(f"mode={int(to['Mode']):o}")
+            tmpfs[_target_path(m.get("Target"))] = ",".join(opts)
         else:
             raise Refused(f"mounts of type {kind[:40]} are not allowed")
     host["Binds"] = binds or None
-    host["Mounts"] = mounts or None
+    host["Mounts"] = None
+    host["Tmpfs"] = tmpfs or None
     vfrom: list[str] = []
     for ref in host.get("VolumesFrom") or []:
         name, _, mode = str(ref).partition(":")
@@ -478,7 +495,37 @@ async def _check_mounts(host: dict[str, Any], c: Checks) -> bool:
             writable = True
         vfrom.append(str(found.get("Id", "")) + (f":{mode}" if mode else ""))
     host["VolumesFrom"] = vfrom or None
-    return writable
+    return writable, anonymous
+
+
+_VOLUME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\Z")
+_ALIAS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\Z")
+_TMPFS_OPTION = re.compile(r"^(ro|rw|nosuid|nodev|noexec|exec|suid|dev|notmpcopyup|tmpcopyup|"
+                           r"(size=[0-9]{1,15}[kmgKMG%]?)|(mode=[0-7]{1,4})|(nr_inodes=[0-9]{1,15}"
+                           r"[kmgKMG]?)|(uid=[0-9]{1,10})|(gid=[0-9]{1,10}))\Z")
+
+
+def _volume_name(name: str) -> str:
+    """A named volume, as the engine's name rule (no path, option or colon)."""
+    if not _VOLUME_NAME.match(name):
+        raise Refused(f"volume name {name[:100]!r} is not a plain name", 400)
+    return name
+
+
+def _tmpfs_options(text: str) -> str:
+    opts = [o for o in text.split(",") if o]
+    for o in opts:
+        if not _TMPFS_OPTION.match(o):
+            raise Refused(f"tmpfs option {o[:60]!r} is not allowed (size, mode, nr_inodes, "
+                          "uid, gid and the mount flags)", 400)
+    return ",".join(opts)
+
+
+def _check_aliases(endpoint: dict[str, Any]) -> None:
+    for key in ("Aliases", "DNSNames"):
+        for alias in endpoint.get(key) or []:
+            if not _ALIAS.match(str(alias)):
+                raise Refused(f"network alias {str(alias)[:100]!r} is not a plain name", 400)
 
 
 def _target_path(value: object) -> str:
@@ -488,7 +535,70 @@ def _target_path(value: object) -> str:
     return text
 
 
+_PORT_KEY = re.compile(r"^([0-9]{1,5})(-([0-9]{1,5}))?(/(tcp|udp|sctp))?\Z")
+_HOST_PORT = re.compile(r"^(([0-9]{1,5})(-([0-9]{1,5}))?)?\Z")
+# Below this a port is the host's (privileged): never the agent's to take.
+MIN_HOST_PORT = 1024
+# A healthcheck runs a process in the container each interval, started by the
+# engine's timers: an agent's 1 s would cost the machine, not the agent.
+MIN_HEALTH_INTERVAL_NS = 10 * 1_000_000_000
+_RESTART = frozenset({"", "no", "always", "unless-stopped", "on-failure"})
+
+
+def _port_key(key: str) -> None:
+    m = _PORT_KEY.match(key)
+    if m is None or int(m.group(1)) > 65535 or int(m.group(3) or 0) > 65535:
+        raise Refused(f"port {key[:40]!r} is not PORT[-PORT][/tcp|udp|sctp]", 400)
+
+
+def _check_restart(policy: object) -> None:
+    if isinstance(policy, dict) and str(policy.get("Name") or "") not in _RESTART:
+        raise Refused(f"restart policy {str(policy.get('Name'))[:40]!r} is not one of "
+                      "no, always, unless-stopped, on-failure", 400)
+
+
+async def _check_healthcheck(config: dict[str, Any], c: Checks) -> None:
+    """Intervals below the floor are raised to it, the image's own as well
+    (a HEALTHCHECK the agent built into an image applies when the create
+    names none)."""
+    check = config.get("Healthcheck")
+    if check is None:
+        try:
+            image = await c.image(str(config.get("Image") or ""))
+        except Refused:
+            return  # no such image: the engine says so (and the CLI pulls)
+        inherited = (image.get("Config") or {}).get("Healthcheck")
+        if not isinstance(inherited, dict):
+            return
+        check = model.rebuild({k: v for k, v in inherited.items()
+                               if k in bodies.HEALTHCHECK.fields}, bodies.HEALTHCHECK)
+        if not check or (check.get("Test") or [""])[0] == "NONE":
+            return
+        if all(k not in check for k in ("Interval", "StartInterval")) or all(
+                check.get(k, MIN_HEALTH_INTERVAL_NS) >= MIN_HEALTH_INTERVAL_NS
+                for k in ("Interval", "StartInterval")):
+            return
+    for key in ("Interval", "StartInterval"):
+        value = check.get(key)
+        if isinstance(value, int) and 0 < value < MIN_HEALTH_INTERVAL_NS:
+            check[key] = MIN_HEALTH_INTERVAL_NS
+        elif isinstance(value, int) and value < 0:
+            raise Refused(f"Healthcheck.{key} is negative", 400)
+    config["Healthcheck"] = check
+
+
 def _check_ports(host: dict[str, Any], c: Checks) -> None:
+    for key, bindings in (host.get("PortBindings") or {}).items():
+        _port_key(str(key))
+        for b in bindings or []:
+            port = str((b or {}).get("HostPort") or "")
+            m = _HOST_PORT.match(port)
+            if m is None or any(int(x) > 65535 for x in (m.group(2) or "0", m.group(4) or "0")):
+                raise Refused(f"host port {port[:40]!r} is not PORT[-PORT]", 400)
+            low = int(m.group(2) or 0)
+            if m.group(2) is not None and low < MIN_HOST_PORT:
+                raise Refused(f"host port {low} is below {MIN_HOST_PORT}: ports below it are "
+                              "the host's own services'")
     if c.publish_any:
         return
     if host.get("PublishAllPorts"):
@@ -554,16 +664,19 @@ async def decide(method: str, path: str, query: str, body: bytes | None, c: Chec
         raise Refused("podman's own API (libpod) is not filtered, so it is refused: use the "
                       "Docker-compatible API (DOCKER_HOST)")
     if method in ("GET", "HEAD") and rest in ("/_ping", "/version", "/info"):
-        return Decision(_target(prefix, rest, q))
+        return Decision(_target(prefix, rest, queries.rebuild("info", q)))
     if rest == "/containers/json" and method == "GET":
+        q = queries.rebuild("containers/json", q)
         return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)))
     if rest == "/containers/create" and method == "POST":
-        create = _json_body(body)
+        q = queries.rebuild("containers/create", q)
+        create = model.rebuild(_json_body(body), bodies.CREATE)
         await check_endpoints(create, c)
-        out = await check_create(create, c)
+        out = model.rebuild(await check_create(create, c), bodies.CREATE)
         return Decision(_target(prefix, rest, q), _dump(out), mutating=True,
                         what="container create")
     if rest == "/containers/prune" and method == "POST":
+        q = queries.rebuild("containers/prune", q)
         return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)), mutating=True,
                         what="container prune")
     m = re.match(r"^/containers/" + _ID + r"(/(.*))?$", rest)
@@ -572,8 +685,9 @@ async def decide(method: str, path: str, query: str, body: bytes | None, c: Chec
     m = re.match(r"^/exec/" + _ID + r"/(start|resize|json)$", rest)
     if m is not None:
         found = await c.exec_container(m.group(1))
+        q = queries.rebuild("exec/" + m.group(2), q)
         if (method, m.group(2)) == ("POST", "start"):
-            start = _json_body(body)
+            start = model.rebuild(_json_body(body), bodies.EXEC_START)
             # A detached start is answered as a plain request, not a stream:
             # raw bytes behind it would be read as the next request.
             return Decision(_target(prefix, rest, q), _dump(start) if body else body,
@@ -588,6 +702,7 @@ async def decide(method: str, path: str, query: str, body: bytes | None, c: Chec
     if rest.startswith(("/images", "/build", "/distribution")):
         return await _image_op(method, prefix, rest, q, c)
     if rest == "/events" and method == "GET":
+        q = queries.rebuild("events", q)
         return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)))
     for name in ("swarm", "services", "secrets", "configs", "plugins", "nodes", "tasks"):
         if rest.startswith(f"/{name}"):
@@ -606,14 +721,16 @@ async def _container_op(
     if op == "" and method == "GET":
         raise Refused("not found", 404)
     if op == "" and method == "DELETE":
+        q = queries.rebuild("containers/delete", q)
         return Decision(_target(prefix, f"/containers/{cid}", q), mutating=True,
                         what=f"container remove {cid[:12]}")
     if (op == "json" and method == "GET") or (method, op) in _CONTAINER_OPS:
+        q = queries.rebuild("containers/json-one" if op == "json" else f"containers/{op}", q)
         labels = (found.get("Config") or {}).get("Labels") or {}
         user = labels.get(LABEL_USER)
         new_body = body
         if op == "exec":
-            ex = _json_body(body)
+            ex = model.rebuild(_json_body(body), bodies.EXEC)
             if ex.get("Privileged"):
                 raise Refused("privileged exec is not allowed: it is root on the host")
             if user:
@@ -622,7 +739,7 @@ async def _container_op(
                     raise Refused(f"this container has writable host folders: exec runs as "
                                   f"{user}, not {asked[:40]!r}")
                 ex["User"] = user
-            new_body = _dump(ex)
+            new_body = _dump(model.rebuild(ex, bodies.EXEC))
         if op == "archive" and method == "PUT" and user:
             raise Refused("copying into a container with writable host folders is not "
                           "allowed: the engine writes as root")
@@ -640,12 +757,17 @@ async def _network_op(
     c: Checks,
 ) -> Decision:
     if rest == "/networks" and method == "GET":
+        q = queries.rebuild("networks/list", q)
         return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)))
     if rest == "/networks/prune" and method == "POST":
+        q = queries.rebuild("networks/prune", q)
         return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)), mutating=True,
                         what="network prune")
     if rest == "/networks/create" and method == "POST":
-        net = _json_body(body)
+        q = queries.rebuild("networks/create", q)
+        net = model.rebuild(_json_body(body), bodies.NETWORK_CREATE)
+        if str((net.get("IPAM") or {}).get("Driver") or "default") != "default":
+            raise Refused("IPAM drivers other than the default are not allowed")
         if str(net.get("Driver") or "bridge") != "bridge":
             raise Refused(f"network driver {str(net.get('Driver'))[:40]} is not allowed: only "
                           "bridge (others reach the host's interfaces)")
@@ -653,6 +775,7 @@ async def _network_op(
                 "Scope") not in (None, "", "local"):
             raise Refused("swarm and config-only networks are not allowed")
         net["Labels"] = _labels(net.get("Labels"), c, "network")
+        net = model.rebuild(net, bodies.NETWORK_CREATE)
         return Decision(_target(prefix, rest, q), _dump(net), mutating=True,
                         what=f"network create {str(net.get('Name'))[:64]}")
     m = re.match(r"^/networks/" + _ID + r"(/(connect|disconnect))?$", rest)
@@ -662,14 +785,21 @@ async def _network_op(
     nid = str(found.get("Id") or found.get("ID") or "")
     op = m.group(3)
     if op is None and method == "GET":
+        q = queries.rebuild("networks/one", q)
         return Decision(_target(prefix, f"/networks/{nid}", q))
     if op is None and method == "DELETE":
+        q = queries.rebuild("networks/delete", q)
         return Decision(_target(prefix, f"/networks/{nid}", q), mutating=True,
                         what=f"network remove {nid[:12]}")
     if op is not None and method == "POST":
-        req = _json_body(body)
+        q = queries.rebuild(f"networks/{op}", q)
+        req = model.rebuild(_json_body(body), bodies.NETWORK_CONNECT)
         own = await c.container(str(req.get("Container") or ""))
         req["Container"] = str(own.get("Id", ""))
+        endpoint = req.get("EndpointConfig")
+        if endpoint is not None:  # (the network itself is the agent's: looked up above)
+            _check_aliases(endpoint)
+        req = model.rebuild(req, bodies.NETWORK_CONNECT)
         return Decision(_target(prefix, f"/networks/{nid}/{op}", q), _dump(req), mutating=True,
                         what=f"network {op} {nid[:12]}")
     raise Refused(f"{method} {rest[:120]} is not allowed")
@@ -680,20 +810,27 @@ async def _volume_op(
     c: Checks,
 ) -> Decision:
     if rest == "/volumes" and method == "GET":
+        q = queries.rebuild("volumes/list", q)
         return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)))
     if rest == "/volumes/prune" and method == "POST":
+        q = queries.rebuild("volumes/prune", q)
         return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)), mutating=True,
                         what="volume prune")
     if rest == "/volumes/create" and method == "POST":
-        vol = _json_body(body)
+        q = queries.rebuild("volumes/create", q)
+        vol = model.rebuild(_json_body(body), bodies.VOLUME_CREATE)
+        if vol.get("Name") is not None:
+            _volume_name(str(vol["Name"]))
         if str(vol.get("Driver") or "local") != "local" or vol.get("DriverOpts"):
             raise Refused("volume drivers and driver options are not allowed (a volume that "
                           "binds a folder would bypass the bind checks)")
         vol["Labels"] = _labels(vol.get("Labels"), c, "volume")
+        vol = model.rebuild(vol, bodies.VOLUME_CREATE)
         return Decision(_target(prefix, rest, q), _dump(vol), mutating=True,
                         what=f"volume create {str(vol.get('Name'))[:64]}")
     m = re.match(r"^/volumes/" + _ID + "$", rest)
     if m is not None and method in ("GET", "DELETE"):
+        q = queries.rebuild("volumes/one" if method == "GET" else "volumes/delete", q)
         found = await c.volume(m.group(1), create=False)
         name = str(found.get("Name", ""))
         return Decision(_target(prefix, f"/volumes/{name}", q), mutating=method == "DELETE",
@@ -705,22 +842,17 @@ async def _image_op(
     method: str, prefix: str, rest: str, q: list[tuple[str, str]], c: Checks
 ) -> Decision:
     if rest == "/images/json" and method == "GET":
-        return Decision(_target(prefix, rest, q))
+        return Decision(_target(prefix, rest, queries.rebuild("images/json", q)))
     if rest == "/images/create" and method == "POST":
-        if any(k == "fromSrc" and v != "-" for k, v in q):
-            raise Refused("importing an image from a URL or path is not allowed")
+        q = queries.rebuild("images/create", q)
         return Decision(_target(prefix, rest, q), mutating=True, what="image pull")
     if rest == "/build" and method == "POST":
         for k, v in q:
-            if k == "networkmode" and v not in ("", "default", "bridge", "none"):
-                raise Refused(f"builds with --network {v[:40]} are not allowed")
-            if k == "version" and v == "2":
-                raise Refused("BuildKit's session is not filtered, so it is refused: "
-                              "build with DOCKER_BUILDKIT=0")
             if k == "remote":
                 raise Refused("a build context from a URL is not allowed")
             if k == "cgroupparent" and v:
                 raise Refused("--cgroup-parent is not allowed: the daemon places containers")
+        q = queries.rebuild("build", q)
         labels: dict[str, str] = {}
         for k, v in q:
             if k == "labels" and v:
@@ -732,15 +864,18 @@ async def _image_op(
         q.append(("labels", json.dumps(_labels(labels, c, "image"))))
         return Decision(_target(prefix, rest, q), mutating=True, what="image build")
     if rest == "/images/load" and method == "POST":
+        q = queries.rebuild("images/load", q)
         return Decision(_target(prefix, rest, q), mutating=True, what="image load")
     m = re.match(r"^/images/" + _NAME + r"/(json|history)$", rest)
     if m is not None and method == "GET":
+        q = queries.rebuild("images/inspect" if m.group(2) == "json" else "images/history", q)
         return Decision(_target(prefix, rest, q))
     m = re.match(r"^/distribution/" + _NAME + r"/json$", rest)
     if m is not None and method == "GET":
-        return Decision(_target(prefix, rest, q))
+        return Decision(_target(prefix, rest, queries.rebuild("distribution", q)))
     m = re.match(r"^/images/" + _NAME + r"$", rest)
     if m is not None and method == "DELETE":
+        q = queries.rebuild("images/delete", q)
         found = await c.image(m.group(1))
         labels_of = (found.get("Config") or {}).get("Labels") or found.get("Labels") or {}
         if labels_of.get(LABEL_AGENT) != c.agent_id:

@@ -32,7 +32,7 @@ from leviathd import fsat
 from leviathd.agents.service import Agents
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.config.models import Publish
-from leviathd.enginesock import engine, rootless
+from leviathd.enginesock import engine, pins, rootless
 from leviathd.enginesock.proxy import SOCKET_NAME, AgentProxy, Settings
 from leviathd.enginesock.view import View, _Entry
 from leviathd.errors import Unavailable
@@ -152,7 +152,7 @@ class EngineSockService:
             agent_id=rec.id, uid=user.uid, gid=user.gid, cap_add=eff.containers.cap_add,
             publish_any=eff.containers.publish == Publish.ANY, engine=sock,
             podman=await engine.is_podman(sock), daemon=daemon_instance(),
-            cgroup=await self._placement(rec, sock),
+            cgroup=await self._placement(rec, sock), upload_max=eff.containers.upload_max,
         )
         await self._open(settings, view)
         await asyncio.to_thread(self._save, settings, view)
@@ -161,6 +161,13 @@ class EngineSockService:
                               eff: Effective) -> None:
         """The user's own podman for this agent, then its proxy. No cgroup
         parent: the containers are the service's children in the scope."""
+        try:
+            # Before the engine copies the machine's mounts: the pins of its
+            # binds are mounted later and must reach it.
+            await asyncio.to_thread(pins.share_root)
+        except pins.PinError as exc:
+            raise Unavailable(f"the agent's container engine: its bind pins cannot reach "
+                              f"it: {exc}") from None
         try:
             sock = await rootless.start(rec.id, rec.unit, rec.supervisor_pid, user,
                                         self._state_dir, host_network=eff.network is True)
@@ -175,6 +182,7 @@ class EngineSockService:
             agent_id=rec.id, uid=user.uid, gid=user.gid, cap_add=eff.containers.cap_add,
             publish_any=eff.containers.publish == Publish.ANY, engine=sock, podman=True,
             daemon=daemon_instance(), cgroup="", rootless=True,
+            upload_max=eff.containers.upload_max,
         )
         await self._open(settings, view)
         await asyncio.to_thread(self._save, settings, view)
@@ -225,6 +233,7 @@ class EngineSockService:
                     await _scope_emptied(rec.unit)
                     with contextlib.suppress(OSError):
                         await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
+                await _release_pins(rec.id)
                 return
         with contextlib.suppress(OSError):
             self._forget(rec.id)
@@ -234,6 +243,9 @@ class EngineSockService:
             # (a container's PID 1 ignores SIGTERM: up to the scope's stop
             # timeout), what is left are files.
             await _scope_emptied(rec.unit)
+            # The pins only once nothing of the engine can start a container
+            # from them again.
+            await _release_pins(rec.id)
             try:
                 await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
             except OSError as exc:
@@ -244,10 +256,12 @@ class EngineSockService:
         try:
             gone = await engine.remove(settings.engine, settings.daemon, set(), only=rec.id)
         except (TimeoutError, OSError) as exc:
+            await _release_pins(rec.id)
             journal.record(f"agent {rec.id}: its containers could not be removed: {exc}",
                            priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,
                            LEVIATH_EVENT=Event.ENGINE_CLEANUP)
             return
+        await _release_pins(rec.id)
         if gone:
             journal.record(f"agent {rec.id}: removed {gone} containers, networks and volumes "
                            "it left", LEVIATH_AGENT=rec.id, LEVIATH_EVENT=Event.ENGINE_CLEANUP)
@@ -271,6 +285,7 @@ class EngineSockService:
                     engines.add(settings.engine)
                 if agent_id not in running:
                     self._forget(agent_id)
+                    await _release_pins(agent_id)
                     continue
                 try:
                     if settings.engine == engine.service_socket():
@@ -336,3 +351,13 @@ class EngineSockService:
         view = View(tuple(_Entry(**e) for e in v["entries"]), tuple(v["hidden"]),
                     tuple(v["masks"]), tuple(v["refused"]))
         return settings, view
+
+
+async def _release_pins(agent_id: str) -> None:
+    """The ended agent's pinned bind sources (leviathd/enginesock/pins.py)."""
+    try:
+        await asyncio.to_thread(pins.release, agent_id)
+    except pins.PinError as exc:
+        journal.record(f"agent {agent_id}: its pinned binds could not be removed: {exc}",
+                       priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
+                       LEVIATH_EVENT=Event.ENGINE_CLEANUP)

@@ -542,3 +542,53 @@ def test_a_mount_made_after_the_engine_started_reaches_it(bed: Testbed) -> None:
         if mounted:
             bed.run(["umount", late], check=False)
         bed.run(["umount", late], check=False)  # the shared bind
+
+
+def test_a_bind_reaches_the_users_engine_as_its_pin_and_no_other_user_passes(
+        bed: Testbed) -> None:
+    # Bind sources are pinned by descriptor under /run/leviath/engine-binds
+    # (enginesock/pins.py), mounted after the engine started: the user's own
+    # engine must reach the pin (nothing shared by hand here), and the pin
+    # must not be a way past the user's 0700 folder for another user (the
+    # pins' names are in /proc/1/mountinfo for anyone to read).
+    home = bed.users["alice"].home
+    work = f"{home}/rootless-work"
+    out, go = f"{work}/pin.json", f"{work}/pin.go"
+    src = f"{work}/private/pind"
+    bed.run(["rm", "-rf", out, go, f"{work}/private"])
+    bed.run(["mkdir", "-p", "-m", "0700", f"{work}/private"], user="alice")
+    bed.run(["mkdir", "-p", "-m", "0755", src], user="alice")
+    marker = "pinned-" + os.urandom(4).hex()
+    bed.run(["sh", "-c", f"echo {marker} > {src}/marker && chmod 0644 {src}/marker"],
+            user="alice")
+    agent_id = agent(
+        bed, "alice", ["OUT", "pin.json", None], IMPORT,
+        ["POST", "/containers/create?name=pinned",
+         _create(["cat", "/p/marker"], {"Binds": [f"{src}:/p:ro"]})],
+        ["GET", "/containers/pinned/json", None],
+        ["POST", "/containers/pinned/start", None],
+        ["POST", "/containers/pinned/wait", None],
+        ["GET", "/containers/pinned/logs?stdout=1&stderr=1", None],
+        ["WAITFOR", "pin.go", None],
+        detach=True)
+    assert isinstance(agent_id, str)
+    try:
+        imported, create, inspect, start, wait, logs = _wait_file(bed, out, 7)
+        assert imported[0] == 200 and create[0] == 201, (imported, create)
+        binds = inspect[1]["HostConfig"]["Binds"]  # type: ignore[index]
+        pin = str(binds[0]).split(":")[0]
+        assert pin.startswith(f"/run/leviath/engine-binds/{agent_id}/"), binds
+        # Held alive by the agent (its client waits for pin.go): bob, who
+        # knows the pin's name, neither lists nor passes the agent's folder.
+        listed = bed.run(["ls", f"/run/leviath/engine-binds/{agent_id}"], user="bob",
+                         check=False)
+        assert listed.returncode != 0, listed.stdout
+        read = bed.run(["cat", f"{pin}/marker"], user="bob", check=False)
+        assert read.returncode != 0 and marker not in read.stdout, read.stdout
+        assert "Permission denied" in read.stderr, read.stderr
+        # The user's own engine got the pinned folder's content.
+        assert start[0] == 204 and wait[0] == 200, (start, wait)
+        assert marker in json.dumps(logs), logs
+    finally:
+        bed.run(["touch", go], user="alice")
+        bed.run(["lev", "stop", agent_id], user="alice", check=False)

@@ -130,3 +130,31 @@ def test_docker_compose_up_of_two_services(cli: Testbed) -> None:
     assert "stack-db-1\nstack-web-1" in out, out
     assert "down-ok" in out, (out, r.stderr)
     assert "stack-" not in cli.run(["podman", "ps", "-a", "--format", "{{.Names}}"]).stdout
+
+
+def test_docker_build_and_cp_both_ways_through_the_rebuilt_requests(cli: Testbed) -> None:
+    # Issue 29: the query of a legacy build and the archive endpoints of cp
+    # pass the allow-lists; what the engine got is the model's, not ours.
+    home = cli.users["alice"].home
+    cli.run(["mkdir", "-p", f"{home}/engine-work/ctx"], user="alice")
+    cli.write_file(f"{home}/engine-work/ctx/Dockerfile",
+                   f"FROM {IMAGE}\nCOPY hello.txt /hello.txt\nLABEL made=by-build\n")
+    cli.write_file(f"{home}/engine-work/ctx/hello.txt", "hello from the context\n")
+    cli.run(["chown", "-R", "alice", f"{home}/engine-work/ctx"])
+    r = shell(cli, "alice", "set -e; "
+              f"DOCKER_BUILDKIT=0 {DOCKER} build -q -t localhost/rb-built:1 --build-arg A=1 "
+              "--label l=v ctx >/dev/null; "
+              f"{DOCKER} run --rm {BED_RUN} localhost/rb-built:1 cat /hello.txt; "
+              f"{DOCKER} run -d --name cp-1 {BED_RUN} {IMAGE} sleep 300 >/dev/null; "
+              "echo into the container > in.txt; "
+              f"{DOCKER} cp in.txt cp-1:/tmp/in.txt; "
+              f"{DOCKER} cp cp-1:/tmp/in.txt out.txt; cat out.txt; "
+              f"{DOCKER} rm -f cp-1 >/dev/null; {DOCKER} rmi localhost/rb-built:1 >/dev/null; "
+              "echo done")
+    try:
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert "hello from the context" in r.stdout, (r.stdout, r.stderr)
+        assert "into the container" in r.stdout and "done" in r.stdout, (r.stdout, r.stderr)
+    finally:
+        cli.run(["podman", "rm", "-f", "cp-1"], check=False)
+        cli.run(["podman", "rmi", "-f", "localhost/rb-built:1"], check=False)
