@@ -100,7 +100,9 @@ kill "$listener"
 
 # --- lev run / ps / systemctl / journalctl as a member
 step run_id as alice "lev run -- id"
-step run_detach as alice "lev run --detach -- sleep 900"
+# Long enough to outlive every later step under TCG (the checks took 19
+# minutes there once the rootless probe came); `lev stop` ends it before the purge.
+step run_detach as alice "lev run --detach -- sleep 7200"
 long=$(tail -n 1 "$R/run_detach.out")
 step ps as alice "lev ps"
 long_unit=$(unit_of "$long")
