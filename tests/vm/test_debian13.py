@@ -633,6 +633,7 @@ def test_a_rootless_engine_container_runs_as_the_agents_user_in_its_scope(vm: Ru
 
 
 def test_lev_stop_ends_the_rootless_engines_container_and_its_storage(vm: Run) -> None:
+    assert _held(vm)["storage"].split() == ["1000", "700"]  # there was one while it ran
     lines = vm.ok("rootless_held").splitlines()
     assert "gone" in lines, lines[-6:]  # the container's process
     assert "storage-gone" in lines and "socket-gone" in lines, lines[-6:]
