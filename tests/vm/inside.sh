@@ -100,7 +100,9 @@ kill "$listener"
 
 # --- lev run / ps / systemctl / journalctl as a member
 step run_id as alice "lev run -- id"
-step run_detach as alice "lev run --detach -- sleep 900"
+# Long enough to outlive every later step under TCG (the checks took 19
+# minutes there once the rootless probe came); `lev stop` ends it before the purge.
+step run_detach as alice "lev run --detach -- sleep 7200"
 long=$(tail -n 1 "$R/run_detach.out")
 step ps as alice "lev ps"
 long_unit=$(unit_of "$long")
@@ -439,9 +441,9 @@ systemctl reload leviathd
 # --- the filtered engine socket (issue 13) on pure cgroup v2: the agent's
 # containers run under its scope, held by its limits, ended by lev stop. The
 # client speaks the Docker API with python's http.client (no docker CLI here).
-# host_root_engine: these probes still test the filter in front of the rootful
-# engine (issue 29 made agents' engines rootless by default; the rootless
-# probe on the VM is yet to be written).
+# host_root_engine: these probes test the filter in front of the rootful
+# engine (issue 29 made agents' engines rootless by default: the rootless
+# probe follows this one).
 cat >/etc/leviath/config.toml <<'EOF5'
 [sandbox.containers]
 enabled = true
@@ -488,6 +490,87 @@ step engine_stop sh -c "
     sleep 3; echo left=\$(podman ps -a -q --filter label=org.leviath.engine-agent | wc -l)
     systemctl is-active leviath-engine-api.service"
 rm -f /etc/leviath/config.toml
+systemctl reload leviathd
+
+# --- issue 29: with no host_root_engine, the agent's engine is alice's own
+# rootless podman (podman 5, crun, pure cgroup v2 here). Her agent starts with
+# an empty storage, so it imports a busybox tarball from her workdir through
+# $DOCKER_HOST (/images/create?fromSrc=-); the container's facts are read
+# from the host while the agent holds it alive, then after lev stop.
+step rootless_subids grep -H '^alice:' /etc/subuid /etc/subgid
+grep '^root:' /etc/shadow >"$R/rootless_shadow_root.out"
+bob_secret="bobs-secret-$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"
+echo "$bob_secret" >"$R/rootless_bob_secret.out"
+echo "$bob_secret" >/home/bob/leviath-secret
+chown bob: /home/bob/leviath-secret; chmod 600 /home/bob/leviath-secret
+rm -f /root/leviath-rootless-pwned
+cat >/etc/leviath/config.toml <<'EOF8'
+[sandbox.containers]
+enabled = true
+EOF8
+systemctl reload leviathd
+sleep 2
+step rootless_tarball sh -c '
+    set -e; d=$(mktemp -d /var/tmp/rl.XXXXXX); chmod 755 "$d"
+    mkdir -p "$d/bin" "$d/etc" "$d/tmp" "$d/proc" "$d/sys" "$d/dev" "$d/root"; chmod 1777 "$d/tmp"
+    cp /bin/busybox "$d/bin/busybox"
+    for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$d/bin/$a"; done
+    echo "root:x:0:0:root:/root:/bin/sh" > "$d/etc/passwd"; echo "root:x:0:" > "$d/etc/group"
+    tar -C "$d" -cf /home/alice/work/bb.tar .
+    rm -rf "$d"
+    cp /mnt/host/rootless_client.py /home/alice/work/rootless_client.py
+    chown alice: /home/alice/work/bb.tar /home/alice/work/rootless_client.py
+    rm -f /home/alice/work/held.json'
+rl_import='["IMPORT", "/images/create?fromSrc=-&repo=localhost/leviath-rootless-busybox&tag=latest", "bb.tar"]'
+rl_image='"Image": "localhost/leviath-rootless-busybox:latest"'
+step rootless_held_start as alice "lev run --detach -- python3 rootless_client.py \
+  '[\"OUT\", \"held.json\", null]' '$rl_import' \
+  '[\"POST\", \"/containers/create?name=held\", {$rl_image, \"Cmd\": [\"sleep\", \"3171\"], \"HostConfig\": {\"NetworkMode\": \"none\"}}]' \
+  '[\"POST\", \"/containers/held/start\", null]' \
+  '[\"GET\", \"/containers/held/json\", null]' \
+  '[\"SLEEP\", \"600\", null]'"
+rl=$(tail -n 1 "$R/rootless_held_start.out")
+cat >/root/rootless_held.sh <<'EOF9'
+# rootless_held.sh AGENT: the held container's facts on the host ("key=value"
+# lines), read while the agent's client sleeps; then lev stop and what is left.
+agent=$1 f=/home/alice/work/held.json
+for i in $(seq 240); do
+    python3 -c 'import json,sys; sys.exit(len(json.load(open(sys.argv[1]))) < 5)' "$f" 2>/dev/null && break
+    sleep 1
+done
+echo "replies=$(cat "$f")"
+pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[4][1]["State"]["Pid"])' "$f")
+echo "pid=$pid"
+echo "uid=$(awk '/^Uid:/ {print $2, $3, $4, $5}' "/proc/$pid/status")"
+echo "cgroup=$(cat "/proc/$pid/cgroup")"
+echo "cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline")"
+echo "storage=$(stat -c '%u %a' "/var/lib/leviath/engine-storage/$agent")"
+echo "unit=$(runuser -l alice -c 'cd ~/work && lev ps --json' | python3 -c "import json,sys; print(next(r['unit'] for r in json.load(sys.stdin) if r['id']=='$agent'))")"
+runuser -l alice -c "cd ~/work && lev stop $agent"
+for i in $(seq 60); do [ -e "/proc/$pid" ] || { echo gone; break; }; sleep 1; done
+for i in $(seq 60); do [ -e "/var/lib/leviath/engine-storage/$agent" ] || { echo storage-gone; break; }; sleep 1; done
+[ -e "/run/leviath/engine/$agent.sock" ] && echo socket-left || echo socket-gone
+EOF9
+step rootless_held sh /root/rootless_held.sh "$rl"
+# A container's own view of who it is, then /:/host by a Volumes key and a
+# read-only bind of /etc/shadow: refused or run, neither reads root's file or
+# bob's, nor writes /root.
+rl_script='id -u; cat /host/etc/shadow; cat /s; echo planted > /host/root/leviath-rootless-pwned; cat /host/home/bob/leviath-secret; ls /host/root'
+step rootless_escape as alice "lev run -- python3 rootless_client.py '$rl_import' \
+  '[\"POST\", \"/containers/create?name=facts\", {$rl_image, \"Cmd\": [\"sh\", \"-c\", \"id -u; cat /proc/self/uid_map\"], \"HostConfig\": {\"NetworkMode\": \"none\"}}]' \
+  '[\"POST\", \"/containers/facts/start\", null]' \
+  '[\"POST\", \"/containers/facts/wait\", null]' \
+  '[\"GET\", \"/containers/facts/logs?stdout=1&stderr=1\", null]' \
+  '[\"POST\", \"/containers/create?name=vol\", {$rl_image, \"Cmd\": [\"sh\", \"-c\", \"$rl_script\"], \"Volumes\": {\"/:/host\": {}}, \"HostConfig\": {\"NetworkMode\": \"none\"}}]' \
+  '[\"POST\", \"/containers/vol/start\", null]' \
+  '[\"POST\", \"/containers/vol/wait\", null]' \
+  '[\"GET\", \"/containers/vol/logs?stdout=1&stderr=1\", null]' \
+  '[\"POST\", \"/containers/create?name=shadow\", {$rl_image, \"Cmd\": [\"sh\", \"-c\", \"$rl_script\"], \"HostConfig\": {\"NetworkMode\": \"none\", \"Binds\": [\"/etc/shadow:/s:ro\"]}}]' \
+  '[\"POST\", \"/containers/shadow/start\", null]' \
+  '[\"POST\", \"/containers/shadow/wait\", null]' \
+  '[\"GET\", \"/containers/shadow/logs?stdout=1&stderr=1\", null]'"
+step rootless_pwned sh -c 'test -e /root/leviath-rootless-pwned && echo planted || echo absent'
+rm -f /etc/leviath/config.toml /home/bob/leviath-secret
 systemctl reload leviathd
 
 # --- agents survive a daemon restart

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import image
 import qemu
 import rpm
+from integration.test_engine_rootless import CLIENT as ROOTLESS_CLIENT
 from integration.test_engine_socket import CLIENT as ENGINE_CLIENT
 
 T = TypeVar("T")
@@ -105,6 +107,7 @@ def vm() -> Iterator[Run]:
     shutil.copy(Path(__file__).with_name("inside.sh"), share / "inside.sh")
     shutil.copy(REPO / "tests" / "escape_probe.py", share / "escape_probe.py")
     (share / "engine_client.py").write_text(ENGINE_CLIENT)
+    (share / "rootless_client.py").write_text(ROOTLESS_CLIENT)
     # The container check's system-call probe: static, so it runs in the
     # busybox image inside the VM (which has no compiler).
     subprocess.run(["gcc", "-static", "-O1", "-pthread", "-o", str(share / "syscall_probe"),
@@ -601,6 +604,69 @@ def test_lev_stop_ends_the_engine_socket_containers_on_debian13(vm: Run) -> None
     facts = dict(ln.split("=", 1) for ln in out.splitlines() if "=" in ln)
     assert "/libpod-" in facts["cgroup"] and facts["unit"] in facts["cgroup"], out
     assert "gone" in out.splitlines() and facts["left"] == "0", out
+
+
+def _held(vm: Run) -> dict[str, str]:
+    out = vm.ok("rootless_held")
+    return dict(ln.split("=", 1) for ln in out.splitlines() if "=" in ln)
+
+
+def test_debian13s_useradd_gives_the_users_subordinate_ids_rootless_podman_needs(
+        vm: Run) -> None:
+    out = vm.ok("rootless_subids").split()
+    assert [ln.split(":")[:2] for ln in out] == [["/etc/subuid", "alice"],
+                                                  ["/etc/subgid", "alice"]], out
+
+
+def test_a_rootless_engine_container_runs_as_the_agents_user_in_its_scope(vm: Run) -> None:
+    # No host_root_engine: alice's own rootless podman (podman 5, crun, pure
+    # cgroup v2), its storage empty until her agent imports the image.
+    facts = _held(vm)
+    _, imported, create, start, inspect = json.loads(facts["replies"])
+    assert imported[0] == 200 and create[0] == 201 and start[0] == 204, facts["replies"]
+    assert inspect[1]["State"]["Running"] is True, inspect
+    assert facts["cmdline"].split()[:2] == ["sleep", "3171"], facts
+    assert facts["uid"].split() == ["1000"] * 4, facts  # alice on the host, never root
+    assert facts["unit"] and facts["unit"] in facts["cgroup"], facts  # in the agent's scope
+    assert facts["cgroup"].startswith("0::/leviath.slice/"), facts
+    assert facts["storage"].split() == ["1000", "700"], facts  # the user's own storage
+
+
+def test_lev_stop_ends_the_rootless_engines_container_and_its_storage(vm: Run) -> None:
+    assert _held(vm)["storage"].split() == ["1000", "700"]  # there was one while it ran
+    lines = vm.ok("rootless_held").splitlines()
+    assert "gone" in lines, lines[-6:]  # the container's process
+    assert "storage-gone" in lines and "socket-gone" in lines, lines[-6:]
+
+
+def test_a_rootless_containers_root_is_the_agents_user_outside(vm: Run) -> None:
+    out = vm.ok("rootless_escape")
+    replies = [json.loads(ln) for ln in out.splitlines() if ln.startswith("[")]
+    assert replies[0] == ["DOCKER_HOST", "unix:///run/leviath/engine.sock"], out
+    imported, create, start, wait, logs = replies[1:6]
+    assert imported[0] == 200 and create[0] == 201 and start[0] == 204, replies[1:6]
+    assert wait[1]["StatusCode"] == 0, wait  # type: ignore[index]
+    # uid 0 inside (`id -u`), mapped to alice's 1000 (one id) on the host
+    # (the raw log stream has the engine's 8-byte frame headers between lines).
+    text = str(logs[1])
+    assert re.search(r"(?<![0-9])0\n", text), logs
+    assert re.search(r"(?<![0-9])0\s+1000\s+1\n", text), logs
+
+
+def test_escape_a_volumes_key_or_a_bind_of_shadow_reads_nothing_root_may_read_on_debian13(
+        vm: Run) -> None:
+    shadow_root = vm.out("rootless_shadow_root").strip()
+    secret = vm.out("rootless_bob_secret").strip()
+    assert shadow_root.startswith("root:") and secret.startswith("bobs-secret-"), \
+        (shadow_root, secret)
+    out = vm.ok("rootless_escape")
+    replies = [json.loads(ln) for ln in out.splitlines() if ln.startswith("[")][6:]
+    assert len(replies) == 8, out  # vol and shadow: create, start, wait, logs
+    for reply in replies:
+        # Refused by the filter or run: either way, never root's file nor bob's.
+        assert shadow_root not in json.dumps(reply), reply
+        assert secret not in json.dumps(reply), reply
+    assert vm.ok("rootless_pwned").strip() == "absent"
 
 
 def test_a_lost_bus_restarts_the_daemon_which_serves_and_keeps_its_agents(vm: Run) -> None:
