@@ -503,6 +503,11 @@ bob_secret="bobs-secret-$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"
 echo "$bob_secret" >"$R/rootless_bob_secret.out"
 echo "$bob_secret" >/home/bob/leviath-secret
 chown bob: /home/bob/leviath-secret; chmod 600 /home/bob/leviath-secret
+# A file every user may read: a container that shows it under /host sees the
+# host's / (with alice's rights, past what her agent's fence hides).
+host_marker="host-marker-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
+echo "$host_marker" >"$R/rootless_host_marker.out"
+echo "$host_marker" >/etc/leviath-vm-host-marker; chmod 644 /etc/leviath-vm-host-marker
 rm -f /root/leviath-rootless-pwned
 cat >/etc/leviath/config.toml <<'EOF8'
 [sandbox.containers]
@@ -555,7 +560,7 @@ step rootless_held sh /root/rootless_held.sh "$rl"
 # A container's own view of who it is, then /:/host by a Volumes key and a
 # read-only bind of /etc/shadow: refused or run, neither reads root's file or
 # bob's, nor writes /root.
-rl_script='id -u; cat /host/etc/shadow; cat /s; echo planted > /host/root/leviath-rootless-pwned; cat /host/home/bob/leviath-secret; ls /host/root'
+rl_script='id -u; cat /host/etc/leviath-vm-host-marker; cat /host/etc/shadow; cat /s; echo planted > /host/root/leviath-rootless-pwned; cat /host/home/bob/leviath-secret; ls /host/root'
 step rootless_escape as alice "lev run -- python3 rootless_client.py '$rl_import' \
   '[\"POST\", \"/containers/create?name=facts\", {$rl_image, \"Cmd\": [\"sh\", \"-c\", \"id -u; cat /proc/self/uid_map\"], \"HostConfig\": {\"NetworkMode\": \"none\"}}]' \
   '[\"POST\", \"/containers/facts/start\", null]' \
@@ -570,7 +575,7 @@ step rootless_escape as alice "lev run -- python3 rootless_client.py '$rl_import
   '[\"POST\", \"/containers/shadow/wait\", null]' \
   '[\"GET\", \"/containers/shadow/logs?stdout=1&stderr=1\", null]'"
 step rootless_pwned sh -c 'test -e /root/leviath-rootless-pwned && echo planted || echo absent'
-rm -f /etc/leviath/config.toml /home/bob/leviath-secret
+rm -f /etc/leviath/config.toml /home/bob/leviath-secret /etc/leviath-vm-host-marker
 systemctl reload leviathd
 
 # --- agents survive a daemon restart

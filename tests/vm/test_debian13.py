@@ -657,8 +657,10 @@ def test_escape_a_volumes_key_or_a_bind_of_shadow_reads_nothing_root_may_read_on
         vm: Run) -> None:
     shadow_root = vm.out("rootless_shadow_root").strip()
     secret = vm.out("rootless_bob_secret").strip()
+    marker = vm.out("rootless_host_marker").strip()
     assert shadow_root.startswith("root:") and secret.startswith("bobs-secret-"), \
         (shadow_root, secret)
+    assert marker.startswith("host-marker-"), marker
     out = vm.ok("rootless_escape")
     replies = [json.loads(ln) for ln in out.splitlines() if ln.startswith("[")][6:]
     assert len(replies) == 8, out  # vol and shadow: create, start, wait, logs
@@ -666,6 +668,9 @@ def test_escape_a_volumes_key_or_a_bind_of_shadow_reads_nothing_root_may_read_on
         # Refused by the filter or run: either way, never root's file nor bob's.
         assert shadow_root not in json.dumps(reply), reply
         assert secret not in json.dumps(reply), reply
+        # Nor the host's / at all: a Volumes key is never a bind (issue 29's
+        # first break), so a file any user may read stays out of sight too.
+        assert marker not in json.dumps(reply), reply
     assert vm.ok("rootless_pwned").strip() == "absent"
 
 
