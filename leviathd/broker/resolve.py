@@ -43,20 +43,27 @@ def _real(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
+def _opened_real(opener: Opener, path: str, flags: int) -> str | None:
+    """The real path of what `path` opens as the user, None if it does not open."""
+    try:
+        fd = opener.open(path, flags)
+    except OpenFailed:
+        return None
+    try:
+        return _real(fd)
+    finally:
+        os.close(fd)
+
+
 def real_read_path(opener: Opener, index: GrantIndex, path: str, *, directory: bool) -> str:
     if not index.may_read(path):
         # Outside what the agent may read as written: the gate refuses it on
         # these words, as before, and nothing there is opened first (a
         # device's open can do things).
         return path
-    try:
-        fd = opener.open(path, READ_FLAGS | (os.O_DIRECTORY if directory else 0))
-    except OpenFailed:
+    real = _opened_real(opener, path, READ_FLAGS | (os.O_DIRECTORY if directory else 0))
+    if real is None:
         return path
-    try:
-        real = _real(fd)
-    finally:
-        os.close(fd)
     # Where the agent may not read, the run refuses with the one message
     # that tells nothing of what lies behind: the gate sees the lexical path.
     return real if index.may_read(real) else path
@@ -68,14 +75,9 @@ def real_write_path(opener: Opener, index: GrantIndex, path: str) -> str:
     parent, name = os.path.split(path)
     if not index.may_write(path):
         return path  # refused on these words by the gate, as before
-    try:
-        fd = opener.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
-    except OpenFailed:
+    real = _opened_real(opener, parent or ".", os.O_RDONLY | os.O_DIRECTORY)
+    if real is None:
         return path
-    try:
-        real = _real(fd)
-    finally:
-        os.close(fd)
     return os.path.join(real, name) if index.may_write(real) else path
 
 
