@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from test_engine_socket_cli import BED_RUN, DOCKER, DOCKER_DIR, compose_file
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -258,24 +259,7 @@ def test_an_agent_without_subordinate_ids_is_refused_with_a_reason(bed: Testbed)
         r.stderr
 
 
-DOCKER_DIR = os.environ.get("LEVIATH_DOCKER_DIR", "/opt/leviath-dev/docker")
-DOCKER = "/usr/bin/docker"  # the bed's /usr/local/bin may hold another docker
-BED_RUN = ("--runtime runc --network none --ulimit nofile=1024:1024 "
-           "--ulimit nproc=1000:1000")
-COMPOSE = f"""services:
-  web:
-    image: {IMAGE}
-    command: ["sleep", "300"]
-    runtime: runc
-    network_mode: none
-    ulimits: {{nofile: 1024, nproc: 1000}}
-  db:
-    image: {IMAGE}
-    command: ["sleep", "300"]
-    runtime: runc
-    network_mode: none
-    ulimits: {{nofile: 1024, nproc: 1000}}
-"""
+COMPOSE = compose_file(IMAGE)
 DOCKERFILE = f"""FROM {IMAGE}
 COPY hello.txt /hello.txt
 RUN echo built-by-run > /built.txt

@@ -23,20 +23,27 @@ DOCKER = "/usr/bin/docker"  # the bed's /usr/local/bin may hold another docker
 # What podman needs in the bed (tests/testbed/README.md, "Podman inside").
 BED_RUN = ("--runtime runc --network none --ulimit nofile=1024:1024 "
            "--ulimit nproc=1000:1000")
-COMPOSE = f"""services:
+
+
+def compose_file(image: str) -> str:
+    """A two-service compose file of `image` that podman in the bed can run."""
+    return f"""services:
   web:
-    image: {IMAGE}
+    image: {image}
     command: ["sleep", "300"]
     runtime: runc
     network_mode: none
     ulimits: {{nofile: 1024, nproc: 1000}}
   db:
-    image: {IMAGE}
+    image: {image}
     command: ["sleep", "300"]
     runtime: runc
     network_mode: none
     ulimits: {{nofile: 1024, nproc: 1000}}
 """
+
+
+COMPOSE = compose_file(IMAGE)
 
 
 @pytest.fixture(scope="module")
