@@ -153,6 +153,11 @@ class ProxyServer:
         self._acceptor: asyncio.Task[None] | None = None
         self._tcp_listener: socket.socket | None = None
         self._tcp_acceptor: asyncio.Task[None] | None = None
+        # network = true (issue 30): a port on the host's loopback for the
+        # covered hosts only, each peer identified by the kernel (peer.py).
+        self._host_listener: socket.socket | None = None
+        self._host_acceptor: asyncio.Task[None] | None = None
+        self.host_port: int | None = None
         self._open = 0
         self._waiting = 0  # unix connections whose first byte has not come
         self._slot_free = asyncio.Event()
@@ -208,7 +213,32 @@ class ProxyServer:
         self._tcp_listener = listener
         self._tcp_acceptor = asyncio.create_task(self._accept_tcp(listener))
 
-    async def _accept_tcp(self, listener: socket.socket) -> None:
+    def listen_host(self, is_peer: Callable[[socket.socket], bool]) -> int:
+        """For an agent with `network = true` (it shares the host's network
+        namespace, so no listener of its own is private to it): a port on
+        the host's loopback, 127.0.0.1 only, the kernel picking the number.
+        Anyone on the host can connect to it; `is_peer` (the kernel's word
+        on the connecting socket: its uid and cgroup) keeps all but this
+        agent's processes out before a byte is read, and what is served
+        there is only the covered hosts' injection. Returns the port."""
+        if self._host_listener is not None:
+            assert self.host_port is not None
+            return self.host_port
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(128)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._host_listener = sock
+        self.host_port = int(sock.getsockname()[1])
+        self._host_acceptor = asyncio.create_task(self._accept_tcp(sock, is_peer))
+        return self.host_port
+
+    async def _accept_tcp(self, listener: socket.socket,
+                          is_peer: Callable[[socket.socket], bool] | None = None) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -216,20 +246,29 @@ class ProxyServer:
             except OSError:
                 await asyncio.sleep(0.1)  # EMFILE and such: the budget is the real bound
                 continue
+            if is_peer is not None:
+                try:
+                    own = is_peer(conn)
+                except OSError:
+                    own = False
+                if not own:
+                    conn.close()  # another user's (or this user's other) process
+                    continue
             conn.setblocking(False)
-            task = asyncio.create_task(self._serve_stream(b"", conn))
+            task = asyncio.create_task(self._serve_stream(b"", conn,
+                                                          covered_only=is_peer is not None))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for acceptor in (self._acceptor, self._tcp_acceptor):
+        for acceptor in (self._acceptor, self._tcp_acceptor, self._host_acceptor):
             if acceptor is not None:
                 acceptor.cancel()
-        self._acceptor = self._tcp_acceptor = None
-        for listener in (self._listener, self._tcp_listener):
+        self._acceptor = self._tcp_acceptor = self._host_acceptor = None
+        for listener in (self._listener, self._tcp_listener, self._host_listener):
             if listener is not None:
                 listener.close()
-        self._listener = self._tcp_listener = None
+        self._listener = self._tcp_listener = self._host_listener = None
         for task in list(self._tasks):
             task.cancel()
         with contextlib.suppress(OSError):
@@ -281,9 +320,10 @@ class ProxyServer:
         await self._serve_stream(first, stream, paced=True)
 
     async def _serve_stream(self, first: bytes, stream: socket.socket, *,
-                            paced: bool = False) -> None:
+                            paced: bool = False, covered_only: bool = False) -> None:
         """The agent's connection (`first`: a byte of it already read;
-        `paced`: its handshake was already paced)."""
+        `paced`: its handshake was already paced; `covered_only`: from the
+        host's loopback port, where only covered hosts are served)."""
         global _open_total
         try:
             reader, writer = await asyncio.open_connection(sock=stream, limit=MAX_HEAD)
@@ -309,7 +349,7 @@ class ProxyServer:
         try:
             if not paced:  # accepted in the agent's namespace (adopt)
                 await parseshare.CONNECTS.pace(uid, 1)
-            await self._handle(reader, writer, conn, first)
+            await self._handle(reader, writer, conn, first, covered_only=covered_only)
         except asyncio.CancelledError:
             pass
         finally:
@@ -322,7 +362,7 @@ class ProxyServer:
             writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      conn: _Conn, first: bytes) -> None:
+                      conn: _Conn, first: bytes, *, covered_only: bool = False) -> None:
         socks = False
         try:
             if not first:
@@ -335,6 +375,8 @@ class ProxyServer:
             else:
                 conn.host, conn.port, head = await asyncio.wait_for(
                     _http_head(first, reader), HANDSHAKE_TIMEOUT)
+            if covered_only:
+                self._only_covered(conn, head)
             up = await self._connect(conn)
         except Refused as exc:
             self._record(conn, "deny", exc.rule, str(exc))
@@ -365,6 +407,15 @@ class ProxyServer:
             d = conn.decision
             self._record(conn, "allow", d.rule if d else "allowed",
                          f"sent {conn.sent} bytes, received {conn.received} bytes")
+
+    def _only_covered(self, conn: _Conn, head: bytes) -> None:
+        """The host's loopback port (network = true) is no general proxy:
+        a tunnel to a covered host, which is then intercepted, and nothing
+        else (the agent reaches every other host directly)."""
+        host = policy.normalize_host(conn.host) or ""
+        if head or self.injector is None or not self.injector.covering(host, conn.port):
+            raise Refused("not-covered", f"this port serves only the hosts of the agent's "
+                          f"injected credentials, not {conn.host[:100]!a}:{conn.port}")
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      up: socket.socket, head: bytes, conn: _Conn) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import secrets
+import socket
 import syslog
 from dataclasses import replace
 
@@ -33,7 +34,7 @@ from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.labels import clearance_for
-from leviathd.proxy import egress, inject, policy, tls
+from leviathd.proxy import egress, inject, peer, policy, tls
 from leviathd.proxy.server import Agent, Injector, ProxyServer
 from leviathd.records import AgentRecord
 from leviathd.sandbox import forwarder
@@ -72,6 +73,24 @@ def _git_env(env: dict[str, str]) -> dict[str, str]:
 
 def _proxied(merged: MergeResult) -> bool:
     return any(e.network == "proxy" for e in (merged.agent, *merged.stages.values()))
+
+
+def _direct(rec: AgentRecord, merged: MergeResult) -> bool:
+    """network = true in a namespace sandbox with a git credential: git's
+    per-URL proxy to the daemon's loopback port (egress.applies_direct)."""
+    return ("namespace" in rec.sandbox.split("+")
+            and any(e.network is True for e in (merged.agent, *merged.stages.values()))
+            and bool(egress.git_only(dict(merged.agent.credentials))))
+
+
+def _is_agent(conn: socket.socket, agent: Agent) -> bool:
+    """The kernel's word on who connected to the loopback port: the socket's
+    owner is the agent's user and it was made in the agent's scope."""
+    found = peer.lookup(conn)
+    if found is None or found.uid != agent.uid:
+        return False
+    path = peer.cgroup_path(found.cgroup_id)
+    return path is not None and agent.is_own(path)
 
 
 class ProxyService:
@@ -125,7 +144,8 @@ class ProxyService:
         return egress.extend_env(spec, eff, self._key(spec.execution_id))
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
-        if not _proxied(merged):
+        direct = _direct(rec, merged)
+        if not _proxied(merged) and not direct:
             return
         eff = merged.agent
         taint = eff.taint
@@ -135,12 +155,17 @@ class ProxyService:
             allow_private=taint.allow_private_addresses,
         )
         injections: tuple[inject.Injection, ...] = ()
-        if rec.sandbox == "namespace" and egress.injected(dict(eff.credentials)):
+        if rec.sandbox == "namespace" and _proxied(merged) and egress.injected(
+                dict(eff.credentials)):
             injections = egress.injections(dict(eff.credentials), self._key(rec.id))
+        elif direct:
+            injections = egress.injections(egress.git_only(dict(eff.credentials)),
+                                           self._key(rec.id))
         push = eff.permissions.get("git_push")
         egress_state: dict[str, object] = {"key": self._key(rec.id).hex(),
                         "injections": [i.to_json() for i in injections],
-                        "push": push.value if push is not None else "ask"}
+                        "push": push.value if push is not None else "ask",
+                        "direct": direct, "socket": _proxied(merged)}
         self._save(rec.id, settings, egress_state)
         await self._open(rec, user, settings, egress_state)
 
@@ -212,11 +237,22 @@ class ProxyService:
 
         agent = Agent(id=rec.id, user=user.name, uid=user.uid, gid=user.gid, taint=taint,
                       approvals=approvals, is_own=lambda cg: gate.lookup(cg) == rec.id)
+        injector = await self._injector(rec.id, egress_state)
         server = ProxyServer(agent, settings,
                              os.path.join(agent_dir(rec.id), forwarder.SOCKET_NAME),
-                             self._audit, await self._injector(rec.id, egress_state))
-        await server.start()
+                             self._audit, injector)
+        state = egress_state or {}
+        if state.get("socket", True) is not False:
+            await server.start()
         self.live[rec.id] = server
+        if state.get("direct") is True and injector is not None:
+            # network = true: the loopback port, then the file git includes
+            # naming it (a new port after a daemon restart: the file is ours
+            # to rewrite, the agent's environment is not).
+            port = server.listen_host(lambda conn: _is_agent(conn, agent))
+            data = egress.gitconfig(
+                (h for i in injector.injections if i.kind == "git" for h in i.hosts), port)
+            await asyncio.to_thread(egress.write_gitconfig, rec.id, data)
 
     async def _injector(self, agent_id: str, state: dict[str, object] | None
                         ) -> Injector | None:

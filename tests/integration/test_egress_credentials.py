@@ -167,12 +167,10 @@ def git_log(bed: Testbed) -> str:
                     "main"]).stdout
 
 
-@pytest.fixture(scope="module")
-def agent(testbed: Testbed) -> Iterator[Agent]:
-    bed = testbed
-    old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
-    old_hosts = bed.read_file("/etc/hosts")
-    lay_out(bed, "egw", "egbp", BLUEPRINT)
+def serve(bed: Testbed) -> str:
+    """The servers, their CA in the bed's trust store, /etc/hosts naming
+    them and the secret files; returns the server's pid (`unserve` undoes
+    it all). Also used by test_egress_direct.py."""
     bed.run(f"""
         set -e
         ip netns del lvinj 2>/dev/null || true
@@ -212,6 +210,22 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
     bed.run("for i in $(seq 100); do curl -fs https://api.test/ready >/dev/null && exit 0; "
             "sleep 0.1; done; cat /srv/inj/server.err; exit 1")
     bed.run("rm -f /srv/inj/log.jsonl")
+    return str(pid)
+
+
+def unserve(bed: Testbed, pid: str) -> None:
+    bed.run(["kill", pid], check=False)
+    bed.run("ip netns del lvinj; rm -f /usr/local/share/ca-certificates/leviath-injtest.crt"
+            " && update-ca-certificates --fresh >/dev/null 2>&1", check=False)
+
+
+@pytest.fixture(scope="module")
+def agent(testbed: Testbed) -> Iterator[Agent]:
+    bed = testbed
+    old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
+    old_hosts = bed.read_file("/etc/hosts")
+    lay_out(bed, "egw", "egbp", BLUEPRINT)
+    pid = serve(bed)
     bed.write_file("/etc/leviath/config.toml", CONFIG)
     bed.run(["systemctl", "restart", "leviathd"])
     a = Agent(bed, "alice", start_detached(bed, "egbp", "egw"), f"{bed.users['alice'].home}/egw")
@@ -224,9 +238,7 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
         yield a
     finally:
         lev(bed, "alice", "stop", a.id, check=False)
-        bed.run(["kill", pid], check=False)
-        bed.run("ip netns del lvinj; rm -f /usr/local/share/ca-certificates/leviath-injtest.crt"
-                " && update-ca-certificates --fresh >/dev/null 2>&1", check=False)
+        unserve(bed, pid)
         bed.write_file("/etc/hosts", old_hosts)
         bed.write_file("/etc/leviath/config.toml", old_config)
         bed.run(["systemctl", "restart", "leviathd"])
