@@ -79,3 +79,4 @@ def test_the_gitconfig_names_the_port_for_each_host_git_can_match() -> None:
     assert data == ('[http "https://git.test/"]\n\tproxy = http://127.0.0.1:4711\n'
                     '[http "https://*.corp.test/"]\n\tproxy = http://127.0.0.1:4711\n'
                     '[http "https://git.test:8443/"]\n\tproxy = http://127.0.0.1:4711\n')
+
