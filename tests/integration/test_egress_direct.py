@@ -197,3 +197,16 @@ def test_lev_inspect_says_how_git_reaches_the_covered_hosts(testbed: Testbed, ag
     assert "network = true" in out and "loopback port" in out, out
     assert "credential api (kind http): not injected at the egress" in out, out
     assert GIT_TOKEN not in out
+
+
+def test_an_approved_push_hands_out_no_token_to_reuse(testbed: Testbed, agent: Agent) -> None:
+    """The hold-out attack: once a person approved one push, the push token
+    was the agent's (the git_push tool's answer) to send anywhere. Now the
+    approved answer is the placeholder; each push is asked at the proxy."""
+    n = agent.submit("lev tool git_push https://git.test/repo.git")
+    row = pending(testbed, agent.id)
+    assert row["tool"] == "git_push", row
+    lev(testbed, "alice", "approve", row["id"], "--once")
+    rc, out, err = agent.result(n)
+    assert GIT_TOKEN not in out + err, (out, err)
+    assert rc == 0 and "leviath-placeholder-" in out, (rc, out, err)
