@@ -116,6 +116,9 @@ class GateService:
         self._vouched: set[int] = set()
         # One lane per user for rule evaluation (broker/rulelane.py).
         self._lanes = Lanes()
+        # Called with each new broker before its socket serves a call (the
+        # proxy presets the placeholders of an adopted agent: issue 30).
+        self.broker_hooks: list[Callable[[str, Broker], None]] = []
 
     def install(self) -> None:
         self._agents.spec_extensions.append(self.extend_spec)
@@ -250,6 +253,8 @@ class GateService:
             tool_runner=self.run_tool, stage=lambda: self.stage_of(rec.id),
             lane=self._lanes.lane(rec.uid),
         )
+        for hook in self.broker_hooks:
+            hook(rec.id, broker)
         server = BrokerServer(broker, lookup=self.lookup,
                               path=os.path.join(folder, SOCKET_NAME), mode=0o600)
         try:

@@ -26,7 +26,7 @@ from dataclasses import replace
 from leviathd import fsat
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
-from leviathd.broker.core import AuditRecord
+from leviathd.broker.core import AuditRecord, Broker
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.events import Event
@@ -41,6 +41,7 @@ from leviathd.sandbox import forwarder
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
+MAX_SNAPSHOT = 1 << 20
 URL = f"http://{forwarder.HOST}:{forwarder.PORT}"
 NO_PROXY = "localhost,127.0.0.1,::1"
 
@@ -109,6 +110,34 @@ class ProxyService:
         self._agents.start_hooks.append(self.on_start)
         self._agents.end_hooks.append(self.on_end)
         self._agents.handover_hooks.append(self.on_handover)
+        self._gate.broker_hooks.append(self.preset)
+
+    def preset(self, agent_id: str, broker: Broker) -> None:
+        """An adopted agent's broker (after a daemon restart) gives git the
+        placeholders from its first call: they are read here from the saved
+        state, before its socket serves, not when the proxy comes back later
+        (meanwhile `git credential fill` got the token), nor never when the
+        proxy cannot come back. A new agent has no saved state yet; its
+        proxy sets them before the agent runs (_injector)."""
+        try:
+            fd = fsat.open_dir(self._snapshots)
+        except OSError:
+            return
+        try:
+            data = fsat.read_at(fd, f"{agent_id}.json", MAX_SNAPSHOT)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        try:
+            state = json.loads(data).get("egress") or {}
+            by_name = {str(d["name"]): str(d["placeholder"])
+                       for d in state.get("injections") or []
+                       if isinstance(d, dict) and d.get("kind") in ("git", "cli")}
+        except (ValueError, AttributeError, KeyError, TypeError):
+            by_name = {}
+        if by_name:
+            broker.placeholder_for = by_name.get
 
     def on_handover(self, rec: AgentRecord) -> None:
         """The agent's PID 1 runs with no relay beside it (namespace.start):

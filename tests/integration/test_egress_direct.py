@@ -210,3 +210,16 @@ def test_an_approved_push_hands_out_no_token_to_reuse(testbed: Testbed, agent: A
     rc, out, err = agent.result(n)
     assert GIT_TOKEN not in out + err, (out, err)
     assert rc == 0 and "leviath-placeholder-" in out, (rc, out, err)
+
+
+def test_after_a_daemon_restart_git_goes_through_a_new_port_with_the_placeholder(
+        testbed: Testbed, agent: Agent) -> None:
+    before = port_of(agent)
+    testbed.run(["systemctl", "restart", "leviathd"])
+    placeholder_of(agent)  # from the broker's first call on, never the token
+    after = port_of(agent)
+    assert after != before or testbed.run(
+        f"ss -ltnH 'sport = :{after}'", check=False).stdout.strip()
+    rc, out, err = agent.call("rm -rf again && git clone -q https://git.test/repo.git again "
+                              "&& cat again/README", timeout=60)
+    assert rc == 0 and out.startswith("hello"), (out, err)

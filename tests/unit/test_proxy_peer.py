@@ -4,9 +4,12 @@ proxy file git includes (proxy/egress.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -80,3 +83,25 @@ def test_the_gitconfig_names_the_port_for_each_host_git_can_match() -> None:
                     '[http "https://*.corp.test/"]\n\tproxy = http://127.0.0.1:4711\n'
                     '[http "https://git.test:8443/"]\n\tproxy = http://127.0.0.1:4711\n')
 
+
+
+def test_an_adopted_agents_broker_gives_placeholders_before_it_serves(tmp_path: Path) -> None:
+    """After a daemon restart the broker of an agent whose git credential is
+    injected served calls before the proxy came back (and forever if it did
+    not), handing `git credential fill` the token meanwhile: the placeholders
+    are now set from the saved state when the broker is made."""
+    from leviathd.proxy.service import ProxyService
+
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "proxy" / "0123abcd.json").write_text(json.dumps({"egress": {"injections": [
+        {"name": "gitsrv", "kind": "git", "placeholder": "leviath-placeholder-x"},
+        {"name": "api", "kind": "http", "placeholder": "leviath-placeholder-y"}]}}))
+    service = ProxyService(None, None, state_dir=str(tmp_path))  # type: ignore[arg-type]
+    broker = SimpleNamespace(placeholder_for=None)
+    service.preset("0123abcd", broker)  # type: ignore[arg-type]
+    assert broker.placeholder_for is not None
+    assert broker.placeholder_for("gitsrv") == "leviath-placeholder-x"
+    assert broker.placeholder_for("api") is None  # an http token is never given to git
+    other = SimpleNamespace(placeholder_for=None)
+    service.preset("ffffffff", other)  # type: ignore[arg-type]
+    assert other.placeholder_for is None  # no saved state: a new agent, set at its start
