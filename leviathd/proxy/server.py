@@ -44,7 +44,7 @@ from leviathd.broker.server import identify
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, LimitExceeded
 from leviathd.policy.approvals import Answer, ApprovalQueue
-from leviathd.proxy import inject, policy, resolve, splice, tls
+from leviathd.proxy import inject, peer, policy, resolve, splice, tls
 from leviathd.proxy.policy import Decision, ProxySettings
 
 if TYPE_CHECKING:
@@ -213,14 +213,13 @@ class ProxyServer:
         self._tcp_listener = listener
         self._tcp_acceptor = asyncio.create_task(self._accept_tcp(listener))
 
-    def listen_host(self, is_peer: Callable[[socket.socket], bool]) -> int:
+    def listen_host(self) -> int:
         """For an agent with `network = true` (it shares the host's network
         namespace, so no listener of its own is private to it): a port on
         the host's loopback, 127.0.0.1 only, the kernel picking the number.
-        Anyone on the host can connect to it; `is_peer` (the kernel's word
-        on the connecting socket: its uid and cgroup) keeps all but this
-        agent's processes out before a byte is read, and what is served
-        there is only the covered hosts' injection. Returns the port."""
+        Anyone on the host can connect to it; each peer is identified by the
+        kernel (_serve_host) before a byte is read, and what is served there
+        is only the covered hosts' injection. Returns the port."""
         if self._host_listener is not None:
             assert self.host_port is not None
             return self.host_port
@@ -234,11 +233,10 @@ class ProxyServer:
             raise
         self._host_listener = sock
         self.host_port = int(sock.getsockname()[1])
-        self._host_acceptor = asyncio.create_task(self._accept_tcp(sock, is_peer))
+        self._host_acceptor = asyncio.create_task(self._accept_host(sock))
         return self.host_port
 
-    async def _accept_tcp(self, listener: socket.socket,
-                          is_peer: Callable[[socket.socket], bool] | None = None) -> None:
+    async def _accept_host(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -246,17 +244,50 @@ class ProxyServer:
             except OSError:
                 await asyncio.sleep(0.1)  # EMFILE and such: the budget is the real bound
                 continue
-            if is_peer is not None:
-                try:
-                    own = is_peer(conn)
-                except OSError:
-                    own = False
-                if not own:
-                    conn.close()  # another user's (or this user's other) process
-                    continue
+            task = asyncio.create_task(self._serve_host(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve_host(self, conn: socket.socket) -> None:
+        """A connection to the host port: the kernel names the connecting
+        socket's owner and cgroup (proxy/peer.py); only a socket of the
+        agent's user made inside the agent's scope is served. Whoever
+        connects is charged for it (descriptor and pace) as the uid the
+        kernel named: another user flooding the agent's port spends their
+        own share, not the agent's."""
+        try:
+            found = peer.lookup(conn)
+        except OSError:
+            found = None
+        if found is None or not fdshare.LEDGER.take(found.uid):
+            conn.close()
+            return
+        try:
+            await parseshare.CONNECTS.pace(found.uid, 1)
+            path = (peer.cgroup_path(found.cgroup_id) if found.uid == self.agent.uid
+                    else None)
+            own = path is not None and self.agent.is_own(path)
+        except BaseException:
+            conn.close()
+            raise
+        finally:
+            fdshare.LEDGER.give(found.uid)
+        if not own:
+            conn.close()  # another user's process, or this user's outside the agent
+            return
+        conn.setblocking(False)
+        await self._serve_stream(b"", conn, paced=True, covered_only=True)
+
+    async def _accept_tcp(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError:
+                await asyncio.sleep(0.1)  # EMFILE and such: the budget is the real bound
+                continue
             conn.setblocking(False)
-            task = asyncio.create_task(self._serve_stream(b"", conn,
-                                                          covered_only=is_peer is not None))
+            task = asyncio.create_task(self._serve_stream(b"", conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import syslog
 from dataclasses import replace
 
@@ -34,7 +33,7 @@ from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.labels import clearance_for
-from leviathd.proxy import egress, inject, peer, policy, tls
+from leviathd.proxy import egress, inject, policy, tls
 from leviathd.proxy.server import Agent, Injector, ProxyServer
 from leviathd.records import AgentRecord
 from leviathd.sandbox import forwarder
@@ -82,16 +81,6 @@ def _direct(rec: AgentRecord, merged: MergeResult) -> bool:
     return ("namespace" in rec.sandbox.split("+")
             and any(e.network is True for e in (merged.agent, *merged.stages.values()))
             and bool(egress.git_only(dict(merged.agent.credentials))))
-
-
-def _is_agent(conn: socket.socket, agent: Agent) -> bool:
-    """The kernel's word on who connected to the loopback port: the socket's
-    owner is the agent's user and it was made in the agent's scope."""
-    found = peer.lookup(conn)
-    if found is None or found.uid != agent.uid:
-        return False
-    path = peer.cgroup_path(found.cgroup_id)
-    return path is not None and agent.is_own(path)
 
 
 class ProxyService:
@@ -278,7 +267,7 @@ class ProxyService:
             # network = true: the loopback port, then the file git includes
             # naming it (a new port after a daemon restart: the file is ours
             # to rewrite, the agent's environment is not).
-            port = server.listen_host(lambda conn: _is_agent(conn, agent))
+            port = server.listen_host()
             data = egress.gitconfig(
                 (h for i in injector.injections if i.kind == "git" for h in i.hosts), port)
             await asyncio.to_thread(egress.write_gitconfig, rec.id, data)
