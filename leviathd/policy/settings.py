@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import TypeAdapter
 
-from leviathd.broker.limits import Limits
 from leviathd.domain.allowrule import AllowRule
+from leviathd.domain.brokerlimits import Limits
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.domain.tools import Registry, ToolKind
