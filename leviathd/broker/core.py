@@ -42,7 +42,7 @@ from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.policy import filelabels
 from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
-from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide, rule_views
+from leviathd.policy.decision import ApprovalView, Call, Decision, Facts, decide, rule_views
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.rules import RuleResult
 from leviathd.policy.settings import CompiledPolicy, PolicySettings

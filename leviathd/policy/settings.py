@@ -109,7 +109,7 @@ _SNAPSHOT_KEYS = {f.name for f in fields(PolicySettings)} - {"limits", "rules", 
 
 
 class CompiledPolicy:
-    """Everything `gate.decide` needs, precomputed. Build a new one on reload."""
+    """Everything `decision.decide` needs, precomputed. Build a new one on reload."""
 
     def __init__(self, settings: PolicySettings, *, home: str, workdir: str) -> None:
         self.settings = settings
