@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from leviathd import listing, resource_defaults, safetext
 from leviathd.agents import orphans, output
-from leviathd.agents.request import RunInput, refuse_system_workdir
+from leviathd.agents.request import RunInput
 from leviathd.agents.usage import UsageCache
 from leviathd.audit import trail as audit
 from leviathd.audit.readers import CallerWatch, Readers
@@ -30,6 +30,7 @@ from leviathd.config import load as config_load
 from leviathd.config.merge import DEFAULT_ENGINE, Effective, MergeResult, resolve
 from leviathd.config.models import Blueprint, Config, SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
+from leviathd.domain.workdir import refuse_system_workdir
 from leviathd.errors import (
     AccessDenied,
     Busy,

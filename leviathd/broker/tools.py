@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from leviathd.broker import net
-from leviathd.broker.limits import Limits, too_large
+from leviathd.broker.limits import too_large
 from leviathd.broker.opener import Opener, OpenFailed
+from leviathd.domain.brokerlimits import Limits
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound, Unavailable
 from leviathd.policy import filelabels

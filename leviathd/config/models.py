@@ -33,6 +33,7 @@ from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.engine import Engine
 from leviathd.domain.mounts import Access, Mount, MountPath
 from leviathd.domain.permission import Permission
+from leviathd.domain.protectedpaths import check_config_path as check_protected_path
 from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.policy.cel import CelError
 from leviathd.policy.rules import compile_rule
@@ -44,7 +45,6 @@ from leviathd.policy.tooldef import (
     make_tool,
 )
 from leviathd.readpatterns import parse_pattern
-from leviathd.sandbox.protected import check_config_path as check_protected_path
 
 
 class _Model(BaseModel):

@@ -5,9 +5,9 @@ falling back to a default (which could be looser)."""
 
 from __future__ import annotations
 
-from leviathd.broker.limits import Limits
 from leviathd.config.merge import Effective
 from leviathd.config.models import Config, TaintPolicy
+from leviathd.domain.brokerlimits import Limits
 from leviathd.policy.settings import CredentialSpec, OnExceed, PolicySettings
 
 _ON_EXCEED: dict[TaintPolicy, OnExceed] = {

@@ -17,7 +17,7 @@ from enum import Enum
 
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound
-from leviathd.policy.gate import ApprovalView, AskKind
+from leviathd.policy.decision import ApprovalView, AskKind
 
 
 class Answer(Enum):

@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import TypeAdapter
 
-from leviathd.broker.limits import Limits
 from leviathd.domain.allowrule import AllowRule
+from leviathd.domain.brokerlimits import Limits
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.domain.tools import Registry, ToolKind
@@ -109,7 +109,7 @@ _SNAPSHOT_KEYS = {f.name for f in fields(PolicySettings)} - {"limits", "rules", 
 
 
 class CompiledPolicy:
-    """Everything `gate.decide` needs, precomputed. Build a new one on reload."""
+    """Everything `decision.decide` needs, precomputed. Build a new one on reload."""
 
     def __init__(self, settings: PolicySettings, *, home: str, workdir: str) -> None:
         self.settings = settings
