@@ -10,7 +10,9 @@
   root's, 0755 (they hold no secret: each asks the broker).
 
 A container agent gets none of it (its image has neither `lev`'s Python nor
-the daemon's package), which its notes say.
+the daemon's package), which its notes say; behind the proxy its git and
+http credentials (and cli ones with `hosts`) are injected at the egress
+instead (proxy/egress.py).
 """
 
 from __future__ import annotations
@@ -120,8 +122,13 @@ class CredentialService:
                 m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts):
             base = SANDBOX_RUNTIME
         else:
-            return replace(spec, notes=(*spec.notes, "credentials of kind git, cli and ssh "
-                                        f"are not offered in a {spec.kind} sandbox"))
+            # A container: what the proxy injects needs no program here.
+            left = sorted(n for n, c in creds.items() if c.kind in ("git", "cli", "ssh")
+                          and not (egress.applies(spec) and n in egress.injected(creds)))
+            if not left:
+                return spec
+            return replace(spec, notes=(*spec.notes, f"credentials {', '.join(left)} (kind git, "
+                                        f"cli or ssh) are not offered in a {spec.kind} sandbox"))
         env = dict(spec.env)
         if wanted:
             env["PATH"] = f"{base}/{BIN}:{env.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"

@@ -1,7 +1,7 @@
 """Credentials injected at the egress, in the agent life cycle (issue 30).
 
-For a `network = "proxy"` agent in a namespace sandbox with credentials of
-kind "git" or "http":
+For a `network = "proxy"` agent in a namespace or container sandbox with
+credentials of kind "git" or "http" (or "cli" with `hosts`):
 - a per-agent key (daemon memory and the proxy's root-only snapshot) from
   which each credential's placeholder is derived (proxy/inject.py);
 - the sandbox's environment names the trust bundle (the system's CAs and
@@ -9,7 +9,9 @@ kind "git" or "http":
   /run/leviath) in SSL_CERT_FILE, GIT_SSL_CAINFO, NODE_EXTRA_CA_CERTS,
   REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE, and a kind "http" credential's
   `token_env` holds its placeholder;
-- the broker's git tools give git the placeholder, never the token;
+- the broker's git tools give git the placeholder, never the token; a
+  container's git, which has no `lev` to ask the broker with, gets the
+  placeholder from a credential helper in its git settings (`container_helper`);
 - the proxy's Injector (proxy/server.py) holds the agent's CA (its key in
   memory only) and reads a secret through the broker when a request needs it.
 """
@@ -17,6 +19,7 @@ kind "git" or "http":
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -59,9 +62,35 @@ def injections(credentials: Mapping[str, CredentialConfig], key: bytes
         for n, c in sorted(injected(credentials).items()))
 
 
+# The sandboxes whose only way out is the proxy: there the secret can stay in
+# the daemon. Kind none has the host's network and no fence (extend_env's
+# note and docs/security-model.md say what that means).
+FENCED = ("namespace", "container")
+
+
 def applies(spec: SandboxSpec) -> bool:
-    return spec.kind == "namespace" and spec.proxy and any(
+    return spec.kind in FENCED and spec.proxy and any(
         m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts)
+
+
+def _not_injected(spec: SandboxSpec, kind: str) -> str:
+    """Why a credential is not injected here, and what holds instead."""
+    if spec.kind == "none":
+        why = ("kind none has no fence: its processes use the host's network directly and "
+               "can read what its user can, so the proxy cannot be made their way out")
+    elif spec.kind in FENCED:
+        why = 'injection needs network = "proxy"'
+    else:
+        why = f"no injection in a {spec.kind} sandbox"
+    if kind == "git":
+        held = ("git's credential helper is given the token" if spec.kind != "container"
+                else "not offered")
+    elif kind == "cli":
+        held = ("the wrapper runs it in the credential fence" if spec.kind != "container"
+                else "not offered")
+    else:
+        held = "not offered"
+    return f"not injected at the egress ({why}); {held}"
 
 
 def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
@@ -72,16 +101,15 @@ def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
     if not applies(spec):
         # What `lev inspect` says: no injection here, the old way holds.
         return replace(spec, notes=(*spec.notes, *(
-            f"credential {n} (kind {c.kind}): not injected at the egress (injection needs "
-            'network = "proxy" in a namespace sandbox); '
-            + ("git's credential helper is given the token" if c.kind == "git"
-               else "the wrapper runs it in the credential fence" if c.kind == "cli"
-               else "not offered") for n, c in sorted(creds.items()))))
+            f"credential {n} (kind {c.kind}): {_not_injected(spec, c.kind)}"
+            for n, c in sorted(creds.items()))))
     env = dict(spec.env)
     bundle = f"{SANDBOX_RUNTIME}/{BUNDLE}"
     for name in TRUST_VARIABLES:
         env[name] = bundle
     env = gitenv.append(env, ssh_rewrites(creds))
+    if spec.kind == "container":
+        env = gitenv.append(env, container_helper(creds, key))
     notes = list(spec.notes)
     for name, c in sorted(creds.items()):
         if c.kind in ("http", "cli") and c.token_env:
@@ -114,6 +142,31 @@ def ssh_rewrites(creds: Mapping[str, CredentialConfig]) -> list[tuple[str, str]]
                 pairs.append((f"url.{https}.insteadOf", ssh))
                 if "push" not in c.access:
                     pairs.append((f"url.{ssh}.pushInsteadOf", ssh))
+    return list(dict.fromkeys(pairs))
+
+
+def container_helper(creds: Mapping[str, CredentialConfig], key: bytes
+                     ) -> list[tuple[str, str]]:
+    """git's credential helper in a container (its image has no `lev`): for
+    each host a git credential covers, the helper list reset and then a
+    shell helper that answers `get` with the user name and the placeholder,
+    so `git credential fill` there gives the placeholder, never the token.
+    (The proxy also injects into a request that carries no Authorization
+    at all: git works without asking.) Patterns git cannot match (?, [..])
+    get none; their hosts are still injected."""
+    pairs: list[tuple[str, str]] = []
+    for name, c in sorted(creds.items()):
+        if c.kind != "git":
+            continue
+        answer = " ".join(shlex.quote(x) for x in (
+            f"username={c.username}", f"password={inject.placeholder(key, name)}"))
+        helper = f"!f() {{ test \"$1\" = get && printf '%s\\n' {answer}; }}; f"
+        for pattern in c.hosts:
+            if any(ch in pattern for ch in "?[]"):
+                continue
+            for scheme in ("https", "http") if c.allow_http else ("https",):
+                pairs += [(f"credential.{scheme}://{pattern}.helper", ""),
+                          (f"credential.{scheme}://{pattern}.helper", helper)]
     return list(dict.fromkeys(pairs))
 
 

@@ -135,7 +135,7 @@ class ProxyService:
             allow_private=taint.allow_private_addresses,
         )
         injections: tuple[inject.Injection, ...] = ()
-        if rec.sandbox == "namespace" and egress.injected(dict(eff.credentials)):
+        if rec.sandbox in egress.FENCED and egress.injected(dict(eff.credentials)):
             injections = egress.injections(dict(eff.credentials), self._key(rec.id))
         push = eff.permissions.get("git_push")
         egress_state: dict[str, object] = {"key": self._key(rec.id).hex(),
