@@ -16,11 +16,13 @@ import secrets
 import syslog
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from leviathd import listing, resource_defaults, safetext
+from leviathd.agents import feature as feature_calls
 from leviathd.agents import orphans, output
+from leviathd.agents.feature import AgentFeature
 from leviathd.agents.request import RunInput, refuse_system_workdir
 from leviathd.agents.usage import UsageCache
 from leviathd.audit import trail as audit
@@ -159,29 +161,18 @@ class Agents:
         # Set by the daemon when the machine config did not load at start:
         # then no agent starts (cleared by the first good load).
         self.config_problem: str | None = None
-        # Extension points for other parts (the broker, containers).
-        # spec_extensions: each step's spec passes through these before it is
-        # recorded and released (e.g. to bind the agent's broker socket in).
-        self.spec_extensions: list[Callable[[SandboxSpec], SandboxSpec]] = []
-        # The same, for parts that depend on the step's effective settings
-        # (the filtered container-engine socket, leviathd/enginesock).
-        self.effective_spec_extensions: list[
-            Callable[[SandboxSpec, Effective], SandboxSpec]
-        ] = []
-        # start_hooks run after the scope exists and before the agent is
-        # released (a hook that raises aborts the start, leaving nothing);
-        # end_hooks run when it has ended, before its scratch is removed.
-        self.start_hooks: list[Callable[[AgentRecord, MergeResult, UserInfo], Awaitable[None]]] = []
-        # Called with the pid of an agent's fence whose mounts are built and
-        # which waits (sandbox/fencehold.py) before its command runs; raising
-        # leaves it unanswered, so the fence fails.
-        self.fence_hooks: list[Callable[[AgentRecord, int], Awaitable[None]]] = []
+        # The per-agent features (agents/feature.py), in the order they are
+        # called; given once by use().
+        self.features: tuple[AgentFeature, ...] = ()
         self._holds: set[asyncio.Future[None]] = set()
-        self.end_hooks: list[Callable[[AgentRecord], Awaitable[None]]] = [container.end_hook]
-        # handover_hooks run when the held process has handed the agent to
-        # its PID 1 and left (supervisor._hand_over); rec.supervisor_pid is
-        # that PID 1.
-        self.handover_hooks: list[Callable[[AgentRecord], None]] = []
+
+    def use(self, features: Sequence[AgentFeature]) -> None:
+        """The per-agent features, once, before the daemon serves: they are
+        made with this Agents (they read its records and configuration), so
+        they cannot be given to its constructor."""
+        if self.features:
+            raise RuntimeError("the agent features are given once")
+        self.features = tuple(features)
 
     # --- configuration -----------------------------------------------------
 
@@ -319,7 +310,8 @@ class Agents:
         unit = unit_name(user.name, agent_name, agent_id)
         # Each namespace fence may have to wait for the daemon's marks
         # (sandbox/fencehold.py): decided once the workdir is known.
-        hold = fencehold.pair() if "namespace" in kinds and self.fence_hooks else None
+        hold = (fencehold.pair() if "namespace" in kinds
+                and any(f.holds_fence for f in self.features) else None)
         # An attached one-command namespace agent whose caller gave pipes:
         # the daemon copies its output, no supervisor stays (agents/output.py).
         copy: output.OutputCopy | None = None
@@ -363,6 +355,7 @@ class Agents:
         holding = False
         scratch_path = ""
         scope_usec = 0
+        started: list[AgentFeature] = []
 
         async def start_scope() -> None:
             nonlocal scope_usec
@@ -431,18 +424,21 @@ class Agents:
             if early:
                 self._save_start(rec, [(label, spec.to_dict()) for label, spec in steps])
             await scope
-            for hook in self.start_hooks:
-                await hook(rec, merged, user)
+            for feature in self.features:
+                # Its end undoes a start that fails from here on, its own
+                # included (agents/feature.py).
+                started.append(feature)
+                await feature.on_start(rec, merged, user)
             # Containers are started once the scope exists (their cgroups sit
             # below it) and after the hooks (whose folders they bind, such as
             # the broker's). Steps with identical settings share one.
-            started: set[str] = set()
+            containers: set[str] = set()
             for n, ((_label, step_eff, _argv), (label, spec)) in enumerate(
                 zip(plan, steps, strict=True)
             ):
                 if spec.kind == "container":
                     name = await container.ensure(
-                        agent_id, unit, spec, step_eff, units=self._systemd, started=started,
+                        agent_id, unit, spec, step_eff, units=self._systemd, started=containers,
                         pinned_workdir=held.workdir_path(),
                     )
                     steps[n] = (label, container.with_container(spec, name))
@@ -467,6 +463,9 @@ class Agents:
                 os.waitpid(held.pid, 0)
             with contextlib.suppress(SystemdError, OSError):
                 await self._systemd.stop_unit(unit)
+            if started:
+                # The features started (or starting) undone, the last first.
+                await feature_calls.end(started[::-1], rec)
             if scratch_path:
                 scratch.remove(scratch_path)
             if "container" in kinds:
@@ -529,8 +528,9 @@ class Agents:
             self._unanswered.pop(uid, None)
 
     async def _fence_ready(self, rec: AgentRecord, pid: int) -> None:
-        for hook in self.fence_hooks:
-            await hook(rec, pid)
+        for feature in self.features:
+            if feature.holds_fence:
+                await feature.on_fence(rec, pid)
 
     # --- planning, off the event loop ------------------------------------
 
@@ -708,11 +708,7 @@ class Agents:
         )
         eff = dataclasses.replace(eff, kind=SandboxKind(kind))
         spec = build_spec_on_host(eff, user, request, agent_id, other_homes)
-        for extend in self.spec_extensions:
-            spec = extend(spec)
-        for extend_eff in self.effective_spec_extensions:
-            spec = extend_eff(spec, eff)
-        return spec
+        return feature_calls.extend(self.features, spec, eff)
 
     def _new_id(self) -> str:
         while True:
@@ -754,9 +750,9 @@ class Agents:
                     self._reap_later(rec.supervisor_pid)
                 rec.supervisor_pid = pid
                 self._save(rec)
-                for hook in self.handover_hooks:
-                    with _logged(f"agent {rec.id}: handover hook"):
-                        hook(rec)
+                for feature in self.features:
+                    with _logged(f"agent {rec.id}: handover of {feature_calls.name(feature)}"):
+                        feature.on_handover(rec)
             self._watch(rec)
             if supervising:
                 self._hear_end(rec.id, held.status_r)
@@ -862,9 +858,9 @@ class Agents:
             # Whatever the agent left behind in its scope ends with it.
             with _logged(f"agent {agent_id}: stopping {rec.unit} after its end"):
                 await self._systemd.stop_unit(rec.unit)
-            for hook in self.end_hooks:
-                with _logged(f"agent {agent_id}: end hook {getattr(hook, '__qualname__', hook)}"):
-                    await hook(rec)
+            with _logged(f"agent {agent_id}: removing its containers after its end"):
+                await container.end_hook(rec)
+            await feature_calls.end(self.features, rec)
             if saved:
                 # Unsaved, the exit record stays: it is what a restarted
                 # daemon finds the exit status in.
