@@ -13,10 +13,11 @@ import dataclasses
 import logging
 import os
 import secrets
+import socket
 import syslog
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TypeVar
 
 from leviathd import listing, resource_defaults, safetext
@@ -94,6 +95,60 @@ class _Prepared:
     # which during the job answers late (issue 18).
     other_homes: list[str]
 
+
+
+@dataclasses.dataclass
+class _Start:
+    """One start under way: what its steps have taken, for the next steps
+    and for the running agent once the start holds."""
+
+    who: Caller
+    req: RunInput
+    stdio: supervisor.Stdio
+    auth: asyncio.Future[int]
+    # Set once polkit has answered; the planning thread waits on it.
+    granted: concurrent.futures.Future[None]
+    p: _Prepared
+    agent_id: str
+    unit: str
+    held_stdio: supervisor.Stdio
+    hold: tuple[socket.socket, socket.socket] | None = None
+    clients: tuple[int | None, int | None] | None = None
+    # The output pipes' descriptors until the copy owns them.
+    loose: list[int] = dataclasses.field(default_factory=list)
+    copy: output.OutputCopy | None = None
+    image: int | None = None
+    held: supervisor.Held | None = None
+    scope: asyncio.Future[None] | None = None
+    scope_stopped: bool = False
+    scope_usec: int = 0
+    real_workdir: str = ""
+    holding: bool = False
+    steps: list[tuple[str, SandboxSpec]] = dataclasses.field(default_factory=list)
+    polkit_usec: int = 0
+    scratch_path: str = ""
+    rec: AgentRecord | None = None
+
+    def required_held(self) -> supervisor.Held:
+        assert self.held is not None, "the held child is forked before this step"
+        return self.held
+
+    def required_scope(self) -> asyncio.Future[None]:
+        assert self.scope is not None, "the scope is asked for before this step"
+        return self.scope
+
+    def required_rec(self) -> AgentRecord:
+        assert self.rec is not None, "the record is made before this step"
+        return self.rec
+
+    def drop_output(self) -> None:
+        """The undo of the output pipes: the copy, or the loose descriptors."""
+        if self.copy is not None:
+            self.copy.close()
+        for fd in self.loose:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.loose = []
 
 
 @contextlib.contextmanager
@@ -300,210 +355,247 @@ class Agents:
             await auth
         self._unanswered[who.uid] = self._unanswered.get(who.uid, 0) + 1
         auth.add_done_callback(lambda _done: self._answered(who.uid))
-        user, merged, command, agent_name = p.user, p.merged, p.command, p.agent_name
-        eff, plan, kinds, marks = merged.agent, p.plan, p.kinds, p.marks
         # Here, not when the request is parsed: from here on the caller's
         # descriptors are closed however the request ends.
-        refuse_system_workdir(req.workdir, user.home)
-
+        refuse_system_workdir(req.workdir, p.user.home)
         agent_id = self._new_id()
-        unit = unit_name(user.name, agent_name, agent_id)
+        s = _Start(who=who, req=req, stdio=stdio, auth=auth, granted=granted, p=p,
+                   agent_id=agent_id, unit=unit_name(p.user.name, p.agent_name, agent_id),
+                   held_stdio=stdio)
+        # The start as one transaction: each step registers the undo of what
+        # it takes where it takes it; a step that raises unwinds them, the
+        # last first, and the start leaves nothing (docs/architecture.md).
+        async with contextlib.AsyncExitStack() as undo:
+            for _name, step in _START_STEPS:
+                await step(self, s, undo)
+            undo.pop_all()  # the agent runs: what it holds is its own now
+        return self._started(s, t0)
+
+    # The steps of a start, in order; each takes what it needs and registers
+    # its undo on the stack it is given.
+
+    async def _take_fence_hold(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
         # Each namespace fence may have to wait for the daemon's marks
         # (sandbox/fencehold.py): decided once the workdir is known.
-        hold = (fencehold.pair() if "namespace" in kinds
-                and any(f.holds_fence for f in self.features) else None)
+        if "namespace" in s.p.kinds and any(f.holds_fence for f in self.features):
+            s.hold = fencehold.pair()
+            undo.callback(s.hold[0].close)  # the child's end goes with the fork
+
+    async def _take_output_pipes(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
         # An attached one-command namespace agent whose caller gave pipes:
         # the daemon copies its output, no supervisor stays (agents/output.py).
-        copy: output.OutputCopy | None = None
-        held_stdio = stdio
-        clients = (_copied_clients(kinds, stdio) if len(self._copies) < output.budget()
-                   else None)
-        if clients is not None:
-            out_r, out_w = os.pipe2(os.O_CLOEXEC)
-            err_r, err_w = os.pipe2(os.O_CLOEXEC)
-            held_stdio = supervisor.Stdio(stdin=stdio.stdin, stdout=out_w, stderr=err_w,
-                                          kept=(out_r, err_r))
-        image = self._scratch_image(eff) if "namespace" in kinds else None
+        s.clients = (_copied_clients(s.p.kinds, s.stdio)
+                     if len(self._copies) < output.budget() else None)
+        if s.clients is None:
+            return
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        s.loose = [out_r, out_w, err_r, err_w, *(fd for fd in s.clients if fd is not None)]
+        s.held_stdio = supervisor.Stdio(stdin=s.stdio.stdin, stdout=out_w, stderr=err_w,
+                                        kept=(out_r, err_r))
+        undo.callback(_quietly, f"agent {s.agent_id}: closing its output", s.drop_output)
+
+    async def _take_scratch_image(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
+        if "namespace" in s.p.kinds:
+            s.image = self._scratch_image(s.p.merged.agent)
+            if s.image is not None:
+                undo.callback(os.close, s.image)  # nothing was written to it yet
+
+    async def _fork_held(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
+        kinds, user = s.p.kinds, s.p.user
         try:
-            held = supervisor.fork_held(
-                user, req.workdir, exit_path=self._store.exit_path(agent_id),
-                identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=held_stdio,
+            s.held = supervisor.fork_held(
+                user, s.req.workdir, exit_path=self._store.exit_path(s.agent_id),
+                identifier=safetext.AGENT_IDENTIFIER, unit=s.unit, stdio=s.held_stdio,
                 shell=_shared_shell() if "namespace" in kinds or kinds == ["none"] else None,
                 init=_shared_shell(init=True) if "namespace" in kinds else None,
-                hold=hold[1].fileno() if hold else None, image=image,
+                hold=s.hold[1].fileno() if s.hold else None, image=s.image,
             )
-        except BaseException:
-            if image is not None:
-                os.close(image)
-            if hold:
-                hold[0].close()
-            if clients is not None:
-                for fd in (out_r, out_w, err_r, err_w, *clients):
-                    if fd is not None:
-                        os.close(fd)
-            raise
         finally:
-            if hold:
-                hold[1].close()
-        if clients is not None:
-            assert held_stdio.kept is not None
-            for fd in (held_stdio.stdout, held_stdio.stderr):
+            if s.hold:
+                s.hold[1].close()
+        undo.callback(_reap_aborted, s.held)
+        if s.clients is not None:
+            # The child has the write ends; the copy owns the rest from here.
+            assert s.held_stdio.kept is not None
+            for fd in (s.held_stdio.stdout, s.held_stdio.stderr):
                 if fd is not None:
                     os.close(fd)
-            copy = output.OutputCopy(agent_id, unit, user.uid, user.gid, held_stdio.kept,
-                                     clients, zombie=held.pid)
-        holding = False
-        scratch_path = ""
-        scope_usec = 0
-        started: list[AgentFeature] = []
+            s.loose = []
+            s.copy = output.OutputCopy(s.agent_id, s.unit, user.uid, user.gid,
+                                       s.held_stdio.kept, s.clients, zombie=s.held.pid)
+
+    async def _start_scope(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
+        held, user, eff = s.required_held(), s.p.user, s.p.merged.agent
 
         async def start_scope() -> None:
-            nonlocal scope_usec
             t_scope = time.perf_counter()
             await self._systemd.start_scope(
-                unit, pids=[held.pid], slice_name=SLICE,
+                s.unit, pids=[held.pid], slice_name=SLICE,
                 description=safetext.description(
-                    f"leviath agent {agent_name} of {safetext.escape(user.name, 64)} ({agent_id})"
+                    f"leviath agent {s.p.agent_name} of {safetext.escape(user.name, 64)} "
+                    f"({s.agent_id})"
                 ),
                 limits=_limits(eff),
             )
-            scope_usec = int((time.perf_counter() - t_scope) * 1e6)
+            s.scope_usec = int((time.perf_counter() - t_scope) * 1e6)
 
         # The scope's job (systemd's share of a start, the longest single
         # wait) runs while the workdir is checked and the specs are built:
         # neither depends on it, and the held child runs nothing until it is
         # released below, inside the scope (issue 18).
-        scope = asyncio.ensure_future(start_scope())
+        s.scope = asyncio.ensure_future(start_scope())
+        undo.push_async_callback(self._stop_scope, s)
+
+    async def _check_and_plan(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
+        held, user = s.required_held(), s.p.user
         try:
-            try:
-                ok, detail = await _read_status(held)
-                if not ok:
-                    raise InvalidArgument(detail)
-                real_workdir = detail
-                # Again as resolved: a link in the user's home may lead to /etc.
-                refuse_system_workdir(real_workdir, user.home)
-                holding = hold is not None and _labelled_workdir(held)
-                # Specs look at the user's workdir (a worktree's git folders...).
-                steps = await self._in_worker(
-                    who.uid, self._specs, plan, kinds, user, req, real_workdir, agent_id,
-                    p.other_homes, lambda: granted.result(timeout=AUTH_PATIENCE))
-                polkit_usec = await auth
-            except BaseException as exc:
-                # The scope's start is over (either way) before the clean-up
-                # below stops it: a stop sent first would leave it behind.
-                scope_exc: BaseException | None = None
-                try:
-                    await scope
-                except Exception as failed:
-                    scope_exc = failed
-                except BaseException:
-                    pass
-                # A scope that failed kills what it held: then the held
-                # process "ended before it was ready" because of this.
-                if (scope_exc is not None and isinstance(exc, InvalidArgument)
-                        and str(exc) == supervisor.ENDED_EARLY):  # fmt: skip
+            ok, detail = await _read_status(held)
+            if not ok:
+                raise InvalidArgument(detail)
+            s.real_workdir = detail
+            # Again as resolved: a link in the user's home may lead to /etc.
+            refuse_system_workdir(s.real_workdir, user.home)
+            s.holding = s.hold is not None and _labelled_workdir(held)
+            # Specs look at the user's workdir (a worktree's git folders...).
+            s.steps = await self._in_worker(
+                s.who.uid, self._specs, s.p.plan, s.p.kinds, user, s.req, s.real_workdir,
+                s.agent_id, s.p.other_homes, lambda: s.granted.result(timeout=AUTH_PATIENCE))
+            s.polkit_usec = await s.auth
+        except InvalidArgument as exc:
+            # A scope that failed kills what it held: then the held process
+            # "ended before it was ready" because of this.
+            if str(exc) == supervisor.ENDED_EARLY:
+                scope_exc = await _outcome(s.required_scope())
+                if scope_exc is not None:
                     raise scope_exc from exc
-                raise
-            for _label, spec in steps:
-                if spec.kind == "namespace" and not scratch_path:
-                    scratch_path = scratch.create(spec)
-            rec = AgentRecord(
-                id=agent_id, uid=user.uid, user=user.name, agent=agent_name,
-                command=command or plan[-1][2], workdir=real_workdir, unit=unit,
-                sandbox="+".join(dict.fromkeys(kinds)), marks=marks,
-                reads_granted=len(eff.read_paths_granted),
-                reads_declared=len(eff.read_paths_declared),
-                supervisor_pid=held.pid, scratch=scratch_path, started_at=time.time(),
-                blueprint=(req.blueprint_source if req.blueprint_text is not None
-                           and req.blueprint_source.startswith("/") else ""),
-            )
-            # Without containers the steps are final here: the spec and the
-            # record (each written and fsynced, a few ms) are written while
-            # systemd's job still runs (issue 18), not after it.
-            early = "container" not in kinds
-            if early:
-                self._save_start(rec, [(label, spec.to_dict()) for label, spec in steps])
-            await scope
-            for feature in self.features:
-                # Its end undoes a start that fails from here on, its own
-                # included (agents/feature.py).
-                started.append(feature)
-                await feature.on_start(rec, merged, user)
-            # Containers are started once the scope exists (their cgroups sit
-            # below it) and after the hooks (whose folders they bind, such as
-            # the broker's). Steps with identical settings share one.
-            containers: set[str] = set()
-            for n, ((_label, step_eff, _argv), (label, spec)) in enumerate(
-                zip(plan, steps, strict=True)
-            ):
-                if spec.kind == "container":
-                    name = await container.ensure(
-                        agent_id, unit, spec, step_eff, units=self._systemd, started=containers,
-                        pinned_workdir=held.workdir_path(),
-                    )
-                    steps[n] = (label, container.with_container(spec, name))
-            spec_dicts = [(label, spec.to_dict()) for label, spec in steps]
-            if not early:
-                self._save_start(rec, spec_dicts)
-            try:
-                supervisor.release(held, spec_dicts, hold=holding)
-            except BrokenPipeError as exc:
-                # Gone since it said its workdir was fine: nothing of it runs,
-                # so nothing of it may stay (its record, scratch, scope).
-                raise Unavailable(supervisor.ENDED_EARLY) from exc
-        except BaseException:
-            if image is not None:
-                os.close(image)  # nothing was written to it yet
-            if hold:
-                hold[0].close()
-            if copy is not None:
-                copy.close()
-            held.abort()
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(held.pid, 0)
-            with contextlib.suppress(SystemdError, OSError):
-                await self._systemd.stop_unit(unit)
-            if started:
-                # The features started (or starting) undone, the last first.
-                await feature_calls.end(started[::-1], rec)
-            if scratch_path:
-                scratch.remove(scratch_path)
-            if "container" in kinds:
-                with _logged(f"agent {agent_id}: removing its container after a failed start"):
-                    await container.teardown(agent_id)
-            self._store.forget(agent_id)
             raise
+
+    async def _make_scratch(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
+        for _label, spec in s.steps:
+            if spec.kind == "namespace" and not s.scratch_path:
+                s.scratch_path = scratch.create(spec)
+                undo.callback(_quietly, f"agent {s.agent_id}: removing its scratch",
+                              scratch.remove, s.scratch_path)
+
+    async def _record(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
+        p, req, eff = s.p, s.req, s.p.merged.agent
+        s.rec = AgentRecord(
+            id=s.agent_id, uid=p.user.uid, user=p.user.name, agent=p.agent_name,
+            command=p.command or p.plan[-1][2], workdir=s.real_workdir, unit=s.unit,
+            sandbox="+".join(dict.fromkeys(p.kinds)), marks=p.marks,
+            reads_granted=len(eff.read_paths_granted),
+            reads_declared=len(eff.read_paths_declared),
+            supervisor_pid=s.required_held().pid, scratch=s.scratch_path,
+            started_at=time.time(),
+            blueprint=(req.blueprint_source if req.blueprint_text is not None
+                       and req.blueprint_source.startswith("/") else ""),
+        )
+        undo.callback(_quietly, f"agent {s.agent_id}: forgetting its record",
+                      self._store.forget, s.agent_id)
+        # Without containers the steps are final here: the spec and the
+        # record (each written and fsynced, a few ms) are written while
+        # systemd's job still runs (issue 18), not after it.
+        if "container" not in p.kinds:
+            self._save_start(s.rec, [(label, spec.to_dict()) for label, spec in s.steps])
+
+    async def _scope_ready(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
+        await s.required_scope()
+
+    async def _start_features(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
+        started: list[AgentFeature] = []
+
+        async def end_started() -> None:
+            # As at an agent's end: its scope is asked to stop first.
+            await self._stop_scope(s)
+            await feature_calls.end(started[::-1], s.required_rec())
+
+        undo.push_async_callback(end_started)
+        for feature in self.features:
+            # Its end undoes a start that fails from here on, its own
+            # included (agents/feature.py).
+            started.append(feature)
+            await feature.on_start(s.required_rec(), s.p.merged, s.p.user)
+
+    async def _start_containers(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
+        # Containers are started once the scope exists (their cgroups sit
+        # below it) and after the features (whose folders they bind, such as
+        # the broker's). Steps with identical settings share one.
+        if "container" not in s.p.kinds:
+            return
+
+        async def teardown() -> None:
+            with _logged(f"agent {s.agent_id}: removing its container after a failed start"):
+                await container.teardown(s.agent_id)
+
+        undo.push_async_callback(teardown)
+        containers: set[str] = set()
+        for n, ((_label, step_eff, _argv), (label, spec)) in enumerate(
+            zip(s.p.plan, s.steps, strict=True)
+        ):
+            if spec.kind == "container":
+                name = await container.ensure(
+                    s.agent_id, s.unit, spec, step_eff, units=self._systemd, started=containers,
+                    pinned_workdir=s.required_held().workdir_path(),
+                )
+                s.steps[n] = (label, container.with_container(spec, name))
+        self._save_start(s.required_rec(), [(label, spec.to_dict()) for label, spec in s.steps])
+
+    async def _release(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
+        spec_dicts = [(label, spec.to_dict()) for label, spec in s.steps]
+        try:
+            supervisor.release(s.required_held(), spec_dicts, hold=s.holding)
+        except BrokenPipeError as exc:
+            # Gone since it said its workdir was fine: nothing of it runs,
+            # so nothing of it may stay (its record, scratch, scope).
+            raise Unavailable(supervisor.ENDED_EARLY) from exc
+
+    async def _stop_scope(self, s: _Start) -> None:
+        """The undo of the scope, once however many steps ask: its start is
+        over (either way) before it is stopped, since a stop sent first
+        would leave it behind."""
+        if s.scope is None or s.scope_stopped:
+            return
+        s.scope_stopped = True
+        await _outcome(s.scope)
+        with contextlib.suppress(SystemdError, OSError):
+            await self._systemd.stop_unit(s.unit)
+
+    def _started(self, s: _Start, t0: float) -> AgentRecord:
+        """The start has held: what it took becomes the running agent's."""
+        rec, held, user, agent_id, unit = (s.required_rec(), s.required_held(), s.p.user,
+                                           s.agent_id, s.unit)
         self.records[agent_id] = rec
-        if image is not None:
-            self._images[agent_id] = image
-        if hold and holding:
+        if s.image is not None:
+            self._images[agent_id] = s.image
+        if s.hold and s.holding:
             task = asyncio.ensure_future(
-                fencehold.serve(hold[0], lambda pid: self._fence_ready(rec, pid)))
+                fencehold.serve(s.hold[0], lambda pid: self._fence_ready(rec, pid)))
             self._holds.add(task)
             task.add_done_callback(self._holds.discard)
-        elif hold:
-            hold[0].close()
-        kind = rec.sandbox
+        elif s.hold:
+            s.hold[0].close()
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
-        if copy is not None:
-            self._copies[agent_id] = copy
+        if s.copy is not None:
+            self._copies[agent_id] = s.copy
         self._await_handover(rec, held)
         self.usage.seed(rec.id, rec.unit, cgroup=f"/{SLICE}/{unit}")
         journal.record(
-            f"agent {agent_id} ({agent_name}) started for {user.name} in {unit}",
+            f"agent {agent_id} ({s.p.agent_name}) started for {user.name} in {unit}",
             LEVIATH_AGENT=agent_id, LEVIATH_USER=user.name, LEVIATH_UNIT=unit,
-            LEVIATH_SANDBOX=kind, LEVIATH_EVENT=Event.START, LEVIATH_SPAWN_USEC=spawn_usec,
-            LEVIATH_POLKIT_USEC=polkit_usec, LEVIATH_SCOPE_USEC=scope_usec,
+            LEVIATH_SANDBOX=rec.sandbox, LEVIATH_EVENT=Event.START,
+            LEVIATH_SPAWN_USEC=spawn_usec, LEVIATH_POLKIT_USEC=s.polkit_usec,
+            LEVIATH_SCOPE_USEC=s.scope_usec,
         )
         if rec.reads_declared and not rec.reads_granted:
             journal.record(
-                f"agent {agent_id} ({agent_name}) declares {rec.reads_declared} read paths and "
-                "the configuration grants none: reads outside the workdir will be refused",
+                f"agent {agent_id} ({s.p.agent_name}) declares {rec.reads_declared} read paths "
+                "and the configuration grants none: reads outside the workdir will be refused",
                 priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
                 LEVIATH_EVENT=Event.READS_NOT_GRANTED,
             )
-        self._signal_to[agent_id] = [who.sender]
-        self._on_started(agent_id, unit, user.uid, to=who.sender)
+        self._signal_to[agent_id] = [s.who.sender]
+        self._on_started(agent_id, unit, user.uid, to=s.who.sender)
         return rec
 
     def _save_start(
@@ -1266,6 +1358,53 @@ class Agents:
         follow = follow and rec.running
         argv = audit.query_argv(rec.id, rec.unit, follow=follow)
         return await self.readers.start(who, argv, agent_id=rec.id, follow=follow)
+
+
+_Step = Callable[[Agents, _Start, contextlib.AsyncExitStack], Awaitable[None]]
+
+# A start, step by step (after firewalld's add_fail and sandbox/spec._STEPS):
+# each takes one resource and registers its undo where it takes it, so a
+# new resource is one step here, its undo beside it. Their order is the
+# order they are taken in; a failure undoes the steps taken, the last first.
+_START_STEPS: tuple[tuple[str, _Step], ...] = (
+    ("fence hold", Agents._take_fence_hold),
+    ("output pipes", Agents._take_output_pipes),
+    ("scratch image", Agents._take_scratch_image),
+    ("held child", Agents._fork_held),
+    ("scope", Agents._start_scope),
+    ("workdir and specs", Agents._check_and_plan),
+    ("scratch", Agents._make_scratch),
+    ("record", Agents._record),
+    ("scope ready", Agents._scope_ready),
+    ("features", Agents._start_features),
+    ("containers", Agents._start_containers),
+    ("release", Agents._release),
+)
+
+
+def _quietly(what: str, fn: Callable[..., object], *args: object) -> None:
+    """An undo whose failure is logged: the start's own error is the one
+    the caller hears, and the other undos still run."""
+    with _logged(what):
+        fn(*args)
+
+
+def _reap_aborted(held: supervisor.Held) -> None:
+    held.abort()
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(held.pid, 0)
+
+
+async def _outcome(fut: asyncio.Future[None]) -> Exception | None:
+    """Waits for `fut` to be over; what it failed with (None: it did not,
+    or was cancelled)."""
+    try:
+        await fut
+    except Exception as failed:
+        return failed
+    except BaseException:
+        pass
+    return None
 
 
 def _settle(granted: concurrent.futures.Future[None], auth: asyncio.Future[int]) -> None:
