@@ -22,8 +22,10 @@ from leviathd.agents.feature import AgentFeature, Feature
 from leviathd.agents.request import RunInput
 from leviathd.authority import Caller, Right
 from leviathd.config.merge import Effective, MergeResult
+from leviathd.errors import Unavailable
 from leviathd.identity import UserInfo
 from leviathd.records import AgentRecord
+from leviathd.sandbox import supervisor
 from leviathd.sandbox.spec import SandboxSpec
 from tests.unit.test_agents_service import (
     StandInAuthority,
@@ -64,7 +66,8 @@ class Recording(Feature):
             raise OSError(f"{self.label} cannot end")
 
 
-def _start_with(tmp_path: Path, make: list[tuple[str, dict[str, bool]]]
+def _start_with(tmp_path: Path, make: list[tuple[str, dict[str, bool]]],
+                raises: type[Exception] = OSError, match: str = "C cannot start",
                 ) -> tuple[list[str], StandInSystemd, object]:
     systemd = StandInSystemd()
     grants = {RUNNER.uid: {Right.RUN, Right.RUN_UNSANDBOXED}}
@@ -73,7 +76,7 @@ def _start_with(tmp_path: Path, make: list[tuple[str, dict[str, bool]]]
     agents.use([Recording(label, log, systemd, **flags) for label, flags in make])
     # Kind none: a real held child and a real start, with no fence to build.
     req = RunInput(command=["true"], workdir=str(tmp_path), sandbox="none")
-    with pytest.raises(OSError, match="C cannot start"):
+    with pytest.raises(raises, match=match):
         asyncio.run(agents.run(RUNNER, req, _stdio()))
     return log, systemd, agents
 
@@ -106,6 +109,25 @@ def test_every_feature_shapes_the_spec_before_any_reads_the_settings(tmp_path: P
     passes = [e for e in log if e.split()[0] in ("shape", "effective")]
     assert passes == ["shape A", "shape B", "shape C",
                       "effective A", "effective B", "effective C"]
+
+
+def test_a_start_that_fails_at_its_release_undoes_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The held child gone after it said its workdir was fine: the last step
+    # fails, and the features, the record and the scope are all undone.
+    def gone(*_args: object, **_kw: object) -> None:
+        raise BrokenPipeError
+
+    monkeypatch.setattr(supervisor, "release", gone)
+    log, systemd, agents = _start_with(tmp_path, [("A", {}), ("B", {})],
+                                       raises=Unavailable, match=supervisor.ENDED_EARLY)
+    assert [e for e in log if e.split()[0] in ("start", "end")] == [
+        "start A", "start B", "end B", "end A"]
+    assert systemd.started and systemd.stopped == systemd.started
+    assert agents.records == {}  # type: ignore[attr-defined]
+    store = agents._store  # type: ignore[attr-defined]
+    assert [p.name for p in store.dir.iterdir() if p.suffix == ".json"] == []
 
 
 class Closing(Feature):
