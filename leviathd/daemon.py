@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -18,6 +17,7 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
 from leviathd import heap
+from leviathd.agents import feature as features
 from leviathd.agents.service import Agents
 from leviathd.bus import caller, polkit, writer
 from leviathd.bus.bounded import BoundedBus
@@ -159,23 +159,22 @@ async def serve() -> int:
         )
         log.error("%s", agents.config_problem)
     gate = GateService(agents, state_dir=state_dir())
-    gate.install()
-    credentials = CredentialService(agents, gate)
-    credentials.install()
-    proxy = ProxyService(agents, gate, state_dir=state_dir())
-    proxy.install()
-    engine_sockets = EngineSockService(agents, gate, state_dir=state_dir())
-    engine_sockets.install()
+    # The per-agent features (agents/feature.py), called in this order: the
+    # others use the gate's folder and broker, so it comes first.
+    agents.use([
+        gate,
+        CredentialService(agents, gate),
+        ProxyService(agents, gate, state_dir=state_dir()),
+        EngineSockService(agents, gate, state_dir=state_dir()),
+    ])
     iface = ManagerInterface(bus, agents)
     bus.export(OBJECT_PATH, iface)
     bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate))
     await agents.recover()
-    await gate.recover()
-    await credentials.recover()
-    await proxy.recover()
+    # The engine sockets' in the background: podman's API service may take
+    # seconds to start, and is not in the way of READY.
+    recoveries = await features.recover(agents.features)
     maintenance = asyncio.get_running_loop().create_task(agents.maintain())
-    # podman's API service may take seconds to start: not in the way of READY.
-    engine_recovery = asyncio.get_running_loop().create_task(engine_sockets.recover())
 
     if not await own_name(bus):
         log.error("could not own %s: is another leviathd running?", BUS_NAME)
@@ -223,13 +222,10 @@ async def serve() -> int:
     maintenance.cancel()
     watcher.close()
     rules_watcher.close()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(gate.close(), timeout=5)
-        await asyncio.wait_for(credentials.close(), timeout=5)
-        await asyncio.wait_for(proxy.close(), timeout=5)
-    engine_recovery.cancel()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(engine_sockets.close(), timeout=12)
+    for recovery in recoveries:
+        recovery.cancel()
+    # Each one closed, whichever failed before it (failures are logged).
+    await features.close(agents.features)
     bus.disconnect()
     return EXIT_BUS_LOST if lost else 0
 

@@ -489,7 +489,7 @@ class Broker:
     def _labelled(self, label: Sensitivity) -> None:
         """The watch labelled a file (or lost events) at `label`: the
         workdir keeps the mark, so the next agent there is watched from its
-        start (agents/service.py, _labelled_workdir)."""
+        start (agents/start.py, _labelled_workdir)."""
         if label <= Sensitivity.INTERNAL:
             return
         with contextlib.suppress(RuntimeError):

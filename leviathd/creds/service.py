@@ -1,12 +1,12 @@
 """What an agent's sandbox gets for its credentials of kind git, cli and ssh.
 
-- a spec extension (with the step's effective settings): the folder of
+- its spec extension (with the step's effective settings): the folder of
   helper programs (`bin` in the agent's socket folder, /run/leviath/bin in
   a namespace sandbox) first on PATH; git's configuration, through
   GIT_CONFIG_COUNT/KEY/VALUE variables (no file of the user's is written),
   making the helper git's only credential helper for the covered hosts; and
   SSH_AUTH_SOCK when an ssh credential exists (creds/sshagent.py);
-- a start hook (after the gate's, which makes the folder): the programs,
+- its start (after the gate's, which makes the folder): the programs,
   root's, 0755 (they hold no secret: each asks the broker).
 
 A container agent gets none of it (its image has neither `lev`'s Python nor
@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from leviathd import fsat
+from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.broker.core import Broker
 from leviathd.config.merge import Effective, MergeResult
@@ -99,18 +100,13 @@ def programs(credentials: Mapping[str, Any], inside: Iterable[str] = ()) -> dict
     return files
 
 
-class CredentialService:
+class CredentialService(Feature):
     def __init__(self, agents: Agents, gate: GateService) -> None:
         self._agents = agents
         self._gate = gate
         self.ssh: dict[str, SSHAgentServer] = {}
 
-    def install(self) -> None:
-        self._agents.effective_spec_extensions.append(self.extend_spec)
-        self._agents.start_hooks.append(self.on_start)
-        self._agents.end_hooks.append(self.on_end)
-
-    def extend_spec(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
+    def extend_effective(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
         creds = dict(eff.credentials)
         wanted = programs(creds, egress.inside(creds) if egress.applies(spec) else ())
         ssh = bool(_of_kind(creds, "ssh"))

@@ -1,16 +1,16 @@
 """The tool gate inside the daemon: one broker per running agent.
 
-`GateService.install(agents)` hooks it into the agent life cycle:
+`GateService` is the first of the agents' features (agents/feature.py):
 
-- a spec extension binds the agent's own socket folder
+- its spec extension binds the agent's own socket folder
   `$LEVIATH_RUNTIME_DIR/agents/<id>/` read-only at `/run/leviath` in a
   namespace sandbox (the socket is `/run/leviath/broker.sock` there) and sets
   `LEVIATH_BROKER` (for kind none: the host path of the socket);
-- a start hook creates the folder (root's, group the agent's user's primary
+- its start creates the folder (root's, group the agent's user's primary
   group, 0750: see `_prepare_folder`), the
   Broker and its BrokerServer from the merged effective settings, and keeps a
   snapshot of those settings in `$LEVIATH_STATE_DIR/gate/<id>.json`;
-- an end hook closes both and removes the folder and the snapshot.
+- its end closes both and removes the folder and the snapshot.
 
 `recover()` re-creates the brokers of agents adopted after a daemon restart
 from their snapshots: an agent keeps the policy it started with, restart or
@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from leviathd import fsat
+from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord, Broker
@@ -103,7 +104,10 @@ class _Live:
     server: BrokerServer
 
 
-class GateService:
+class GateService(Feature):
+    # A namespace fence in a labelled workdir waits for the broker's marks.
+    holds_fence = True
+
     def __init__(self, agents: Agents, *, state_dir: str) -> None:
         self._agents = agents
         self._store = RecordStore(state_dir)
@@ -116,12 +120,6 @@ class GateService:
         self._vouched: set[int] = set()
         # One lane per user for rule evaluation (broker/rulelane.py).
         self._lanes = Lanes()
-
-    def install(self) -> None:
-        self._agents.spec_extensions.append(self.extend_spec)
-        self._agents.start_hooks.append(self.on_start)
-        self._agents.end_hooks.append(self.on_end)
-        self._agents.fence_hooks.append(self.on_fence)
 
     # -- what the agent sees ----------------------------------------------
 

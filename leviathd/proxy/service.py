@@ -1,15 +1,15 @@
 """`network = "proxy"` in the agent life cycle.
 
-- A spec extension sets the proxy variables (HTTP_PROXY, HTTPS_PROXY,
+- Its spec extension sets the proxy variables (HTTP_PROXY, HTTPS_PROXY,
   ALL_PROXY, NO_PROXY and their lowercase forms; git's http.proxy through
   GIT_CONFIG_*) in a proxied step's environment. The launcher starts the
   forwarder (leviathd/sandbox/forwarder.py) for such a step.
-- A start hook, after the gate's (the proxy reads the gate's live ledger and
+- Its start, after the gate's (the proxy reads the gate's live ledger and
   approval queue for the agent), opens `proxy.sock` in the agent's runtime
   folder when any step of the agent is proxied, and keeps its settings in
   `$LEVIATH_STATE_DIR/proxy/<id>.json`, so `recover()` serves an adopted
   agent with the policy it started with after a daemon restart.
-- An end hook closes it.
+- Its end closes it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import syslog
 from dataclasses import replace
 
 from leviathd import fsat
+from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord
@@ -74,7 +75,7 @@ def _proxied(merged: MergeResult) -> bool:
     return any(e.network == "proxy" for e in (merged.agent, *merged.stages.values()))
 
 
-class ProxyService:
+class ProxyService(Feature):
     def __init__(self, agents: Agents, gate: GateService, *, state_dir: str) -> None:
         self._agents = agents
         self._gate = gate
@@ -82,14 +83,6 @@ class ProxyService:
         self.live: dict[str, ProxyServer] = {}
         # Per agent: the key its placeholders derive from (issue 30).
         self._keys: dict[str, bytes] = {}
-
-    def install(self) -> None:
-        """After gate.install(): the hooks run in order, the gate's first."""
-        self._agents.spec_extensions.append(self.extend_spec)
-        self._agents.effective_spec_extensions.append(self.extend_egress)
-        self._agents.start_hooks.append(self.on_start)
-        self._agents.end_hooks.append(self.on_end)
-        self._agents.handover_hooks.append(self.on_handover)
 
     def on_handover(self, rec: AgentRecord) -> None:
         """The agent's PID 1 runs with no relay beside it (namespace.start):
@@ -117,7 +110,9 @@ class ProxyService:
             key = self._keys[agent_id] = secrets.token_bytes(32)
         return key
 
-    def extend_egress(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
+    def extend_effective(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
+        """The credentials injected at the egress (after the gate's, in the
+        features' order)."""
         if not egress.injected(dict(eff.credentials)):
             return spec
         if not egress.applies(spec):

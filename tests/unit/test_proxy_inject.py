@@ -376,7 +376,7 @@ def test_a_container_gets_the_injection_and_kind_none_says_why_not() -> None:
                             why="broker"))})
     assert egress.applies(spec)
     # No "not offered" note from the credential helper's side for what is injected.
-    assert CredentialService.extend_spec(None, spec, eff) is spec  # type: ignore[arg-type]
+    assert CredentialService.extend_effective(None, spec, eff) is spec  # type: ignore[arg-type]
     out = egress.extend_env(spec, eff, KEY)
     assert out.env["GH_TOKEN"] == inject.placeholder(KEY, "api")
     assert all(out.env[v] == "/run/leviath/ca-bundle.pem" for v in egress.TRUST_VARIABLES)
