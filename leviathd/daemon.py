@@ -19,11 +19,12 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 
 from leviathd import heap
 from leviathd.agents.service import Agents
-from leviathd.bus import caller, polkit, writer
+from leviathd.bus import caller, writer
 from leviathd.bus.bounded import BoundedBus
 from leviathd.bus.caller_watch import BusCallerWatch
 from leviathd.bus.compat import many_fds
 from leviathd.bus.manager_iface import ManagerInterface
+from leviathd.bus.method import ServedAuthority
 from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
 from leviathd.config import load as config_load
@@ -120,7 +121,9 @@ async def serve() -> int:
 
     agents = Agents(
         BusCallerWatch(bus), systemd, store,
-        authority=polkit.PolkitAuthority(bus),
+        # The Authority of the bus call being served, limited to what its
+        # method declares (bus/method.py).
+        authority=ServedAuthority(),
         machine_config_path=str(machine_config_path()),
         scratch_dir_default=os.path.join(state_dir(), "scratch"),
         on_started=started, on_ended=ended,

@@ -1,6 +1,7 @@
 """org.leviath.Policy1 (on /org/leviath/Manager1): approvals of held tool
-calls and the machine-wide allowlist. Identity comes from the bus, decisions
-from polkit and the gate service."""
+calls and the machine-wide allowlist. Each method is handed its caller, from
+the bus, and an Authority limited to the rights it declares (bus/method.py);
+decisions come from polkit through it and from the gate service."""
 
 import asyncio
 from pathlib import Path
@@ -11,8 +12,8 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface
 
 from leviathd.agents.service import Agents
-from leviathd.bus import bounds, names, polkit
-from leviathd.bus import caller as bus_caller
+from leviathd.authority import Call, Right
+from leviathd.bus import bounds, names
 from leviathd.bus.compat import DBusSignature, dbus_signal
 from leviathd.bus.method import bus_method
 from leviathd.config.edit import add_machine_rule, append_rule, machine_write_target
@@ -69,43 +70,43 @@ class PolicyInterface(ServiceInterface):
         rec = self._agents.records.get(agent_id)
         return rec.user if rec is not None else ""
 
-    @bus_method(asks=(names.ACTION_ANSWER_ANY,))
-    async def ListApprovals(self) -> VarDictList:
+    @bus_method(asks=(Right.ANSWER_ANY,))
+    async def ListApprovals(self, call: Call) -> VarDictList:
         """Pending approvals of the caller's agents (everyone's with
         org.leviath.approval.answer-any)."""
-        who = await bus_caller.current(self._bus)
-        everyone = await polkit.is_authorized(self._bus, who, names.ACTION_ANSWER_ANY)
+        who = call.who
+        everyone = await call.authority.allowed(who, Right.ANSWER_ANY)
         return [request_to_variants(r, self._user(r.agent_id))
                 for r in self._gate.pending(None if everyone else who.uid)]
 
-    @bus_method(asks=(names.ACTION_ANSWER_ANY,))
-    async def Answer(self, request_id: Str, answer: Str) -> None:
+    @bus_method(asks=(Right.ANSWER_ANY,))
+    async def Answer(self, call: Call, request_id: Str, answer: Str) -> None:
         """Answer a held call: once, session or deny. The agent's owner may;
         anyone else needs org.leviath.approval.answer-any (without it the
         request does not exist for them)."""
         request_id = bounds.request_id(request_id)
         answer = bounds.text(answer, 16, "answer")
-        who = await bus_caller.current(self._bus)
+        who = call.who
         parsed = Answer.parse(answer)
         req = self._gate.find(request_id)
         if req is None:
             raise NotFound(f"no pending approval {request_id!r}")
         admin = False
         if req.owner_uid != who.uid:
-            admin = await polkit.is_authorized(self._bus, who, names.ACTION_ANSWER_ANY)
+            admin = await call.authority.allowed(who, Right.ANSWER_ANY)
             if not admin:
                 raise NotFound(f"no pending approval {request_id!r}")
         self._gate.answer(request_id, parsed, who.uid, admin=admin)
 
-    @bus_method(needs=names.ACTION_CONFIG_MANAGE, what="change the machine-wide tool policy")
-    async def PolicyAdd(self, tool: Str, target: Str, max_sensitivity: Str) -> Str:
+    @bus_method(needs=Right.CONFIG_MANAGE, what="change the machine-wide tool policy")
+    async def PolicyAdd(self, call: Call, tool: Str, target: Str, max_sensitivity: Str) -> Str:
         """Append an [[allowlist]] rule to the machine config (needs
         org.leviath.config.manage). The file is parsed before it atomically
         replaces the old one; the next run uses it. Returns the file's path."""
         tool = bounds.text(tool, 64, "tool")
         target = bounds.text(target, MAX_TARGET, "target")
         max_sensitivity = bounds.text(max_sensitivity, 32, "sensitivity")
-        who = await bus_caller.current(self._bus)
+        who = call.who
         level = Sensitivity.parse(max_sensitivity)
         if not target or "\0" in target or "\n" in target:
             raise InvalidArgument("target must be a non-empty single-line glob")
@@ -125,8 +126,8 @@ class PolicyInterface(ServiceInterface):
         )
         return str(real)
 
-    @bus_method(needs=names.ACTION_CONFIG_MANAGE, what="change the machine-wide tool policy")
-    async def RuleAdd(self, name: Str, when: Str, decision: Str, reason: Str) -> Str:
+    @bus_method(needs=Right.CONFIG_MANAGE, what="change the machine-wide tool policy")
+    async def RuleAdd(self, call: Call, name: Str, when: Str, decision: Str, reason: Str) -> Str:
         """Append a machine [[rules]] policy rule to
         /etc/leviath/rules.d/50-lev-policy-add.toml (needs
         org.leviath.config.manage). Checked with the machine config and every
@@ -136,7 +137,7 @@ class PolicyInterface(ServiceInterface):
         when = bounds.text(when, MAX_RULE, "when")
         decision = bounds.text(decision, 8, "decision")
         reason = bounds.text(reason, 200, "reason")
-        who = await bus_caller.current(self._bus)
+        who = call.who
         if decision not in ("allow", "deny", "ask"):
             raise InvalidArgument("decision must be allow, deny or ask")
         path = Path(machine_config_path())
@@ -154,16 +155,14 @@ class PolicyInterface(ServiceInterface):
         )
         return str(where)
 
-    @bus_method(asks=(names.ACTION_CONFIG_MANAGE, names.ACTION_RUN))
-    async def PolicyList(self) -> VarDictList:
+    @bus_method(asks=(Right.CONFIG_MANAGE, Right.RUN))
+    async def PolicyList(self, call: Call) -> VarDictList:
         """The machine config's allowlist rules as in force. The file may be
         0600: the rules are for whoever they apply to, that is admins and
         people who may run agents (every rule applies to every agent), and
         nobody else."""
-        who = await bus_caller.current(self._bus)
-        if not await polkit.is_authorized(self._bus, who, names.ACTION_CONFIG_MANAGE):
-            await polkit.require(self._bus, who, names.ACTION_RUN,
-                                 "read the tool policy")
+        if not await call.authority.allowed(call.who, Right.CONFIG_MANAGE):
+            await call.authority.require(call.who, Right.RUN, "read the tool policy")
         return [
             {"tool": Variant("s", r.tool), "target": Variant("s", r.target),
              "max_sensitivity": Variant("s", str(r.max_sensitivity)),
