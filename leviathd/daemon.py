@@ -28,11 +28,13 @@ from leviathd.bus.method import ServedAuthority
 from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
 from leviathd.config import load as config_load
+from leviathd.config.machine_policy import MachinePolicy
 from leviathd.config.watch import ConfigWatcher
 from leviathd.creds.service import CredentialService
 from leviathd.enginesock.service import EngineSockService
 from leviathd.errors import ConfigError, LeviathError
 from leviathd.events import Event
+from leviathd.gate.answers import Answers
 from leviathd.gate.service import GateService
 from leviathd.paths import machine_config_path, state_dir
 from leviathd.proxy.service import ProxyService
@@ -171,7 +173,9 @@ async def serve() -> int:
     engine_sockets.install()
     iface = ManagerInterface(bus, agents)
     bus.export(OBJECT_PATH, iface)
-    bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate))
+    machine_policy = MachinePolicy(machine_config_path(), lambda: agents.machine_config,
+                                   agents.load_machine_config)
+    bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate, Answers(gate), machine_policy))
     await agents.recover()
     await gate.recover()
     await credentials.recover()
