@@ -29,6 +29,7 @@ from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
 from leviathd.config import load as config_load
 from leviathd.config.machine_policy import MachinePolicy
+from leviathd.config.reload import Cause, Reloads
 from leviathd.config.watch import ConfigWatcher
 from leviathd.creds.service import CredentialService
 from leviathd.enginesock.service import EngineSockService
@@ -132,16 +133,12 @@ async def serve() -> int:
     )
     agents.podman_only = not systemd_booted
 
+    # Every reload, whatever asked for it, goes this one way (config/reload.py).
+    reloads = Reloads(agents.load_machine_config, str(machine_config_path()))
+
     def on_file_change() -> None:
-        try:
-            agents.load_machine_config()
-            journal.record(f"{machine_config_path()} changed: reloaded", LEVIATH_EVENT=Event.RELOAD)
-        except LeviathError as exc:
-            journal.record(
-                f"{machine_config_path()} changed but does not load; the old configuration "
-                f"stays in force: {exc}",
-                priority=syslog.LOG_ERR, LEVIATH_EVENT=Event.RELOAD_FAILED,
-            )
+        with contextlib.suppress(LeviathError):  # said in the journal
+            reloads.reload(Cause.FILE)
 
     # Watching before the read and long before READY=1: an edit made the
     # moment `systemctl restart` returns is then seen, by the read or the watch.
@@ -171,10 +168,9 @@ async def serve() -> int:
     proxy.install()
     engine_sockets = EngineSockService(agents, gate, state_dir=state_dir())
     engine_sockets.install()
-    iface = ManagerInterface(bus, agents)
+    iface = ManagerInterface(bus, agents, reloads)
     bus.export(OBJECT_PATH, iface)
-    machine_policy = MachinePolicy(machine_config_path(), lambda: agents.machine_config,
-                                   agents.load_machine_config)
+    machine_policy = MachinePolicy(machine_config_path(), lambda: agents.machine_config, reloads)
     bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate, Answers(gate), machine_policy))
     await agents.recover()
     await gate.recover()
@@ -199,11 +195,8 @@ async def serve() -> int:
 
     def on_hup() -> None:
         notify.reloading()
-        try:
-            agents.load_machine_config()
-            log.info("configuration reloaded")
-        except LeviathError as exc:
-            log.error("configuration not reloaded, the old one stays in force: %s", exc)
+        with contextlib.suppress(LeviathError):  # said in the journal
+            reloads.reload(Cause.SIGNAL)
         if agents.config_problem:
             notify.ready(f"NOT STARTING AGENTS: {agents.config_problem}"[:400])
         else:

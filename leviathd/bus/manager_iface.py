@@ -1,5 +1,5 @@
 """org.leviath.Manager1: the control API. It only translates between the bus
-and `leviathd.agents.service.Agents`; each
+and `leviathd.agents.service.Agents` (and `config/reload.py` for Reload); each
 method is handed its caller, from the bus, and an Authority limited to the
 rights it declares, which is the one `Agents` asks (bus/method.py)."""
 
@@ -21,6 +21,7 @@ from leviathd.bus import bounds
 from leviathd.bus.compat import DBusSignature, dbus_property, dbus_signal
 from leviathd.bus.method import bus_method
 from leviathd.bus.names import MANAGER_IFACE
+from leviathd.config.reload import Cause, Reloads
 from leviathd.errors import InvalidArgument
 from leviathd.records import AgentRecord
 from leviathd.sandbox.supervisor import Stdio
@@ -109,10 +110,11 @@ def _parse_request(request: dict[str, Any]) -> RunInput:
 
 
 class ManagerInterface(ServiceInterface):
-    def __init__(self, bus: MessageBus, agents: Agents) -> None:
+    def __init__(self, bus: MessageBus, agents: Agents, reloads: Reloads) -> None:
         super().__init__(MANAGER_IFACE)
         self._bus = bus
         self._agents = agents
+        self._reloads = reloads
 
     @bus_method(asks=(Right.RUN, Right.RUN_UNSANDBOXED))
     async def Run(self, call: Call, request: VarDict) -> IdAndUnit:
@@ -215,7 +217,7 @@ class ManagerInterface(ServiceInterface):
     @bus_method(needs=Right.CONFIG_MANAGE, what="reload the configuration")
     async def Reload(self, call: Call) -> None:
         """Re-read /etc/leviath/config.toml (org.leviath.config.manage)."""
-        await self._agents.reload()
+        self._reloads.reload(Cause.BUS, by_uid=call.who.uid)
 
     @dbus_signal()
     def AgentStarted(

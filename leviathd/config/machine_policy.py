@@ -15,6 +15,7 @@ from pathlib import Path
 from leviathd.authority import Call, Right
 from leviathd.config.edit import add_machine_rule, append_rule, machine_write_target
 from leviathd.config.models import Config
+from leviathd.config.reload import Cause, Reloads
 from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import checked_tool_name
@@ -26,11 +27,10 @@ DECISIONS = ("allow", "deny", "ask")
 
 
 class MachinePolicy:
-    def __init__(self, path: Path, in_force: Callable[[], Config],
-                 reload: Callable[[], None]) -> None:
+    def __init__(self, path: Path, in_force: Callable[[], Config], reloads: Reloads) -> None:
         self._path = path
         self._in_force = in_force
-        self._reload = reload
+        self._reloads = reloads
         # Two writers must not lose each other's rule.
         self._lock = asyncio.Lock()
 
@@ -46,7 +46,7 @@ class MachinePolicy:
                 await asyncio.to_thread(append_rule, real, tool, target, level)
             except OSError as exc:
                 raise InvalidArgument(f"cannot write {real}: {exc.strerror}") from None
-            self._reload()
+            self._reloads.reload(Cause.POLICY_ADD, by_uid=call.who.uid)
         journal.record(
             f"allowlist rule added to {real} by uid {call.who.uid}: {tool} {target!r} "
             f"up to {level}",
@@ -66,7 +66,7 @@ class MachinePolicy:
                                                 decision, reason)
             except OSError as exc:
                 raise InvalidArgument(f"cannot write the rule: {exc.strerror}") from None
-            self._reload()
+            self._reloads.reload(Cause.RULE_ADD, by_uid=call.who.uid)
         journal.record(
             f"policy rule {name!r} ({decision}) added to {where} by uid {call.who.uid}",
             LEVIATH_EVENT=Event.RULE_ADD, LEVIATH_BY_UID=call.who.uid,
