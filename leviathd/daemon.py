@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -19,19 +20,23 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 from leviathd import heap
 from leviathd.agents import feature as features
 from leviathd.agents.service import Agents
-from leviathd.bus import caller, polkit, writer
+from leviathd.bus import caller, writer
 from leviathd.bus.bounded import BoundedBus
 from leviathd.bus.caller_watch import BusCallerWatch
 from leviathd.bus.compat import many_fds
 from leviathd.bus.manager_iface import ManagerInterface
+from leviathd.bus.method import ServedAuthority
 from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
 from leviathd.config import load as config_load
+from leviathd.config.machine_policy import MachinePolicy
+from leviathd.config.reload import Cause, Reloads
 from leviathd.config.watch import ConfigWatcher
 from leviathd.creds.service import CredentialService
 from leviathd.enginesock.service import EngineSockService
 from leviathd.errors import ConfigError, LeviathError
 from leviathd.events import Event
+from leviathd.gate.answers import Answers
 from leviathd.gate.service import GateService
 from leviathd.paths import machine_config_path, state_dir
 from leviathd.proxy.service import ProxyService
@@ -120,23 +125,21 @@ async def serve() -> int:
 
     agents = Agents(
         BusCallerWatch(bus), systemd, store,
-        authority=polkit.PolkitAuthority(bus),
+        # The Authority of the bus call being served, limited to what its
+        # method declares (bus/method.py).
+        authority=ServedAuthority(),
         machine_config_path=str(machine_config_path()),
         scratch_dir_default=os.path.join(state_dir(), "scratch"),
         on_started=started, on_ended=ended,
     )
     agents.podman_only = not systemd_booted
 
+    # Every reload, whatever asked for it, goes this one way (config/reload.py).
+    reloads = Reloads(agents.load_machine_config, str(machine_config_path()))
+
     def on_file_change() -> None:
-        try:
-            agents.load_machine_config()
-            journal.record(f"{machine_config_path()} changed: reloaded", LEVIATH_EVENT=Event.RELOAD)
-        except LeviathError as exc:
-            journal.record(
-                f"{machine_config_path()} changed but does not load; the old configuration "
-                f"stays in force: {exc}",
-                priority=syslog.LOG_ERR, LEVIATH_EVENT=Event.RELOAD_FAILED,
-            )
+        with contextlib.suppress(LeviathError):  # said in the journal
+            reloads.reload(Cause.FILE)
 
     # Watching before the read and long before READY=1: an edit made the
     # moment `systemctl restart` returns is then seen, by the read or the watch.
@@ -167,9 +170,10 @@ async def serve() -> int:
         ProxyService(agents, gate, state_dir=state_dir()),
         EngineSockService(agents, gate, state_dir=state_dir()),
     ])
-    iface = ManagerInterface(bus, agents)
+    iface = ManagerInterface(bus, agents, reloads)
     bus.export(OBJECT_PATH, iface)
-    bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate))
+    machine_policy = MachinePolicy(machine_config_path(), lambda: agents.machine_config, reloads)
+    bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate, Answers(gate), machine_policy))
     await agents.recover()
     # The engine sockets' in the background: podman's API service may take
     # seconds to start, and is not in the way of READY.
@@ -191,11 +195,8 @@ async def serve() -> int:
 
     def on_hup() -> None:
         notify.reloading()
-        try:
-            agents.load_machine_config()
-            log.info("configuration reloaded")
-        except LeviathError as exc:
-            log.error("configuration not reloaded, the old one stays in force: %s", exc)
+        with contextlib.suppress(LeviathError):  # said in the journal
+            reloads.reload(Cause.SIGNAL)
         if agents.config_problem:
             notify.ready(f"NOT STARTING AGENTS: {agents.config_problem}"[:400])
         else:

@@ -150,11 +150,6 @@ class AgentsBase:
         image_pins.reload({(str(ms.engine or DEFAULT_ENGINE), ms.image)}
                           if ms is not None and ms.image else set())
 
-    async def reload(self) -> None:
-        """The bus edge has checked org.leviath.config.manage."""
-        self.load_machine_config()
-        journal.record("configuration reloaded", LEVIATH_EVENT=Event.RELOAD)
-
     def user_config(self, user: UserInfo) -> Config | None:
         path = os.path.join(user.home, ".config", "leviath", "config.toml")
         try:

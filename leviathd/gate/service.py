@@ -115,9 +115,6 @@ class GateService(Feature):
         self.live: dict[str, _Live] = {}
         # Called with each new approval request (the bus layer emits a signal).
         self.on_approval_requested: list[Callable[[PendingRequest], None]] = []
-        # uids a bus method has just checked with polkit (answer-any); only
-        # ever set and cleared within one synchronous call, see answer().
-        self._vouched: set[int] = set()
         # One lane per user for rule evaluation (broker/rulelane.py).
         self._lanes = Lanes()
 
@@ -237,7 +234,6 @@ class GateService(Feature):
         _prepare_folder(rec.id, user)
         approvals = ApprovalQueue(
             agent_id=rec.id, owner_uid=rec.uid, timeout=settings.approval_timeout,
-            is_admin=self._vouched.__contains__,
             on_request=self._requested, on_resolved=self._resolved,
         )
         broker = Broker(
@@ -357,19 +353,12 @@ class GateService(Feature):
         return None
 
     def answer(self, request_id: str, answer: Answer, by_uid: int, *, admin: bool) -> None:
-        """`admin`: the caller holds org.leviath.approval.answer-any (checked
-        by the bus layer with polkit, which is asynchronous; the queue's own
-        check is synchronous, so the uid is vouched for during this call)."""
+        """`admin`: the caller holds org.leviath.approval.answer-any (asked
+        by gate/answers.py through the call's Authority)."""
         req = self.find(request_id)
         if req is None:
             raise NotFound(f"no pending approval {request_id!r}")
-        live = self.live[req.agent_id]
-        if admin:
-            self._vouched.add(by_uid)
-        try:
-            live.broker.approvals.answer(request_id, answer, by_uid)
-        finally:
-            self._vouched.discard(by_uid)
+        self.live[req.agent_id].broker.approvals.answer(request_id, answer, by_uid, admin=admin)
 
     # -- the shell tool -------------------------------------------------------
 
