@@ -47,6 +47,11 @@ class Outcome:
 # the ref updates in words.
 AskPush = Callable[[str, list[str]], Awaitable[bool]]
 ReadSecret = Callable[[str], Awaitable[str]]
+# A request the daemon answers itself (proxy/azure.py: the agent's sign-in):
+# (host, port, the request, the agent's stream for its body) -> (the answer,
+# the credential it stood for), or None to go on upstream.
+LocalAnswer = Callable[[str, int, inject.Request, asyncio.StreamReader],
+                       Awaitable[tuple[bytes, str] | None]]
 
 
 def client_context() -> ssl.SSLContext:
@@ -124,6 +129,7 @@ async def intercept(
     agent: socket.socket, up: socket.socket,
     *, host: str, port: int, ca: AgentCA, injections: Sequence[inject.Injection],
     secret: ReadSecret, ask_push: AskPush, upstream: ssl.SSLContext,
+    local: LocalAnswer | None = None,
 ) -> Outcome:
     """Serve one intercepted CONNECT (the 200 already sent) on the agent's
     socket (this takes it). `up` is the connected TCP socket to the checked
@@ -142,7 +148,7 @@ async def intercept(
     try:
         return await _serve(reader, writer, up, out, host=host, port=port,
                             injections=injections, secret=secret, ask_push=ask_push,
-                            upstream=upstream)
+                            upstream=upstream, local=local)
     finally:
         writer.close()
 
@@ -151,6 +157,7 @@ async def _serve(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: socket.socket,
     out: Outcome, *, host: str, port: int, injections: Sequence[inject.Injection],
     secret: ReadSecret, ask_push: AskPush, upstream: ssl.SSLContext,
+    local: LocalAnswer | None = None,
 ) -> Outcome:
     try:
         raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
@@ -161,8 +168,16 @@ async def _serve(
         req = inject.parse_head(raw[:-4])
         out.method, out.path = req.method, req.path[:300]
         early = b""
-        applies = [i for i in injections if i.kind != "git" or not req.push
-                   or "push" in i.access]
+        answered = await local(host, port, req, reader) if local is not None else None
+        if answered is not None:
+            out.used = [answered[1]]
+            writer.write(answered[0])
+            await writer.drain()
+            out.received = len(answered[0])
+            return out
+        # An intercept-only entry (the azure authority's) never gets a secret.
+        applies = [i for i in injections if i.kind not in inject.INTERCEPT_ONLY
+                   and (i.kind != "git" or not req.push or "push" in i.access)]
         if req.push and req.method == "POST":
             updates, early = await asyncio.wait_for(_push_commands(reader, req), TIMEOUT)
             out.refs = [u.text() for u in updates]
