@@ -76,6 +76,8 @@ def injections(name: str, *, hosts: Sequence[str], authority: str, tenant: str,
                               placeholder=token_placeholder(key, name, tenant=tenant,
                                                             client_id=client_id),
                               header="Authorization", value="Bearer {secret}")
+    # The authority's entry carries the app in `username` and the tenant in
+    # `access` (Injection's fields, so the proxy's snapshot keeps them as is).
     login = inject.Injection(name=name, kind=LOGIN_KIND, hosts=(authority.lower(),),
                              placeholder=inject.placeholder(key, name), header="",
                              value="", username=client_id, access=(tenant,))
@@ -356,8 +358,13 @@ class AzureEgress:
             if cached is not None and cached[1] > self.now():
                 return cached[0]
             secret = inject.check_secret(await self.secret(name))
-            token, lifetime = await fetch_token(self.principal(name), secret,
-                                                connect=self.connect, upstream=self.upstream)
+            p = self.principal(name)
+            try:
+                token, lifetime = await fetch_token(p, secret, connect=self.connect,
+                                                    upstream=self.upstream)
+            except TimeoutError:
+                raise ValueError(f"the authority {p.authority} did not answer within "
+                                 f"{TIMEOUT:.0f} s") from None
             if lifetime > MARGIN:
                 self._tokens[name] = (token, self.now() + lifetime - MARGIN)
             return token

@@ -444,7 +444,8 @@ class ProxyServer:
         what = f"{out.method} {out.path}" + (f" refs {', '.join(out.refs)}" if out.refs else "")
         if out.used:
             self._record(conn, "allow", "credential " + ",".join(out.used),
-                         f"{what}; injected; sent {out.sent} bytes, received "
+                         f"{what}; {'answered by leviathd' if out.answered else 'injected'}; "
+                         f"sent {out.sent} bytes, received "
                          f"{out.received} bytes")
         else:
             self._record(conn, "deny" if out.refused else "allow", "credential-not-injected",

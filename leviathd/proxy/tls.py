@@ -41,6 +41,7 @@ class Outcome:
     refused: str = ""
     sent: int = 0
     received: int = 0
+    answered: bool = False  # by the daemon itself (LocalAnswer): nothing went upstream
 
 
 # Answers a push: True to let it through. Arguments: the repository URL and
@@ -170,7 +171,7 @@ async def _serve(
         early = b""
         answered = await local(host, port, req, reader) if local is not None else None
         if answered is not None:
-            out.used = [answered[1]]
+            out.used, out.answered = [answered[1]], True
             writer.write(answered[0])
             await writer.drain()
             out.received = len(answered[0])

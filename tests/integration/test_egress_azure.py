@@ -79,6 +79,13 @@ def log(entry):
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
+    def setup(self):
+        # The handshake in this request's thread, not in the accepting one: a
+        # connection the proxy made and has not yet spoken TLS on (while the
+        # daemon fetches the token from this same server) holds up no other.
+        self.request.do_handshake()
+        super().setup()
+
     def reply(self, status, obj):
         body = json.dumps(obj).encode() if not isinstance(obj, bytes) else obj
         self.send_response(status)
@@ -148,7 +155,7 @@ def run(port, pem, key):
     srv = http.server.ThreadingHTTPServer(("{OUTSIDE}", port), H)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(pem, key)
-    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
     srv.serve_forever()
 
 threading.Thread(target=run, args=(8443, "/srv/az/bad.pem", "/srv/az/bad.key"),
@@ -186,7 +193,8 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
             -keyout ca.key -out ca.pem 2>/dev/null
         openssl req -newkey rsa:2048 -nodes -subj /CN=management.azure.com -keyout tls.key \
             -out tls.csr 2>/dev/null
-        printf 'subjectAltName=DNS:login.microsoftonline.com,DNS:management.azure.com,DNS:other.test\\n' > san.ext
+        printf 'subjectAltName=DNS:%s,DNS:%s,DNS:%s\\n' login.microsoftonline.com \
+            management.azure.com other.test > san.ext
         openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
             -extfile san.ext -out tls.pem 2>/dev/null
         openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bad.management.test \
