@@ -197,3 +197,12 @@ def test_an_overlong_answer_is_refused(tmp_path: Path) -> None:
     up = Authority(tmp_path, reply=b'{"access_token": "' + b"x" * azure.MAX_RESPONSE + b'"}')
     [got] = asyncio.run(_egress(up, SECRET))
     assert got.startswith("error: the authority's answer is over")
+
+
+def test_the_proxys_snapshot_keeps_both_entries_as_they_were() -> None:
+    """After a daemon restart the proxy is rebuilt from its snapshot
+    (proxy/service.py recover): the authority's entry keeps its app, its
+    tenant and its empty header (it must never get a secret)."""
+    for inj in pair():
+        assert inject.Injection.from_json(json.loads(json.dumps(inj.to_json()))) == inj
+    assert pair()[1].kind in inject.INTERCEPT_ONLY
