@@ -119,7 +119,7 @@ if [ -z "$real" ]; then
     exit 127
 fi
 case "${{1:-}}" in
-    ""|login|logout|account|version|--version|-h|--help|cloud|config|extension) ;;
+    ""|login|logout|version|--version|-h|--help|cloud|config|extension) ;;
     *)
         if ! grep -qs -- "$AZURE_CLIENT_ID" "${{AZURE_CONFIG_DIR:-$HOME/.azure}}/azureProfile.json"
         then

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from leviathd.errors import LeviathError
-from leviathd.proxy import inject, receivepack
+from leviathd.proxy import inject, mask, receivepack
 
 if TYPE_CHECKING:
     from leviathd.proxy.ca import AgentCA  # loaded lazily (proxy/server.py)
@@ -100,12 +100,14 @@ async def _push_commands(reader: asyncio.StreamReader, req: inject.Request
 
 
 async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: list[int],
-                i: int) -> None:
+                i: int, hide: mask.Mask | None = None) -> None:
     try:
         while data := await src.read(COPY):
-            dst.write(data)
             count[i] += len(data)
+            dst.write(hide.feed(data) if hide else data)
             await dst.drain()
+        if hide:
+            dst.write(hide.flush())
     except (ConnectionError, OSError, ssl.SSLError):
         pass
     finally:
@@ -216,7 +218,10 @@ async def _serve(
         up_writer.write(head + early)
         await up_writer.drain()
         count[0] += len(early)
-        back = asyncio.create_task(_copy(up_reader, writer, count, 1))
+        # The answer with the secrets sent masked (proxy/mask.py): a host that
+        # says the request back does not give the agent the secret.
+        back = asyncio.create_task(_copy(up_reader, writer, count, 1,
+                                         mask.Mask(secrets.values())))
         forth = asyncio.create_task(_copy(reader, up_writer, count, 0))
         try:
             await back  # the response ends the exchange (Connection: close)

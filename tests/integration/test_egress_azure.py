@@ -127,6 +127,8 @@ class H(http.server.BaseHTTPRequestHandler):
             if auth.partition(" ")[2] not in tokens:
                 return self.reply(401, {{"error": {{"code": "InvalidAuthenticationToken",
                                                   "message": "stand-in: not a token of ours"}}}})
+            if path == "/echo":  # a host that says back what it got
+                return self.reply(200, {{"authorization": auth}})
             if path == "/subscriptions":
                 return self.reply(200, {{"value": [{{
                     "id": "/subscriptions/" + SUB, "subscriptionId": SUB, "tenantId": TENANT,
@@ -336,3 +338,19 @@ def test_audit_and_inspect_name_the_credential_and_its_hosts(testbed: Testbed,
     assert any(r.get("LEVIATH_RULE") == "credential az" and "/resourcegroups" in
                (str(r.get("MESSAGE", "")) + str(r.get("LEVIATH_DETAIL", ""))).lower()
                for r in recs), recs
+
+
+def test_a_covered_host_that_echoes_the_token_echoes_only_a_mask(testbed: Testbed,
+                                                                 agent: Agent) -> None:
+    """The token is in no byte the agent receives, even from a covered host
+    that says the request's Authorization header back (ARM does not; a
+    host added to `hosts` might): the proxy masks it in the answer."""
+    rc, out, err = agent.call(
+        "tok=$(az account get-access-token --query accessToken -o tsv); "
+        'curl -fsS https://management.azure.com/echo -H "Authorization: Bearer $tok"',
+        timeout=120)
+    assert rc == 0, (out, err)
+    assert TOKEN not in out + err, out
+    assert json.loads(out)["authorization"].startswith("Bearer "), out
+    echo = [e for e in log(testbed) if e["path"] == "/echo"]
+    assert echo and echo[-1]["auth"].startswith(f"Bearer {TOKEN}-"), echo
