@@ -354,3 +354,15 @@ def test_a_covered_host_that_echoes_the_token_echoes_only_a_mask(testbed: Testbe
     assert json.loads(out)["authorization"].startswith("Bearer "), out
     echo = [e for e in log(testbed) if e["path"] == "/echo"]
     assert echo and echo[-1]["auth"].startswith(f"Bearer {TOKEN}-"), echo
+
+
+def test_after_a_daemon_restart_az_still_works(testbed: Testbed, agent: Agent) -> None:
+    """The adopted agent's proxy is rebuilt from its snapshot (a new CA,
+    the same placeholders, an empty token cache): az, already signed in
+    with the placeholder token, goes on working."""
+    before = len([e for e in log(testbed) if e["path"].endswith("/oauth2/v2.0/token")])
+    testbed.run(["systemctl", "restart", "leviathd"])
+    rc, out, err = agent.call("az group list --query '[].name' -o tsv", timeout=120)
+    assert rc == 0 and out == "rg-standin\n", (out, err)
+    after = [e for e in log(testbed) if e["path"].endswith("/oauth2/v2.0/token")]
+    assert len(after) == before + 1, after
