@@ -58,10 +58,21 @@ tenant = "{TENANT}"
 client_id = "{CLIENT}"
 hosts = ["management.azure.com", "bad.management.test:8443"]
 secret_file = "/etc/leviath/az-sp.secret"
+
+# The same app, its tokens asked of an authority whose certificate does not
+# verify (the self-signed server): no token, so nothing for mgmt2.test.
+[credentials.azbad]
+kind = "azure"
+tenant = "{TENANT}"
+client_id = "{CLIENT}"
+authority = "bad.management.test:8443"
+hosts = ["mgmt2.test"]
+secret_file = "/etc/leviath/az-sp.secret"
 """
 
 HOSTS = f"""127.0.0.1 localhost
 {OUTSIDE} login.microsoftonline.com management.azure.com other.test bad.management.test
+{OUTSIDE} mgmt2.test
 """
 
 # The stand-ins: one HTTPS server per port; the Host header says which.
@@ -195,8 +206,8 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
             -keyout ca.key -out ca.pem 2>/dev/null
         openssl req -newkey rsa:2048 -nodes -subj /CN=management.azure.com -keyout tls.key \
             -out tls.csr 2>/dev/null
-        printf 'subjectAltName=DNS:%s,DNS:%s,DNS:%s\\n' login.microsoftonline.com \
-            management.azure.com other.test > san.ext
+        printf 'subjectAltName=DNS:%s,DNS:%s,DNS:%s,DNS:%s\\n' login.microsoftonline.com \
+            management.azure.com other.test mgmt2.test > san.ext
         openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
             -extfile san.ext -out tls.pem 2>/dev/null
         openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bad.management.test \
@@ -311,6 +322,18 @@ def test_a_management_host_whose_certificate_does_not_verify_gets_no_token(
                               '-H "Authorization: Bearer placeholder-or-not"')
     assert "does not verify" in out and "no credential was sent" in out, (rc, out, err)
     assert not [e for e in log(testbed) if e["port"] == 8443]
+
+
+def test_an_authority_whose_certificate_does_not_verify_gets_no_secret(
+        testbed: Testbed, agent: Agent) -> None:
+    """The daemon's own sign-in checks the authority as the proxy checks a
+    host: a self-signed one gets no TLS session, so neither the secret nor
+    a request; the agent is told why."""
+    rc, out, err = agent.call("curl -sS https://mgmt2.test/x")
+    assert "credential 'azbad' is unavailable" in out and "does not verify" in out, (
+        rc, out, err)
+    assert SECRET not in out + err
+    assert not [e for e in log(testbed) if e["port"] == 8443 or e["host"] == "mgmt2.test"]
 
 
 def test_another_sign_in_to_the_tenant_is_not_sent_on(testbed: Testbed, agent: Agent) -> None:
