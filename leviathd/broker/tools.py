@@ -519,7 +519,8 @@ async def run_credential(
     if spec.kind not in ("command", "cli"):
         raise InvalidArgument(
             f"a credential of kind {spec.kind!r} is not a command: the sandbox's "
-            + ("git credential helper" if spec.kind == "git" else "SSH agent") + " uses it"
+            + {"git": "git credential helper", "ssh": "SSH agent"}.get(
+                spec.kind, "proxy (injected at the egress)") + " uses it"
         )
     if not spec.command:
         raise Unavailable("credential has no command configured")

@@ -32,6 +32,8 @@ def policy_settings(eff: Effective, machine: Config | None = None) -> PolicySett
             wrap=(spec.wrap or command[0].rsplit("/", 1)[-1]) if spec.kind == "cli" else "",
             token_env=spec.token_env or "", known_hosts=tuple(spec.known_hosts),
             header=spec.header, value=spec.value,
+            tenant=spec.tenant or "", client_id=spec.client_id or "",
+            authority=spec.authority, scope=spec.scope,
         )
     taint = eff.taint
     limits = Limits(**machine.broker.model_dump(exclude_none=True)) if machine else Limits()

@@ -32,7 +32,7 @@ from leviathd.broker.core import Broker
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
 from leviathd.identity import UserInfo
-from leviathd.proxy import egress
+from leviathd.proxy import azure, egress
 from leviathd.records import AgentRecord
 from leviathd.sandbox import gitenv
 from leviathd.sandbox.spec import SandboxSpec
@@ -97,6 +97,9 @@ def programs(credentials: Mapping[str, Any], inside: Iterable[str] = ()) -> dict
              for prog, cred in wrappers(credentials, inside).items()}
     if _of_kind(credentials, "git"):
         files[GIT_HELPER] = _script("git-credential")
+    if any(n in _of_kind(credentials, "azure") for n in inside):
+        # The sign-in wrapper (proxy/azure.py): only where the egress injects.
+        files["az"] = azure.login_script(f"{SANDBOX_RUNTIME}/{BIN}")
     return files
 
 

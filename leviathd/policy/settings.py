@@ -47,7 +47,7 @@ class CredentialSpec:
     # "git" (the sandbox's git credential helper), "cli" (a wrapped CLI) or
     # "ssh" (the sandbox's SSH agent), and their settings. Defaults: a
     # snapshot written before them reads as the command credential it was.
-    kind: Literal["command", "git", "cli", "ssh", "http"] = "command"
+    kind: Literal["command", "git", "cli", "ssh", "http", "azure"] = "command"
     hosts: tuple[str, ...] = ()
     username: str = "x-access-token"
     access: tuple[str, ...] = ("fetch",)
@@ -58,6 +58,11 @@ class CredentialSpec:
     # kind "http": the header and its value form ("{secret}", or "basic").
     header: str = "Authorization"
     value: str = "Bearer {secret}"
+    # kind "azure": the service principal and where its tokens come from.
+    tenant: str = ""
+    client_id: str = ""
+    authority: str = "login.microsoftonline.com"
+    scope: str = "https://management.azure.com/.default"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from leviathd import fsat
 from leviathd.config.merge import Effective
 from leviathd.config.models import CredentialConfig
 from leviathd.gate.service import SANDBOX_RUNTIME, agent_dir
-from leviathd.proxy import inject
+from leviathd.proxy import azure, inject
 from leviathd.sandbox import gitenv
 from leviathd.sandbox.spec import SandboxSpec
 
@@ -36,7 +36,7 @@ SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-b
 TRUST_VARIABLES = ("SSL_CERT_FILE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS",
                    "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 MAX_SYSTEM_BUNDLE = 4 << 20
-KINDS = ("git", "http")
+KINDS = ("git", "http", "azure")
 
 
 def injected(credentials: Mapping[str, CredentialConfig]) -> dict[str, CredentialConfig]:
@@ -48,18 +48,33 @@ def injected(credentials: Mapping[str, CredentialConfig]) -> dict[str, Credentia
 
 
 def inside(credentials: Mapping[str, CredentialConfig]) -> set[str]:
-    """The cli credentials that run inside the agent's fence when injected."""
-    return {n for n, c in injected(credentials).items() if c.kind == "cli"}
+    """The cli credentials that run inside the agent's fence when injected,
+    and the azure one whose `az` does (creds/service.py writes its sign-in
+    wrapper)."""
+    return ({n for n, c in injected(credentials).items() if c.kind == "cli"}
+            | ({first} if (first := azure_first(credentials)) else set()))
+
+
+def azure_first(credentials: Mapping[str, CredentialConfig]) -> str | None:
+    """The azure credential the sandbox's AZURE_* and `az` are for: the first
+    by name (one service principal per agent signs in; others are still
+    injected toward their hosts for a client that signs in by hand)."""
+    return next((n for n in sorted(credentials) if credentials[n].kind == "azure"), None)
 
 
 def injections(credentials: Mapping[str, CredentialConfig], key: bytes
                ) -> tuple[inject.Injection, ...]:
-    return tuple(
-        inject.Injection(name=n, kind=c.kind, hosts=tuple(c.hosts),
-                         placeholder=inject.placeholder(key, n), header=c.header
-                         if c.kind == "http" else "Authorization",
-                         value=c.value, username=c.username, access=tuple(c.access))
-        for n, c in sorted(injected(credentials).items()))
+    out: list[inject.Injection] = []
+    for n, c in sorted(injected(credentials).items()):
+        if c.kind == "azure":
+            out += azure.injections(n, hosts=c.hosts, authority=c.authority,
+                                    tenant=c.tenant or "", client_id=c.client_id or "", key=key)
+            continue
+        out.append(inject.Injection(
+            name=n, kind=c.kind, hosts=tuple(c.hosts), placeholder=inject.placeholder(key, n),
+            header=c.header if c.kind == "http" else "Authorization", value=c.value,
+            username=c.username, access=tuple(c.access)))
+    return tuple(out)
 
 
 # The sandboxes whose only way out is the proxy: there the secret can stay in
@@ -111,7 +126,20 @@ def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
     if spec.kind == "container":
         env = gitenv.append(env, container_helper(creds, key))
     notes = list(spec.notes)
+    first = azure_first(creds)
     for name, c in sorted(creds.items()):
+        if c.kind == "azure":
+            if name == first:
+                env.update(azure.env(tenant=c.tenant or "", client_id=c.client_id or "",
+                                     authority=c.authority,
+                                     secret_placeholder=inject.placeholder(key, name)))
+            notes.append(f"credential {name} (kind azure): injected at the proxy toward "
+                         f"{', '.join(c.hosts)} (Authorization: Bearer, a token for "
+                         f"{c.scope} the daemon gets from {c.authority} for app "
+                         f"{c.client_id} of tenant {c.tenant}); the sandbox holds a "
+                         "placeholder" + (" in AZURE_CLIENT_SECRET and az signs in with it"
+                                          if name == first else ""))
+            continue
         if c.kind in ("http", "cli") and c.token_env:
             env[c.token_env] = inject.placeholder(key, name)
         what = ("git " + "+".join(c.access)) if c.kind == "git" else f"{c.header} header"

@@ -34,7 +34,7 @@ from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.labels import clearance_for
-from leviathd.proxy import egress, inject, policy, tls
+from leviathd.proxy import azure, egress, inject, policy, tls
 from leviathd.proxy.server import Agent, Injector, ProxyServer
 from leviathd.records import AgentRecord
 from leviathd.sandbox import forwarder
@@ -209,15 +209,16 @@ class ProxyService(Feature):
                       approvals=approvals, is_own=lambda cg: gate.lookup(cg) == rec.id)
         server = ProxyServer(agent, settings,
                              os.path.join(agent_dir(rec.id), forwarder.SOCKET_NAME),
-                             self._audit, await self._injector(rec.id, egress_state))
+                             self._audit, await self._injector(rec, settings, egress_state))
         await server.start()
         self.live[rec.id] = server
 
-    async def _injector(self, agent_id: str, state: dict[str, object] | None
-                        ) -> Injector | None:
+    async def _injector(self, rec: AgentRecord, settings: policy.ProxySettings,
+                        state: dict[str, object] | None) -> Injector | None:
         """The agent's CA (new at each daemon start: its key is only ever in
         memory), its bundle written, and the broker told to give git the
         placeholders."""
+        agent_id = rec.id
         raw = state.get("injections") if state is not None else None
         if state is None or not isinstance(raw, list) or not raw:
             return None
@@ -247,9 +248,25 @@ class ProxyService(Feature):
         push = str(state.get("push", "ask"))
         # The system's CAs, loaded once per agent (not per connection, on the loop).
         upstream = await asyncio.to_thread(tls.client_context)
-        return Injector(ca=ca, injections=injections, secret=secret,
+        # kind "azure": the daemon answers the agent's sign-in and fetches the
+        # tokens the proxy puts in (proxy/azure.py).
+        az = azure.AzureEgress.of(
+            injections, principal=lambda name: self._principal(agent_id, name), secret=secret,
+            connect=azure.checked_connect(settings, uid=rec.uid, agent=agent_id),
+            upstream=upstream)
+        return Injector(ca=ca, injections=injections,
+                        secret=az.wrap(secret) if az is not None else secret,
                         push=push if push in ("allow", "ask", "deny") else "ask",
-                        upstream=upstream)
+                        upstream=upstream, local=az.answer if az is not None else None)
+
+    def _principal(self, agent_id: str, name: str) -> azure.Principal:
+        """The service principal as the agent's policy has it now."""
+        live = self._gate.live.get(agent_id)
+        spec = live.broker.policy.settings.credentials.get(name) if live is not None else None
+        if spec is None or spec.kind != "azure":
+            raise LookupError(f"no azure credential named {name!r} for this agent")
+        return azure.Principal(tenant=spec.tenant, client_id=spec.client_id,
+                               authority=spec.authority, scope=spec.scope)
 
     def _audit(self, record: AuditRecord) -> None:
         live = self._gate.live.get(record.agent)
