@@ -17,6 +17,7 @@ did not exist (seen failing)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -167,10 +168,13 @@ def git_log(bed: Testbed) -> str:
                     "main"]).stdout
 
 
-def serve(bed: Testbed) -> str:
-    """The servers, their CA in the bed's trust store, /etc/hosts naming
-    them and the secret files; returns the server's pid (`unserve` undoes
-    it all). Also used by test_egress_direct.py."""
+@contextlib.contextmanager
+def servers(bed: Testbed, config: str) -> Iterator[None]:
+    """The outside namespace and its TLS servers, the test CA in the bed's
+    trust store, the tokens, /etc/hosts, and the daemon restarted with
+    `config`; all undone after (shared with the container kind's test)."""
+    old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
+    old_hosts = bed.read_file("/etc/hosts")
     bed.run(f"""
         set -e
         ip netns del lvinj 2>/dev/null || true
@@ -210,38 +214,35 @@ def serve(bed: Testbed) -> str:
     bed.run("for i in $(seq 100); do curl -fs https://api.test/ready >/dev/null && exit 0; "
             "sleep 0.1; done; cat /srv/inj/server.err; exit 1")
     bed.run("rm -f /srv/inj/log.jsonl")
-    return str(pid)
-
-
-def unserve(bed: Testbed, pid: str) -> None:
-    bed.run(["kill", pid], check=False)
-    bed.run("ip netns del lvinj; rm -f /usr/local/share/ca-certificates/leviath-injtest.crt"
-            " && update-ca-certificates --fresh >/dev/null 2>&1", check=False)
+    bed.write_file("/etc/leviath/config.toml", config)
+    bed.run(["systemctl", "restart", "leviathd"])
+    try:
+        yield
+    finally:
+        bed.run(["kill", pid], check=False)
+        bed.run("ip netns del lvinj; rm -f /usr/local/share/ca-certificates/leviath-injtest.crt"
+                " && update-ca-certificates --fresh >/dev/null 2>&1", check=False)
+        bed.write_file("/etc/hosts", old_hosts)
+        bed.write_file("/etc/leviath/config.toml", old_config)
+        bed.run(["systemctl", "restart", "leviathd"])
 
 
 @pytest.fixture(scope="module")
 def agent(testbed: Testbed) -> Iterator[Agent]:
     bed = testbed
-    old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
-    old_hosts = bed.read_file("/etc/hosts")
     lay_out(bed, "egw", "egbp", BLUEPRINT)
-    pid = serve(bed)
-    bed.write_file("/etc/leviath/config.toml", CONFIG)
-    bed.run(["systemctl", "restart", "leviathd"])
-    a = Agent(bed, "alice", start_detached(bed, "egbp", "egw"), f"{bed.users['alice'].home}/egw")
-    try:
+    with servers(bed, CONFIG):
+        a = Agent(bed, "alice", start_detached(bed, "egbp", "egw"),
+                  f"{bed.users['alice'].home}/egw")
         try:
-            a.call("true")
-        except Exception:
-            print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
-            raise
-        yield a
-    finally:
-        lev(bed, "alice", "stop", a.id, check=False)
-        unserve(bed, pid)
-        bed.write_file("/etc/hosts", old_hosts)
-        bed.write_file("/etc/leviath/config.toml", old_config)
-        bed.run(["systemctl", "restart", "leviathd"])
+            try:
+                a.call("true")
+            except Exception:
+                print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
+                raise
+            yield a
+        finally:
+            lev(bed, "alice", "stop", a.id, check=False)
 
 
 # Run inside the agent while a clone runs: every place the agent's user can

@@ -29,8 +29,7 @@ from test_egress_credentials import (
     git_log,
     log,
     pending,
-    serve,
-    unserve,
+    servers,
 )
 from test_gate_bed import Agent, lev
 from testbed import Testbed
@@ -65,27 +64,19 @@ secret_file = "/etc/leviath/inj-api.token"
 @pytest.fixture(scope="module")
 def agent(testbed: Testbed) -> Iterator[Agent]:
     bed = testbed
-    old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
-    old_hosts = bed.read_file("/etc/hosts")
     lay_out(bed, "egdw", "egdbp", BLUEPRINT)
-    pid = serve(bed)
-    bed.write_file("/etc/leviath/config.toml", CONFIG)
-    bed.run(["systemctl", "restart", "leviathd"])
-    a = Agent(bed, "alice", start_detached(bed, "egdbp", "egdw"),
-              f"{bed.users['alice'].home}/egdw")
-    try:
+    with servers(bed, CONFIG):
+        a = Agent(bed, "alice", start_detached(bed, "egdbp", "egdw"),
+                  f"{bed.users['alice'].home}/egdw")
         try:
-            a.call("true")
-        except Exception:
-            print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
-            raise
-        yield a
-    finally:
-        lev(bed, "alice", "stop", a.id, check=False)
-        unserve(bed, pid)
-        bed.write_file("/etc/hosts", old_hosts)
-        bed.write_file("/etc/leviath/config.toml", old_config)
-        bed.run(["systemctl", "restart", "leviathd"])
+            try:
+                a.call("true")
+            except Exception:
+                print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
+                raise
+            yield a
+        finally:
+            lev(bed, "alice", "stop", a.id, check=False)
 
 
 def port_of(agent: Agent) -> int:

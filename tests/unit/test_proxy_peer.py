@@ -96,7 +96,9 @@ def test_an_adopted_agents_broker_gives_placeholders_before_it_serves(tmp_path: 
     (tmp_path / "proxy" / "0123abcd.json").write_text(json.dumps({"egress": {"injections": [
         {"name": "gitsrv", "kind": "git", "placeholder": "leviath-placeholder-x"},
         {"name": "api", "kind": "http", "placeholder": "leviath-placeholder-y"}]}}))
-    service = ProxyService(None, None, state_dir=str(tmp_path))  # type: ignore[arg-type]
+    gate = SimpleNamespace(broker_hooks=[])
+    service = ProxyService(None, gate, state_dir=str(tmp_path))  # type: ignore[arg-type]
+    assert gate.broker_hooks == [service.preset]  # the gate calls it for each new broker
     broker = SimpleNamespace(placeholder_for=None)
     service.preset("0123abcd", broker)  # type: ignore[arg-type]
     assert broker.placeholder_for is not None
