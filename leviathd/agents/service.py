@@ -28,7 +28,8 @@ from leviathd.audit.readers import CallerWatch, Readers
 from leviathd.authority import Authority, Caller, Right
 from leviathd.config import load as config_load
 from leviathd.config.merge import DEFAULT_ENGINE, Effective, MergeResult, resolve
-from leviathd.config.models import Blueprint, Config, SandboxKind
+from leviathd.config.models import Blueprint, Config
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import (
     AccessDenied,
@@ -85,7 +86,7 @@ class _Prepared:
     command: list[str]
     agent_name: str
     plan: list[tuple[str, Effective, list[str]]]
-    kinds: list[str]
+    kinds: list[SandboxKind]
     marks: list[str]
     # Other accounts' homes (the fence hides them): read here, before the
     # scope's job, because with nss-systemd listing the accounts asks PID 1,
@@ -252,7 +253,7 @@ class Agents:
         t0 = time.perf_counter()
         await self._authority.require(who, Right.RUN, "run agents")
         usec = int((time.perf_counter() - t0) * 1e6)
-        if req.sandbox == "none":
+        if req.sandbox == SandboxKind.NONE:
             await self._authority.require(
                 who, Right.RUN_UNSANDBOXED, "run an agent without a sandbox"
             )
@@ -319,7 +320,7 @@ class Agents:
         unit = unit_name(user.name, agent_name, agent_id)
         # Each namespace fence may have to wait for the daemon's marks
         # (sandbox/fencehold.py): decided once the workdir is known.
-        hold = fencehold.pair() if "namespace" in kinds and self.fence_hooks else None
+        hold = fencehold.pair() if SandboxKind.NAMESPACE in kinds and self.fence_hooks else None
         # An attached one-command namespace agent whose caller gave pipes:
         # the daemon copies its output, no supervisor stays (agents/output.py).
         copy: output.OutputCopy | None = None
@@ -331,13 +332,14 @@ class Agents:
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             held_stdio = supervisor.Stdio(stdin=stdio.stdin, stdout=out_w, stderr=err_w,
                                           kept=(out_r, err_r))
-        image = self._scratch_image(eff) if "namespace" in kinds else None
+        image = self._scratch_image(eff) if SandboxKind.NAMESPACE in kinds else None
         try:
             held = supervisor.fork_held(
                 user, req.workdir, exit_path=self._store.exit_path(agent_id),
                 identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=held_stdio,
-                shell=_shared_shell() if "namespace" in kinds or kinds == ["none"] else None,
-                init=_shared_shell(init=True) if "namespace" in kinds else None,
+                shell=(_shared_shell() if SandboxKind.NAMESPACE in kinds
+                       or kinds == [SandboxKind.NONE] else None),
+                init=_shared_shell(init=True) if SandboxKind.NAMESPACE in kinds else None,
                 hold=hold[1].fileno() if hold else None, image=image,
             )
         except BaseException:
@@ -412,7 +414,7 @@ class Agents:
                     raise scope_exc from exc
                 raise
             for _label, spec in steps:
-                if spec.kind == "namespace" and not scratch_path:
+                if spec.kind == SandboxKind.NAMESPACE and not scratch_path:
                     scratch_path = scratch.create(spec)
             rec = AgentRecord(
                 id=agent_id, uid=user.uid, user=user.name, agent=agent_name,
@@ -427,7 +429,7 @@ class Agents:
             # Without containers the steps are final here: the spec and the
             # record (each written and fsynced, a few ms) are written while
             # systemd's job still runs (issue 18), not after it.
-            early = "container" not in kinds
+            early = SandboxKind.CONTAINER not in kinds
             if early:
                 self._save_start(rec, [(label, spec.to_dict()) for label, spec in steps])
             await scope
@@ -440,7 +442,7 @@ class Agents:
             for n, ((_label, step_eff, _argv), (label, spec)) in enumerate(
                 zip(plan, steps, strict=True)
             ):
-                if spec.kind == "container":
+                if spec.kind == SandboxKind.CONTAINER:
                     name = await container.ensure(
                         agent_id, unit, spec, step_eff, units=self._systemd, started=started,
                         pinned_workdir=held.workdir_path(),
@@ -469,7 +471,7 @@ class Agents:
                 await self._systemd.stop_unit(unit)
             if scratch_path:
                 scratch.remove(scratch_path)
-            if "container" in kinds:
+            if SandboxKind.CONTAINER in kinds:
                 with _logged(f"agent {agent_id}: removing its container after a failed start"):
                     await container.teardown(agent_id)
             self._store.forget(agent_id)
@@ -582,7 +584,7 @@ class Agents:
         if not plan:
             raise InvalidArgument("nothing to run: the blueprint has no [agent] command, no "
                                   "stages, and no command was given")
-        kinds: list[str] = []
+        kinds: list[SandboxKind] = []
         marks: list[str] = []
         # One engine and image check per distinct (engine, image), not per step.
         probes: dict[tuple[str, str], str | None] = {}
@@ -599,16 +601,17 @@ class Agents:
             kinds.append(kind)
             # `lev ps` shows a network other than the host's (net:proxy is the
             # default since issue 30).
-            if kind == "namespace" and step_eff.network == "proxy":
+            if kind == SandboxKind.NAMESPACE and step_eff.network == "proxy":
                 step_marks = [*step_marks, "net:proxy"]
-            elif kind != "none" and step_eff.network is not True:
+            elif kind != SandboxKind.NONE and step_eff.network is not True:
                 step_marks = [*step_marks, "net:none"]
             marks += [m for m in step_marks if m not in marks]
         other_homes = host_other_homes(user)
         return _Prepared(user, merged, command, agent_name, plan, kinds, marks, other_homes)
 
     def _specs(
-        self, plan: list[tuple[str, Effective, list[str]]], kinds: list[str], user: UserInfo,
+        self, plan: list[tuple[str, Effective, list[str]]], kinds: list[SandboxKind],
+        user: UserInfo,
         req: RunInput, workdir: str, agent_id: str, other_homes: list[str] | None = None,
         authorized: Callable[[], None] = lambda: None,
     ) -> list[tuple[str, SandboxSpec]]:
@@ -619,14 +622,15 @@ class Agents:
         ]
 
     def _tool_state(
-        self, plan: list[tuple[str, Effective, list[str]]], kinds: list[str], user: UserInfo,
+        self, plan: list[tuple[str, Effective, list[str]]], kinds: list[SandboxKind],
+        user: UserInfo,
         other_homes: list[str], authorized: Callable[[], None],
     ) -> None:
         """The agent tools' state missing on the host is made, as the user,
         before the specs bind what exists (sandbox/toolstate.py). Only for a
         fence: kind none runs in the real home already."""
         fenced = [(eff, argv) for (_l, eff, argv), kind in zip(plan, kinds, strict=True)
-                  if kind != "none"]
+                  if kind != SandboxKind.NONE]
         if not fenced:
             return
         hidden = sorted({h for eff, _argv in fenced for h in hidden_paths(
@@ -641,23 +645,23 @@ class Agents:
     def _choose_kind(
         self, eff: Effective, req: RunInput, probe: Callable[[Effective], str | None],
         authorized: Callable[[], None],
-    ) -> tuple[str, list[str]]:
+    ) -> tuple[SandboxKind, list[str]]:
         if self.podman_only:
             # No systemd to hold a scope: the container is the fence and the
             # limits (see daemon.py and docs/containers.md).
             reason = probe(eff)
             if reason is not None:
                 raise Unavailable(f"without systemd, agents run only in containers: {reason}")
-            return "container", ["no-systemd"]
-        if req.sandbox == "none":
-            return "none", ["unsandboxed"]
-        kind = str(eff.kind)
-        if kind == "none":
-            return "none", ["unsandboxed"]
-        if kind == "namespace":
+            return SandboxKind.CONTAINER, ["no-systemd"]
+        if req.sandbox == SandboxKind.NONE:
+            return SandboxKind.NONE, ["unsandboxed"]
+        kind = SandboxKind(eff.kind)
+        if kind == SandboxKind.NONE:
+            return SandboxKind.NONE, ["unsandboxed"]
+        if kind == SandboxKind.NAMESPACE:
             reason = self.namespace_problem()
             if reason is None:
-                return "namespace", []
+                return SandboxKind.NAMESPACE, []
             # A container is at least as strict as the fence: use it when it works.
             fallback_problem = probe(eff)
             if fallback_problem is None:
@@ -667,12 +671,12 @@ class Agents:
                     "container kind",
                     priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.SANDBOX_FALLBACK,
                 )
-                return "container", ["fallback:container"]
+                return SandboxKind.CONTAINER, ["fallback:container"]
             reason = f"{reason}; nor can the container fallback: {fallback_problem}"
         else:
             reason = probe(eff)
             if reason is None:
-                return "container", []
+                return SandboxKind.CONTAINER, []
         on_unavailable = str(eff.on_unavailable)
         if on_unavailable == "warn":
             authorized()
@@ -681,7 +685,7 @@ class Agents:
                 "(on_unavailable = \"warn\")",
                 priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.SANDBOX_UNAVAILABLE,
             )
-            return "none", ["unsandboxed", f"{kind}-unavailable"]
+            return SandboxKind.NONE, ["unsandboxed", f"{kind}-unavailable"]
         raise Unavailable(f"the {kind} sandbox cannot be built here: {reason}")
 
     def namespace_problem(self) -> str | None:
@@ -698,7 +702,7 @@ class Agents:
         return self._namespace_probe  # type: ignore[return-value]
 
     def _spec(
-        self, eff: Effective, kind: str, user: UserInfo, req: RunInput, command: list[str],
+        self, eff: Effective, kind: SandboxKind, user: UserInfo, req: RunInput, command: list[str],
         workdir: str, agent_id: str, other_homes: list[str] | None = None,
     ) -> SandboxSpec:
         request = RunRequest(
@@ -706,7 +710,7 @@ class Agents:
             workdir_mode=req.workdir_mode,  # type: ignore[arg-type]  # checked in from_variants
             env=dict(req.env),
         )
-        eff = dataclasses.replace(eff, kind=SandboxKind(kind))
+        eff = dataclasses.replace(eff, kind=kind)
         spec = build_spec_on_host(eff, user, request, agent_id, other_homes)
         for extend in self.spec_extensions:
             spec = extend(spec)
@@ -928,9 +932,9 @@ class Agents:
         """After a restart: an attached agent's output pipes, taken back from
         its PID 1, are copied to the journal again (its caller's copy ended
         with the old daemon; the caller learns the end by asking)."""
-        if rec.sandbox not in ("namespace", "none") or rec.id in self._copies:
+        if rec.sandbox not in (SandboxKind.NAMESPACE, SandboxKind.NONE) or rec.id in self._copies:
             return
-        kept = output.take_kept(rec.supervisor_pid, fenced=rec.sandbox == "namespace")
+        kept = output.take_kept(rec.supervisor_pid, fenced=rec.sandbox == SandboxKind.NAMESPACE)
         if kept is None:
             return
         try:
@@ -1359,13 +1363,14 @@ async def _read_status(held: supervisor.Held) -> tuple[bool, str]:
 
 
 def _copied_clients(
-    kinds: list[str], stdio: supervisor.Stdio
+    kinds: list[SandboxKind], stdio: supervisor.Stdio
 ) -> tuple[int | None, int | None] | None:
     """For an attached agent the daemon can copy for (one namespace step,
     journald, dash, and a caller whose stdout and stderr are pipes): the
     daemon's own non-blocking copies of the caller's pipes (None for one
     nobody reads any more). None: it gets a supervisor, as before."""
-    if (kinds not in (["namespace"], ["none"]) or stdio.stdout is None or stdio.stderr is None
+    if (kinds not in ([SandboxKind.NAMESPACE], [SandboxKind.NONE])
+            or stdio.stdout is None or stdio.stderr is None
             or not os.path.exists(journal.STDOUT_SOCKET) or _shared_shell() is None):
         return None
     out = output.private_pipe(stdio.stdout)
@@ -1395,7 +1400,7 @@ def _handed_over_pid1(rec: AgentRecord) -> int | None:
     (sandbox/supervisor._hand_over), found in its scope: the process that is
     1 in its own PID namespace (NSpid). An agent cannot make namespaces
     (seccomp), so no other process of its scope is."""
-    if rec.sandbox not in ("namespace", "none"):
+    if rec.sandbox not in (SandboxKind.NAMESPACE, SandboxKind.NONE):
         return None
     from leviathd.systemd.cgroupfs import folders
 
@@ -1405,7 +1410,7 @@ def _handed_over_pid1(rec: AgentRecord) -> int | None:
                 pids = [int(p) for p in f.read(1 << 16).split()[:4096]]
         except (OSError, ValueError):
             continue
-        if rec.sandbox == "none":
+        if rec.sandbox == SandboxKind.NONE:
             return _none_recorder(pids, rec.uid)
         for pid in pids:
             try:

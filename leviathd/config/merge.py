@@ -49,7 +49,6 @@ from leviathd.config.models import (
     Publish,
     Resources,
     SandboxConfig,
-    SandboxKind,
     TaintConfig,
     TaintPolicy,
 )
@@ -57,6 +56,7 @@ from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.engine import Engine
 from leviathd.domain.mounts import Access, Mount
 from leviathd.domain.permission import Permission
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, Registry
 from leviathd.policy.rules import RuleSpec

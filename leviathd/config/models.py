@@ -33,6 +33,7 @@ from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.engine import Engine
 from leviathd.domain.mounts import Access, Mount, MountPath
 from leviathd.domain.permission import Permission
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.policy.cel import CelError
 from leviathd.policy.rules import compile_rule
@@ -52,20 +53,6 @@ class _Model(BaseModel):
 
 
 # ------------------------------------------------------------------------------ enums
-
-
-class SandboxKind(StrEnum):
-    NONE = "none"
-    NAMESPACE = "namespace"
-    CONTAINER = "container"
-
-    @property
-    def rank(self) -> int:
-        """none < namespace < container: a higher rank fences more."""
-        return _KIND_RANK[self]
-
-
-_KIND_RANK = {SandboxKind.NONE: 0, SandboxKind.NAMESPACE: 1, SandboxKind.CONTAINER: 2}
 
 
 class OnUnavailable(StrEnum):

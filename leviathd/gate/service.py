@@ -45,6 +45,7 @@ from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of
 from leviathd.broker.tools import MAX_READ, ArgvRequest, CredentialRequest, ShellRequest
 from leviathd.config.merge import MergeResult
 from leviathd.config.policy_settings import policy_settings
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, NotFound, Unavailable
 from leviathd.events import Event
@@ -127,9 +128,9 @@ class GateService:
 
     def extend_spec(self, spec: SandboxSpec) -> SandboxSpec:
         host_socket = os.path.join(agent_dir(spec.execution_id), SOCKET_NAME)
-        if spec.kind == "none":
+        if spec.kind == SandboxKind.NONE:
             return replace(spec, env={**spec.env, "LEVIATH_BROKER": host_socket})
-        if spec.kind not in ("namespace", "container"):
+        if spec.kind not in (SandboxKind.NAMESPACE, SandboxKind.CONTAINER):
             return spec
         own = agent_dir(spec.execution_id)
         # /run/leviath is hidden from agents, and the launcher refuses to bind

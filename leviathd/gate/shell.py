@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.sandbox import fencehold
 from leviathd.sandbox.spec import SandboxSpec
 
@@ -76,7 +77,7 @@ def main() -> int:
         signal.signal(sig, signal.SIG_DFL)
     sys.stdout.flush()
     anchor = message.get("join")
-    if spec.kind == "namespace" and isinstance(anchor, int) and anchor > 1:
+    if spec.kind == SandboxKind.NAMESPACE and isinstance(anchor, int) and anchor > 1:
         # The agent's own running fence: its home, /tmp and layers (issue 33).
         from leviathd.errors import Unavailable
         from leviathd.sandbox import join
@@ -86,11 +87,11 @@ def main() -> int:
         except Unavailable as exc:
             print(f"leviathd shell: {exc}", file=sys.stderr)
             return 125
-    if spec.kind == "namespace":
+    if spec.kind == SandboxKind.NAMESPACE:
         from leviathd.sandbox import namespace
 
         return namespace.run(spec, ready=ready)
-    if spec.kind == "none":
+    if spec.kind == SandboxKind.NONE:
         from leviathd.sandbox import none
 
         return none.run(spec)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import Unavailable
 
 CredentialWorkdir = Literal["none", "ro"]
@@ -53,13 +54,13 @@ def credential_spec(
     # exec keeps a process whose real and effective gids differ out of reach
     # of its own user's /proc and ptrace (broker/tools.py `_guarded`).
     real_gid = NOGROUP if gid != NOGROUP else NOGROUP - 1
-    if kind == "none" and private_dir:
+    if kind == SandboxKind.NONE and private_dir:
         spec = dict(agent_spec)
         spec.update(argv=list(argv), workdir=private_dir, real_gid=real_gid, notes=[],
                     env={**env, "HOME": private_dir, "USER": str(agent_spec["user"]),
                          "LOGNAME": str(agent_spec["user"])})
         return spec
-    if kind != "namespace":
+    if kind != SandboxKind.NAMESPACE:
         raise Unavailable(
             f"credential commands run in a namespace fence of their own, or beside a "
             f"kind = \"none\" agent; this agent's sandbox is {kind!r}"

@@ -30,6 +30,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import Unavailable
 from leviathd.sandbox import namespace
 from leviathd.sandbox.spec import SandboxSpec
@@ -99,7 +100,7 @@ def run(
     spec: SandboxSpec, *, anchor: int, unit: str, ready: Callable[[], None] | None = None
 ) -> int:
     """Run spec.argv in the agent's running fence; its exit status."""
-    if spec.kind != "namespace":
+    if spec.kind != SandboxKind.NAMESPACE:
         raise Unavailable(f"cannot join a {spec.kind!r} sandbox")
     pidfd = find_pid1(anchor, unit)
     rfd, wfd = os.pipe2(os.O_CLOEXEC)

@@ -57,6 +57,7 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 from leviathd import fsids, resource_defaults
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.paths import runtime_dir
 from leviathd.sandbox import guard, scratch, seccomp
@@ -238,7 +239,7 @@ def run(
     `ready`: called in PID 1 once the fence's mounts are all built, before
     anything of the command runs (the `shell` tool: the daemon marks the
     new mounts for its write watch then); raising fails the fence."""
-    if spec.kind != "namespace":
+    if spec.kind != SandboxKind.NAMESPACE:
         raise InvalidArgument(f"the namespace launcher cannot run a {spec.kind!r} spec")
     if os.geteuid() != 0:
         raise Unavailable("the namespace fence needs root (run by leviathd)")
@@ -271,7 +272,7 @@ def start(
     The caller has entered the scratch namespace (scratch.enter) and set its
     stdio to the agent's. `kept`: descriptors PID 1 holds (at OUT_KEEP_FD
     and ERR_KEEP_FD), closed for the command."""
-    if spec.kind != "namespace":
+    if spec.kind != SandboxKind.NAMESPACE:
         raise InvalidArgument("start() runs one namespace step")
     if shell is None:
         shell = sealed_shell()
@@ -412,7 +413,7 @@ def enter_step(spec: SandboxSpec) -> StepNamespaces:
     new PID namespace, as _run does). The descriptors kept to come back are
     close-on-exec, and the fork's worker side closes them before anything
     runs, so PID 1 never holds the host's namespaces."""
-    if spec.kind != "namespace":
+    if spec.kind != SandboxKind.NAMESPACE:
         raise InvalidArgument(f"the namespace launcher cannot run a {spec.kind!r} spec")
     step = StepNamespaces()
     try:
@@ -443,7 +444,7 @@ def run_as_pid1(
     global _report_prefix
     _report_prefix = "leviath: could not start the agent: cannot build the namespace fence: "
     report = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 3)
-    if spec.kind != "namespace" or os.getpid() != 1:
+    if spec.kind != SandboxKind.NAMESPACE or os.getpid() != 1:
         _fail(report, "not PID 1 of a new PID namespace (enter_step first)")
     _pid1(spec, report, workdir_fd, ready=ready)
 

@@ -28,6 +28,7 @@ from leviathd import resource_defaults
 
 # A config's `mounts` entry; `Mount` below is one step of building the root.
 from leviathd.domain.mounts import Mount as MountRequest
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import InvalidArgument
 from leviathd.hidden import HIDDEN_ABSOLUTE, HIDDEN_IN_HOME
 from leviathd.identity import UserInfo
@@ -217,7 +218,7 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class SandboxSpec:
-    kind: str
+    kind: SandboxKind
     argv: tuple[str, ...]
     env: Mapping[str, str]
     workdir: str
@@ -267,6 +268,7 @@ class SandboxSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxSpec:
         values = dict(data)
+        values["kind"] = SandboxKind(values["kind"])
         values["argv"] = tuple(values["argv"])
         values["groups"] = tuple(values["groups"])
         values["mounts"] = tuple(Mount(**m) for m in values["mounts"])
@@ -607,7 +609,7 @@ def _protected(p: _Plan) -> None:
         exists=p.exists,
         read_text=p.read_text,
     )
-    if str(p.effective.kind) == "none":
+    if p.effective.kind == SandboxKind.NONE:
         return
     for entry in protected.build(
         candidates, writable=[m.target for m in writable_mounts], exists=p.exists,
@@ -652,11 +654,11 @@ def _assemble(p: _Plan) -> SandboxSpec:
     ties, masks last), namespaces, environment, limits."""
     effective, user, request = p.effective, p.user, p.request
     ordered = sorted(p.b.mounts, key=lambda m: _depth(m.target))
-    kind = str(effective.kind)
+    kind = SandboxKind(effective.kind)
     # Only `true` is the host's network: "proxy" (truthy) must never be read as it.
     host_network = effective.network is True
     namespaces: tuple[str, ...] = ()
-    if kind == "namespace":
+    if kind == SandboxKind.NAMESPACE:
         namespaces = ("ipc", "mnt", "pid", "uts") + (() if host_network else ("net",))
     env = build_environment(
         request.env,
@@ -839,7 +841,7 @@ def build_spec_on_host(
         git_identity=parse_git_identity(gitconfig) if gitconfig else None,
         other_homes=host_other_homes(user) if other_homes is None else other_homes,
     )
-    if spec.kind == "namespace":
+    if spec.kind == SandboxKind.NAMESPACE:
         spec = replace(spec, scratch_fs=loopfs.backing())
     return with_default_limits(spec)
 

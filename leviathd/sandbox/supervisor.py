@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from leviathd import fsat
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import Unavailable
 from leviathd.events import Event
 from leviathd.identity import UserInfo
@@ -306,7 +307,8 @@ def _lean(steps: list[tuple[str, SandboxSpec]], stdio: Stdio) -> bool:
     if (stdio.fds() and stdio.kept is None) or len(steps) != 1:
         return False
     spec = steps[0][1]
-    return spec.kind in ("namespace", "none") and os.path.exists(journal.STDOUT_SOCKET)
+    return (spec.kind in (SandboxKind.NAMESPACE, SandboxKind.NONE)
+            and os.path.exists(journal.STDOUT_SOCKET))
 
 
 def _hand_over(
@@ -344,7 +346,7 @@ def _hand_over(
             j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO, unit=unit)
             j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING, unit=unit)
         exit_fd = _open_spare_exit(agent_id)
-        if spec.kind == "namespace":
+        if spec.kind == SandboxKind.NAMESPACE:
             scratch.enter(spec, _take_image())
         stdin = stdio.stdin if stdio is not None else None
         null = os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin
@@ -355,7 +357,7 @@ def _hand_over(
             if fd > 2:
                 os.close(fd)
         kept = stdio.kept if copied and stdio else None
-        if spec.kind == "none":
+        if spec.kind == SandboxKind.NONE:
             from leviathd.sandbox import none
 
             pid = none.start(spec, exit_fd=exit_fd, shell=shell, kept=kept)
@@ -460,7 +462,7 @@ def _supervise(
     # process that records how it ended.
     _write_proc("/proc/self/oom_score_adj", "-1000")
     code = 0
-    fenced = [spec for _label, spec in steps if spec.kind == "namespace"]
+    fenced = [spec for _label, spec in steps if spec.kind == SandboxKind.NAMESPACE]
     if fenced:
         try:
             scratch.enter(fenced[0], _take_image())
@@ -531,7 +533,7 @@ def _run_step(
                 os.closerange(low, fd)
                 low = fd + 1
             os.closerange(low, _max_fd())
-            if init is not None and spec.kind == "namespace":
+            if init is not None and spec.kind == SandboxKind.NAMESPACE:
                 from leviathd.sandbox import namespace
 
                 namespace.shared_init = init
@@ -575,7 +577,7 @@ def _enter_step(spec: SandboxSpec) -> StepNamespaces | None:
     """A namespace step's namespaces, entered here so that the next fork is
     its PID 1, with no worker between (namespace.enter_step); None for
     other kinds."""
-    if spec.kind != "namespace":
+    if spec.kind != SandboxKind.NAMESPACE:
         return None
     from leviathd.sandbox import namespace
 
@@ -621,12 +623,12 @@ def _write_proc(path: str, value: str) -> None:
 
 
 def _launch(spec: SandboxSpec) -> int:
-    if spec.kind == "namespace":
+    if spec.kind == SandboxKind.NAMESPACE:
         from leviathd.sandbox import namespace
 
         pinned = _pinned_workdir()
         return namespace.run(spec, workdir_fd=pinned, ready=_held())
-    if spec.kind == "container":
+    if spec.kind == SandboxKind.CONTAINER:
         from leviathd.sandbox import container
 
         return container.run(spec)
