@@ -385,7 +385,7 @@ class GateService:
             return ""
         return step[1].removeprefix("stage ")
 
-    def _agent_spec(self, agent_id: str) -> tuple[_Live, dict[str, Any]]:
+    def _agent_spec(self, agent_id: str) -> tuple[_Live, SandboxSpec]:
         """The recorded spec of the step that runs now (its fence: each stage
         may have its own), else of the last step."""
         live = self.live.get(agent_id)
@@ -395,7 +395,7 @@ class GateService:
         if not steps:
             raise Unavailable(f"agent {agent_id} has no recorded sandbox spec")
         if len(steps) == 1:
-            return live, dict(steps[0]["spec"])  # type: ignore[call-overload]
+            return live, _recorded(agent_id, steps[0]["spec"])
         # Stages may each have their own fence (a plan stage without network):
         # when the step running now is not known (its record could not be
         # written, e.g. a full state disk), no fence is guessed, since the
@@ -405,7 +405,7 @@ class GateService:
         if here is None or step is None or here.get("label") != step[1]:
             raise Unavailable(f"agent {agent_id}: the step it runs now is not recorded, so "
                               "the fence to run this in is not known")
-        return live, dict(here["spec"])  # type: ignore[call-overload]
+        return live, _recorded(agent_id, here["spec"])
 
     async def run_shell(self, req: ShellRequest) -> Mapping[str, Any]:
         """Run the command in the agent's own scope and sandbox: a child of
@@ -413,13 +413,13 @@ class GateService:
         agent's running fence (its mounts, scratch and layers, its user, its
         network) and runs `sh -c COMMAND` there."""
         live, spec = self._agent_spec(req.agent_id)
-        if spec.get("kind") not in ("namespace", "none"):
-            raise Unavailable(f"shell is not available in a {spec.get('kind')} sandbox yet")
-        spec["argv"] = ["/bin/sh", "-c", req.command]
+        if spec.kind not in (SandboxKind.NAMESPACE, SandboxKind.NONE):
+            raise Unavailable(f"shell is not available in a {spec.kind} sandbox yet")
+        spec = replace(spec, argv=("/bin/sh", "-c", req.command))
         timeout = min(req.timeout or SHELL_TIMEOUT, SHELL_TIMEOUT)
         # In the agent's own fence (sandbox/join.py); the command waits until
         # the broker has marked that namespace's mounts for its write watch.
-        hold = live.broker.watch_fence if spec.get("kind") == "namespace" else None
+        hold = live.broker.watch_fence if spec.kind == SandboxKind.NAMESPACE else None
         return await self._run_in_scope(live, spec, timeout, hold=hold, join=True)
 
     async def run_tool(self, req: ArgvRequest) -> Mapping[str, Any]:
@@ -427,12 +427,12 @@ class GateService:
         its recorded fence, its user): the blueprint chose the command, never
         where or as whom it runs."""
         live, spec = self._agent_spec(req.agent_id)
-        if spec.get("kind") not in ("namespace", "none"):
-            raise Unavailable(f"blueprint tools are not available in a {spec.get('kind')} "
+        if spec.kind not in (SandboxKind.NAMESPACE, SandboxKind.NONE):
+            raise Unavailable(f"blueprint tools are not available in a {spec.kind} "
                               "sandbox yet")
-        spec["argv"] = list(req.argv)
+        spec = replace(spec, argv=tuple(req.argv))
         # In the agent's fence too, marked first (run_shell).
-        hold = live.broker.watch_fence if spec.get("kind") == "namespace" else None
+        hold = live.broker.watch_fence if spec.kind == SandboxKind.NAMESPACE else None
         return await self._run_in_scope(live, spec, min(req.timeout, SHELL_TIMEOUT),
                                         hold=hold, join=True)
 
@@ -442,14 +442,14 @@ class GateService:
         reading from, a folder the agent can write."""
         live, agent_spec = self._agent_spec(req.agent_id)
         private = ""
-        if agent_spec.get("kind") == "none":
+        if agent_spec.kind == SandboxKind.NONE:
             private = _credential_home(req.agent_id)
         spec = credential_spec(agent_spec, req.argv, req.env, workdir=req.workdir,
                                private_dir=private)
         return await self._run_in_scope(live, spec, req.timeout, stdin=req.stdin)
 
     async def _run_in_scope(
-        self, live: _Live, spec: dict[str, Any], timeout: float, *, stdin: str = "",
+        self, live: _Live, spec: SandboxSpec, timeout: float, *, stdin: str = "",
         hold: Callable[[int, str], None] | None = None, join: bool = False,
     ) -> Mapping[str, Any]:
         """`join`: in the agent's running fence (found from its recorded
@@ -472,8 +472,8 @@ class GateService:
             if held:
                 held[1].close()
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        message: dict[str, Any] = {"unit": live.rec.unit, "spec": spec}
-        if join and spec.get("kind") == "namespace":
+        message: dict[str, Any] = {"unit": live.rec.unit, "spec": spec.to_dict()}
+        if join and spec.kind == SandboxKind.NAMESPACE:
             # The record as it is now: a handover replaced the held process
             # by PID 1 (agents/service.py).
             now = self._agents.records.get(live.rec.id, live.rec)
@@ -532,6 +532,16 @@ class GateService:
         except OSError as exc:
             raise Unavailable(f"cannot move the shell into {rec.unit}: {exc}") from None
         return cgroup
+
+
+def _recorded(agent_id: str, data: object) -> SandboxSpec:
+    """A recorded step's spec, read back as the spec it was (the records are
+    root's; a damaged one refuses the call rather than failing in the child)."""
+    try:
+        return SandboxSpec.from_dict(data)  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Unavailable(f"agent {agent_id}'s recorded sandbox spec cannot be read: "
+                          f"{exc!r}"[:400]) from None
 
 
 @contextlib.contextmanager
