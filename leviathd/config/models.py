@@ -31,7 +31,7 @@ from pydantic import (
 
 from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.engine import Engine
-from leviathd.domain.mounts import Access, Mount, MountPath
+from leviathd.domain.mounts import Access, MountPath, MountRequest
 from leviathd.domain.permission import Permission
 from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Label, Sensitivity
@@ -269,7 +269,7 @@ class SandboxConfig(_Model):
     # true: the host's network; "proxy": only lo, out through the daemon's
     # gated proxy (leviathd/proxy); false: only lo.
     network: Annotated[bool | Literal["proxy"] | None, PlainValidator(_network)] = None
-    mounts: list[Mount] | None = None
+    mounts: list[MountRequest] | None = None
     default_mounts: StrictBool | None = None
     on_unavailable: OnUnavailable | None = None
     scratch_dir: AbsolutePath | None = None

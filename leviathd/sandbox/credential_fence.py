@@ -21,13 +21,13 @@ from typing import Literal
 
 from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import Unavailable
-from leviathd.sandbox.spec import Mount, SandboxSpec
+from leviathd.sandbox.spec import Mount, MountRole, SandboxSpec
 
 CredentialWorkdir = Literal["none", "ro"]
 CREDENTIAL_WORKDIRS: tuple[str, ...] = ("none", "ro")
 
-# Parts of the agent's table that only ever show the read-only system.
-_KEPT = ("system", "system link", "fresh /proc", "minimal /dev")
+# What `workdir = "ro"` shows.
+_SHOWN = (MountRole.WORKDIR, MountRole.WORKTREE_GIT)
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 NOGROUP = 65534
 
@@ -65,16 +65,17 @@ def credential_spec(
             f"kind = \"none\" agent; this agent's sandbox is {str(kind)!r}"
         )
     home = agent_spec.home
-    mounts = [m for m in agent_spec.mounts if m.why in _KEPT]
+    # Parts of the agent's table that only ever show the read-only system.
+    mounts = [m for m in agent_spec.mounts if m.role == MountRole.SYSTEM]
     # tmpfs mounts are the user's, 0700 and empty (sandbox/namespace.py).
     mounts.append(Mount("tmpfs", home, why="credential home (private)"))
     mounts.append(Mount("tmpfs", "/tmp", why="credential tmp (private)"))
     if workdir == "ro":
         # A throwaway workdir is an overlay: show its lower (host) folder,
         # never the layer the agent writes.
-        mounts += [Mount("bind", m.target, m.source, readonly=True,
+        mounts += [Mount("bind", m.target, m.source, readonly=True, role=m.role,
                          why=m.why + " (read-only for a credential)")
-                   for m in agent_spec.mounts if m.why.startswith(("workdir", "worktree git"))]
+                   for m in agent_spec.mounts if m.role in _SHOWN]
     # Hidden paths inside what is shown stay covered, as in the agent's fence.
     mounts += [m for m in agent_spec.mounts if m.kind == "mask"]
     return replace(

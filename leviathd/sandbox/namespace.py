@@ -66,6 +66,7 @@ from leviathd.sandbox.spec import (
     SYSTEM_DIRS,
     SYSTEM_LINK_DIRS,
     Mount,
+    MountRole,
     SandboxSpec,
     is_within,
 )
@@ -844,9 +845,8 @@ class _Pinner:
             return self._beneath_scratch(m.source, os.O_PATH)
         fd = self._open(m.source, exact=m.exact)
         try:
-            if self.workdir_fd is not None and m.target == spec.workdir and m.why.startswith(
-                "workdir"
-            ):
+            if (self.workdir_fd is not None and m.target == spec.workdir
+                    and m.role == MountRole.WORKDIR):
                 self._same_as_pinned(fd, m.source)
             self._check(fd, m)
         except BaseException:
@@ -884,11 +884,11 @@ class _Pinner:
             for hidden in spec.hidden:
                 if is_within(real, hidden):
                     raise FenceError(f"{m.source} leads to {real}, inside the hidden path {hidden}")
-        if m.why.startswith(("workdir", "worktree git")) and (
+        if m.role in (MountRole.WORKDIR, MountRole.WORKTREE_GIT) and (
             real == "/" or is_within(spec.home, real)
         ):
             raise FenceError(f"{real} would show the whole home folder")
-        if m.why.startswith("worktree git"):
+        if m.role == MountRole.WORKTREE_GIT:
             self._check_git_folder(fd, real)
 
     def _check_git_folder(self, fd: int, real: str) -> None:

@@ -27,7 +27,7 @@ import pytest
 
 from leviathd.config.merge import Effective
 from leviathd.config.models import SandboxKind
-from leviathd.domain.mounts import Mount as ConfigMount
+from leviathd.domain.mounts import MountRequest as ConfigMount
 from leviathd.identity import UserInfo
 from leviathd.sandbox import namespace, scratch
 from leviathd.sandbox.spec import (
