@@ -44,7 +44,15 @@ from leviathd.events import Event
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy import filelabels
 from leviathd.records import FULL, AgentRecord, AgentState, RecordStore
-from leviathd.sandbox import container, fencehold, loopfs, scratch, supervisor, toolstate
+from leviathd.sandbox import (
+    container,
+    fencehold,
+    launchers,
+    loopfs,
+    scratch,
+    supervisor,
+    toolstate,
+)
 from leviathd.sandbox.container import pins as image_pins
 from leviathd.sandbox.spec import (
     DEFAULT_SCRATCH_DIR,
@@ -320,7 +328,8 @@ class Agents:
         unit = unit_name(user.name, agent_name, agent_id)
         # Each namespace fence may have to wait for the daemon's marks
         # (sandbox/fencehold.py): decided once the workdir is known.
-        hold = fencehold.pair() if SandboxKind.NAMESPACE in kinds and self.fence_hooks else None
+        needs = launchers.held_needs(kinds)
+        hold = fencehold.pair() if needs.fence_hold and self.fence_hooks else None
         # An attached one-command namespace agent whose caller gave pipes:
         # the daemon copies its output, no supervisor stays (agents/output.py).
         copy: output.OutputCopy | None = None
@@ -332,14 +341,13 @@ class Agents:
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             held_stdio = supervisor.Stdio(stdin=stdio.stdin, stdout=out_w, stderr=err_w,
                                           kept=(out_r, err_r))
-        image = self._scratch_image(eff) if SandboxKind.NAMESPACE in kinds else None
+        image = self._scratch_image(eff) if needs.scratch_image else None
         try:
             held = supervisor.fork_held(
                 user, req.workdir, exit_path=self._store.exit_path(agent_id),
                 identifier=safetext.AGENT_IDENTIFIER, unit=unit, stdio=held_stdio,
-                shell=(_shared_shell() if SandboxKind.NAMESPACE in kinds
-                       or kinds == [SandboxKind.NONE] else None),
-                init=_shared_shell(init=True) if SandboxKind.NAMESPACE in kinds else None,
+                shell=_shared_shell() if needs.shell else None,
+                init=_shared_shell(init=True) if needs.init else None,
                 hold=hold[1].fileno() if hold else None, image=image,
             )
         except BaseException:
@@ -429,25 +437,26 @@ class Agents:
             # Without containers the steps are final here: the spec and the
             # record (each written and fsynced, a few ms) are written while
             # systemd's job still runs (issue 18), not after it.
-            early = SandboxKind.CONTAINER not in kinds
+            early = not any(launchers.launcher(k).ensure for k in kinds)
             if early:
                 self._save_start(rec, [(label, spec.to_dict()) for label, spec in steps])
             await scope
             for hook in self.start_hooks:
                 await hook(rec, merged, user)
-            # Containers are started once the scope exists (their cgroups sit
-            # below it) and after the hooks (whose folders they bind, such as
-            # the broker's). Steps with identical settings share one.
+            # A kind's own resources (containers) are set up once the scope
+            # exists (their cgroups sit below it) and after the hooks (whose
+            # folders they bind, such as the broker's). Steps with identical
+            # settings share one.
             started: set[str] = set()
             for n, ((_label, step_eff, _argv), (label, spec)) in enumerate(
                 zip(plan, steps, strict=True)
             ):
-                if spec.kind == SandboxKind.CONTAINER:
-                    name = await container.ensure(
+                ensure = launchers.launcher(spec.kind).ensure
+                if ensure is not None:
+                    steps[n] = (label, await ensure(
                         agent_id, unit, spec, step_eff, units=self._systemd, started=started,
                         pinned_workdir=held.workdir_path(),
-                    )
-                    steps[n] = (label, container.with_container(spec, name))
+                    ))
             spec_dicts = [(label, spec.to_dict()) for label, spec in steps]
             if not early:
                 self._save_start(rec, spec_dicts)
@@ -471,9 +480,12 @@ class Agents:
                 await self._systemd.stop_unit(unit)
             if scratch_path:
                 scratch.remove(scratch_path)
-            if SandboxKind.CONTAINER in kinds:
-                with _logged(f"agent {agent_id}: removing its container after a failed start"):
-                    await container.teardown(agent_id)
+            for step_kind in dict.fromkeys(kinds):
+                teardown = launchers.launcher(step_kind).teardown
+                if teardown is not None:
+                    with _logged(f"agent {agent_id}: removing its {step_kind} after a failed "
+                                 "start"):
+                        await teardown(agent_id)
             self._store.forget(agent_id)
             raise
         self.records[agent_id] = rec
@@ -593,7 +605,7 @@ class Agents:
             key = (str(step_eff.engine), str(step_eff.image))
             if key not in probes:
                 authorized()
-                probes[key] = container.probe(step_eff)
+                probes[key] = launchers.launcher(SandboxKind.CONTAINER).probe(step_eff)
             return probes[key]
 
         for _label, step_eff, _argv in plan:
@@ -692,9 +704,7 @@ class Agents:
         """Why the namespace fence cannot be built here (None: it can). Asked
         once, then again on reload: the answer is the host's, not the run's."""
         if self._namespace_probe is _UNPROBED:
-            from leviathd.sandbox import namespace
-
-            self._namespace_probe = namespace.probe()
+            self._namespace_probe = launchers.launcher(SandboxKind.NAMESPACE).probe(None)
             if self._namespace_probe is None and os.environ.get(NAMESPACE_STAND_IN):
                 # A test stand-in: a host whose kernel refuses the fence while
                 # podman still works cannot be made on demand in the test bed.

@@ -59,6 +59,7 @@ from leviathd.records import AgentRecord, RecordStore
 from leviathd.sandbox import fencehold
 from leviathd.sandbox.container import cgroup_procs_files
 from leviathd.sandbox.credential_fence import credential_spec
+from leviathd.sandbox.launchers import launcher
 from leviathd.sandbox.spec import Mount, SandboxSpec
 from leviathd.systemd import journal
 
@@ -128,10 +129,8 @@ class GateService:
 
     def extend_spec(self, spec: SandboxSpec) -> SandboxSpec:
         host_socket = os.path.join(agent_dir(spec.execution_id), SOCKET_NAME)
-        if spec.kind == SandboxKind.NONE:
+        if not launcher(spec.kind).fenced:
             return replace(spec, env={**spec.env, "LEVIATH_BROKER": host_socket})
-        if spec.kind not in (SandboxKind.NAMESPACE, SandboxKind.CONTAINER):
-            return spec
         own = agent_dir(spec.execution_id)
         # /run/leviath is hidden from agents, and the launcher refuses to bind
         # anything inside a hidden path. The agent's own folder is the one
@@ -413,13 +412,13 @@ class GateService:
         agent's running fence (its mounts, scratch and layers, its user, its
         network) and runs `sh -c COMMAND` there."""
         live, spec = self._agent_spec(req.agent_id)
-        if spec.kind not in (SandboxKind.NAMESPACE, SandboxKind.NONE):
+        if not launcher(spec.kind).tools:
             raise Unavailable(f"shell is not available in a {spec.kind} sandbox yet")
         spec = replace(spec, argv=("/bin/sh", "-c", req.command))
         timeout = min(req.timeout or SHELL_TIMEOUT, SHELL_TIMEOUT)
         # In the agent's own fence (sandbox/join.py); the command waits until
         # the broker has marked that namespace's mounts for its write watch.
-        hold = live.broker.watch_fence if spec.kind == SandboxKind.NAMESPACE else None
+        hold = live.broker.watch_fence if launcher(spec.kind).held.fence_hold else None
         return await self._run_in_scope(live, spec, timeout, hold=hold, join=True)
 
     async def run_tool(self, req: ArgvRequest) -> Mapping[str, Any]:
@@ -427,12 +426,12 @@ class GateService:
         its recorded fence, its user): the blueprint chose the command, never
         where or as whom it runs."""
         live, spec = self._agent_spec(req.agent_id)
-        if spec.kind not in (SandboxKind.NAMESPACE, SandboxKind.NONE):
+        if not launcher(spec.kind).tools:
             raise Unavailable(f"blueprint tools are not available in a {spec.kind} "
                               "sandbox yet")
         spec = replace(spec, argv=tuple(req.argv))
         # In the agent's fence too, marked first (run_shell).
-        hold = live.broker.watch_fence if spec.kind == SandboxKind.NAMESPACE else None
+        hold = live.broker.watch_fence if launcher(spec.kind).held.fence_hold else None
         return await self._run_in_scope(live, spec, min(req.timeout, SHELL_TIMEOUT),
                                         hold=hold, join=True)
 
@@ -473,7 +472,7 @@ class GateService:
                 held[1].close()
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         message: dict[str, Any] = {"unit": live.rec.unit, "spec": spec.to_dict()}
-        if join and spec.kind == SandboxKind.NAMESPACE:
+        if join and launcher(spec.kind).join is not None:
             # The record as it is now: a handover replaced the held process
             # by PID 1 (agents/service.py).
             now = self._agents.records.get(live.rec.id, live.rec)

@@ -101,7 +101,7 @@ def run(
 ) -> int:
     """Run spec.argv in the agent's running fence; its exit status."""
     if spec.kind != SandboxKind.NAMESPACE:
-        raise Unavailable(f"cannot join a {spec.kind!r} sandbox")
+        raise Unavailable(f"cannot join a {str(spec.kind)!r} sandbox")
     pidfd = find_pid1(anchor, unit)
     rfd, wfd = os.pipe2(os.O_CLOEXEC)
     # No import may come from the agent's root, which is ours after setns.

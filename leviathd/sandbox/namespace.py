@@ -241,7 +241,7 @@ def run(
     anything of the command runs (the `shell` tool: the daemon marks the
     new mounts for its write watch then); raising fails the fence."""
     if spec.kind != SandboxKind.NAMESPACE:
-        raise InvalidArgument(f"the namespace launcher cannot run a {spec.kind!r} spec")
+        raise InvalidArgument(f"the namespace launcher cannot run a {str(spec.kind)!r} spec")
     if os.geteuid() != 0:
         raise Unavailable("the namespace fence needs root (run by leviathd)")
     existed = os.path.lexists(spec.scratch)
@@ -415,7 +415,7 @@ def enter_step(spec: SandboxSpec) -> StepNamespaces:
     close-on-exec, and the fork's worker side closes them before anything
     runs, so PID 1 never holds the host's namespaces."""
     if spec.kind != SandboxKind.NAMESPACE:
-        raise InvalidArgument(f"the namespace launcher cannot run a {spec.kind!r} spec")
+        raise InvalidArgument(f"the namespace launcher cannot run a {str(spec.kind)!r} spec")
     step = StepNamespaces()
     try:
         for name, kind in StepNamespaces._KINDS:
