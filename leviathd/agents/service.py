@@ -1396,11 +1396,11 @@ def _copied_clients(
 
 def _shared_shell(*, init: bool = False) -> int | None:
     """The daemon's sealed dash (or with `init`, catatonit), one for every agent."""
-    from leviathd.sandbox import namespace
+    from leviathd.sandbox.namespace import sealed
 
     try:
-        return namespace.shared_sealed(
-            namespace.INIT_CANDIDATES if init else namespace.SHELL_CANDIDATES)
+        return sealed.shared_sealed(
+            sealed.INIT_CANDIDATES if init else sealed.SHELL_CANDIDATES)
     except OSError:
         return None
 

@@ -67,7 +67,7 @@ def credential_spec(
     home = agent_spec.home
     # Parts of the agent's table that only ever show the read-only system.
     mounts = [m for m in agent_spec.mounts if m.role == MountRole.SYSTEM]
-    # tmpfs mounts are the user's, 0700 and empty (sandbox/namespace.py).
+    # tmpfs mounts are the user's, 0700 and empty (sandbox/namespace/root.py).
     mounts.append(Mount("tmpfs", home, why="credential home (private)"))
     mounts.append(Mount("tmpfs", "/tmp", why="credential tmp (private)"))
     if workdir == "ro":

@@ -102,7 +102,7 @@ class Launcher:
     join: Callable[[SandboxSpec, int, str, Ready], int] | None = None
 
 
-# -- namespace (sandbox/namespace.py) -------------------------------------------
+# -- namespace (sandbox/namespace/) ---------------------------------------------
 
 
 def _namespace_probe(_effective: Any) -> str | None:

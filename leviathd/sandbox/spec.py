@@ -184,7 +184,7 @@ class MountRole(StrEnum):
     """What a mount is for, which is what behaviour keys on (`why` is only
     for people): the credential fence keeps SYSTEM (credential_fence.py), a
     container skips SYSTEM and SCRATCH binds (container/settings.py), the
-    launcher checks WORKDIR and WORKTREE_GIT sources (namespace.py)."""
+    launcher checks WORKDIR and WORKTREE_GIT sources (namespace/pinner.py)."""
 
     SYSTEM = "system"  # the read-only system, its links, a fresh /proc, a minimal /dev
     SCRATCH = "scratch"  # home and /tmp, from the agent's scratch

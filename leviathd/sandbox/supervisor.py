@@ -332,7 +332,7 @@ def _hand_over(
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     # What the daemon's fork inherited and the agent must not: Python's
-    # ignored SIGXFSZ (namespace._agent resets the others) and the
+    # ignored SIGXFSZ (namespace.pid1.exec_agent resets the others) and the
     # daemon's OOM score (the agent's scope, not the daemon, is to blame).
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     _write_proc("/proc/self/oom_score_adj", "0")
@@ -528,9 +528,9 @@ def _run_step(
                 low = fd + 1
             os.closerange(low, _max_fd())
             if init is not None and launcher(spec.kind).held.init:
-                from leviathd.sandbox import namespace
+                from leviathd.sandbox.namespace import sealed
 
-                namespace.shared_init = init
+                sealed.shared_init = init
             if step is not None:
                 from leviathd.sandbox import namespace
 

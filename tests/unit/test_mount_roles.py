@@ -17,7 +17,8 @@ from leviathd.config.merge import Effective
 from leviathd.domain.sandbox import SandboxKind
 from leviathd.sandbox.container.settings import mount_options
 from leviathd.sandbox.credential_fence import credential_spec
-from leviathd.sandbox.namespace import FenceError, _Pinner
+from leviathd.sandbox.namespace.pinner import Pinner
+from leviathd.sandbox.namespace.syscalls import FenceError
 from leviathd.sandbox.spec import Mount, SandboxSpec
 
 
@@ -57,7 +58,7 @@ def test_a_container_binds_and_skips_the_same_mounts_whatever_the_labels() -> No
 
 
 def _pinned(spec: SandboxSpec, m: Mount) -> None:
-    fd = _Pinner(spec, -1, None).source(m)
+    fd = Pinner(spec, -1, None).source(m)
     os.close(fd)
 
 
