@@ -23,6 +23,7 @@ from dataclasses import replace
 from leviathd import fsat
 from leviathd.config.merge import Effective
 from leviathd.config.models import CredentialConfig
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.gate.service import SANDBOX_RUNTIME, agent_dir
 from leviathd.proxy import inject
 from leviathd.sandbox import gitenv
@@ -60,7 +61,7 @@ def injections(credentials: Mapping[str, CredentialConfig], key: bytes
 
 
 def applies(spec: SandboxSpec) -> bool:
-    return spec.kind == "namespace" and spec.proxy and any(
+    return spec.kind == SandboxKind.NAMESPACE and spec.proxy and any(
         m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts)
 
 

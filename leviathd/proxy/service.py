@@ -27,6 +27,7 @@ from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord
 from leviathd.config.merge import Effective, MergeResult
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.events import Event
 from leviathd.gate.service import GateService, agent_dir
@@ -103,7 +104,7 @@ class ProxyService:
     def extend_spec(self, spec: SandboxSpec) -> SandboxSpec:
         if not spec.proxy:
             return spec
-        if spec.kind == "none":
+        if spec.kind == SandboxKind.NONE:
             return replace(spec, proxy=False, notes=(
                 *spec.notes, 'network = "proxy" has no effect unsandboxed: the agent has '
                 "the host's network"))
@@ -135,7 +136,7 @@ class ProxyService:
             allow_private=taint.allow_private_addresses,
         )
         injections: tuple[inject.Injection, ...] = ()
-        if rec.sandbox == "namespace" and egress.injected(dict(eff.credentials)):
+        if rec.sandbox == SandboxKind.NAMESPACE and egress.injected(dict(eff.credentials)):
             injections = egress.injections(dict(eff.credentials), self._key(rec.id))
         push = eff.permissions.get("git_push")
         egress_state: dict[str, object] = {"key": self._key(rec.id).hex(),
