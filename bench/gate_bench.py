@@ -22,7 +22,7 @@ from leviathd.cli.tool import BrokerClient
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.identity import UserInfo
 from leviathd.policy.approvals import ApprovalQueue
-from leviathd.policy.gate import Call, Facts, decide
+from leviathd.policy.decision import Call, Facts, decide
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.rules import RuleSpec
 from leviathd.policy.settings import CompiledPolicy, PolicySettings

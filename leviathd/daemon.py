@@ -18,20 +18,25 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
 from leviathd import heap
+from leviathd.agents import feature as features
 from leviathd.agents.service import Agents
-from leviathd.bus import caller, polkit, writer
+from leviathd.bus import caller, writer
 from leviathd.bus.bounded import BoundedBus
 from leviathd.bus.caller_watch import BusCallerWatch
 from leviathd.bus.compat import many_fds
 from leviathd.bus.manager_iface import ManagerInterface
+from leviathd.bus.method import ServedAuthority
 from leviathd.bus.names import BUS_NAME, MANAGER_IFACE, OBJECT_PATH
 from leviathd.bus.policy_iface import PolicyInterface
 from leviathd.config import load as config_load
+from leviathd.config.machine_policy import MachinePolicy
+from leviathd.config.reload import Cause, Reloads
 from leviathd.config.watch import ConfigWatcher
 from leviathd.creds.service import CredentialService
 from leviathd.enginesock.service import EngineSockService
 from leviathd.errors import ConfigError, LeviathError
 from leviathd.events import Event
+from leviathd.gate.answers import Answers
 from leviathd.gate.service import GateService
 from leviathd.paths import machine_config_path, state_dir
 from leviathd.proxy.service import ProxyService
@@ -120,23 +125,21 @@ async def serve() -> int:
 
     agents = Agents(
         BusCallerWatch(bus), systemd, store,
-        authority=polkit.PolkitAuthority(bus),
+        # The Authority of the bus call being served, limited to what its
+        # method declares (bus/method.py).
+        authority=ServedAuthority(),
         machine_config_path=str(machine_config_path()),
         scratch_dir_default=os.path.join(state_dir(), "scratch"),
         on_started=started, on_ended=ended,
     )
     agents.podman_only = not systemd_booted
 
+    # Every reload, whatever asked for it, goes this one way (config/reload.py).
+    reloads = Reloads(agents.load_machine_config, str(machine_config_path()))
+
     def on_file_change() -> None:
-        try:
-            agents.load_machine_config()
-            journal.record(f"{machine_config_path()} changed: reloaded", LEVIATH_EVENT=Event.RELOAD)
-        except LeviathError as exc:
-            journal.record(
-                f"{machine_config_path()} changed but does not load; the old configuration "
-                f"stays in force: {exc}",
-                priority=syslog.LOG_ERR, LEVIATH_EVENT=Event.RELOAD_FAILED,
-            )
+        with contextlib.suppress(LeviathError):  # said in the journal
+            reloads.reload(Cause.FILE)
 
     # Watching before the read and long before READY=1: an edit made the
     # moment `systemctl restart` returns is then seen, by the read or the watch.
@@ -159,23 +162,23 @@ async def serve() -> int:
         )
         log.error("%s", agents.config_problem)
     gate = GateService(agents, state_dir=state_dir())
-    gate.install()
-    credentials = CredentialService(agents, gate)
-    credentials.install()
-    proxy = ProxyService(agents, gate, state_dir=state_dir())
-    proxy.install()
-    engine_sockets = EngineSockService(agents, gate, state_dir=state_dir())
-    engine_sockets.install()
-    iface = ManagerInterface(bus, agents)
+    # The per-agent features (agents/feature.py), called in this order: the
+    # others use the gate's folder and broker, so it comes first.
+    agents.use([
+        gate,
+        CredentialService(agents, gate),
+        ProxyService(agents, gate, state_dir=state_dir()),
+        EngineSockService(agents, gate, state_dir=state_dir()),
+    ])
+    iface = ManagerInterface(bus, agents, reloads)
     bus.export(OBJECT_PATH, iface)
-    bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate))
+    machine_policy = MachinePolicy(machine_config_path(), lambda: agents.machine_config, reloads)
+    bus.export(OBJECT_PATH, PolicyInterface(bus, agents, gate, Answers(gate), machine_policy))
     await agents.recover()
-    await gate.recover()
-    await credentials.recover()
-    await proxy.recover()
+    # The engine sockets' in the background: podman's API service may take
+    # seconds to start, and is not in the way of READY.
+    recoveries = await features.recover(agents.features)
     maintenance = asyncio.get_running_loop().create_task(agents.maintain())
-    # podman's API service may take seconds to start: not in the way of READY.
-    engine_recovery = asyncio.get_running_loop().create_task(engine_sockets.recover())
 
     if not await own_name(bus):
         log.error("could not own %s: is another leviathd running?", BUS_NAME)
@@ -192,11 +195,8 @@ async def serve() -> int:
 
     def on_hup() -> None:
         notify.reloading()
-        try:
-            agents.load_machine_config()
-            log.info("configuration reloaded")
-        except LeviathError as exc:
-            log.error("configuration not reloaded, the old one stays in force: %s", exc)
+        with contextlib.suppress(LeviathError):  # said in the journal
+            reloads.reload(Cause.SIGNAL)
         if agents.config_problem:
             notify.ready(f"NOT STARTING AGENTS: {agents.config_problem}"[:400])
         else:
@@ -223,13 +223,10 @@ async def serve() -> int:
     maintenance.cancel()
     watcher.close()
     rules_watcher.close()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(gate.close(), timeout=5)
-        await asyncio.wait_for(credentials.close(), timeout=5)
-        await asyncio.wait_for(proxy.close(), timeout=5)
-    engine_recovery.cancel()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(engine_sockets.close(), timeout=12)
+    for recovery in recoveries:
+        recovery.cancel()
+    # Each one closed, whichever failed before it (failures are logged).
+    await features.close(agents.features)
     bus.disconnect()
     return EXIT_BUS_LOST if lost else 0
 

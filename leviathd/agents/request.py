@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leviathd import safetext
+from leviathd.domain.workdir import WORKDIR_MODES
 from leviathd.errors import InvalidArgument
-from leviathd.sandbox.spec import WORKDIR_MODES
 
 # Bounds on what a caller may send, before anything uses or echoes it. The
 # kernel's own limits for exec: an argument or variable of at most 128 KiB.
@@ -20,32 +20,6 @@ MAX_ARG = 128 * 1024
 MAX_ENV = 4096
 MAX_PATH = 4096
 MAX_BLUEPRINT = 1024 * 1024
-
-
-# Folders of the system that are never an agent's workdir, whatever the kind
-# and mode (issue 22): the workdir is bound at its own path, so /etc as a
-# workdir would lay the host's /etc (group, shadow...) over the container's.
-SYSTEM_FOLDERS = (
-    "/etc", "/usr", "/boot", "/efi", "/root", "/proc", "/sys", "/dev", "/run",
-    "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/var/lib", "/var/log",
-    "/var/cache", "/var/spool", "/var/backups", "/var/mail", "/snap",
-)  # fmt: skip
-_SYSTEM_EXACT = ("/", "/var")
-
-
-def refuse_system_workdir(path: str, home: str | None = None) -> None:
-    """InvalidArgument when `path` (absolute; checked as given and again as
-    resolved) is a system folder or inside one. A folder inside the caller's
-    own `home` is allowed wherever that home is (root's is /root)."""
-    norm = os.path.normpath(path)
-    if norm.startswith("//"):
-        norm = "/" + norm.lstrip("/")
-    if home and home != "/" and norm.startswith(os.path.normpath(home).rstrip("/") + "/"):
-        return
-    if norm in _SYSTEM_EXACT or any(
-        norm == top or norm.startswith(top + "/") for top in SYSTEM_FOLDERS
-    ):
-        raise InvalidArgument(f"workdir {path}: a system folder cannot be an agent's workdir")
 
 
 @dataclass

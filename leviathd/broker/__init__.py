@@ -5,7 +5,6 @@ What the daemon does for each running agent (phase 2 wiring):
     settings = policy_settings(merge_result.agent, machine_config)
     approvals = ApprovalQueue(agent_id=id, owner_uid=user.uid,
                               timeout=settings.approval_timeout,
-                              is_admin=<polkit manage-any check>,
                               on_request=<emit D-Bus signal>, on_resolved=<journal>)
     broker = Broker(agent_id=id, user=user_info, workdir=workdir, settings=settings,
                     ledger=Ledger(settings.budget), approvals=approvals,
@@ -16,7 +15,8 @@ What the daemon does for each running agent (phase 2 wiring):
     await server.start()                   # $LEVIATH_RUNTIME_DIR/agents/<id>/broker.sock
     ...
     broker.reload(new_settings)            # config change: the next call uses it
-    approvals.answer(request_id, Answer.ONCE|SESSION|DENY, by_uid)   # lev approve
+    approvals.answer(request_id, Answer.ONCE|SESSION|DENY, by_uid,
+                     admin=<polkit answer-any>)   # lev approve
     approvals.pending()                    # lev approvals
     await server.close(); broker.close()   # agent ended
 

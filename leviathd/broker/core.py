@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from leviathd.broker import gitcreds, resolve, schema
-from leviathd.broker.limits import Limits, too_large
+from leviathd.broker.limits import too_large
 from leviathd.broker.net import AddressRefused
 from leviathd.broker.opener import Opener
 from leviathd.broker.rulelane import Lane, Lanes
@@ -34,6 +34,7 @@ from leviathd.broker.tools import (
     web_tool,
 )
 from leviathd.broker.writewatch import TooBusy, WriteWatch
+from leviathd.domain.brokerlimits import Limits
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, SendsOut, ToolKind
 from leviathd.errors import AccessDenied, LeviathError, LimitExceeded, NotFound, Unavailable
@@ -41,7 +42,7 @@ from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.policy import filelabels
 from leviathd.policy.approvals import Answer, ApprovalQueue, OnceApproval
-from leviathd.policy.gate import ApprovalView, Call, Decision, Facts, decide, rule_views
+from leviathd.policy.decision import ApprovalView, Call, Decision, Facts, decide, rule_views
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.rules import RuleResult
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
@@ -488,7 +489,7 @@ class Broker:
     def _labelled(self, label: Sensitivity) -> None:
         """The watch labelled a file (or lost events) at `label`: the
         workdir keeps the mark, so the next agent there is watched from its
-        start (agents/service.py, _labelled_workdir)."""
+        start (agents/start.py, _labelled_workdir)."""
         if label <= Sensitivity.INTERNAL:
             return
         with contextlib.suppress(RuntimeError):

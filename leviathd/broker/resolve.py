@@ -32,7 +32,7 @@ from leviathd.broker.opener import Opener, OpenFailed
 from leviathd.broker.schema import port_of
 from leviathd.errors import InvalidArgument
 from leviathd.hosts import canonical_host
-from leviathd.policy.gate import Call, normalise
+from leviathd.policy.decision import Call, normalise
 from leviathd.policy.readgrant import GrantIndex
 from leviathd.policy.tooldef import ToolDef, check_args, command_line, declared, render
 

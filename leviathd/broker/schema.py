@@ -13,7 +13,7 @@ from leviathd.broker.gitcreds import target as git_target
 from leviathd.domain.tools import TOOLS, ToolKind
 from leviathd.errors import InvalidArgument
 from leviathd.hosts import canonical_host
-from leviathd.policy.gate import Call, normalise
+from leviathd.policy.decision import Call, normalise
 
 
 def args_from_positional(tool: str, values: Sequence[str]) -> dict[str, Any]:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from leviathd.broker import net
-from leviathd.broker.limits import Limits, too_large
+from leviathd.broker.limits import too_large
 from leviathd.broker.opener import Opener, OpenFailed
+from leviathd.domain.brokerlimits import Limits
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound, Unavailable
 from leviathd.policy import filelabels
@@ -518,7 +519,8 @@ async def run_credential(
     if spec.kind not in ("command", "cli"):
         raise InvalidArgument(
             f"a credential of kind {spec.kind!r} is not a command: the sandbox's "
-            + ("git credential helper" if spec.kind == "git" else "SSH agent") + " uses it"
+            + {"git": "git credential helper", "ssh": "SSH agent"}.get(
+                spec.kind, "proxy (injected at the egress)") + " uses it"
         )
     if not spec.command:
         raise Unavailable("credential has no command configured")

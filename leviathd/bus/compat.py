@@ -51,6 +51,16 @@ def _plain(fn: F) -> F:
     f: Any = fn
     while f is not None:
         f.__annotations__ = dict(bare)
+        # A wrapper that shows D-Bus fewer arguments than it wraps
+        # (bus/method.py hands its method a Call) says so in __signature__,
+        # where inspect looks first: its annotations are made bare too.
+        sig = vars(f).get("__signature__")
+        if isinstance(sig, inspect.Signature):
+            f.__signature__ = sig.replace(
+                parameters=[p.replace(annotation=bare.get(p.name, p.empty))
+                            for p in sig.parameters.values()],
+                return_annotation=bare.get("return", sig.empty),
+            )
         f = getattr(f, "__wrapped__", None)
     return fn
 

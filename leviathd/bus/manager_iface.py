@@ -1,6 +1,7 @@
 """org.leviath.Manager1: the control API. It only translates between the bus
-and `leviathd.agents.service.Agents`; identity comes from the bus, decisions from
-polkit and the core."""
+and `leviathd.agents.service.Agents` (and `config/reload.py` for Reload); each
+method is handed its caller, from the bus, and an Authority limited to the
+rights it declares, which is the one `Agents` asks (bus/method.py)."""
 
 import asyncio
 import contextlib
@@ -15,11 +16,12 @@ from dbus_fast.service import ServiceInterface
 from leviathd import __version__, listing
 from leviathd.agents.request import RunInput
 from leviathd.agents.service import Agents
-from leviathd.bus import bounds, names
-from leviathd.bus import caller as bus_caller
+from leviathd.authority import Call, Right
+from leviathd.bus import bounds
 from leviathd.bus.compat import DBusSignature, dbus_property, dbus_signal
 from leviathd.bus.method import bus_method
 from leviathd.bus.names import MANAGER_IFACE
+from leviathd.config.reload import Cause, Reloads
 from leviathd.errors import InvalidArgument
 from leviathd.records import AgentRecord
 from leviathd.sandbox.supervisor import Stdio
@@ -108,29 +110,28 @@ def _parse_request(request: dict[str, Any]) -> RunInput:
 
 
 class ManagerInterface(ServiceInterface):
-    def __init__(self, bus: MessageBus, agents: Agents) -> None:
+    def __init__(self, bus: MessageBus, agents: Agents, reloads: Reloads) -> None:
         super().__init__(MANAGER_IFACE)
         self._bus = bus
         self._agents = agents
+        self._reloads = reloads
 
-    @bus_method(asks=(names.ACTION_RUN, names.ACTION_RUN_UNSANDBOXED))
-    async def Run(self, request: VarDict) -> IdAndUnit:
+    @bus_method(asks=(Right.RUN, Right.RUN_UNSANDBOXED))
+    async def Run(self, call: Call, request: VarDict) -> IdAndUnit:
         """Start an agent as the caller, detached. Keys: command (as),
         blueprint (s, the blueprint.toml text), blueprint_source (s), workdir (s),
         env (a{ss}), sandbox (s: "" or "none"), workdir_mode (s)."""
-        who = await bus_caller.current(self._bus)
-        rec = await self._agents.run(who, _parse_request(request), Stdio())
+        rec = await self._agents.run(call.who, _parse_request(request), Stdio())
         return [rec.id, rec.unit]
 
-    @bus_method(asks=(names.ACTION_RUN, names.ACTION_RUN_UNSANDBOXED))
+    @bus_method(asks=(Right.RUN, Right.RUN_UNSANDBOXED))
     async def RunAttached(
-        self, request: VarDict, stdin: Fd, stdout: Fd, stderr: Fd
+        self, call: Call, request: VarDict, stdin: Fd, stdout: Fd, stderr: Fd
     ) -> IdAndUnit:
         """As Run, with the caller's terminal: output goes to the journal and
         to these descriptors, input comes from stdin."""
         stdio = Stdio(stdin=stdin, stdout=stdout, stderr=stderr)
         try:
-            who = await bus_caller.current(self._bus)
             req = _parse_request(request)
         except BaseException:
             # Agents.run closes them from here on; a refused request must not
@@ -138,26 +139,24 @@ class ManagerInterface(ServiceInterface):
             for fd in stdio.fds():
                 _close_quietly(fd)
             raise
-        rec = await self._agents.run(who, req, stdio)
+        rec = await self._agents.run(call.who, req, stdio)
         return [rec.id, rec.unit]
 
-    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
-    async def Stop(self, agent_id: Str) -> None:
+    @bus_method(asks=(Right.RUN, Right.MANAGE_ANY))
+    async def Stop(self, call: Call, agent_id: Str) -> None:
         agent_id = bounds.agent_id(agent_id)
-        who = await bus_caller.current(self._bus)
-        await self._agents.stop(who, agent_id)
+        await self._agents.stop(call.who, agent_id)
 
-    @bus_method(asks=(names.ACTION_MANAGE_ANY,))
-    async def List(self, all_agents: Bool) -> VarDictList:
+    @bus_method(asks=(Right.MANAGE_ANY,))
+    async def List(self, call: Call, all_agents: Bool) -> VarDictList:
         """The caller's agents (everyone's with org.leviath.agent.manage-any):
         those running, and with all_agents the most recently ended ones, as
         many as fit in one page (ListPage has the rest)."""
-        who = await bus_caller.current(self._bus)
-        rows, _cursor = await self._agents.list(who, include_ended=all_agents)
+        rows, _cursor = await self._agents.list(call.who, include_ended=all_agents)
         return [record_to_variants(rec, live) for rec, live in rows]
 
-    @bus_method(asks=(names.ACTION_MANAGE_ANY,))
-    async def ListPage(self, options: VarDict) -> RowsAndCursor:
+    @bus_method(asks=(Right.MANAGE_ANY,))
+    async def ListPage(self, call: Call, options: VarDict) -> RowsAndCursor:
         """One page of List. Options: all (b), cursor (s: "" for the first
         page, else the one the previous page returned), limit (u, at most
         1000). Returns the rows and the next cursor ("" after the last page).
@@ -165,66 +164,60 @@ class ManagerInterface(ServiceInterface):
         all_agents = _option(options, "all", "b", False)
         cursor = bounds.text(_option(options, "cursor", "s", ""), 64, "cursor")
         limit = _option(options, "limit", "u", listing.DEFAULT_ROWS)
-        who = await bus_caller.current(self._bus)
         rows, next_cursor = await self._agents.list(
-            who, include_ended=bool(all_agents), cursor=str(cursor), limit=int(limit)
+            call.who, include_ended=bool(all_agents), cursor=str(cursor), limit=int(limit)
         )
         return [[record_to_variants(rec, live) for rec, live in rows], next_cursor]
 
-    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
-    async def Get(self, agent_id: Str) -> VarDict:
+    @bus_method(asks=(Right.RUN, Right.MANAGE_ANY))
+    async def Get(self, call: Call, agent_id: Str) -> VarDict:
         agent_id = bounds.agent_id(agent_id)
-        who = await bus_caller.current(self._bus)
-        rec, live = await self._agents.get(who, agent_id)
+        rec, live = await self._agents.get(call.who, agent_id)
         # As in List: a record with a huge command line is sent cut short.
         return record_to_variants(listing.trimmed(rec), live)
 
-    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
-    async def Watch(self, agent_id: Str) -> VarDict:
+    @bus_method(asks=(Right.RUN, Right.MANAGE_ANY))
+    async def Watch(self, call: Call, agent_id: Str) -> VarDict:
         """As Get; while the agent runs, the caller's connection also hears its
         AgentEnded (for a client that outlived a daemon restart)."""
         agent_id = bounds.agent_id(agent_id)
-        who = await bus_caller.current(self._bus)
-        rec = await self._agents.watch(who, agent_id)
+        rec = await self._agents.watch(call.who, agent_id)
         return record_to_variants(listing.trimmed(rec), {})
 
-    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
-    async def Inspect(self, agent_id: Str) -> Str:
+    @bus_method(asks=(Right.RUN, Right.MANAGE_ANY))
+    async def Inspect(self, call: Call, agent_id: Str) -> Str:
         """What the agent sees: its sandbox spec for each step (seed commands,
         stages), as JSON: [{"label": ..., "spec": {...}}]."""
         agent_id = bounds.agent_id(agent_id)
-        who = await bus_caller.current(self._bus)
-        return await self._agents.inspect(who, agent_id)
+        return await self._agents.inspect(call.who, agent_id)
 
-    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
-    async def Logs(self, agent_id: Str, follow: Bool) -> Fd:
+    @bus_method(asks=(Right.RUN, Right.MANAGE_ANY))
+    async def Logs(self, call: Call, agent_id: Str, follow: Bool) -> Fd:
         """A pipe carrying the agent's journal output; with follow, it stays
         open until the agent ends. Readers are capped per caller and in total
         and end with the caller's bus connection (leviathd/audit/readers.py)."""
         agent_id = bounds.agent_id(agent_id)
-        who = await bus_caller.current(self._bus)
-        fd = await self._agents.logs(who, agent_id, follow)
+        fd = await self._agents.logs(call.who, agent_id, follow)
         # dbus-fast sends a duplicate through the socket but never closes ours;
         # the reply leaves at once, so closing a little later is safe.
         asyncio.get_running_loop().call_later(30, _close_quietly, fd)
         return fd
 
-    @bus_method(asks=(names.ACTION_RUN, names.ACTION_MANAGE_ANY))
-    async def Audit(self, agent_id: Str, follow: Bool) -> Fd:
+    @bus_method(asks=(Right.RUN, Right.MANAGE_ANY))
+    async def Audit(self, call: Call, agent_id: Str, follow: Bool) -> Fd:
         """A pipe carrying the agent's audit records, one JSON object a line
         (journalctl's JSON output, limited to the LEVIATH_* fields), matched
         only on what journald stamps (leviathd/audit/trail.py); with follow, open
         until the agent ends."""
         agent_id = bounds.agent_id(agent_id)
-        who = await bus_caller.current(self._bus)
-        fd = await self._agents.audit(who, agent_id, follow)
+        fd = await self._agents.audit(call.who, agent_id, follow)
         asyncio.get_running_loop().call_later(30, _close_quietly, fd)
         return fd
 
-    @bus_method(needs=names.ACTION_CONFIG_MANAGE, what="reload the configuration")
-    async def Reload(self) -> None:
+    @bus_method(needs=Right.CONFIG_MANAGE, what="reload the configuration")
+    async def Reload(self, call: Call) -> None:
         """Re-read /etc/leviath/config.toml (org.leviath.config.manage)."""
-        await self._agents.reload()
+        self._reloads.reload(Cause.BUS, by_uid=call.who.uid)
 
     @dbus_signal()
     def AgentStarted(

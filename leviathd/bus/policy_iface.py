@@ -1,9 +1,9 @@
 """org.leviath.Policy1 (on /org/leviath/Manager1): approvals of held tool
-calls and the machine-wide allowlist. Identity comes from the bus, decisions
-from polkit and the gate service."""
+calls and the machine-wide allowlist. It only translates between the bus and
+the services: who may answer what is gate/answers.py's, the writes to
+/etc/leviath and their reload config/machine_policy.py's; each method is
+handed its caller and an Authority limited to what it declares."""
 
-import asyncio
-from pathlib import Path
 from typing import Annotated, Any
 
 from dbus_fast import Variant
@@ -11,19 +11,14 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface
 
 from leviathd.agents.service import Agents
-from leviathd.bus import bounds, names, polkit
-from leviathd.bus import caller as bus_caller
+from leviathd.authority import Call, Right
+from leviathd.bus import bounds, names
 from leviathd.bus.compat import DBusSignature, dbus_signal
 from leviathd.bus.method import bus_method
-from leviathd.config.edit import add_machine_rule, append_rule, machine_write_target
-from leviathd.domain.sensitivity import Sensitivity
-from leviathd.domain.tools import checked_tool_name
-from leviathd.errors import InvalidArgument, NotFound
-from leviathd.events import Event
+from leviathd.config.machine_policy import MachinePolicy
+from leviathd.gate.answers import Answers
 from leviathd.gate.service import GateService
-from leviathd.paths import machine_config_path
-from leviathd.policy.approvals import Answer, PendingRequest
-from leviathd.systemd import journal
+from leviathd.policy.approvals import PendingRequest
 
 VarDictList = Annotated[list[dict[str, Variant]], DBusSignature("aa{sv}")]
 Str = Annotated[str, DBusSignature("s")]
@@ -51,13 +46,14 @@ def request_to_variants(req: PendingRequest, user: str) -> dict[str, Variant]:
 
 
 class PolicyInterface(ServiceInterface):
-    def __init__(self, bus: MessageBus, agents: Agents, gate: GateService) -> None:
+    def __init__(self, bus: MessageBus, agents: Agents, gate: GateService,
+                 answers: Answers, machine: MachinePolicy) -> None:
         super().__init__(names.POLICY_IFACE)
         self._bus = bus
         self._agents = agents
-        self._gate = gate
+        self._answers = answers
+        self._machine = machine
         gate.on_approval_requested.append(self._emit)
-        self._lock = asyncio.Lock()
 
     def _emit(self, req: PendingRequest) -> None:
         # Signals on the system bus reach every subscriber: say only that a
@@ -69,64 +65,34 @@ class PolicyInterface(ServiceInterface):
         rec = self._agents.records.get(agent_id)
         return rec.user if rec is not None else ""
 
-    @bus_method(asks=(names.ACTION_ANSWER_ANY,))
-    async def ListApprovals(self) -> VarDictList:
+    @bus_method(asks=(Right.ANSWER_ANY,))
+    async def ListApprovals(self, call: Call) -> VarDictList:
         """Pending approvals of the caller's agents (everyone's with
         org.leviath.approval.answer-any)."""
-        who = await bus_caller.current(self._bus)
-        everyone = await polkit.is_authorized(self._bus, who, names.ACTION_ANSWER_ANY)
         return [request_to_variants(r, self._user(r.agent_id))
-                for r in self._gate.pending(None if everyone else who.uid)]
+                for r in await self._answers.pending(call)]
 
-    @bus_method(asks=(names.ACTION_ANSWER_ANY,))
-    async def Answer(self, request_id: Str, answer: Str) -> None:
+    @bus_method(asks=(Right.ANSWER_ANY,))
+    async def Answer(self, call: Call, request_id: Str, answer: Str) -> None:
         """Answer a held call: once, session or deny. The agent's owner may;
         anyone else needs org.leviath.approval.answer-any (without it the
         request does not exist for them)."""
         request_id = bounds.request_id(request_id)
         answer = bounds.text(answer, 16, "answer")
-        who = await bus_caller.current(self._bus)
-        parsed = Answer.parse(answer)
-        req = self._gate.find(request_id)
-        if req is None:
-            raise NotFound(f"no pending approval {request_id!r}")
-        admin = False
-        if req.owner_uid != who.uid:
-            admin = await polkit.is_authorized(self._bus, who, names.ACTION_ANSWER_ANY)
-            if not admin:
-                raise NotFound(f"no pending approval {request_id!r}")
-        self._gate.answer(request_id, parsed, who.uid, admin=admin)
+        await self._answers.answer(call, request_id, answer)
 
-    @bus_method(needs=names.ACTION_CONFIG_MANAGE, what="change the machine-wide tool policy")
-    async def PolicyAdd(self, tool: Str, target: Str, max_sensitivity: Str) -> Str:
+    @bus_method(needs=Right.CONFIG_MANAGE, what="change the machine-wide tool policy")
+    async def PolicyAdd(self, call: Call, tool: Str, target: Str, max_sensitivity: Str) -> Str:
         """Append an [[allowlist]] rule to the machine config (needs
         org.leviath.config.manage). The file is parsed before it atomically
         replaces the old one; the next run uses it. Returns the file's path."""
         tool = bounds.text(tool, 64, "tool")
         target = bounds.text(target, MAX_TARGET, "target")
         max_sensitivity = bounds.text(max_sensitivity, 32, "sensitivity")
-        who = await bus_caller.current(self._bus)
-        level = Sensitivity.parse(max_sensitivity)
-        if not target or "\0" in target or "\n" in target:
-            raise InvalidArgument("target must be a non-empty single-line glob")
-        tool = checked_tool_name(tool)  # any tool may be named; unknown ones fail closed
-        path: Path = machine_config_path()
-        async with self._lock:  # two writers must not lose each other's rule
-            real = await asyncio.to_thread(machine_write_target, path)
-            try:
-                await asyncio.to_thread(append_rule, real, tool, target, level)
-            except OSError as exc:
-                raise InvalidArgument(f"cannot write {real}: {exc.strerror}") from None
-            self._agents.load_machine_config()
-        journal.record(
-            f"allowlist rule added to {real} by uid {who.uid}: {tool} {target!r} up to {level}",
-            LEVIATH_EVENT=Event.POLICY_ADD, LEVIATH_BY_UID=who.uid, LEVIATH_TOOL=tool,
-            LEVIATH_TARGET=target,
-        )
-        return str(real)
+        return str(await self._machine.add_allow(call, tool, target, max_sensitivity))
 
-    @bus_method(needs=names.ACTION_CONFIG_MANAGE, what="change the machine-wide tool policy")
-    async def RuleAdd(self, name: Str, when: Str, decision: Str, reason: Str) -> Str:
+    @bus_method(needs=Right.CONFIG_MANAGE, what="change the machine-wide tool policy")
+    async def RuleAdd(self, call: Call, name: Str, when: Str, decision: Str, reason: Str) -> Str:
         """Append a machine [[rules]] policy rule to
         /etc/leviath/rules.d/50-lev-policy-add.toml (needs
         org.leviath.config.manage). Checked with the machine config and every
@@ -136,39 +102,17 @@ class PolicyInterface(ServiceInterface):
         when = bounds.text(when, MAX_RULE, "when")
         decision = bounds.text(decision, 8, "decision")
         reason = bounds.text(reason, 200, "reason")
-        who = await bus_caller.current(self._bus)
-        if decision not in ("allow", "deny", "ask"):
-            raise InvalidArgument("decision must be allow, deny or ask")
-        path = Path(machine_config_path())
-        async with self._lock:
-            try:
-                where = await asyncio.to_thread(add_machine_rule, path, name, when, decision,
-                                                reason)
-            except OSError as exc:
-                raise InvalidArgument(f"cannot write the rule: {exc.strerror}") from None
-            self._agents.load_machine_config()
-        journal.record(
-            f"policy rule {name!r} ({decision}) added to {where} by uid {who.uid}",
-            LEVIATH_EVENT=Event.RULE_ADD, LEVIATH_BY_UID=who.uid,
-            LEVIATH_RULE=f"rule:machine:{name}",
-        )
-        return str(where)
+        return str(await self._machine.add_rule(call, name, when, decision, reason))
 
-    @bus_method(asks=(names.ACTION_CONFIG_MANAGE, names.ACTION_RUN))
-    async def PolicyList(self) -> VarDictList:
-        """The machine config's allowlist rules as in force. The file may be
-        0600: the rules are for whoever they apply to, that is admins and
-        people who may run agents (every rule applies to every agent), and
-        nobody else."""
-        who = await bus_caller.current(self._bus)
-        if not await polkit.is_authorized(self._bus, who, names.ACTION_CONFIG_MANAGE):
-            await polkit.require(self._bus, who, names.ACTION_RUN,
-                                 "read the tool policy")
+    @bus_method(asks=(Right.CONFIG_MANAGE, Right.RUN))
+    async def PolicyList(self, call: Call) -> VarDictList:
+        """The machine config's allowlist rules as in force (to admins and
+        people who may run agents: config/machine_policy.py)."""
         return [
             {"tool": Variant("s", r.tool), "target": Variant("s", r.target),
              "max_sensitivity": Variant("s", str(r.max_sensitivity)),
              "source": Variant("s", "machine")}
-            for r in self._agents.machine_config.allowlist
+            for r in await self._machine.allowlist(call)
         ]
 
     @dbus_signal()

@@ -96,22 +96,27 @@ async def require(bus: MessageBus, caller: Caller, action: str, what: str) -> No
         raise AccessDenied(f"not authorized to {what} (polkit action {action})")
 
 
-_ACTIONS = {
+# The polkit action of each right (tests/unit/test_bus_methods.py holds
+# them to polkit/org.leviath.policy).
+ACTIONS: dict[Right, str] = {
     Right.RUN: names.ACTION_RUN,
     Right.RUN_UNSANDBOXED: names.ACTION_RUN_UNSANDBOXED,
     Right.MANAGE_ANY: names.ACTION_MANAGE_ANY,
+    Right.CONFIG_MANAGE: names.ACTION_CONFIG_MANAGE,
+    Right.ANSWER_ANY: names.ACTION_ANSWER_ANY,
 }
 
 
 class PolkitAuthority:
     """The services' `Authority`, answered by polkit over this bus: each right
-    is asked for only when a service needs it, as the calls did before."""
+    is asked for only when a service needs it. Handed to a method only
+    wrapped in `authority.Limited` (bus/method.py)."""
 
     def __init__(self, bus: MessageBus) -> None:
         self._bus = bus
 
     async def allowed(self, who: Caller, right: Right) -> bool:
-        return await is_authorized(self._bus, who, _ACTIONS[right])
+        return await is_authorized(self._bus, who, ACTIONS[right])
 
     async def require(self, who: Caller, right: Right, what: str) -> None:
-        await require(self._bus, who, _ACTIONS[right], what)
+        await require(self._bus, who, ACTIONS[right], what)

@@ -29,7 +29,7 @@ from leviathd.config.policy_settings import policy_settings
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, SendsOut, ToolKind, checked_tool_name
 from leviathd.errors import InvalidArgument
-from leviathd.policy.gate import Facts, decide
+from leviathd.policy.decision import Facts, decide
 from leviathd.policy.permissions import permission_for
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 
@@ -242,7 +242,7 @@ def run_test(args: argparse.Namespace) -> int:
     elif kind is ToolKind.CREDENTIAL:
         call = call_for(tool, {"name": target}, policy.workdir)
     else:
-        from leviathd.policy.gate import Call
+        from leviathd.policy.decision import Call
 
         call = Call(tool, target)
     # What rules see of an agent that is not running: who would run it, and

@@ -33,6 +33,7 @@ from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.engine import Engine
 from leviathd.domain.mounts import Access, MountPath, MountRequest
 from leviathd.domain.permission import Permission
+from leviathd.domain.protectedpaths import check_config_path as check_protected_path
 from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.policy.cel import CelError
@@ -45,7 +46,6 @@ from leviathd.policy.tooldef import (
     make_tool,
 )
 from leviathd.readpatterns import parse_pattern
-from leviathd.sandbox.protected import check_config_path as check_protected_path
 
 
 class _Model(BaseModel):
@@ -438,7 +438,15 @@ def _host_pattern(value: str) -> str:
 
 
 HostPattern = Annotated[str, AfterValidator(_host_pattern)]
-CredentialKind = Literal["command", "git", "cli", "ssh", "http"]
+# kind "azure": a tenant (GUID or domain) or an application (client) id, and
+# the authority host the daemon asks for tokens (a plain name, port optional).
+AzureId = Annotated[str, Field(min_length=1, max_length=128,
+                                 pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$")]
+AuthorityHost = Annotated[str, Field(min_length=1, max_length=253,
+                                     pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?$")]
+# Azure Resource Manager: what `az` and the SDKs' management clients talk to.
+AZURE_HOSTS = ("management.azure.com",)
+CredentialKind = Literal["command", "git", "cli", "ssh", "http", "azure"]
 GitAccess = Literal["fetch", "push"]
 
 
@@ -491,6 +499,24 @@ class CredentialConfig(_Model):
     # kind "ssh": known_hosts files mapping host keys to names (read as the
     # secret is); default the user's ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts.
     known_hosts: Annotated[list[AbsolutePath], Field(max_length=8)] = Field(default_factory=list)
+    # kind "azure" (issue 30 item 5): a service principal, its client secret
+    # from secret_file/secret_command. The daemon runs the client-credentials
+    # flow at `authority` for `scope` and the proxy puts the bearer token
+    # toward `hosts` (default: Azure Resource Manager), proxy/azure.py.
+    tenant: AzureId | None = None
+    client_id: AzureId | None = None
+    authority: AuthorityHost = "login.microsoftonline.com"
+    scope: Annotated[str, Field(min_length=1, max_length=256,
+                                pattern=r"^[A-Za-z0-9:/._-]+$")] = (
+        "https://management.azure.com/.default")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _azure_hosts(cls, data: Any) -> Any:
+        """kind "azure" without hosts: Azure Resource Manager's."""
+        if isinstance(data, dict) and data.get("kind") == "azure" and not data.get("hosts"):
+            return {**data, "hosts": list(AZURE_HOSTS)}
+        return data
 
     @model_validator(mode="after")
     def _one_source(self) -> CredentialConfig:
@@ -502,6 +528,8 @@ class CredentialConfig(_Model):
             raise ValueError('kind "http": value must hold {secret} or be "basic"')
         if self.kind in ("git", "ssh", "http") and not self.hosts:
             raise ValueError(f"a credential of kind {self.kind!r} needs hosts")
+        if self.kind == "azure" and (not self.tenant or not self.client_id):
+            raise ValueError("a credential of kind 'azure' needs tenant and client_id")
         if self.kind == "cli":
             if not self.token_env:
                 raise ValueError("a credential of kind 'cli' needs token_env (e.g. GH_TOKEN)")

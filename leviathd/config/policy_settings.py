@@ -5,9 +5,9 @@ falling back to a default (which could be looser)."""
 
 from __future__ import annotations
 
-from leviathd.broker.limits import Limits
 from leviathd.config.merge import Effective
 from leviathd.config.models import Config, TaintPolicy
+from leviathd.domain.brokerlimits import Limits
 from leviathd.policy.settings import CredentialSpec, OnExceed, PolicySettings
 
 _ON_EXCEED: dict[TaintPolicy, OnExceed] = {
@@ -32,6 +32,8 @@ def policy_settings(eff: Effective, machine: Config | None = None) -> PolicySett
             wrap=(spec.wrap or command[0].rsplit("/", 1)[-1]) if spec.kind == "cli" else "",
             token_env=spec.token_env or "", known_hosts=tuple(spec.known_hosts),
             header=spec.header, value=spec.value,
+            tenant=spec.tenant or "", client_id=spec.client_id or "",
+            authority=spec.authority, scope=spec.scope,
         )
     taint = eff.taint
     limits = Limits(**machine.broker.model_dump(exclude_none=True)) if machine else Limits()

@@ -1,16 +1,18 @@
 """What an agent's sandbox gets for its credentials of kind git, cli and ssh.
 
-- a spec extension (with the step's effective settings): the folder of
+- its spec extension (with the step's effective settings): the folder of
   helper programs (`bin` in the agent's socket folder, /run/leviath/bin in
   a namespace sandbox) first on PATH; git's configuration, through
   GIT_CONFIG_COUNT/KEY/VALUE variables (no file of the user's is written),
   making the helper git's only credential helper for the covered hosts; and
   SSH_AUTH_SOCK when an ssh credential exists (creds/sshagent.py);
-- a start hook (after the gate's, which makes the folder): the programs,
+- its start (after the gate's, which makes the folder): the programs,
   root's, 0755 (they hold no secret: each asks the broker).
 
 A container agent gets none of it (its image has neither `lev`'s Python nor
-the daemon's package), which its notes say.
+the daemon's package), which its notes say; behind the proxy its git and
+http credentials (and cli ones with `hosts`) are injected at the egress
+instead (proxy/egress.py).
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from leviathd import fsat
+from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.broker.core import Broker
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.domain.sandbox import SandboxKind
 from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
 from leviathd.identity import UserInfo
-from leviathd.proxy import egress
+from leviathd.proxy import azure, egress
 from leviathd.records import AgentRecord
 from leviathd.sandbox import gitenv
 from leviathd.sandbox.spec import SandboxSpec
@@ -95,21 +98,19 @@ def programs(credentials: Mapping[str, Any], inside: Iterable[str] = ()) -> dict
              for prog, cred in wrappers(credentials, inside).items()}
     if _of_kind(credentials, "git"):
         files[GIT_HELPER] = _script("git-credential")
+    if any(n in _of_kind(credentials, "azure") for n in inside):
+        # The sign-in wrapper (proxy/azure.py): only where the egress injects.
+        files["az"] = azure.login_script(f"{SANDBOX_RUNTIME}/{BIN}")
     return files
 
 
-class CredentialService:
+class CredentialService(Feature):
     def __init__(self, agents: Agents, gate: GateService) -> None:
         self._agents = agents
         self._gate = gate
         self.ssh: dict[str, SSHAgentServer] = {}
 
-    def install(self) -> None:
-        self._agents.effective_spec_extensions.append(self.extend_spec)
-        self._agents.start_hooks.append(self.on_start)
-        self._agents.end_hooks.append(self.on_end)
-
-    def extend_spec(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
+    def extend_effective(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
         creds = dict(eff.credentials)
         wanted = programs(creds, egress.inside(creds) if egress.applies(spec) else ())
         ssh = bool(_of_kind(creds, "ssh"))
@@ -121,8 +122,13 @@ class CredentialService:
                 m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts):
             base = SANDBOX_RUNTIME
         else:
-            return replace(spec, notes=(*spec.notes, "credentials of kind git, cli and ssh "
-                                        f"are not offered in a {spec.kind} sandbox"))
+            # A container: what the proxy injects needs no program here.
+            left = sorted(n for n, c in creds.items() if c.kind in ("git", "cli", "ssh")
+                          and not (egress.applies(spec) and n in egress.injected(creds)))
+            if not left:
+                return spec
+            return replace(spec, notes=(*spec.notes, f"credentials {', '.join(left)} (kind git, "
+                                        f"cli or ssh) are not offered in a {spec.kind} sandbox"))
         env = dict(spec.env)
         if wanted:
             env["PATH"] = f"{base}/{BIN}:{env.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"

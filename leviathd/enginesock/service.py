@@ -1,17 +1,17 @@
 """The filtered engine sockets in the agent life cycle.
 
-- a spec extension (with the step's effective settings): when
+- its spec extension (with the step's effective settings): when
   `[sandbox.containers] enabled` holds for a fenced agent, DOCKER_HOST points
   at `/run/leviath/engine.sock`, in the agent's own folder that the tool gate
   binds in (leviathd/gate/service.py), and the sandbox's view is kept for the
   bind checks;
-- a start hook (after the gate's, which makes the folder): the engine (the
+- its start (after the gate's, which makes the folder): the engine (the
   agent's user's own rootless podman in the agent's scope,
   leviathd/enginesock/rootless.py; only with the machine's
   `host_root_engine` the daemon's rootful podman or a configured socket)
   and the agent's proxy, with a snapshot so a restarted daemon serves the
   agent again;
-- an end hook: the proxy closed; a rootless engine's socket, runtime folder
+- its end: the proxy closed; a rootless engine's socket, runtime folder
   and storage removed (its processes ended with the scope), a host-root
   engine asked to remove the agent's containers, networks and volumes;
   `recover` re-opens proxies and sweeps what agents that ended while the
@@ -29,6 +29,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from leviathd import fsat
+from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.config.models import Publish
@@ -95,7 +96,11 @@ async def _scope_emptied(unit: str) -> None:
         await asyncio.sleep(0.2)
 
 
-class EngineSockService:
+class EngineSockService(Feature):
+    # podman's API service may take seconds to start: not in the way of READY.
+    recovers_in_background = True
+    close_timeout = 12.0
+
     def __init__(self, agents: Agents, gate: GateService, *, state_dir: str) -> None:
         self._agents = agents
         self._state_dir = state_dir
@@ -105,12 +110,7 @@ class EngineSockService:
         self.live: dict[str, AgentProxy] = {}
         self.service = engine.Service()
 
-    def install(self) -> None:
-        self._agents.effective_spec_extensions.append(self.extend_spec)
-        self._agents.start_hooks.append(self.on_start)
-        self._agents.end_hooks.append(self.on_end)
-
-    def extend_spec(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
+    def extend_effective(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
         if not eff.containers.enabled or spec.kind not in ("namespace", "container"):
             return spec
         if not any(m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts):

@@ -1,16 +1,16 @@
 """The tool gate inside the daemon: one broker per running agent.
 
-`GateService.install(agents)` hooks it into the agent life cycle:
+`GateService` is the first of the agents' features (agents/feature.py):
 
-- a spec extension binds the agent's own socket folder
+- its spec extension binds the agent's own socket folder
   `$LEVIATH_RUNTIME_DIR/agents/<id>/` read-only at `/run/leviath` in a
   namespace sandbox (the socket is `/run/leviath/broker.sock` there) and sets
   `LEVIATH_BROKER` (for kind none: the host path of the socket);
-- a start hook creates the folder (root's, group the agent's user's primary
+- its start creates the folder (root's, group the agent's user's primary
   group, 0750: see `_prepare_folder`), the
   Broker and its BrokerServer from the merged effective settings, and keeps a
   snapshot of those settings in `$LEVIATH_STATE_DIR/gate/<id>.json`;
-- an end hook closes both and removes the folder and the snapshot.
+- its end closes both and removes the folder and the snapshot.
 
 `recover()` re-creates the brokers of agents adopted after a daemon restart
 from their snapshots: an agent keeps the policy it started with, restart or
@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from leviathd import fsat
+from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord, Broker
@@ -105,7 +106,10 @@ class _Live:
     server: BrokerServer
 
 
-class GateService:
+class GateService(Feature):
+    # A namespace fence in a labelled workdir waits for the broker's marks.
+    holds_fence = True
+
     def __init__(self, agents: Agents, *, state_dir: str) -> None:
         self._agents = agents
         self._store = RecordStore(state_dir)
@@ -113,17 +117,8 @@ class GateService:
         self.live: dict[str, _Live] = {}
         # Called with each new approval request (the bus layer emits a signal).
         self.on_approval_requested: list[Callable[[PendingRequest], None]] = []
-        # uids a bus method has just checked with polkit (answer-any); only
-        # ever set and cleared within one synchronous call, see answer().
-        self._vouched: set[int] = set()
         # One lane per user for rule evaluation (broker/rulelane.py).
         self._lanes = Lanes()
-
-    def install(self) -> None:
-        self._agents.spec_extensions.append(self.extend_spec)
-        self._agents.start_hooks.append(self.on_start)
-        self._agents.end_hooks.append(self.on_end)
-        self._agents.fence_hooks.append(self.on_fence)
 
     # -- what the agent sees ----------------------------------------------
 
@@ -239,7 +234,6 @@ class GateService:
         _prepare_folder(rec.id, user)
         approvals = ApprovalQueue(
             agent_id=rec.id, owner_uid=rec.uid, timeout=settings.approval_timeout,
-            is_admin=self._vouched.__contains__,
             on_request=self._requested, on_resolved=self._resolved,
         )
         broker = Broker(
@@ -359,19 +353,12 @@ class GateService:
         return None
 
     def answer(self, request_id: str, answer: Answer, by_uid: int, *, admin: bool) -> None:
-        """`admin`: the caller holds org.leviath.approval.answer-any (checked
-        by the bus layer with polkit, which is asynchronous; the queue's own
-        check is synchronous, so the uid is vouched for during this call)."""
+        """`admin`: the caller holds org.leviath.approval.answer-any (asked
+        by gate/answers.py through the call's Authority)."""
         req = self.find(request_id)
         if req is None:
             raise NotFound(f"no pending approval {request_id!r}")
-        live = self.live[req.agent_id]
-        if admin:
-            self._vouched.add(by_uid)
-        try:
-            live.broker.approvals.answer(request_id, answer, by_uid)
-        finally:
-            self._vouched.discard(by_uid)
+        self.live[req.agent_id].broker.approvals.answer(request_id, answer, by_uid, admin=admin)
 
     # -- the shell tool -------------------------------------------------------
 

@@ -1,2 +1,2 @@
-"""Pure decisions (Policy): permissions, labels, the taint ledger, the gate,
-allowlists, CEL rules, approvals. No I/O, no daemon."""
+"""Pure decisions (Policy): permissions, labels, the taint ledger, the decision
+on a tool call (decision.py), allowlists, CEL rules, approvals. No I/O, no daemon."""

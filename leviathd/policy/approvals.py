@@ -1,9 +1,9 @@
 """Calls held for a person's answer. One queue per agent; ids are random so
 they are unique across agents and cannot be guessed from one another.
 
-Only the agent's owner, or an admin (as the daemon's `is_admin` callback
-decides: polkit `org.leviath.agent.manage-any` in phase 2), may answer. With
-no answer before the timeout, the call is denied.
+Only the agent's owner, or an admin (the daemon asks polkit for
+`org.leviath.approval.answer-any` and says so with the answer: `admin`),
+may answer. With no answer before the timeout, the call is denied.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from enum import Enum
 
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound
-from leviathd.policy.gate import ApprovalView, AskKind
+from leviathd.policy.decision import ApprovalView, AskKind
 
 
 class Answer(Enum):
@@ -96,10 +96,6 @@ class OnceApproval:
         return (once and taint <= self.taint) or self.base.taint_approved(tool, target, taint)
 
 
-def _root_is_admin(uid: int) -> bool:
-    return uid == 0
-
-
 class ApprovalQueue:
     def __init__(
         self,
@@ -107,7 +103,6 @@ class ApprovalQueue:
         agent_id: str,
         owner_uid: int,
         timeout: float,
-        is_admin: Callable[[int], bool] = _root_is_admin,
         on_request: Callable[[PendingRequest], None] | None = None,
         on_resolved: Callable[[PendingRequest, Answer, int | None], None] | None = None,
         max_pending: int = 8,
@@ -119,7 +114,6 @@ class ApprovalQueue:
         self.owner_uid = owner_uid
         self.timeout = timeout
         self.session = SessionApprovals()
-        self._is_admin = is_admin
         self._on_request = on_request
         self._on_resolved = on_resolved
         self._held: dict[str, _Held] = {}
@@ -180,11 +174,14 @@ class ApprovalQueue:
             self._on_resolved(request, answer, held.answered_by)
         return answer
 
-    def answer(self, request_id: str, answer: Answer, by_uid: int) -> PendingRequest:
+    def answer(self, request_id: str, answer: Answer, by_uid: int, *,
+               admin: bool = False) -> PendingRequest:
+        """`admin`: whoever answers holds the right to answer anyone's (asked
+        by the caller of this method; this check is synchronous)."""
         held = self._held.get(request_id)
         if held is None:
             raise NotFound(f"no pending approval {request_id!r}")
-        if by_uid != self.owner_uid and not self._is_admin(by_uid):
+        if by_uid != self.owner_uid and not admin:
             raise AccessDenied(
                 f"approval {request_id} belongs to uid {self.owner_uid}'s agent; "
                 "only its owner or an admin may answer it"

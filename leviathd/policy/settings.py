@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import TypeAdapter
 
-from leviathd.broker.limits import Limits
 from leviathd.domain.allowrule import AllowRule
+from leviathd.domain.brokerlimits import Limits
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.domain.tools import Registry, ToolKind
@@ -47,7 +47,7 @@ class CredentialSpec:
     # "git" (the sandbox's git credential helper), "cli" (a wrapped CLI) or
     # "ssh" (the sandbox's SSH agent), and their settings. Defaults: a
     # snapshot written before them reads as the command credential it was.
-    kind: Literal["command", "git", "cli", "ssh", "http"] = "command"
+    kind: Literal["command", "git", "cli", "ssh", "http", "azure"] = "command"
     hosts: tuple[str, ...] = ()
     username: str = "x-access-token"
     access: tuple[str, ...] = ("fetch",)
@@ -58,6 +58,11 @@ class CredentialSpec:
     # kind "http": the header and its value form ("{secret}", or "basic").
     header: str = "Authorization"
     value: str = "Bearer {secret}"
+    # kind "azure": the service principal and where its tokens come from.
+    tenant: str = ""
+    client_id: str = ""
+    authority: str = "login.microsoftonline.com"
+    scope: str = "https://management.azure.com/.default"
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ _SNAPSHOT_KEYS = {f.name for f in fields(PolicySettings)} - {"limits", "rules", 
 
 
 class CompiledPolicy:
-    """Everything `gate.decide` needs, precomputed. Build a new one on reload."""
+    """Everything `decision.decide` needs, precomputed. Build a new one on reload."""
 
     def __init__(self, settings: PolicySettings, *, home: str, workdir: str) -> None:
         self.settings = settings

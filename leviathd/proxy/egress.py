@@ -1,7 +1,7 @@
 """Credentials injected at the egress, in the agent life cycle (issue 30).
 
-For a `network = "proxy"` agent in a namespace sandbox with credentials of
-kind "git" or "http":
+For a `network = "proxy"` agent in a namespace or container sandbox with
+credentials of kind "git" or "http" (or "cli" with `hosts`):
 - a per-agent key (daemon memory and the proxy's root-only snapshot) from
   which each credential's placeholder is derived (proxy/inject.py);
 - the sandbox's environment names the trust bundle (the system's CAs and
@@ -9,7 +9,9 @@ kind "git" or "http":
   /run/leviath) in SSL_CERT_FILE, GIT_SSL_CAINFO, NODE_EXTRA_CA_CERTS,
   REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE, and a kind "http" credential's
   `token_env` holds its placeholder;
-- the broker's git tools give git the placeholder, never the token;
+- the broker's git tools give git the placeholder, never the token; a
+  container's git, which has no `lev` to ask the broker with, gets the
+  placeholder from a credential helper in its git settings (`container_helper`);
 - the proxy's Injector (proxy/server.py) holds the agent's CA (its key in
   memory only) and reads a secret through the broker when a request needs it.
 """
@@ -17,6 +19,7 @@ kind "git" or "http":
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -25,7 +28,7 @@ from leviathd.config.merge import Effective
 from leviathd.config.models import CredentialConfig
 from leviathd.domain.sandbox import SandboxKind
 from leviathd.gate.service import SANDBOX_RUNTIME, agent_dir
-from leviathd.proxy import inject
+from leviathd.proxy import azure, inject
 from leviathd.sandbox import gitenv
 from leviathd.sandbox.spec import SandboxSpec
 
@@ -34,7 +37,7 @@ SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-b
 TRUST_VARIABLES = ("SSL_CERT_FILE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS",
                    "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 MAX_SYSTEM_BUNDLE = 4 << 20
-KINDS = ("git", "http")
+KINDS = ("git", "http", "azure")
 
 
 def injected(credentials: Mapping[str, CredentialConfig]) -> dict[str, CredentialConfig]:
@@ -46,23 +49,64 @@ def injected(credentials: Mapping[str, CredentialConfig]) -> dict[str, Credentia
 
 
 def inside(credentials: Mapping[str, CredentialConfig]) -> set[str]:
-    """The cli credentials that run inside the agent's fence when injected."""
-    return {n for n, c in injected(credentials).items() if c.kind == "cli"}
+    """The cli credentials that run inside the agent's fence when injected,
+    and the azure one whose `az` does (creds/service.py writes its sign-in
+    wrapper)."""
+    return ({n for n, c in injected(credentials).items() if c.kind == "cli"}
+            | ({first} if (first := azure_first(credentials)) else set()))
+
+
+def azure_first(credentials: Mapping[str, CredentialConfig]) -> str | None:
+    """The azure credential the sandbox's AZURE_* and `az` are for: the first
+    by name (one service principal per agent signs in; others are still
+    injected toward their hosts for a client that signs in by hand)."""
+    return next((n for n in sorted(credentials) if credentials[n].kind == "azure"), None)
 
 
 def injections(credentials: Mapping[str, CredentialConfig], key: bytes
                ) -> tuple[inject.Injection, ...]:
-    return tuple(
-        inject.Injection(name=n, kind=c.kind, hosts=tuple(c.hosts),
-                         placeholder=inject.placeholder(key, n), header=c.header
-                         if c.kind == "http" else "Authorization",
-                         value=c.value, username=c.username, access=tuple(c.access))
-        for n, c in sorted(injected(credentials).items()))
+    out: list[inject.Injection] = []
+    for n, c in sorted(injected(credentials).items()):
+        if c.kind == "azure":
+            out += azure.injections(n, hosts=c.hosts, authority=c.authority,
+                                    tenant=c.tenant or "", client_id=c.client_id or "", key=key)
+            continue
+        out.append(inject.Injection(
+            name=n, kind=c.kind, hosts=tuple(c.hosts), placeholder=inject.placeholder(key, n),
+            header=c.header if c.kind == "http" else "Authorization", value=c.value,
+            username=c.username, access=tuple(c.access)))
+    return tuple(out)
+
+
+# The sandboxes whose only way out is the proxy: there the secret can stay in
+# the daemon. Kind none has the host's network and no fence (extend_env's
+# note and docs/security-model.md say what that means).
+FENCED = (SandboxKind.NAMESPACE, SandboxKind.CONTAINER)
 
 
 def applies(spec: SandboxSpec) -> bool:
-    return spec.kind == SandboxKind.NAMESPACE and spec.proxy and any(
+    return spec.kind in FENCED and spec.proxy and any(
         m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts)
+
+
+def _not_injected(spec: SandboxSpec, kind: str) -> str:
+    """Why a credential is not injected here, and what holds instead."""
+    if spec.kind == SandboxKind.NONE:
+        why = ("kind none has no fence: its processes use the host's network directly and "
+               "can read what its user can, so the proxy cannot be made their way out")
+    elif spec.kind in FENCED:
+        why = 'injection needs network = "proxy"'
+    else:
+        why = f"no injection in a {spec.kind} sandbox"
+    if kind == "git":
+        held = ("git's credential helper is given the token"
+                if spec.kind != SandboxKind.CONTAINER else "not offered")
+    elif kind == "cli":
+        held = ("the wrapper runs it in the credential fence"
+                if spec.kind != SandboxKind.CONTAINER else "not offered")
+    else:
+        held = "not offered"
+    return f"not injected at the egress ({why}); {held}"
 
 
 def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
@@ -73,18 +117,30 @@ def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
     if not applies(spec):
         # What `lev inspect` says: no injection here, the old way holds.
         return replace(spec, notes=(*spec.notes, *(
-            f"credential {n} (kind {c.kind}): not injected at the egress (injection needs "
-            'network = "proxy" in a namespace sandbox); '
-            + ("git's credential helper is given the token" if c.kind == "git"
-               else "the wrapper runs it in the credential fence" if c.kind == "cli"
-               else "not offered") for n, c in sorted(creds.items()))))
+            f"credential {n} (kind {c.kind}): {_not_injected(spec, c.kind)}"
+            for n, c in sorted(creds.items()))))
     env = dict(spec.env)
     bundle = f"{SANDBOX_RUNTIME}/{BUNDLE}"
     for name in TRUST_VARIABLES:
         env[name] = bundle
     env = gitenv.append(env, ssh_rewrites(creds))
+    if spec.kind == SandboxKind.CONTAINER:
+        env = gitenv.append(env, container_helper(creds, key))
     notes = list(spec.notes)
+    first = azure_first(creds)
     for name, c in sorted(creds.items()):
+        if c.kind == "azure":
+            if name == first:
+                env.update(azure.env(tenant=c.tenant or "", client_id=c.client_id or "",
+                                     authority=c.authority,
+                                     secret_placeholder=inject.placeholder(key, name)))
+            notes.append(f"credential {name} (kind azure): injected at the proxy toward "
+                         f"{', '.join(c.hosts)} (Authorization: Bearer, a token for "
+                         f"{c.scope} the daemon gets from {c.authority} for app "
+                         f"{c.client_id} of tenant {c.tenant}); the sandbox holds a "
+                         "placeholder" + (" in AZURE_CLIENT_SECRET and az signs in with it"
+                                          if name == first else ""))
+            continue
         if c.kind in ("http", "cli") and c.token_env:
             env[c.token_env] = inject.placeholder(key, name)
         what = ("git " + "+".join(c.access)) if c.kind == "git" else f"{c.header} header"
@@ -115,6 +171,31 @@ def ssh_rewrites(creds: Mapping[str, CredentialConfig]) -> list[tuple[str, str]]
                 pairs.append((f"url.{https}.insteadOf", ssh))
                 if "push" not in c.access:
                     pairs.append((f"url.{ssh}.pushInsteadOf", ssh))
+    return list(dict.fromkeys(pairs))
+
+
+def container_helper(creds: Mapping[str, CredentialConfig], key: bytes
+                     ) -> list[tuple[str, str]]:
+    """git's credential helper in a container (its image has no `lev`): for
+    each host a git credential covers, the helper list reset and then a
+    shell helper that answers `get` with the user name and the placeholder,
+    so `git credential fill` there gives the placeholder, never the token.
+    (The proxy also injects into a request that carries no Authorization
+    at all: git works without asking.) Patterns git cannot match (?, [..])
+    get none; their hosts are still injected."""
+    pairs: list[tuple[str, str]] = []
+    for name, c in sorted(creds.items()):
+        if c.kind != "git":
+            continue
+        answer = " ".join(shlex.quote(x) for x in (
+            f"username={c.username}", f"password={inject.placeholder(key, name)}"))
+        helper = f"!f() {{ test \"$1\" = get && printf '%s\\n' {answer}; }}; f"
+        for pattern in c.hosts:
+            if any(ch in pattern for ch in "?[]"):
+                continue
+            for scheme in ("https", "http") if c.allow_http else ("https",):
+                pairs += [(f"credential.{scheme}://{pattern}.helper", ""),
+                          (f"credential.{scheme}://{pattern}.helper", helper)]
     return list(dict.fromkeys(pairs))
 
 

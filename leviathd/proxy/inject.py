@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 PLACEHOLDER_PREFIX = "leviath-placeholder-"
+# Kinds whose hosts are intercepted but get no secret (proxy/azure.py: the
+# authority, whose sign-in the daemon answers itself).
+INTERCEPT_ONLY = ("azure-login",)
 MAX_SECRET = 8192
 
 
@@ -36,7 +39,7 @@ class Injection:
     """One credential as the proxy applies it."""
 
     name: str
-    kind: str  # "git" | "http"
+    kind: str  # "git" | "http" | "cli" | "azure" | "azure-login"
     hosts: tuple[str, ...]
     placeholder: str
     header: str = "Authorization"

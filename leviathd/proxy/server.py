@@ -129,6 +129,7 @@ class Injector:
     secret: tls.ReadSecret
     push: str = "ask"  # the git_push permission: allow, ask or deny
     upstream: Any = None  # ssl.SSLContext toward the real hosts; None: the system's
+    local: tls.LocalAnswer | None = None  # requests the daemon answers (proxy/azure.py)
 
     def covering(self, host: str, port: int) -> list[inject.Injection]:
         # An IP literal gets no leaf (a name constraint speaks of names): a tunnel.
@@ -435,7 +436,7 @@ class ProxyServer:
             out = await tls.intercept(
                 agent, up, host=conn.host, port=conn.port, ca=injector.ca,
                 injections=covered, secret=injector.secret, ask_push=ask_push,
-                upstream=injector.upstream or tls.client_context())
+                upstream=injector.upstream or tls.client_context(), local=injector.local)
         except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError) as exc:
             out.refused = out.refused or f"the intercepted connection failed: {exc}"
         conn.sent += out.sent
@@ -443,7 +444,8 @@ class ProxyServer:
         what = f"{out.method} {out.path}" + (f" refs {', '.join(out.refs)}" if out.refs else "")
         if out.used:
             self._record(conn, "allow", "credential " + ",".join(out.used),
-                         f"{what}; injected; sent {out.sent} bytes, received "
+                         f"{what}; {'answered by leviathd' if out.answered else 'injected'}; "
+                         f"sent {out.sent} bytes, received "
                          f"{out.received} bytes")
         else:
             self._record(conn, "deny" if out.refused else "allow", "credential-not-injected",

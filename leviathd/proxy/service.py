@@ -1,15 +1,15 @@
 """`network = "proxy"` in the agent life cycle.
 
-- A spec extension sets the proxy variables (HTTP_PROXY, HTTPS_PROXY,
+- Its spec extension sets the proxy variables (HTTP_PROXY, HTTPS_PROXY,
   ALL_PROXY, NO_PROXY and their lowercase forms; git's http.proxy through
   GIT_CONFIG_*) in a proxied step's environment. The launcher starts the
   forwarder (leviathd/sandbox/forwarder.py) for such a step.
-- A start hook, after the gate's (the proxy reads the gate's live ledger and
+- Its start, after the gate's (the proxy reads the gate's live ledger and
   approval queue for the agent), opens `proxy.sock` in the agent's runtime
   folder when any step of the agent is proxied, and keeps its settings in
   `$LEVIATH_STATE_DIR/proxy/<id>.json`, so `recover()` serves an adopted
   agent with the policy it started with after a daemon restart.
-- An end hook closes it.
+- Its end closes it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import syslog
 from dataclasses import replace
 
 from leviathd import fsat
+from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord
@@ -34,7 +35,7 @@ from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.labels import clearance_for
-from leviathd.proxy import egress, inject, policy, tls
+from leviathd.proxy import azure, egress, inject, policy, tls
 from leviathd.proxy.server import Agent, Injector, ProxyServer
 from leviathd.records import AgentRecord
 from leviathd.sandbox import forwarder
@@ -75,7 +76,7 @@ def _proxied(merged: MergeResult) -> bool:
     return any(e.network == "proxy" for e in (merged.agent, *merged.stages.values()))
 
 
-class ProxyService:
+class ProxyService(Feature):
     def __init__(self, agents: Agents, gate: GateService, *, state_dir: str) -> None:
         self._agents = agents
         self._gate = gate
@@ -83,14 +84,6 @@ class ProxyService:
         self.live: dict[str, ProxyServer] = {}
         # Per agent: the key its placeholders derive from (issue 30).
         self._keys: dict[str, bytes] = {}
-
-    def install(self) -> None:
-        """After gate.install(): the hooks run in order, the gate's first."""
-        self._agents.spec_extensions.append(self.extend_spec)
-        self._agents.effective_spec_extensions.append(self.extend_egress)
-        self._agents.start_hooks.append(self.on_start)
-        self._agents.end_hooks.append(self.on_end)
-        self._agents.handover_hooks.append(self.on_handover)
 
     def on_handover(self, rec: AgentRecord) -> None:
         """The agent's PID 1 runs with no relay beside it (namespace.start):
@@ -118,7 +111,9 @@ class ProxyService:
             key = self._keys[agent_id] = secrets.token_bytes(32)
         return key
 
-    def extend_egress(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
+    def extend_effective(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
+        """The credentials injected at the egress (after the gate's, in the
+        features' order)."""
         if not egress.injected(dict(eff.credentials)):
             return spec
         if not egress.applies(spec):
@@ -136,7 +131,7 @@ class ProxyService:
             allow_private=taint.allow_private_addresses,
         )
         injections: tuple[inject.Injection, ...] = ()
-        if rec.sandbox == SandboxKind.NAMESPACE and egress.injected(dict(eff.credentials)):
+        if rec.sandbox in egress.FENCED and egress.injected(dict(eff.credentials)):
             injections = egress.injections(dict(eff.credentials), self._key(rec.id))
         push = eff.permissions.get("git_push")
         egress_state: dict[str, object] = {"key": self._key(rec.id).hex(),
@@ -215,15 +210,16 @@ class ProxyService:
                       approvals=approvals, is_own=lambda cg: gate.lookup(cg) == rec.id)
         server = ProxyServer(agent, settings,
                              os.path.join(agent_dir(rec.id), forwarder.SOCKET_NAME),
-                             self._audit, await self._injector(rec.id, egress_state))
+                             self._audit, await self._injector(rec, settings, egress_state))
         await server.start()
         self.live[rec.id] = server
 
-    async def _injector(self, agent_id: str, state: dict[str, object] | None
-                        ) -> Injector | None:
+    async def _injector(self, rec: AgentRecord, settings: policy.ProxySettings,
+                        state: dict[str, object] | None) -> Injector | None:
         """The agent's CA (new at each daemon start: its key is only ever in
         memory), its bundle written, and the broker told to give git the
         placeholders."""
+        agent_id = rec.id
         raw = state.get("injections") if state is not None else None
         if state is None or not isinstance(raw, list) or not raw:
             return None
@@ -253,9 +249,25 @@ class ProxyService:
         push = str(state.get("push", "ask"))
         # The system's CAs, loaded once per agent (not per connection, on the loop).
         upstream = await asyncio.to_thread(tls.client_context)
-        return Injector(ca=ca, injections=injections, secret=secret,
+        # kind "azure": the daemon answers the agent's sign-in and fetches the
+        # tokens the proxy puts in (proxy/azure.py).
+        az = azure.AzureEgress.of(
+            injections, principal=lambda name: self._principal(agent_id, name), secret=secret,
+            connect=azure.checked_connect(settings, uid=rec.uid, agent=agent_id),
+            upstream=upstream)
+        return Injector(ca=ca, injections=injections,
+                        secret=az.wrap(secret) if az is not None else secret,
                         push=push if push in ("allow", "ask", "deny") else "ask",
-                        upstream=upstream)
+                        upstream=upstream, local=az.answer if az is not None else None)
+
+    def _principal(self, agent_id: str, name: str) -> azure.Principal:
+        """The service principal as the agent's policy has it now."""
+        live = self._gate.live.get(agent_id)
+        spec = live.broker.policy.settings.credentials.get(name) if live is not None else None
+        if spec is None or spec.kind != "azure":
+            raise LookupError(f"no azure credential named {name!r} for this agent")
+        return azure.Principal(tenant=spec.tenant, client_id=spec.client_id,
+                               authority=spec.authority, scope=spec.scope)
 
     def _audit(self, record: AuditRecord) -> None:
         live = self._gate.live.get(record.agent)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from leviathd.errors import LeviathError
-from leviathd.proxy import inject, receivepack
+from leviathd.proxy import inject, mask, receivepack
 
 if TYPE_CHECKING:
     from leviathd.proxy.ca import AgentCA  # loaded lazily (proxy/server.py)
@@ -41,12 +41,18 @@ class Outcome:
     refused: str = ""
     sent: int = 0
     received: int = 0
+    answered: bool = False  # by the daemon itself (LocalAnswer): nothing went upstream
 
 
 # Answers a push: True to let it through. Arguments: the repository URL and
 # the ref updates in words.
 AskPush = Callable[[str, list[str]], Awaitable[bool]]
 ReadSecret = Callable[[str], Awaitable[str]]
+# A request the daemon answers itself (proxy/azure.py: the agent's sign-in):
+# (host, port, the request, the agent's stream for its body) -> (the answer,
+# the credential it stood for), or None to go on upstream.
+LocalAnswer = Callable[[str, int, inject.Request, asyncio.StreamReader],
+                       Awaitable[tuple[bytes, str] | None]]
 
 
 def client_context() -> ssl.SSLContext:
@@ -94,12 +100,14 @@ async def _push_commands(reader: asyncio.StreamReader, req: inject.Request
 
 
 async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: list[int],
-                i: int) -> None:
+                i: int, hide: mask.Mask | None = None) -> None:
     try:
         while data := await src.read(COPY):
-            dst.write(data)
             count[i] += len(data)
+            dst.write(hide.feed(data) if hide else data)
             await dst.drain()
+        if hide:
+            dst.write(hide.flush())
     except (ConnectionError, OSError, ssl.SSLError):
         pass
     finally:
@@ -124,6 +132,7 @@ async def intercept(
     agent: socket.socket, up: socket.socket,
     *, host: str, port: int, ca: AgentCA, injections: Sequence[inject.Injection],
     secret: ReadSecret, ask_push: AskPush, upstream: ssl.SSLContext,
+    local: LocalAnswer | None = None,
 ) -> Outcome:
     """Serve one intercepted CONNECT (the 200 already sent) on the agent's
     socket (this takes it). `up` is the connected TCP socket to the checked
@@ -142,7 +151,7 @@ async def intercept(
     try:
         return await _serve(reader, writer, up, out, host=host, port=port,
                             injections=injections, secret=secret, ask_push=ask_push,
-                            upstream=upstream)
+                            upstream=upstream, local=local)
     finally:
         writer.close()
 
@@ -151,6 +160,7 @@ async def _serve(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: socket.socket,
     out: Outcome, *, host: str, port: int, injections: Sequence[inject.Injection],
     secret: ReadSecret, ask_push: AskPush, upstream: ssl.SSLContext,
+    local: LocalAnswer | None = None,
 ) -> Outcome:
     try:
         raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
@@ -161,8 +171,16 @@ async def _serve(
         req = inject.parse_head(raw[:-4])
         out.method, out.path = req.method, req.path[:300]
         early = b""
-        applies = [i for i in injections if i.kind != "git" or not req.push
-                   or "push" in i.access]
+        answered = await local(host, port, req, reader) if local is not None else None
+        if answered is not None:
+            out.used, out.answered = [answered[1]], True
+            writer.write(answered[0])
+            await writer.drain()
+            out.received = len(answered[0])
+            return out
+        # An intercept-only entry (the azure authority's) never gets a secret.
+        applies = [i for i in injections if i.kind not in inject.INTERCEPT_ONLY
+                   and (i.kind != "git" or not req.push or "push" in i.access)]
         if req.push and req.method == "POST":
             updates, early = await asyncio.wait_for(_push_commands(reader, req), TIMEOUT)
             out.refs = [u.text() for u in updates]
@@ -200,7 +218,10 @@ async def _serve(
         up_writer.write(head + early)
         await up_writer.drain()
         count[0] += len(early)
-        back = asyncio.create_task(_copy(up_reader, writer, count, 1))
+        # The answer with the secrets sent masked (proxy/mask.py): a host that
+        # says the request back does not give the agent the secret.
+        back = asyncio.create_task(_copy(up_reader, writer, count, 1,
+                                         mask.Mask(secrets.values())))
         forth = asyncio.create_task(_copy(reader, up_writer, count, 0))
         try:
             await back  # the response ends the exchange (Connection: close)

@@ -75,7 +75,7 @@ def backing() -> str:
 
 def unnamed_file(dir_fd: int) -> int:
     """A new, empty, root-only file in `dir_fd` that no name reaches (the
-    daemon makes one per agent and keeps a copy, agents/service.py)."""
+    daemon makes one per agent and keeps a copy, agents/start.py)."""
     try:
         return os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     except OSError as exc:

@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from leviathd.domain.protectedpaths import check_config_path, expand_config_path
 from leviathd.errors import InvalidArgument
 from leviathd.sandbox import gitsettings
 
@@ -90,29 +91,6 @@ class Protected:
     folder: bool
     pin: bool
     why: str
-
-
-def check_config_path(value: str) -> str:
-    """A `[sandbox] protected_paths` entry: `~/p` in the home, `/p` absolute,
-    anything else relative to the workdir; a trailing `/` marks a folder."""
-    if not value or len(value) > 4096 or "\0" in value or "\n" in value:
-        raise ValueError("must be a path of at most 4096 characters")
-    body = value[2:] if value.startswith("~/") else value.lstrip("/")
-    parts = [p for p in body.rstrip("/").split("/") if p]
-    if not parts or any(p in (".", "..") for p in parts) or value in ("~", "~/"):
-        raise ValueError(f"{value!r} must name a file or folder (no '.' or '..' parts)")
-    return value
-
-
-def expand_config_path(value: str, home: str, workdir: str) -> tuple[str, bool]:
-    folder = value.endswith("/")
-    if value.startswith("~/"):
-        path = posixpath.join(home, value[2:])
-    elif value.startswith("/"):
-        path = value
-    else:
-        path = posixpath.join(workdir, value)
-    return posixpath.normpath(path), folder
 
 
 def _first_line(text: str | None) -> str:

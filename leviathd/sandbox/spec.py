@@ -30,15 +30,14 @@ from leviathd import resource_defaults
 # A config's `mounts` entry; `Mount` below is one step of building the root.
 from leviathd.domain.mounts import MountRequest
 from leviathd.domain.sandbox import SandboxKind
+from leviathd.domain.workdir import WORKDIR_MODES, WorkdirMode, refuse_system_workdir
 from leviathd.errors import InvalidArgument
 from leviathd.hidden import HIDDEN_ABSOLUTE, HIDDEN_IN_HOME
 from leviathd.identity import UserInfo
 from leviathd.sandbox import loopfs, protected
 from leviathd.sandbox.environment import build_environment, parse_git_identity
 
-WorkdirMode = Literal["rw", "ro", "throwaway"]
 MountKind = Literal["bind", "tmpfs", "overlay", "proc", "dev", "symlink", "mask", "protect"]
-WORKDIR_MODES: tuple[str, ...] = ("rw", "ro", "throwaway")
 
 DEFAULT_SCRATCH_DIR = "/var/lib/leviath/scratch"
 # An agent's home, /tmp and throwaway layers together (a tmpfs of this size).
@@ -538,12 +537,9 @@ def _workdir(p: _Plan) -> None:
             return f"{path} is inside the hidden path {hit}"
         return None
 
-    # The daemon's own first check (agents/request.py), here too so that
+    # The daemon's own first check (agents/service.py), here too so that
     # `lev inspect` gives the reason `lev run` gives (`/` is a system folder
-    # before it is an ancestor of the home). Imported here: request.py
-    # imports this module.
-    from leviathd.agents.request import refuse_system_workdir
-
+    # before it is an ancestor of the home).
     for path in dict.fromkeys((workdir, resolve(workdir))):
         refuse_system_workdir(path, home)
     why = refusal(workdir)

@@ -17,6 +17,7 @@ did not exist (seen failing)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -167,12 +168,13 @@ def git_log(bed: Testbed) -> str:
                     "main"]).stdout
 
 
-@pytest.fixture(scope="module")
-def agent(testbed: Testbed) -> Iterator[Agent]:
-    bed = testbed
+@contextlib.contextmanager
+def servers(bed: Testbed, config: str) -> Iterator[None]:
+    """The outside namespace and its TLS servers, the test CA in the bed's
+    trust store, the tokens, /etc/hosts, and the daemon restarted with
+    `config`; all undone after (shared with the container kind's test)."""
     old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
     old_hosts = bed.read_file("/etc/hosts")
-    lay_out(bed, "egw", "egbp", BLUEPRINT)
     bed.run(f"""
         set -e
         ip netns del lvinj 2>/dev/null || true
@@ -212,24 +214,35 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
     bed.run("for i in $(seq 100); do curl -fs https://api.test/ready >/dev/null && exit 0; "
             "sleep 0.1; done; cat /srv/inj/server.err; exit 1")
     bed.run("rm -f /srv/inj/log.jsonl")
-    bed.write_file("/etc/leviath/config.toml", CONFIG)
+    bed.write_file("/etc/leviath/config.toml", config)
     bed.run(["systemctl", "restart", "leviathd"])
-    a = Agent(bed, "alice", start_detached(bed, "egbp", "egw"), f"{bed.users['alice'].home}/egw")
     try:
-        try:
-            a.call("true")
-        except Exception:
-            print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
-            raise
-        yield a
+        yield
     finally:
-        lev(bed, "alice", "stop", a.id, check=False)
         bed.run(["kill", pid], check=False)
         bed.run("ip netns del lvinj; rm -f /usr/local/share/ca-certificates/leviath-injtest.crt"
                 " && update-ca-certificates --fresh >/dev/null 2>&1", check=False)
         bed.write_file("/etc/hosts", old_hosts)
         bed.write_file("/etc/leviath/config.toml", old_config)
         bed.run(["systemctl", "restart", "leviathd"])
+
+
+@pytest.fixture(scope="module")
+def agent(testbed: Testbed) -> Iterator[Agent]:
+    bed = testbed
+    lay_out(bed, "egw", "egbp", BLUEPRINT)
+    with servers(bed, CONFIG):
+        a = Agent(bed, "alice", start_detached(bed, "egbp", "egw"),
+                  f"{bed.users['alice'].home}/egw")
+        try:
+            try:
+                a.call("true")
+            except Exception:
+                print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
+                raise
+            yield a
+        finally:
+            lev(bed, "alice", "stop", a.id, check=False)
 
 
 # Run inside the agent while a clone runs: every place the agent's user can

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from broker_harness import Running, call, running_broker
 
-from leviathd.broker.limits import Limits
 from leviathd.broker.requests import json_depth_within
+from leviathd.domain.brokerlimits import Limits
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.settings import PolicySettings

@@ -1,6 +1,6 @@
-"""Every method of the bus interfaces states the polkit actions it involves
-(leviathd/bus/method.py), and together they are the actions the polkit
-policy file defines: an action no method names, or a method that names an
+"""Every method of the bus interfaces states the rights (polkit actions) it
+involves (leviathd/bus/method.py), and together they are the actions the
+polkit policy file defines: an action no method names, or a method that names an
 action polkit does not know, fails here."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from leviathd.authority import Right
+from leviathd.bus import polkit
 from leviathd.bus.manager_iface import ManagerInterface
 from leviathd.bus.method import DECLARATION, Declared
 from leviathd.bus.policy_iface import PolicyInterface
@@ -44,7 +46,9 @@ def test_the_declared_actions_are_the_policy_files() -> None:
     used: set[str] = set()
     for cls in (ManagerInterface, PolicyInterface):
         for d in _declared(cls).values():
-            used |= {d.needs} if d.needs else set()
-            used |= set(d.asks)
+            used |= d.actions
     defined = set(re.findall(r'<action id="([^"]+)"', POLICY_FILE.read_text()))
     assert used == defined
+    # Every right a service can name has its action in the file.
+    assert set(polkit.ACTIONS) == set(Right)
+    assert set(polkit.ACTIONS.values()) == defined

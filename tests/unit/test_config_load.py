@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from leviathd.agents.request import refuse_system_workdir
 from leviathd.config.load import (
     ConfigTooLarge,
     blueprint_file,
@@ -17,6 +16,7 @@ from leviathd.config.load import (
     parse_config,
 )
 from leviathd.config.models import Config, SandboxKind
+from leviathd.domain.workdir import refuse_system_workdir
 from leviathd.errors import ConfigError, InvalidArgument, NotFound
 
 

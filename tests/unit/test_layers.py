@@ -1,17 +1,26 @@
 """The layers of leviathd (docs/architecture.md, "Layers"), held against the
-imports the code has: an arrow that runs the wrong way fails here, with the
-file, the line and the module it imports. Every import counts, also one
-inside a function or under TYPE_CHECKING: a lazy import is still a
-dependency."""
+imports the code has: an import from one part into another must run along an
+arrow that the doc's "Allowed arrows" table lists with its reason, the table
+lists no arrow the code does not have, and the arrows make no cycle. A wrong
+one fails here, with the file, the line and the module it imports. Every
+import counts, also one inside a function or under TYPE_CHECKING: a lazy
+import is still a dependency.
+
+    python3 tests/unit/test_layers.py    # the arrows table as the code has it
+"""
 
 from __future__ import annotations
 
 import ast
+import functools
+import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "leviathd"
+DOC = ROOT.parent / "docs" / "architecture.md"
 
 # Each module or package of leviathd/ and the part it belongs to. A new module
 # must be placed here (and in docs/architecture.md) before the test passes.
@@ -57,7 +66,8 @@ PARTS: dict[str, str] = {
 
 ALL_PARTS = {"Face", "Edge", "Services", "Broker", "Fence", "Policy", "Config", "Ground"}
 
-# (importer, imported, why): arrows that must never exist.
+# (importer, imported, why): arrows that must never exist, even if the doc
+# listed them.
 FORBIDDEN: list[tuple[str, str, str]] = [
     ("Edge", "Face", "the daemon must not depend on its own client"),
     ("Services", "Edge", "authorisation and D-Bus stay at the edge"),
@@ -112,7 +122,8 @@ def _all_imports(text: str, module: str) -> list[tuple[int, str]]:
     return found
 
 
-def _arrows() -> list[tuple[str, str, int, str, str]]:
+@functools.cache
+def _arrows() -> tuple[tuple[str, str, int, str, str], ...]:
     """(importer part, imported part, line, file, module) for every import."""
     out = []
     for path in _sources():
@@ -122,7 +133,7 @@ def _arrows() -> list[tuple[str, str, int, str, str]]:
             dst = _part_of(mod)
             if dst is not None and mod != "leviathd":
                 out.append((src, dst, line, str(path.relative_to(ROOT.parent)), mod))
-    return out
+    return tuple(out)
 
 
 def test_every_module_is_placed_in_a_part() -> None:
@@ -159,6 +170,143 @@ def test_the_checker_sees_a_wrong_arrow() -> None:
     assert {"leviathd.cli.policy", "leviathd.bus", "leviathd.fsat"} <= mods
     assert _part_of("leviathd.cli.policy") == "Face"
     assert _part_of("leviathd.bus") == "Edge"
+
+
+def _table_after(text: str, heading: str) -> list[list[str]]:
+    """The body rows (cells, stripped) of the first markdown table after the
+    line `heading` in `text`."""
+    lines = text.splitlines()
+    start = lines.index(heading)
+    rows: list[list[str]] = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    return rows[2:]  # (the header and its --- line)
+
+
+def _doc_arrows(text: str) -> dict[tuple[str, str], str]:
+    """(from, to) -> why, from the doc's "Allowed arrows" table."""
+    out: dict[tuple[str, str], str] = {}
+    for row in _table_after(text, "### Allowed arrows"):
+        assert len(row) == 3, f"an arrow row is | from | to | what for |: {row}"
+        src, dst, why = row
+        assert (src, dst) not in out, f"the arrow {src} -> {dst} is listed twice"
+        out[(src, dst)] = why
+    return out
+
+
+def _doc_imports_column(text: str) -> dict[str, set[str]]:
+    """part -> the parts its "imports today" cell names, from the doc's parts table."""
+    out: dict[str, set[str]] = {}
+    for row in _table_after(text, "## Layers"):
+        cell = row[-1]
+        out[row[0]] = set() if cell == "nothing above it" else {
+            p.strip() for p in cell.split(",")}
+    return out
+
+
+def _code_arrows() -> dict[tuple[str, str], list[str]]:
+    """(from, to) -> where, for every import from one part into another."""
+    out: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for s, d, line, f, mod in _arrows():
+        if s != d:
+            out[(s, d)].append(f"{f}:{line} imports {mod}")
+    return dict(out)
+
+
+def _cycle(arrows: set[tuple[str, str]]) -> list[str] | None:
+    """A cycle of the graph `arrows` as the parts along it, or None."""
+    succ: dict[str, list[str]] = defaultdict(list)
+    for a, b in sorted(arrows):
+        succ[a].append(b)
+    done: set[str] = set()
+
+    def walk(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node):], node]
+        if node in done:
+            return None
+        for nxt in succ[node]:
+            found = walk(nxt, [*path, node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for start in sorted(succ):
+        found = walk(start, [])
+        if found:
+            return found
+    return None
+
+
+def _doc_text() -> str:
+    return DOC.read_text(encoding="utf-8")
+
+
+def test_the_doc_lists_each_arrow_between_two_parts_with_its_reason() -> None:
+    arrows = _doc_arrows(_doc_text())
+    assert arrows, "docs/architecture.md has no Allowed arrows table"
+    for (src, dst), why in arrows.items():
+        assert {src, dst} <= ALL_PARTS and src != dst, f"not an arrow between parts: {src} -> {dst}"
+        assert why, f"the arrow {src} -> {dst} says nothing of why"
+
+
+def test_every_arrow_in_the_code_is_allowed_by_the_doc() -> None:
+    allowed = _doc_arrows(_doc_text())
+    new = {a: where for a, where in _code_arrows().items() if a not in allowed}
+    assert not new, (
+        "arrows the docs/architecture.md \"Allowed arrows\" table does not list; add a row "
+        "saying why (or import from a lower part):\n" + "\n".join(
+            f"| {s} | {d} | WHY? |   <- {where[0]}" for (s, d), where in sorted(new.items())))
+
+
+def test_every_arrow_the_doc_allows_is_in_the_code() -> None:
+    code = _code_arrows()
+    stale = sorted(a for a in _doc_arrows(_doc_text()) if a not in code)
+    assert not stale, ("rows of docs/architecture.md's \"Allowed arrows\" no import needs any "
+                       f"more (remove them): {stale}")
+
+
+def test_the_parts_table_shows_the_arrows() -> None:
+    """The "imports today" column of the parts table names the same parts as
+    the arrows table, so it cannot go stale."""
+    text = _doc_text()
+    column = _doc_imports_column(text)
+    assert set(column) == ALL_PARTS
+    want: dict[str, set[str]] = {p: set() for p in ALL_PARTS}
+    for src, dst in _doc_arrows(text):
+        want[src].add(dst)
+    wrong = {p: sorted(want[p]) for p in ALL_PARTS if column[p] != want[p]}
+    assert not wrong, f"the parts table's \"imports today\" should read: {wrong}"
+
+
+def test_no_allowed_arrow_is_forbidden() -> None:
+    allowed = _doc_arrows(_doc_text())
+    listed = [f"{s} -> {d} ({why})" for s, d, why in FORBIDDEN if (s, d) in allowed]
+    assert not listed, "the doc allows forbidden arrows:\n" + "\n".join(listed)
+
+
+def test_the_parts_graph_has_no_cycle() -> None:
+    arrows = set(_code_arrows()) | set(_doc_arrows(_doc_text()))
+    cycle = _cycle(arrows)
+    assert cycle is None, "the parts import each other in a circle: " + " -> ".join(cycle or [])
+
+
+def test_the_doc_and_cycle_checks_see_what_they_look_for() -> None:
+    """The parsers read a table like the doc's, and the cycle check finds a
+    cycle of three (the form Policy -> Broker -> Fence -> ... took), so the
+    tests above cannot pass by seeing nothing."""
+    text = ("## Layers\n\n| part | files | job | imports today |\n| --- | --- | --- | --- |\n"
+            "| Face | `cli/` | x | Edge, Ground |\n| Ground | y | z | nothing above it |\n\n"
+            "### Allowed arrows\n\n| from | to | what for |\n| --- | --- | --- |\n"
+            "| Face | Edge | the names |\n| Face | Ground | errors |\n\nafter\n")
+    assert _doc_arrows(text) == {("Face", "Edge"): "the names", ("Face", "Ground"): "errors"}
+    assert _doc_imports_column(text) == {"Face": {"Edge", "Ground"}, "Ground": set()}
+    assert _cycle({("A", "B"), ("B", "C"), ("C", "A"), ("A", "D")}) == ["A", "B", "C", "A"]
+    assert _cycle({("A", "B"), ("B", "C"), ("A", "C")}) is None
 
 
 # The only modules that may speak D-Bus (import dbus_fast), and why. The
@@ -198,3 +346,25 @@ def test_the_dbus_check_sees_a_service_import() -> None:
     assert {"dbus_fast.aio", "dbus_fast"} <= mods
     assert not _may_speak_dbus("leviathd.agents.service")
     assert _may_speak_dbus("leviathd.bus.caller_watch")
+
+
+def _print_table() -> None:
+    """The "Allowed arrows" rows as the code has them: the doc's reason where
+    it has one, WHY? and an example import where it has none; the rows the
+    code no longer needs are left out (named on stderr)."""
+    allowed = _doc_arrows(_doc_text())
+    code = _code_arrows()
+    order = ["Face", "Edge", "Services", "Broker", "Fence", "Policy", "Config", "Ground"]
+    for (src, dst), where in sorted(code.items(), key=lambda a: (order.index(a[0][0]),
+                                                                  order.index(a[0][1]))):
+        why = allowed.get((src, dst)) or f"WHY? ({where[0]})"
+        print(f"| {src} | {dst} | {why} |")
+    for src, dst in sorted(set(allowed) - set(code)):
+        print(f"no longer in the code: {src} -> {dst}", file=sys.stderr)
+    column = {p: ", ".join(d for d in order if (p, d) in code) or "nothing above it"
+              for p in order}
+    print("\nimports today: " + "; ".join(f"{p}: {c}" for p, c in column.items()), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    _print_table()

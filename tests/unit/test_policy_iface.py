@@ -15,7 +15,7 @@ from leviathd.bus.policy_iface import PolicyInterface
 
 def test_policy1_has_the_documented_methods_and_signal() -> None:
     gate: Any = SimpleNamespace(on_approval_requested=[])
-    iface = PolicyInterface(None, None, gate)  # type: ignore[arg-type]
+    iface = PolicyInterface(None, None, gate, None, None)  # type: ignore[arg-type]
     assert iface.name == POLICY_IFACE == "org.leviath.Policy1"
     methods = {m.name: (m.in_signature, m.out_signature)
                for m in ServiceInterface._get_methods(iface)}

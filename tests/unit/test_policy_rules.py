@@ -16,7 +16,7 @@ from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import ConfigError
 from leviathd.policy.approvals import SessionApprovals
 from leviathd.policy.cel import MAX_DEPTH, MAX_NODES, MAX_SOURCE, CelError, compile_expr
-from leviathd.policy.gate import Call, Facts, decide
+from leviathd.policy.decision import Call, Facts, decide
 from leviathd.policy.rules import RuleSpec, compile_rule
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 

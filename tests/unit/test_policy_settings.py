@@ -14,7 +14,7 @@ from leviathd.config.load import parse_blueprint, parse_config
 from leviathd.config.merge import resolve
 from leviathd.config.policy_settings import policy_settings
 from leviathd.domain.sensitivity import Sensitivity
-from leviathd.policy.gate import Call, decide
+from leviathd.policy.decision import Call, decide
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 
 MACHINE = """

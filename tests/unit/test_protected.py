@@ -8,8 +8,8 @@ from test_sandbox_spec import HOME, WORKDIR, _worktree_files, spec_for
 
 from leviathd.config.merge import Effective, resolve
 from leviathd.config.models import Config, SandboxConfig, SandboxKind
+from leviathd.domain.protectedpaths import check_config_path
 from leviathd.errors import InvalidArgument
-from leviathd.sandbox.protected import check_config_path
 from leviathd.sandbox.spec import SandboxSpec
 
 

@@ -352,6 +352,49 @@ def test_the_sandbox_gets_the_bundle_the_placeholder_and_an_inspect_note() -> No
     assert "GH_TOKEN" not in out.env and any("not injected" in n for n in out.notes)
 
 
+def test_a_container_gets_the_injection_and_kind_none_says_why_not() -> None:
+    """Item 4: a container behind the proxy gets the bundle, the placeholders
+    and a git helper answering the placeholder (its image has no `lev`);
+    kind none keeps the old way and its note says why."""
+    import subprocess
+
+    from test_sandbox_spec import spec_for
+
+    from leviathd.config.merge import Effective
+    from leviathd.config.models import CredentialConfig, SandboxKind
+    from leviathd.creds.service import CredentialService
+    from leviathd.proxy import egress
+    from leviathd.sandbox.spec import Mount
+
+    creds = {"g": CredentialConfig(kind="git", hosts=["git.test"], secret_file="/etc/x"),
+             "api": CredentialConfig(kind="http", hosts=["api.test"], token_env="GH_TOKEN",
+                                     secret_file="/etc/y")}
+    eff = Effective(kind=SandboxKind.CONTAINER, credentials=creds)
+    spec = spec_for(eff)
+    spec = type(spec)(**{**spec.__dict__, "kind": "container", "proxy": True, "mounts": (
+        *spec.mounts, Mount("bind", "/run/leviath", "/run/leviath/agents/x", readonly=True,
+                            why="broker"))})
+    assert egress.applies(spec)
+    # No "not offered" note from the credential helper's side for what is injected.
+    assert CredentialService.extend_effective(None, spec, eff) is spec  # type: ignore[arg-type]
+    out = egress.extend_env(spec, eff, KEY)
+    assert out.env["GH_TOKEN"] == inject.placeholder(KEY, "api")
+    assert all(out.env[v] == "/run/leviath/ca-bundle.pem" for v in egress.TRUST_VARIABLES)
+    assert any(n.startswith("credential g (kind git): injected at the proxy toward git.test")
+               for n in out.notes), out.notes
+    env = {k: v for k, v in out.env.items() if k.startswith("GIT_CONFIG_")}
+    fill = subprocess.run(["git", "credential", "fill"], input="url=https://git.test/r\n\n",
+                          env={**env, "PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
+                               "GIT_TERMINAL_PROMPT": "0"},
+                          capture_output=True, text=True, check=True).stdout
+    assert f"password={inject.placeholder(KEY, 'g')}" in fill, fill
+    none = spec_for(Effective(kind=SandboxKind.NONE, credentials=creds))
+    out = egress.extend_env(none, eff, KEY)
+    assert "GH_TOKEN" not in out.env
+    assert any("credential g (kind git): not injected at the egress (kind none has no fence"
+               in n and "helper is given the token" in n for n in out.notes), out.notes
+
+
 def test_a_cli_credential_with_hosts_runs_inside_with_no_wrapper() -> None:
     from leviathd.config.models import CredentialConfig
     from leviathd.creds.service import programs

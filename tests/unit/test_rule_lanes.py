@@ -16,7 +16,7 @@ import asyncio
 from dataclasses import replace
 
 from leviathd.broker.rulelane import SLICE_STEPS, Lanes
-from leviathd.policy.gate import evaluate_views
+from leviathd.policy.decision import evaluate_views
 from leviathd.policy.rules import (
     MAX_CALL_STEPS,
     MAX_RULES,

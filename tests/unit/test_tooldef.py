@@ -17,7 +17,7 @@ from leviathd.config.merge import resolve
 from leviathd.config.models import Blueprint, Config
 from leviathd.config.policy_settings import policy_settings
 from leviathd.errors import InvalidArgument
-from leviathd.policy.gate import Call, decide
+from leviathd.policy.decision import Call, decide
 from leviathd.policy.labels import Sensitivity
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 from leviathd.policy.tooldef import (

@@ -105,9 +105,10 @@ def _remove_identity(agent_id: str) -> None:
 
 
 async def end_hook(rec: Any) -> None:
-    """For `Agents.end_hooks`: an agent with a container step (its record's
-    sandbox is "container" or, with stages, e.g. "namespace+container") loses
-    its containers when it ends, however it ends."""
+    """Run first at every agent's end (agents/ending.py): an agent with a
+    container step (its record's sandbox is "container" or, with stages,
+    e.g. "namespace+container") loses its containers when it ends, however
+    it ends."""
     if SandboxKind.CONTAINER in str(rec.sandbox).split("+"):
         await teardown(str(rec.id))
 

@@ -13,7 +13,7 @@ import sys
 import syslog
 from typing import Any
 
-from leviathd.agents.request import refuse_system_workdir
+from leviathd.domain.workdir import refuse_system_workdir
 from leviathd.errors import InvalidArgument, Unavailable
 from leviathd.events import Event
 from leviathd.paths import runtime_dir

@@ -1,9 +1,10 @@
-"""The gate: one pure function from a tool call and the agent's state to a
-decision, following the spec's order: policy rules (a deny) → permission →
-reads outside the workdir → rules (an ask) → taint against clearance (where a
-machine rule's allow counts like an allowlist entry) → run. No I/O: paths
-arrive already normalised; the broker re-checks the real path of every opened
-file.
+"""The decision on a tool call, the pure heart of the tool gate: one function
+from a tool call and the agent's state to a decision, following the spec's
+order: policy rules (a deny) → permission → reads outside the workdir →
+rules (an ask) → taint against clearance (where a machine rule's allow counts
+like an allowlist entry) → run. No I/O: paths arrive already normalised; the
+broker (broker/core.py, run per agent by the gate service in gate/) re-checks
+the real path of every opened file.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ AskKind = Literal["permission", "taint"]
 
 @dataclass(frozen=True)
 class Call:
-    """What the gate needs to know about a call. `paths` are absolute,
+    """What the decision needs to know about a call. `paths` are absolute,
     normalised paths the call reads (read tools) or writes (write tools)."""
 
     tool: str

@@ -9,7 +9,7 @@ import pytest
 
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.policy.approvals import OnceApproval, SessionApprovals
-from leviathd.policy.gate import Call, decide
+from leviathd.policy.decision import Call, decide
 from leviathd.policy.ledger import Ledger
 from leviathd.policy.settings import CompiledPolicy, PolicySettings
 
