@@ -17,6 +17,7 @@ from leviathd.agents import orphans, output
 from leviathd.agents.base import SLICE, _logged, log
 from leviathd.agents.queries import Queries
 from leviathd.audit import trail as audit
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import NotFound
 from leviathd.events import Event
 from leviathd.identity import user_info
@@ -236,9 +237,9 @@ class Ending(Queries):
         """After a restart: an attached agent's output pipes, taken back from
         its PID 1, are copied to the journal again (its caller's copy ended
         with the old daemon; the caller learns the end by asking)."""
-        if rec.sandbox not in ("namespace", "none") or rec.id in self._copies:
+        if rec.sandbox not in (SandboxKind.NAMESPACE, SandboxKind.NONE) or rec.id in self._copies:
             return
-        kept = output.take_kept(rec.supervisor_pid, fenced=rec.sandbox == "namespace")
+        kept = output.take_kept(rec.supervisor_pid, fenced=rec.sandbox == SandboxKind.NAMESPACE)
         if kept is None:
             return
         try:
@@ -362,7 +363,7 @@ def _handed_over_pid1(rec: AgentRecord) -> int | None:
     (sandbox/supervisor._hand_over), found in its scope: the process that is
     1 in its own PID namespace (NSpid). An agent cannot make namespaces
     (seccomp), so no other process of its scope is."""
-    if rec.sandbox not in ("namespace", "none"):
+    if rec.sandbox not in (SandboxKind.NAMESPACE, SandboxKind.NONE):
         return None
     from leviathd.systemd.cgroupfs import folders
 
@@ -372,7 +373,7 @@ def _handed_over_pid1(rec: AgentRecord) -> int | None:
                 pids = [int(p) for p in f.read(1 << 16).split()[:4096]]
         except (OSError, ValueError):
             continue
-        if rec.sandbox == "none":
+        if rec.sandbox == SandboxKind.NONE:
             return _none_recorder(pids, rec.uid)
         for pid in pids:
             try:

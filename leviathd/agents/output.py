@@ -96,10 +96,10 @@ def private_pipe(fd: int) -> int | None:
 
 def take_kept(pid1: int, *, fenced: bool = True) -> tuple[int, int] | None:
     """The read ends of an attached agent's output pipes, from its PID 1
-    (namespace.OUT_KEEP_FD, ERR_KEEP_FD), for a daemon that restarted; None
+    (namespace/sealed.py OUT_KEEP_FD, ERR_KEEP_FD), for a daemon that restarted; None
     when PID 1 keeps none (a detached agent). Needs CAP_SYS_PTRACE."""
-    from leviathd.sandbox import namespace
     from leviathd.sandbox.forwarder import _libc
+    from leviathd.sandbox.namespace import sealed
 
     # The pidfd first, and alive after the checks and the taking: then all
     # of them were about one process, not a pid reused in between.
@@ -124,7 +124,7 @@ def take_kept(pid1: int, *, fenced: bool = True) -> tuple[int, int] | None:
                 not os.readlink(f"/proc/{pid1}/exe").startswith("/memfd:leviath-init")
                 or os.stat(f"/proc/{pid1}/fd").st_uid != 0):
             return None
-        for number in (namespace.OUT_KEEP_FD, namespace.ERR_KEEP_FD):
+        for number in (sealed.OUT_KEEP_FD, sealed.ERR_KEEP_FD):
             fd = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, number, 0)
             if fd < 0:
                 break

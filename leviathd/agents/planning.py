@@ -19,11 +19,12 @@ from leviathd.agents.ending import Ending
 from leviathd.agents.request import RunInput
 from leviathd.config import load as config_load
 from leviathd.config.merge import Effective, MergeResult, resolve
-from leviathd.config.models import Blueprint, SandboxKind
+from leviathd.config.models import Blueprint
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import Busy, InvalidArgument, Unavailable
 from leviathd.events import Event
 from leviathd.identity import UserInfo, user_info
-from leviathd.sandbox import container, toolstate
+from leviathd.sandbox import launchers, toolstate
 from leviathd.sandbox.spec import (
     DEFAULT_SCRATCH_DIR,
     RunRequest,
@@ -44,7 +45,7 @@ class _Prepared:
     command: list[str]
     agent_name: str
     plan: list[tuple[str, Effective, list[str]]]
-    kinds: list[str]
+    kinds: list[SandboxKind]
     marks: list[str]
     # Other accounts' homes (the fence hides them): read here, before the
     # scope's job, because with nss-systemd listing the accounts asks PID 1,
@@ -105,7 +106,7 @@ class Planning(Ending):
         if not plan:
             raise InvalidArgument("nothing to run: the blueprint has no [agent] command, no "
                                   "stages, and no command was given")
-        kinds: list[str] = []
+        kinds: list[SandboxKind] = []
         marks: list[str] = []
         # One engine and image check per distinct (engine, image), not per step.
         probes: dict[tuple[str, str], str | None] = {}
@@ -114,7 +115,7 @@ class Planning(Ending):
             key = (str(step_eff.engine), str(step_eff.image))
             if key not in probes:
                 authorized()
-                probes[key] = container.probe(step_eff)
+                probes[key] = launchers.launcher(SandboxKind.CONTAINER).probe(step_eff)
             return probes[key]
 
         for _label, step_eff, _argv in plan:
@@ -122,16 +123,17 @@ class Planning(Ending):
             kinds.append(kind)
             # `lev ps` shows a network other than the host's (net:proxy is the
             # default since issue 30).
-            if kind == "namespace" and step_eff.network == "proxy":
+            if kind == SandboxKind.NAMESPACE and step_eff.network == "proxy":
                 step_marks = [*step_marks, "net:proxy"]
-            elif kind != "none" and step_eff.network is not True:
+            elif kind != SandboxKind.NONE and step_eff.network is not True:
                 step_marks = [*step_marks, "net:none"]
             marks += [m for m in step_marks if m not in marks]
         other_homes = host_other_homes(user)
         return _Prepared(user, merged, command, agent_name, plan, kinds, marks, other_homes)
 
     def _specs(
-        self, plan: list[tuple[str, Effective, list[str]]], kinds: list[str], user: UserInfo,
+        self, plan: list[tuple[str, Effective, list[str]]], kinds: list[SandboxKind],
+        user: UserInfo,
         req: RunInput, workdir: str, agent_id: str, other_homes: list[str] | None = None,
         authorized: Callable[[], None] = lambda: None,
     ) -> list[tuple[str, SandboxSpec]]:
@@ -142,14 +144,15 @@ class Planning(Ending):
         ]
 
     def _tool_state(
-        self, plan: list[tuple[str, Effective, list[str]]], kinds: list[str], user: UserInfo,
+        self, plan: list[tuple[str, Effective, list[str]]], kinds: list[SandboxKind],
+        user: UserInfo,
         other_homes: list[str], authorized: Callable[[], None],
     ) -> None:
         """The agent tools' state missing on the host is made, as the user,
         before the specs bind what exists (sandbox/toolstate.py). Only for a
         fence: kind none runs in the real home already."""
         fenced = [(eff, argv) for (_l, eff, argv), kind in zip(plan, kinds, strict=True)
-                  if kind != "none"]
+                  if kind != SandboxKind.NONE]
         if not fenced:
             return
         hidden = sorted({h for eff, _argv in fenced for h in hidden_paths(
@@ -164,23 +167,23 @@ class Planning(Ending):
     def _choose_kind(
         self, eff: Effective, req: RunInput, probe: Callable[[Effective], str | None],
         authorized: Callable[[], None],
-    ) -> tuple[str, list[str]]:
+    ) -> tuple[SandboxKind, list[str]]:
         if self.podman_only:
             # No systemd to hold a scope: the container is the fence and the
             # limits (see daemon.py and docs/containers.md).
             reason = probe(eff)
             if reason is not None:
                 raise Unavailable(f"without systemd, agents run only in containers: {reason}")
-            return "container", ["no-systemd"]
-        if req.sandbox == "none":
-            return "none", ["unsandboxed"]
-        kind = str(eff.kind)
-        if kind == "none":
-            return "none", ["unsandboxed"]
-        if kind == "namespace":
+            return SandboxKind.CONTAINER, ["no-systemd"]
+        if req.sandbox == SandboxKind.NONE:
+            return SandboxKind.NONE, ["unsandboxed"]
+        kind = SandboxKind(eff.kind)
+        if kind == SandboxKind.NONE:
+            return SandboxKind.NONE, ["unsandboxed"]
+        if kind == SandboxKind.NAMESPACE:
             reason = self.namespace_problem()
             if reason is None:
-                return "namespace", []
+                return SandboxKind.NAMESPACE, []
             # A container is at least as strict as the fence: use it when it works.
             fallback_problem = probe(eff)
             if fallback_problem is None:
@@ -190,12 +193,12 @@ class Planning(Ending):
                     "container kind",
                     priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.SANDBOX_FALLBACK,
                 )
-                return "container", ["fallback:container"]
+                return SandboxKind.CONTAINER, ["fallback:container"]
             reason = f"{reason}; nor can the container fallback: {fallback_problem}"
         else:
             reason = probe(eff)
             if reason is None:
-                return "container", []
+                return SandboxKind.CONTAINER, []
         on_unavailable = str(eff.on_unavailable)
         if on_unavailable == "warn":
             authorized()
@@ -204,16 +207,14 @@ class Planning(Ending):
                 "(on_unavailable = \"warn\")",
                 priority=syslog.LOG_WARNING, LEVIATH_EVENT=Event.SANDBOX_UNAVAILABLE,
             )
-            return "none", ["unsandboxed", f"{kind}-unavailable"]
+            return SandboxKind.NONE, ["unsandboxed", f"{kind}-unavailable"]
         raise Unavailable(f"the {kind} sandbox cannot be built here: {reason}")
 
     def namespace_problem(self) -> str | None:
         """Why the namespace fence cannot be built here (None: it can). Asked
         once, then again on reload: the answer is the host's, not the run's."""
         if self._namespace_probe is _UNPROBED:
-            from leviathd.sandbox import namespace
-
-            self._namespace_probe = namespace.probe()
+            self._namespace_probe = launchers.launcher(SandboxKind.NAMESPACE).probe(None)
             if self._namespace_probe is None and os.environ.get(NAMESPACE_STAND_IN):
                 # A test stand-in: a host whose kernel refuses the fence while
                 # podman still works cannot be made on demand in the test bed.
@@ -221,7 +222,7 @@ class Planning(Ending):
         return self._namespace_probe  # type: ignore[return-value]
 
     def _spec(
-        self, eff: Effective, kind: str, user: UserInfo, req: RunInput, command: list[str],
+        self, eff: Effective, kind: SandboxKind, user: UserInfo, req: RunInput, command: list[str],
         workdir: str, agent_id: str, other_homes: list[str] | None = None,
     ) -> SandboxSpec:
         request = RunRequest(
@@ -229,7 +230,7 @@ class Planning(Ending):
             workdir_mode=req.workdir_mode,  # type: ignore[arg-type]  # checked in from_variants
             env=dict(req.env),
         )
-        eff = dataclasses.replace(eff, kind=SandboxKind(kind))
+        eff = dataclasses.replace(eff, kind=kind)
         spec = build_spec_on_host(eff, user, request, agent_id, other_homes)
         return feature_calls.extend(self.features, spec, eff)
 

@@ -24,13 +24,14 @@ from leviathd.agents.planning import Planning, _Prepared
 from leviathd.agents.request import RunInput
 from leviathd.authority import Caller, Right
 from leviathd.config.merge import Effective
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.workdir import refuse_system_workdir
 from leviathd.errors import AccessDenied, Busy, ConfigError, InvalidArgument, NoSpace, Unavailable
 from leviathd.events import Event
 from leviathd.policy import filelabels
 from leviathd.records import FULL, AgentRecord
-from leviathd.sandbox import container, fencehold, loopfs, scratch, supervisor
+from leviathd.sandbox import fencehold, launchers, loopfs, scratch, supervisor
 from leviathd.sandbox.spec import DEFAULT_SCRATCH_DIR, SandboxSpec
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdError
@@ -117,7 +118,7 @@ class Starting(Planning):
         t0 = time.perf_counter()
         await self._authority.require(who, Right.RUN, "run agents")
         usec = int((time.perf_counter() - t0) * 1e6)
-        if req.sandbox == "none":
+        if req.sandbox == SandboxKind.NONE:
             await self._authority.require(
                 who, Right.RUN_UNSANDBOXED, "run an agent without a sandbox"
             )
@@ -196,7 +197,8 @@ class Starting(Planning):
     async def _take_fence_hold(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
         # Each namespace fence may have to wait for the daemon's marks
         # (sandbox/fencehold.py): decided once the workdir is known.
-        if "namespace" in s.p.kinds and any(f.holds_fence for f in self.features):
+        if launchers.held_needs(s.p.kinds).fence_hold and any(
+                f.holds_fence for f in self.features):
             s.hold = fencehold.pair()
             undo.callback(s.hold[0].close)
             # The child's end is closed once it is forked (a second close
@@ -218,19 +220,20 @@ class Starting(Planning):
         undo.callback(_quietly, f"agent {s.agent_id}: closing its output", s.drop_output)
 
     async def _take_scratch_image(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
-        if "namespace" in s.p.kinds:
+        if launchers.held_needs(s.p.kinds).scratch_image:
             s.image = self._scratch_image(s.p.merged.agent)
             if s.image is not None:
                 undo.callback(os.close, s.image)  # nothing was written to it yet
 
     async def _fork_held(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
-        kinds, user = s.p.kinds, s.p.user
+        user = s.p.user
+        needs = launchers.held_needs(s.p.kinds)
         try:
             s.held = supervisor.fork_held(
                 user, s.req.workdir, exit_path=self._store.exit_path(s.agent_id),
                 identifier=safetext.AGENT_IDENTIFIER, unit=s.unit, stdio=s.held_stdio,
-                shell=_shared_shell() if "namespace" in kinds or kinds == ["none"] else None,
-                init=_shared_shell(init=True) if "namespace" in kinds else None,
+                shell=_shared_shell() if needs.shell else None,
+                init=_shared_shell(init=True) if needs.init else None,
                 hold=s.hold[1].fileno() if s.hold else None, image=s.image,
             )
         finally:
@@ -295,7 +298,7 @@ class Starting(Planning):
 
     async def _make_scratch(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
         for _label, spec in s.steps:
-            if spec.kind == "namespace" and not s.scratch_path:
+            if spec.kind == SandboxKind.NAMESPACE and not s.scratch_path:
                 s.scratch_path = scratch.create(spec)
                 undo.callback(_quietly, f"agent {s.agent_id}: removing its scratch",
                               scratch.remove, s.scratch_path)
@@ -318,7 +321,7 @@ class Starting(Planning):
         # Without containers the steps are final here: the spec and the
         # record (each written and fsynced, a few ms) are written while
         # systemd's job still runs (issue 18), not after it.
-        if "container" not in p.kinds:
+        if not _ensures(p.kinds):
             self._save_start(s.rec, [(label, spec.to_dict()) for label, spec in s.steps])
 
     async def _scope_ready(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
@@ -340,27 +343,24 @@ class Starting(Planning):
             await feature.on_start(s.required_rec(), s.p.merged, s.p.user)
 
     async def _start_containers(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
-        # Containers are started once the scope exists (their cgroups sit
-        # below it) and after the features (whose folders they bind, such as
-        # the broker's). Steps with identical settings share one.
-        if "container" not in s.p.kinds:
+        # A kind's own resources (containers) are set up once the scope
+        # exists (their cgroups sit below it) and after the features (whose
+        # folders they bind, such as the broker's). Steps with identical
+        # settings share one.
+        if not _ensures(s.p.kinds):
             return
-
-        async def teardown() -> None:
-            with _logged(f"agent {s.agent_id}: removing its container after a failed start"):
-                await container.teardown(s.agent_id)
-
-        undo.push_async_callback(teardown)
+        for kind in dict.fromkeys(s.p.kinds):
+            undo.push_async_callback(_teardown, s.agent_id, kind)
         containers: set[str] = set()
         for n, ((_label, step_eff, _argv), (label, spec)) in enumerate(
             zip(s.p.plan, s.steps, strict=True)
         ):
-            if spec.kind == "container":
-                name = await container.ensure(
+            ensure = launchers.launcher(spec.kind).ensure
+            if ensure is not None:
+                s.steps[n] = (label, await ensure(
                     s.agent_id, s.unit, spec, step_eff, units=self._systemd, started=containers,
                     pinned_workdir=s.required_held().workdir_path(),
-                )
-                s.steps[n] = (label, container.with_container(spec, name))
+                ))
         self._save_start(s.required_rec(), [(label, spec.to_dict()) for label, spec in s.steps])
 
     async def _release(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
@@ -581,13 +581,14 @@ async def _read_status(held: supervisor.Held) -> tuple[bool, str]:
     return supervisor.read_status(held.status_r)
 
 def _copied_clients(
-    kinds: list[str], stdio: supervisor.Stdio
+    kinds: list[SandboxKind], stdio: supervisor.Stdio
 ) -> tuple[int | None, int | None] | None:
     """For an attached agent the daemon can copy for (one namespace step,
     journald, dash, and a caller whose stdout and stderr are pipes): the
     daemon's own non-blocking copies of the caller's pipes (None for one
     nobody reads any more). None: it gets a supervisor, as before."""
-    if (kinds not in (["namespace"], ["none"]) or stdio.stdout is None or stdio.stderr is None
+    if (kinds not in ([SandboxKind.NAMESPACE], [SandboxKind.NONE])
+            or stdio.stdout is None or stdio.stderr is None
             or not os.path.exists(journal.STDOUT_SOCKET) or _shared_shell() is None):
         return None
     out = output.private_pipe(stdio.stdout)
@@ -602,10 +603,24 @@ def _copied_clients(
 
 def _shared_shell(*, init: bool = False) -> int | None:
     """The daemon's sealed dash (or with `init`, catatonit), one for every agent."""
-    from leviathd.sandbox import namespace
+    from leviathd.sandbox.namespace import sealed
 
     try:
-        return namespace.shared_sealed(
-            namespace.INIT_CANDIDATES if init else namespace.SHELL_CANDIDATES)
+        return sealed.shared_sealed(
+            sealed.INIT_CANDIDATES if init else sealed.SHELL_CANDIDATES)
     except OSError:
         return None
+
+
+def _ensures(kinds: list[SandboxKind]) -> bool:
+    """Some step's kind sets up resources of its own once the scope exists
+    (sandbox/launchers.py `ensure`: the container kind)."""
+    return any(launchers.launcher(k).ensure is not None for k in kinds)
+
+
+async def _teardown(agent_id: str, kind: SandboxKind) -> None:
+    """Undo a kind's `ensure` for a start that failed."""
+    teardown = launchers.launcher(kind).teardown
+    if teardown is not None:
+        with _logged(f"agent {agent_id}: removing its {kind} after a failed start"):
+            await teardown(agent_id)

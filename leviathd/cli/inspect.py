@@ -16,6 +16,7 @@ import sys
 from leviathd.cli.run import blueprint_file
 from leviathd.config.load import load_blueprint, load_configs
 from leviathd.config.merge import resolve
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import InvalidArgument, NotFound
 from leviathd.identity import user_info
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec_on_host
@@ -95,7 +96,7 @@ def with_tool_state_notes(spec: SandboxSpec, argvs: list[list[str]]) -> SandboxS
 
     from leviathd.sandbox import toolstate
 
-    if spec.kind == "none":
+    if spec.kind == SandboxKind.NONE:
         return spec
 
     def list_dir(path: str) -> list[str]:

@@ -49,14 +49,14 @@ from leviathd.config.models import (
     Publish,
     Resources,
     SandboxConfig,
-    SandboxKind,
     TaintConfig,
     TaintPolicy,
 )
 from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.engine import Engine
-from leviathd.domain.mounts import Access, Mount
+from leviathd.domain.mounts import Access, MountRequest
 from leviathd.domain.permission import Permission
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.domain.tools import TOOLS, Registry
 from leviathd.policy.rules import RuleSpec
@@ -213,7 +213,7 @@ class Effective:
     engine: Engine = DEFAULT_ENGINE
     image: str | None = None
     network: Network = DEFAULT_NETWORK
-    mounts: list[Mount] = field(default_factory=list)
+    mounts: list[MountRequest] = field(default_factory=list)
     default_mounts: bool = True
     on_unavailable: OnUnavailable = DEFAULT_ON_UNAVAILABLE
     scratch_dir: str | None = None
@@ -278,10 +278,10 @@ def _inside(path: str, base: str) -> bool:
 
 
 def _narrow_mounts(
-    wanted: list[Mount], allowed: list[Mount], where: str, out: _Findings
-) -> list[Mount]:
+    wanted: list[MountRequest], allowed: list[MountRequest], where: str, out: _Findings
+) -> list[MountRequest]:
     """Keep each wanted mount that lies inside an allowed one, with no more access."""
-    kept: list[Mount] = []
+    kept: list[MountRequest] = []
     for m in wanted:
         covering = [a for a in allowed if _inside(m.path, a.path)]
         if not covering:
@@ -300,7 +300,7 @@ def _narrow_mounts(
                 f"{where}.mounts: {m.path} asks for write access; your config allows read "
                 "only, so it is mounted read-only",
             )
-            m = Mount(path=m.path, access=Access.READ)
+            m = MountRequest(path=m.path, access=Access.READ)
         kept.append(m)
     return kept
 

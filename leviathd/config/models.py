@@ -31,9 +31,10 @@ from pydantic import (
 
 from leviathd.domain.allowrule import AllowRule
 from leviathd.domain.engine import Engine
-from leviathd.domain.mounts import Access, Mount, MountPath
+from leviathd.domain.mounts import Access, MountPath, MountRequest
 from leviathd.domain.permission import Permission
 from leviathd.domain.protectedpaths import check_config_path as check_protected_path
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.policy.cel import CelError
 from leviathd.policy.rules import compile_rule
@@ -52,20 +53,6 @@ class _Model(BaseModel):
 
 
 # ------------------------------------------------------------------------------ enums
-
-
-class SandboxKind(StrEnum):
-    NONE = "none"
-    NAMESPACE = "namespace"
-    CONTAINER = "container"
-
-    @property
-    def rank(self) -> int:
-        """none < namespace < container: a higher rank fences more."""
-        return _KIND_RANK[self]
-
-
-_KIND_RANK = {SandboxKind.NONE: 0, SandboxKind.NAMESPACE: 1, SandboxKind.CONTAINER: 2}
 
 
 class OnUnavailable(StrEnum):
@@ -282,7 +269,7 @@ class SandboxConfig(_Model):
     # true: the host's network; "proxy": only lo, out through the daemon's
     # gated proxy (leviathd/proxy); false: only lo.
     network: Annotated[bool | Literal["proxy"] | None, PlainValidator(_network)] = None
-    mounts: list[Mount] | None = None
+    mounts: list[MountRequest] | None = None
     default_mounts: StrictBool | None = None
     on_unavailable: OnUnavailable | None = None
     scratch_dir: AbsolutePath | None = None

@@ -30,6 +30,7 @@ from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.broker.core import Broker
 from leviathd.config.merge import Effective, MergeResult
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
 from leviathd.identity import UserInfo
 from leviathd.proxy import azure, egress
@@ -115,9 +116,9 @@ class CredentialService(Feature):
         ssh = bool(_of_kind(creds, "ssh"))
         if not wanted and not ssh:
             return spec
-        if spec.kind == "none":
+        if spec.kind == SandboxKind.NONE:
             base = agent_dir(spec.execution_id)
-        elif spec.kind == "namespace" and any(
+        elif spec.kind == SandboxKind.NAMESPACE and any(
                 m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts):
             base = SANDBOX_RUNTIME
         else:
@@ -143,7 +144,7 @@ class CredentialService(Feature):
         files = programs(creds, egress.inside(creds) if behind else ())
         if files:
             write_programs(rec.id, files.items())
-        if _of_kind(creds, "ssh") and rec.sandbox in ("none", "namespace"):
+        if _of_kind(creds, "ssh") and rec.sandbox in (SandboxKind.NONE, SandboxKind.NAMESPACE):
             await self._open_ssh(rec.id, user.uid, user.gid)
 
     async def _open_ssh(self, agent_id: str, uid: int, gid: int) -> None:
@@ -170,7 +171,7 @@ class CredentialService(Feature):
         brokers came back, from the policy each started with."""
         for agent_id, live in list(self._gate.live.items()):
             creds = live.broker.policy.settings.credentials
-            if live.rec.sandbox not in ("none", "namespace"):
+            if live.rec.sandbox not in (SandboxKind.NONE, SandboxKind.NAMESPACE):
                 continue
             # The gate emptied the agent's folder when it took it over: the
             # helper programs go back (without them git had no credential

@@ -34,7 +34,10 @@ def _home_or_absolute(value: str) -> str:
 MountPath = Annotated[str, AfterValidator(_home_or_absolute)]
 
 
-class Mount(BaseModel):
+class MountRequest(BaseModel):
+    """One `mounts` entry as configured (the fence's own mount steps are
+    sandbox/spec.Mount)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: MountPath

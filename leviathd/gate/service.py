@@ -46,6 +46,7 @@ from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of
 from leviathd.broker.tools import MAX_READ, ArgvRequest, CredentialRequest, ShellRequest
 from leviathd.config.merge import MergeResult
 from leviathd.config.policy_settings import policy_settings
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, NotFound, Unavailable
 from leviathd.events import Event
@@ -59,6 +60,7 @@ from leviathd.records import AgentRecord, RecordStore
 from leviathd.sandbox import fencehold
 from leviathd.sandbox.container import cgroup_procs_files
 from leviathd.sandbox.credential_fence import credential_spec
+from leviathd.sandbox.launchers import launcher
 from leviathd.sandbox.spec import Mount, SandboxSpec
 from leviathd.systemd import journal
 
@@ -125,10 +127,8 @@ class GateService(Feature):
 
     def extend_spec(self, spec: SandboxSpec) -> SandboxSpec:
         host_socket = os.path.join(agent_dir(spec.execution_id), SOCKET_NAME)
-        if spec.kind == "none":
+        if not launcher(spec.kind).fenced:
             return replace(spec, env={**spec.env, "LEVIATH_BROKER": host_socket})
-        if spec.kind not in ("namespace", "container"):
-            return spec
         own = agent_dir(spec.execution_id)
         # /run/leviath is hidden from agents, and the launcher refuses to bind
         # anything inside a hidden path. The agent's own folder is the one
@@ -376,7 +376,7 @@ class GateService(Feature):
             return ""
         return step[1].removeprefix("stage ")
 
-    def _agent_spec(self, agent_id: str) -> tuple[_Live, dict[str, Any]]:
+    def _agent_spec(self, agent_id: str) -> tuple[_Live, SandboxSpec]:
         """The recorded spec of the step that runs now (its fence: each stage
         may have its own), else of the last step."""
         live = self.live.get(agent_id)
@@ -386,7 +386,7 @@ class GateService(Feature):
         if not steps:
             raise Unavailable(f"agent {agent_id} has no recorded sandbox spec")
         if len(steps) == 1:
-            return live, dict(steps[0]["spec"])  # type: ignore[call-overload]
+            return live, _recorded(agent_id, steps[0]["spec"])
         # Stages may each have their own fence (a plan stage without network):
         # when the step running now is not known (its record could not be
         # written, e.g. a full state disk), no fence is guessed, since the
@@ -396,7 +396,7 @@ class GateService(Feature):
         if here is None or step is None or here.get("label") != step[1]:
             raise Unavailable(f"agent {agent_id}: the step it runs now is not recorded, so "
                               "the fence to run this in is not known")
-        return live, dict(here["spec"])  # type: ignore[call-overload]
+        return live, _recorded(agent_id, here["spec"])
 
     async def run_shell(self, req: ShellRequest) -> Mapping[str, Any]:
         """Run the command in the agent's own scope and sandbox: a child of
@@ -404,13 +404,13 @@ class GateService(Feature):
         agent's running fence (its mounts, scratch and layers, its user, its
         network) and runs `sh -c COMMAND` there."""
         live, spec = self._agent_spec(req.agent_id)
-        if spec.get("kind") not in ("namespace", "none"):
-            raise Unavailable(f"shell is not available in a {spec.get('kind')} sandbox yet")
-        spec["argv"] = ["/bin/sh", "-c", req.command]
+        if not launcher(spec.kind).tools:
+            raise Unavailable(f"shell is not available in a {spec.kind} sandbox yet")
+        spec = replace(spec, argv=("/bin/sh", "-c", req.command))
         timeout = min(req.timeout or SHELL_TIMEOUT, SHELL_TIMEOUT)
         # In the agent's own fence (sandbox/join.py); the command waits until
         # the broker has marked that namespace's mounts for its write watch.
-        hold = live.broker.watch_fence if spec.get("kind") == "namespace" else None
+        hold = live.broker.watch_fence if launcher(spec.kind).held.fence_hold else None
         return await self._run_in_scope(live, spec, timeout, hold=hold, join=True)
 
     async def run_tool(self, req: ArgvRequest) -> Mapping[str, Any]:
@@ -418,12 +418,12 @@ class GateService(Feature):
         its recorded fence, its user): the blueprint chose the command, never
         where or as whom it runs."""
         live, spec = self._agent_spec(req.agent_id)
-        if spec.get("kind") not in ("namespace", "none"):
-            raise Unavailable(f"blueprint tools are not available in a {spec.get('kind')} "
+        if not launcher(spec.kind).tools:
+            raise Unavailable(f"blueprint tools are not available in a {spec.kind} "
                               "sandbox yet")
-        spec["argv"] = list(req.argv)
+        spec = replace(spec, argv=tuple(req.argv))
         # In the agent's fence too, marked first (run_shell).
-        hold = live.broker.watch_fence if spec.get("kind") == "namespace" else None
+        hold = live.broker.watch_fence if launcher(spec.kind).held.fence_hold else None
         return await self._run_in_scope(live, spec, min(req.timeout, SHELL_TIMEOUT),
                                         hold=hold, join=True)
 
@@ -433,14 +433,14 @@ class GateService(Feature):
         reading from, a folder the agent can write."""
         live, agent_spec = self._agent_spec(req.agent_id)
         private = ""
-        if agent_spec.get("kind") == "none":
+        if agent_spec.kind == SandboxKind.NONE:
             private = _credential_home(req.agent_id)
         spec = credential_spec(agent_spec, req.argv, req.env, workdir=req.workdir,
                                private_dir=private)
         return await self._run_in_scope(live, spec, req.timeout, stdin=req.stdin)
 
     async def _run_in_scope(
-        self, live: _Live, spec: dict[str, Any], timeout: float, *, stdin: str = "",
+        self, live: _Live, spec: SandboxSpec, timeout: float, *, stdin: str = "",
         hold: Callable[[int, str], None] | None = None, join: bool = False,
     ) -> Mapping[str, Any]:
         """`join`: in the agent's running fence (found from its recorded
@@ -463,8 +463,8 @@ class GateService(Feature):
             if held:
                 held[1].close()
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        message: dict[str, Any] = {"unit": live.rec.unit, "spec": spec}
-        if join and spec.get("kind") == "namespace":
+        message: dict[str, Any] = {"unit": live.rec.unit, "spec": spec.to_dict()}
+        if join and launcher(spec.kind).join is not None:
             # The record as it is now: a handover replaced the held process
             # by PID 1 (agents/service.py).
             now = self._agents.records.get(live.rec.id, live.rec)
@@ -523,6 +523,16 @@ class GateService(Feature):
         except OSError as exc:
             raise Unavailable(f"cannot move the shell into {rec.unit}: {exc}") from None
         return cgroup
+
+
+def _recorded(agent_id: str, data: object) -> SandboxSpec:
+    """A recorded step's spec, read back as the spec it was (the records are
+    root's; a damaged one refuses the call rather than failing in the child)."""
+    try:
+        return SandboxSpec.from_dict(data)  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Unavailable(f"agent {agent_id}'s recorded sandbox spec cannot be read: "
+                          f"{exc!r}"[:400]) from None
 
 
 @contextlib.contextmanager

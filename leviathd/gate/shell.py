@@ -25,6 +25,7 @@ import signal
 import sys
 
 from leviathd.sandbox import fencehold
+from leviathd.sandbox.launchers import RunContext, launcher
 from leviathd.sandbox.spec import SandboxSpec
 
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -75,28 +76,22 @@ def main() -> int:
     for sig in _RESET_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     sys.stdout.flush()
+    entry = launcher(spec.kind)
     anchor = message.get("join")
-    if spec.kind == "namespace" and isinstance(anchor, int) and anchor > 1:
+    if entry.join is not None and isinstance(anchor, int) and anchor > 1:
         # The agent's own running fence: its home, /tmp and layers (issue 33).
         from leviathd.errors import Unavailable
-        from leviathd.sandbox import join
 
         try:
-            return join.run(spec, anchor=anchor, unit=unit, ready=ready)
+            return entry.join(spec, anchor, unit, ready)
         except Unavailable as exc:
             print(f"leviathd shell: {exc}", file=sys.stderr)
             return 125
-    if spec.kind == "namespace":
-        from leviathd.sandbox import namespace
-
-        return namespace.run(spec, ready=ready)
-    if spec.kind == "none":
-        from leviathd.sandbox import none
-
-        return none.run(spec)
-    print(f"leviathd shell: sandbox kind {spec.kind!r} is not supported", file=sys.stderr)
-    return 125
-
+    if not entry.tools:
+        print(f"leviathd shell: sandbox kind {str(spec.kind)!r} is not supported",
+              file=sys.stderr)
+        return 125
+    return entry.run(spec, RunContext(ready=ready))
 
 if __name__ == "__main__":
     sys.exit(main())

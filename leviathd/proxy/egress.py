@@ -26,6 +26,7 @@ from dataclasses import replace
 from leviathd import fsat
 from leviathd.config.merge import Effective
 from leviathd.config.models import CredentialConfig
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.gate.service import SANDBOX_RUNTIME, agent_dir
 from leviathd.proxy import azure, inject
 from leviathd.sandbox import gitenv
@@ -84,7 +85,7 @@ def injections(credentials: Mapping[str, CredentialConfig], key: bytes
 # The sandboxes whose only way out is the proxy: there the secret can stay in
 # the daemon. Kind none has the host's network and no fence (extend_env's
 # note and docs/security-model.md say what that means).
-FENCED = ("namespace", "container")
+FENCED = (SandboxKind.NAMESPACE, SandboxKind.CONTAINER)
 
 
 def _runtime(spec: SandboxSpec) -> bool:
@@ -110,7 +111,7 @@ def git_only(credentials: Mapping[str, CredentialConfig]) -> dict[str, Credentia
 
 def _not_injected(spec: SandboxSpec, kind: str) -> str:
     """Why a credential is not injected here, and what holds instead."""
-    if spec.kind == "none":
+    if spec.kind == SandboxKind.NONE:
         why = ("kind none has no fence: its processes use the host's network directly and "
                "can read what its user can, so the proxy cannot be made their way out")
     elif spec.kind in FENCED:
@@ -118,11 +119,11 @@ def _not_injected(spec: SandboxSpec, kind: str) -> str:
     else:
         why = f"no injection in a {spec.kind} sandbox"
     if kind == "git":
-        held = ("git's credential helper is given the token" if spec.kind != "container"
-                else "not offered")
+        held = ("git's credential helper is given the token"
+                if spec.kind != SandboxKind.CONTAINER else "not offered")
     elif kind == "cli":
-        held = ("the wrapper runs it in the credential fence" if spec.kind != "container"
-                else "not offered")
+        held = ("the wrapper runs it in the credential fence"
+                if spec.kind != SandboxKind.CONTAINER else "not offered")
     else:
         held = "not offered"
     return f"not injected at the egress ({why}); {held}"
@@ -145,7 +146,7 @@ def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
     for name in TRUST_VARIABLES:
         env[name] = bundle
     env = gitenv.append(env, ssh_rewrites(creds))
-    if spec.kind == "container":
+    if spec.kind == SandboxKind.CONTAINER:
         env = gitenv.append(env, container_helper(creds, key))
     notes = list(spec.notes)
     first = azure_first(creds)

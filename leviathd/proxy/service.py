@@ -28,6 +28,7 @@ from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord, Broker
 from leviathd.config.merge import Effective, MergeResult
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.events import Event
 from leviathd.gate.service import GateService, agent_dir
@@ -134,7 +135,7 @@ class ProxyService(Feature):
     def extend_spec(self, spec: SandboxSpec) -> SandboxSpec:
         if not spec.proxy:
             return spec
-        if spec.kind == "none":
+        if spec.kind == SandboxKind.NONE:
             return replace(spec, proxy=False, notes=(
                 *spec.notes, 'network = "proxy" has no effect unsandboxed: the agent has '
                 "the host's network"))

@@ -14,7 +14,7 @@ nothing to PID 1's namespaces: it holds no capability in them.
 
 This process enters PID 1's mount, PID, IPC, UTS and network namespaces
 (setns on the pidfd) and forks the command, which does what the agent's own
-PID 2 does (sandbox/namespace.py `_agent`: the user's ids, every capability
+PID 2 does (sandbox/namespace/pid1.py `exec_agent`: the user's ids, every capability
 dropped, no_new_privs, the seccomp filter, the workdir) but stays in this
 process's session and group, so the daemon's kill of the group on a time-out
 reaches it. After the setns this process's root is the agent's: nothing is
@@ -30,12 +30,13 @@ import signal
 import sys
 from collections.abc import Callable
 
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import Unavailable
-from leviathd.sandbox import namespace
+from leviathd.sandbox.namespace import pid1, syscalls
 from leviathd.sandbox.spec import SandboxSpec
 
-_FLAGS = (namespace.CLONE_NEWNS | namespace.CLONE_NEWPID | namespace.CLONE_NEWIPC
-          | namespace.CLONE_NEWUTS | namespace.CLONE_NEWNET)  # fmt: skip
+_FLAGS = (syscalls.CLONE_NEWNS | syscalls.CLONE_NEWPID | syscalls.CLONE_NEWIPC
+          | syscalls.CLONE_NEWUTS | syscalls.CLONE_NEWNET)  # fmt: skip
 _MAX_STATUS = 64 * 1024
 
 
@@ -99,16 +100,16 @@ def run(
     spec: SandboxSpec, *, anchor: int, unit: str, ready: Callable[[], None] | None = None
 ) -> int:
     """Run spec.argv in the agent's running fence; its exit status."""
-    if spec.kind != "namespace":
-        raise Unavailable(f"cannot join a {spec.kind!r} sandbox")
+    if spec.kind != SandboxKind.NAMESPACE:
+        raise Unavailable(f"cannot join a {str(spec.kind)!r} sandbox")
     pidfd = find_pid1(anchor, unit)
     rfd, wfd = os.pipe2(os.O_CLOEXEC)
     # No import may come from the agent's root, which is ours after setns.
     sys.path[:] = []
     sys.path_importer_cache.clear()
     try:
-        namespace.setns(pidfd, _FLAGS)
-    except namespace.FenceError as exc:
+        syscalls.setns(pidfd, _FLAGS)
+    except syscalls.FenceError as exc:
         raise Unavailable(f"cannot enter the agent's fence: {exc}") from exc
     finally:
         os.close(pidfd)
@@ -121,10 +122,10 @@ def run(
             if ready is not None:
                 ready()
         except BaseException as exc:
-            namespace._fail(wfd, f"leviathd shell: {exc}")
-        namespace._agent(spec, wfd, new_session=False)  # never returns
+            pid1.fail(wfd, f"leviathd shell: {exc}")
+        pid1.exec_agent(spec, wfd, new_session=False)  # never returns
     os.close(wfd)
-    said = namespace._read_all(rfd)
+    said = pid1.read_all(rfd)
     os.close(rfd)
     if said:
         os.write(2, said)

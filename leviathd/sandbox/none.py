@@ -10,7 +10,7 @@ import os
 import signal
 
 from leviathd.errors import Unavailable
-from leviathd.sandbox import namespace
+from leviathd.sandbox.namespace import sealed
 from leviathd.sandbox.privileges import drop_to_user
 from leviathd.sandbox.spec import SandboxSpec
 
@@ -42,7 +42,7 @@ _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGHUP,
 # stop`'s SIGTERM (sent to the whole scope): a trap (a handler, which exec
 # resets to the default for the command) keeps it alive until the command
 # has ended, and it records 128+15 as the namespace's PID 1 does.
-RECORDER_SCRIPT = "trap : TERM HUP INT; " + namespace.RECORDER_SCRIPT
+RECORDER_SCRIPT = "trap : TERM HUP INT; " + sealed.RECORDER_SCRIPT
 
 
 def start(
@@ -54,9 +54,9 @@ def start(
     user, with exactly run()'s identity, session, folder and environment;
     it runs the command and writes its status to `exit_fd`. Return its pid
     without waiting. `kept`: the attached output pipes' read ends, which it
-    holds at namespace.OUT_KEEP_FD/ERR_KEEP_FD for the daemon."""
+    holds at sealed.OUT_KEEP_FD/ERR_KEEP_FD for the daemon."""
     if shell is None:
-        shell = namespace.sealed_shell()
+        shell = sealed.sealed_shell()
     if shell is None:
         raise Unavailable("no shell to record the exit status (/usr/bin/dash)")
     rfd, wfd = os.pipe2(os.O_CLOEXEC)
@@ -93,17 +93,17 @@ def _recorder(
         signal.signal(sig, signal.SIG_DFL)
     # (Its OOM score is 0 already: _hand_over set it while still root.)
     # dash names them by one digit: move whatever sits there out of the way first.
-    fixed = (namespace.EXIT_FD, namespace.OUT_KEEP_FD, namespace.ERR_KEEP_FD)
+    fixed = (sealed.EXIT_FD, sealed.OUT_KEEP_FD, sealed.ERR_KEEP_FD)
     wfd, shell, exit_fd = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) if fd in fixed else fd
                            for fd in (wfd, shell, exit_fd))
     if kept is not None:
         kept = (fcntl.fcntl(kept[0], fcntl.F_DUPFD_CLOEXEC, 10),
                 fcntl.fcntl(kept[1], fcntl.F_DUPFD_CLOEXEC, 10))
-        os.dup2(kept[0], namespace.OUT_KEEP_FD)
-        os.dup2(kept[1], namespace.ERR_KEEP_FD)
-    os.dup2(exit_fd, namespace.EXIT_FD)
-    keep = {wfd, shell, namespace.EXIT_FD} | (
-        {namespace.OUT_KEEP_FD, namespace.ERR_KEEP_FD} if kept is not None else set())
+        os.dup2(kept[0], sealed.OUT_KEEP_FD)
+        os.dup2(kept[1], sealed.ERR_KEEP_FD)
+    os.dup2(exit_fd, sealed.EXIT_FD)
+    keep = {wfd, shell, sealed.EXIT_FD} | (
+        {sealed.OUT_KEEP_FD, sealed.ERR_KEEP_FD} if kept is not None else set())
     low = 3
     for fd in sorted(keep):
         os.closerange(low, fd)

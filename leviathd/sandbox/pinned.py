@@ -19,7 +19,14 @@ import stat
 
 from leviathd import fsat
 from leviathd.errors import Unavailable
-from leviathd.sandbox.namespace import MNT_DETACH, MS_BIND, MS_REC, FenceError, mount, umount2
+from leviathd.sandbox.namespace.syscalls import (
+    MNT_DETACH,
+    MS_BIND,
+    MS_REC,
+    FenceError,
+    mount,
+    umount2,
+)
 
 _UMOUNT_NOFOLLOW = 8
 

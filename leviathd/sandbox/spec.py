@@ -22,12 +22,14 @@ import re
 import stat
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from leviathd import resource_defaults
 
 # A config's `mounts` entry; `Mount` below is one step of building the root.
-from leviathd.domain.mounts import Mount as MountRequest
+from leviathd.domain.mounts import MountRequest
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.workdir import WORKDIR_MODES, WorkdirMode, refuse_system_workdir
 from leviathd.errors import InvalidArgument
 from leviathd.hidden import HIDDEN_ABSOLUTE, HIDDEN_IN_HOME
@@ -177,6 +179,40 @@ class EffectiveLike(Protocol):
     def allow_io_uring(self) -> bool: ...
 
 
+class MountRole(StrEnum):
+    """What a mount is for, which is what behaviour keys on (`why` is only
+    for people): the credential fence keeps SYSTEM (credential_fence.py), a
+    container skips SYSTEM and SCRATCH binds (container/settings.py), the
+    launcher checks WORKDIR and WORKTREE_GIT sources (namespace/pinner.py)."""
+
+    SYSTEM = "system"  # the read-only system, its links, a fresh /proc, a minimal /dev
+    SCRATCH = "scratch"  # home and /tmp, from the agent's scratch
+    WORKDIR = "workdir"
+    WORKTREE_GIT = "worktree-git"  # a worktree's main git folder
+    OTHER = "other"
+
+
+def _legacy_role(why: str) -> MountRole:
+    """The role of a mount recorded before roles were (an agent started by an
+    older daemon), from the labels that daemon wrote."""
+    if why in ("system", "system link", "fresh /proc", "minimal /dev"):
+        return MountRole.SYSTEM
+    if why in ("home (scratch)", "tmp (scratch)"):
+        return MountRole.SCRATCH
+    if why.startswith("workdir"):
+        return MountRole.WORKDIR
+    if why.startswith("worktree git"):
+        return MountRole.WORKTREE_GIT
+    return MountRole.OTHER
+
+
+def _mount_from_dict(data: Mapping[str, Any]) -> Mount:
+    values = dict(data)
+    role = values.get("role")
+    values["role"] = _legacy_role(str(values.get("why", ""))) if role is None else MountRole(role)
+    return Mount(**values)
+
+
 @dataclass(frozen=True)
 class Mount:
     """One step of building the agent's root, applied in table order.
@@ -194,6 +230,8 @@ class Mount:
       renamed away (see protected.py).
     `exact`: the source must be this very path, not a link to something else
       (used for ~/.ssh/known_hosts, the one entry taken from a hidden folder).
+    `role`: what the mount is for, which behaviour keys on; `why`: the
+      label people read (`lev inspect`), free to be reworded.
     """
 
     kind: MountKind
@@ -204,6 +242,7 @@ class Mount:
     work: str = ""
     exact: bool = False
     why: str = ""
+    role: MountRole = MountRole.OTHER
 
 
 @dataclass(frozen=True)
@@ -216,7 +255,7 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class SandboxSpec:
-    kind: str
+    kind: SandboxKind
     argv: tuple[str, ...]
     env: Mapping[str, str]
     workdir: str
@@ -266,9 +305,10 @@ class SandboxSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SandboxSpec:
         values = dict(data)
+        values["kind"] = SandboxKind(values["kind"])
         values["argv"] = tuple(values["argv"])
         values["groups"] = tuple(values["groups"])
-        values["mounts"] = tuple(Mount(**m) for m in values["mounts"])
+        values["mounts"] = tuple(_mount_from_dict(m) for m in values["mounts"])
         values["hidden"] = tuple(values["hidden"])
         values["namespaces"] = tuple(values["namespaces"])
         values["notes"] = tuple(values.get("notes", ()))
@@ -463,16 +503,21 @@ def _system(p: _Plan) -> None:
     b, exists, resolve = p.b, p.exists, p.resolve
     for path in SYSTEM_DIRS:
         if exists(path):
-            b.add(Mount("bind", path, resolve(path), readonly=True, why="system"))
+            b.add(Mount("bind", path, resolve(path), readonly=True, why="system",
+                        role=MountRole.SYSTEM))
     for path in SYSTEM_LINK_DIRS:
         if path in p.links:
-            b.add(Mount("symlink", path, p.links[path], why="system link"))
+            b.add(Mount("symlink", path, p.links[path], why="system link",
+                        role=MountRole.SYSTEM))
         elif exists(path):
-            b.add(Mount("bind", path, resolve(path), readonly=True, why="system"))
-    b.add(Mount("proc", "/proc", why="fresh /proc"))
-    b.add(Mount("dev", "/dev", why="minimal /dev"))
-    b.add(Mount("bind", p.home, posixpath.join(p.scratch, "home"), why="home (scratch)"))
-    b.add(Mount("bind", "/tmp", posixpath.join(p.scratch, "tmp"), why="tmp (scratch)"))
+            b.add(Mount("bind", path, resolve(path), readonly=True, why="system",
+                        role=MountRole.SYSTEM))
+    b.add(Mount("proc", "/proc", why="fresh /proc", role=MountRole.SYSTEM))
+    b.add(Mount("dev", "/dev", why="minimal /dev", role=MountRole.SYSTEM))
+    b.add(Mount("bind", p.home, posixpath.join(p.scratch, "home"), why="home (scratch)",
+                role=MountRole.SCRATCH))
+    b.add(Mount("bind", "/tmp", posixpath.join(p.scratch, "tmp"), why="tmp (scratch)",
+                role=MountRole.SCRATCH))
 
 
 def _workdir(p: _Plan) -> None:
@@ -508,14 +553,17 @@ def _workdir(p: _Plan) -> None:
     b.notes += git_notes
     mode = p.request.workdir_mode
     overlay_index = 0
-    for path, why in [(workdir, "workdir")] + [(d, "worktree git") for d in p.git_dirs]:
+    shown = [(workdir, "workdir", MountRole.WORKDIR)]
+    shown += [(d, "worktree git", MountRole.WORKTREE_GIT) for d in p.git_dirs]
+    for path, why, role in shown:
         if mode == "throwaway":
             layer = posixpath.join(p.scratch, "overlay", str(overlay_index))
             overlay_index += 1
             b.add(Mount("overlay", path, resolve(path), upper=posixpath.join(layer, "upper"),
-                        work=posixpath.join(layer, "work"), why=f"{why} (throwaway layer)"))
+                        work=posixpath.join(layer, "work"), why=f"{why} (throwaway layer)",
+                        role=role))
         else:
-            b.add(Mount("bind", path, resolve(path), readonly=mode == "ro", why=why))
+            b.add(Mount("bind", path, resolve(path), readonly=mode == "ro", why=why, role=role))
 
 
 def _home_entries(p: _Plan) -> None:
@@ -603,7 +651,7 @@ def _protected(p: _Plan) -> None:
         exists=p.exists,
         read_text=p.read_text,
     )
-    if str(p.effective.kind) == "none":
+    if p.effective.kind == SandboxKind.NONE:
         return
     for entry in protected.build(
         candidates, writable=[m.target for m in writable_mounts], exists=p.exists,
@@ -648,11 +696,11 @@ def _assemble(p: _Plan) -> SandboxSpec:
     ties, masks last), namespaces, environment, limits."""
     effective, user, request = p.effective, p.user, p.request
     ordered = sorted(p.b.mounts, key=lambda m: _depth(m.target))
-    kind = str(effective.kind)
+    kind = SandboxKind(effective.kind)
     # Only `true` is the host's network: "proxy" (truthy) must never be read as it.
     host_network = effective.network is True
     namespaces: tuple[str, ...] = ()
-    if kind == "namespace":
+    if kind == SandboxKind.NAMESPACE:
         namespaces = ("ipc", "mnt", "pid", "uts") + (() if host_network else ("net",))
     env = build_environment(
         request.env,
@@ -835,7 +883,7 @@ def build_spec_on_host(
         git_identity=parse_git_identity(gitconfig) if gitconfig else None,
         other_homes=host_other_homes(user) if other_homes is None else other_homes,
     )
-    if spec.kind == "namespace":
+    if spec.kind == SandboxKind.NAMESPACE:
         spec = replace(spec, scratch_fs=loopfs.backing())
     return with_default_limits(spec)
 

@@ -36,6 +36,7 @@ from leviathd.errors import Unavailable
 from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.sandbox import scratch
+from leviathd.sandbox.launchers import RunContext, launcher
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
@@ -305,8 +306,8 @@ def _lean(steps: list[tuple[str, SandboxSpec]], stdio: Stdio) -> bool:
     (namespace.start)."""
     if (stdio.fds() and stdio.kept is None) or len(steps) != 1:
         return False
-    spec = steps[0][1]
-    return spec.kind in ("namespace", "none") and os.path.exists(journal.STDOUT_SOCKET)
+    return (launcher(steps[0][1].kind).start is not None
+            and os.path.exists(journal.STDOUT_SOCKET))
 
 
 def _hand_over(
@@ -325,13 +326,13 @@ def _hand_over(
     Attached (`stdio.kept` set): the agent's stdin is the caller's, its
     stdout and stderr the daemon's pipes, which the daemon copies to the
     journal and the caller (agents/output.py); PID 1 keeps their read ends."""
-    from leviathd.sandbox import namespace
-
+    entry = launcher(spec.kind)
+    assert entry.start is not None  # _lean
     agent_id = os.path.basename(exit_path).split(".")[0]
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     # What the daemon's fork inherited and the agent must not: Python's
-    # ignored SIGXFSZ (namespace._agent resets the others) and the
+    # ignored SIGXFSZ (namespace.pid1.exec_agent resets the others) and the
     # daemon's OOM score (the agent's scope, not the daemon, is to blame).
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     _write_proc("/proc/self/oom_score_adj", "0")
@@ -344,7 +345,7 @@ def _hand_over(
             j_out = journal.open_stream(identifier, priority=syslog.LOG_INFO, unit=unit)
             j_err = journal.open_stream(identifier, priority=syslog.LOG_WARNING, unit=unit)
         exit_fd = _open_spare_exit(agent_id)
-        if spec.kind == "namespace":
+        if entry.held.scratch_image:
             scratch.enter(spec, _take_image())
         stdin = stdio.stdin if stdio is not None else None
         null = os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin
@@ -355,13 +356,8 @@ def _hand_over(
             if fd > 2:
                 os.close(fd)
         kept = stdio.kept if copied and stdio else None
-        if spec.kind == "none":
-            from leviathd.sandbox import none
-
-            pid = none.start(spec, exit_fd=exit_fd, shell=shell, kept=kept)
-        else:
-            pid = namespace.start(spec, workdir_fd=_pinned_workdir(), exit_fd=exit_fd,
-                                  shell=shell, ready=_held(), kept=kept)
+        pid = entry.start(spec, workdir_fd=_pinned_workdir(), exit_fd=exit_fd, shell=shell,
+                          ready=_held(), kept=kept)
     except (OSError, Unavailable) as exc:
         _complain(f"leviath: could not start the agent: {exc}")
         _write_exit(exit_path, 127)
@@ -460,7 +456,7 @@ def _supervise(
     # process that records how it ended.
     _write_proc("/proc/self/oom_score_adj", "-1000")
     code = 0
-    fenced = [spec for _label, spec in steps if spec.kind == "namespace"]
+    fenced = [spec for _label, spec in steps if launcher(spec.kind).held.scratch_image]
     if fenced:
         try:
             scratch.enter(fenced[0], _take_image())
@@ -531,10 +527,10 @@ def _run_step(
                 os.closerange(low, fd)
                 low = fd + 1
             os.closerange(low, _max_fd())
-            if init is not None and spec.kind == "namespace":
-                from leviathd.sandbox import namespace
+            if init is not None and launcher(spec.kind).held.init:
+                from leviathd.sandbox.namespace import sealed
 
-                namespace.shared_init = init
+                sealed.shared_init = init
             if step is not None:
                 from leviathd.sandbox import namespace
 
@@ -575,11 +571,8 @@ def _enter_step(spec: SandboxSpec) -> StepNamespaces | None:
     """A namespace step's namespaces, entered here so that the next fork is
     its PID 1, with no worker between (namespace.enter_step); None for
     other kinds."""
-    if spec.kind != "namespace":
-        return None
-    from leviathd.sandbox import namespace
-
-    return namespace.enter_step(spec)
+    enter = launcher(spec.kind).enter_step
+    return enter(spec) if enter is not None else None
 
 
 def _held() -> Callable[[], None] | None:
@@ -621,18 +614,7 @@ def _write_proc(path: str, value: str) -> None:
 
 
 def _launch(spec: SandboxSpec) -> int:
-    if spec.kind == "namespace":
-        from leviathd.sandbox import namespace
-
-        pinned = _pinned_workdir()
-        return namespace.run(spec, workdir_fd=pinned, ready=_held())
-    if spec.kind == "container":
-        from leviathd.sandbox import container
-
-        return container.run(spec)
-    from leviathd.sandbox import none
-
-    return none.run(spec)
+    return launcher(spec.kind).run(spec, RunContext(workdir_fd=_pinned_workdir(), ready=_held()))
 
 
 # What an attached client that does not read may fall behind by before its

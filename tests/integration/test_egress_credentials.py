@@ -245,6 +245,14 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
             lev(bed, "alice", "stop", a.id, check=False)
 
 
+def _split(token: str) -> str:
+    """The token as a shell word that is not the token's bytes in a row, so
+    the script itself (written under the workdir) is no hit of its own scan."""
+    return f"'{token[:4]}''{token[4:]}'"
+
+
+PATTERNS = " ".join(f"-e {_split(t)}" for t in (GIT_TOKEN, API_TOKEN, GH_TOKEN))
+
 # Run inside the agent while a clone runs: every place the agent's user can
 # read that might hold a secret.
 SNOOP = f"""
@@ -253,12 +261,12 @@ clone=$!
 hits=""
 while kill -0 $clone 2>/dev/null; do
   for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do
-    grep -q -a -e {GIT_TOKEN} -e {API_TOKEN} -e {GH_TOKEN} "$f" 2>/dev/null && hits="$hits $f"
+    grep -q -a {PATTERNS} "$f" 2>/dev/null && hits="$hits $f"
   done
 done
 wait $clone; echo "clone=$?"
-env | grep -c -e {GIT_TOKEN} -e {API_TOKEN} -e {GH_TOKEN}
-grep -r -l -a -e {GIT_TOKEN} -e {API_TOKEN} -e {GH_TOKEN} "$HOME" . /tmp /run/leviath \
+env | grep -c {PATTERNS}
+grep -r -l -a {PATTERNS} "$HOME" . /tmp /run/leviath \
   2>/dev/null | head
 echo "hits:$hits"
 """
@@ -269,7 +277,9 @@ def test_clone_works_and_no_secret_is_anywhere_the_agent_can_read(agent: Agent) 
     assert rc == 0, err
     lines = out.splitlines()
     assert lines[0] == "clone=0", (out, err)
-    assert lines[1] == "0" and lines[-1] == "hits:", out
+    # No file listed between the count and the /proc hits: a file the scan
+    # finds is a line of its own there.
+    assert lines[1:] == ["0", "hits:"], out
     assert GIT_TOKEN not in out + err and API_TOKEN not in out + err
     rc, out, _ = agent.call("cat snoop/README")
     assert out == "hello\n"

@@ -27,9 +27,10 @@ import pytest
 
 from leviathd.config.merge import Effective
 from leviathd.config.models import SandboxKind
-from leviathd.domain.mounts import Mount as ConfigMount
+from leviathd.domain.mounts import MountRequest as ConfigMount
 from leviathd.identity import UserInfo
 from leviathd.sandbox import namespace, scratch
+from leviathd.sandbox.namespace import sealed
 from leviathd.sandbox.spec import (
     RunRequest,
     SandboxSpec,
@@ -416,7 +417,7 @@ def test_a_setuid_binary_does_not_raise_privileges(world: World, inside: dict[st
 
 
 @pytest.mark.skipif(
-    not any(os.path.exists(p) for p in namespace.INIT_CANDIDATES), reason="no catatonit here"
+    not any(os.path.exists(p) for p in sealed.INIT_CANDIDATES), reason="no catatonit here"
 )
 def test_pid1_is_a_sealed_catatonit_the_agent_can_neither_read_nor_trace(world: World) -> None:
     """Issue 18: PID 1 is catatonit, not a Python process. Run from the

@@ -4,15 +4,26 @@ workdir read-only. The bed tests (test_taint_exits.py) run it for real."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from leviathd.errors import Unavailable
-from leviathd.sandbox.credential_fence import NOGROUP, credential_spec
+from leviathd.sandbox.credential_fence import NOGROUP
+from leviathd.sandbox.credential_fence import credential_spec as _credential_spec
+from leviathd.sandbox.spec import SandboxSpec
 
 HOME = "/home/alice"
 WORK = "/home/alice/proj"
+
+
+def credential_spec(agent: dict[str, Any], argv: list[str], env: dict[str, str],
+                    **kw: Any) -> dict[str, Any]:
+    """The fence from the agent's recorded spec (read back as records are),
+    as the dict it is recorded and handed to the launcher as."""
+    spec = _credential_spec(SandboxSpec.from_dict(agent), argv, env, **kw)
+    return json.loads(json.dumps(spec.to_dict()))  # type: ignore[no-any-return]
 
 
 def agent_spec(kind: str = "namespace") -> dict[str, Any]:

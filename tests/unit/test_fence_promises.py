@@ -14,7 +14,7 @@ from broker_harness import call, running_broker
 
 from leviathd.config.merge import Effective
 from leviathd.config.models import SandboxKind
-from leviathd.domain.mounts import Mount as ConfigMount
+from leviathd.domain.mounts import MountRequest as ConfigMount
 from leviathd.errors import InvalidArgument
 from leviathd.gate.service import GateService
 from leviathd.identity import UserInfo

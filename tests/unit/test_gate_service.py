@@ -3,6 +3,7 @@ snapshot an adopted agent is served with. Pure values: no root, no daemon."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -162,11 +163,13 @@ def test_an_agent_with_stages_whose_step_is_unknown_gets_no_guessed_fence(
     from leviathd.errors import Unavailable
 
     gate.live[AGENT] = SimpleNamespace(rec=SimpleNamespace(running=True))  # type: ignore[assignment]
-    plan = {"kind": "namespace", "network": False}
-    build = {"kind": "namespace", "network": True}
+    build = spec_for(SandboxKind.NAMESPACE)
+    plan = dataclasses.replace(build, network=False)
+    build = dataclasses.replace(build, network=True)
     gate._store.ensure()
-    gate._store.save_spec(AGENT, [("stage plan", plan), ("stage build", build)])
+    gate._store.save_spec(AGENT, [("stage plan", plan.to_dict()),
+                                  ("stage build", build.to_dict())])
     with pytest.raises(Unavailable, match="not recorded"):
         gate._agent_spec(AGENT)
-    gate._store.save_spec(AGENT, [("command", build)])
+    gate._store.save_spec(AGENT, [("command", build.to_dict())])
     assert gate._agent_spec(AGENT)[1] == build  # one step: no doubt which

@@ -14,7 +14,7 @@ from leviathd.config.models import (
     TaintPolicy,
 )
 from leviathd.domain.engine import Engine
-from leviathd.domain.mounts import Access, Mount
+from leviathd.domain.mounts import Access, MountRequest
 from leviathd.domain.sensitivity import Sensitivity
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -129,7 +129,7 @@ def test_with_no_sandbox_of_the_users_own_a_blueprint_may_opt_in_with_image_and_
         'mounts = [{ path = "~/data", access = "write" }]',
     )
     assert r.agent.image == "alpine:3"
-    assert r.agent.mounts == [Mount(path="~/data", access=Access.WRITE)]
+    assert r.agent.mounts == [MountRequest(path="~/data", access=Access.WRITE)]
     assert r.agent.blueprint_sandbox is True
     (note,) = [f for f in r.findings if f.code == "blueprint-mounts"]
     assert note.level == "note" and "~/data (write)" in note.message
@@ -160,9 +160,9 @@ def test_a_blueprint_keeps_only_mounts_inside_the_users_with_no_more_access() ->
         ' { path = "/srv/cache" }, { path = "/etc" }]',
     )
     assert r.agent.mounts == [
-        Mount(path="~/data/sub"),
-        Mount(path="~/data", access=Access.READ),
-        Mount(path="/srv/cache", access=Access.READ),
+        MountRequest(path="~/data/sub"),
+        MountRequest(path="~/data", access=Access.READ),
+        MountRequest(path="/srv/cache", access=Access.READ),
     ]
     assert codes(r).count("mount-access-overruled") == 1
     assert codes(r).count("mount-overruled") == 1
@@ -171,7 +171,7 @@ def test_a_blueprint_keeps_only_mounts_inside_the_users_with_no_more_access() ->
 
 def test_a_blueprint_without_mounts_gets_the_users_and_an_empty_list_removes_them() -> None:
     machine = '[sandbox]\nmounts = [{ path = "~/data" }]'
-    assert run(machine, "").agent.mounts == [Mount(path="~/data")]
+    assert run(machine, "").agent.mounts == [MountRequest(path="~/data")]
     assert run(machine, "[sandbox]\nmounts = []").agent.mounts == []
 
 

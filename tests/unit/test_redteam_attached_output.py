@@ -93,13 +93,13 @@ def _pid1_holding(keep: tuple[int, int] | None) -> tuple[int, int]:
     """A process that is PID 1 of a PID namespace of its own and holds
     `keep` at 7 and 6 (the kept read ends); its host pid and a pipe whose
     end says it is up."""
-    from leviathd.sandbox import namespace
+    from leviathd.sandbox.namespace import syscalls
 
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            namespace.unshare(namespace.CLONE_NEWPID)
+            syscalls.unshare(syscalls.CLONE_NEWPID)
             inner = os.fork()
             if inner == 0:
                 if keep is not None:

@@ -12,7 +12,7 @@ import pytest
 from leviathd.config.merge import Effective
 from leviathd.config.models import SandboxKind
 from leviathd.domain.mounts import Access
-from leviathd.domain.mounts import Mount as ConfigMount
+from leviathd.domain.mounts import MountRequest as ConfigMount
 from leviathd.errors import InvalidArgument
 from leviathd.identity import UserInfo
 from leviathd.sandbox.spec import (

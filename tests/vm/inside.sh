@@ -391,6 +391,107 @@ kill "$webserver"
 rm -f /etc/leviath/config.toml
 systemctl reload leviathd
 
+# --- credentials injected at the egress (issue 30): alice's agent holds a
+# placeholder; the proxy puts the secret in only toward api.test, over TLS it
+# verifies against the system's CAs (a test CA installed here). The server on
+# the dummy address records what each host name received.
+mkdir -p /srv/tls && chmod 700 /srv/tls
+cat >/srv/tls/make_certs.py <<'EOF8'
+import datetime
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+now = datetime.datetime.now(datetime.timezone.utc)
+def name(cn): return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+ca = (x509.CertificateBuilder().subject_name(name("leviath vm test CA")).issuer_name(name("leviath vm test CA"))
+      .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+      .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+      .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+      .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                   data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                   crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+      .add_extension(ski, critical=False)
+      .sign(ca_key, hashes.SHA256()))
+leaf = (x509.CertificateBuilder().subject_name(name("api.test")).issuer_name(ca.subject)
+        .public_key(leaf_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("api.test"), x509.DNSName("other.test")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(leaf_key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
+        .sign(ca_key, hashes.SHA256()))
+pem = serialization.Encoding.PEM
+open("/usr/local/share/ca-certificates/leviath-vm-test.crt", "wb").write(ca.public_bytes(pem))
+open("/srv/tls/leaf.pem", "wb").write(leaf.public_bytes(pem))
+open("/srv/tls/leaf.key", "wb").write(leaf_key.private_bytes(
+    pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+EOF8
+cat >/srv/tls/server.py <<'EOF8'
+import http.server, json, ssl
+class Seen(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        seen = {"host": self.headers.get("Host", ""), "auth": self.headers.get("Authorization", "")}
+        with open("/srv/tls/seen.jsonl", "a") as f:
+            f.write(json.dumps(seen) + "\n")
+        body = json.dumps(seen).encode()  # echoed: the proxy must mask the secret on the way back
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+srv = http.server.ThreadingHTTPServer(("10.77.0.2", 443), Seen)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("/srv/tls/leaf.pem", "/srv/tls/leaf.key")
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
+EOF8
+step inject_certs sh -c 'python3 /srv/tls/make_certs.py && update-ca-certificates 2>&1 | tail -n 1'
+echo "10.77.0.2 api.test other.test" >>/etc/hosts
+python3 /srv/tls/server.py >/srv/tls/server.log 2>&1 &
+tlsserver=$!
+printf %s 'vm-inj-5ecret-7f3a9c' >/etc/leviath/vm-api.token
+chmod 600 /etc/leviath/vm-api.token
+cat >/etc/leviath/config.toml <<'EOF8'
+[sandbox]
+network = "proxy"
+
+[proxy]
+private_ranges = ["10.77.0.0/24"]
+ports = [443]
+
+[credentials.api]
+kind = "http"
+hosts = ["api.test"]
+value = "Bearer {secret}"
+token_env = "API_TOKEN"
+secret_file = "/etc/leviath/vm-api.token"
+EOF8
+systemctl reload leviathd
+sleep 2
+runuser -l alice -c 'cd ~/work && cat >inject_probe.py' <<'EOF8'
+import json, os, urllib.request
+tok = os.environ.get("API_TOKEN", "")
+out = {"env_token": tok, "env": dict(os.environ)}
+for host in ("api.test", "other.test"):
+    req = urllib.request.Request(f"https://{host}/whoami", headers={"Authorization": "Bearer " + tok})
+    try:
+        out[host] = json.loads(urllib.request.urlopen(req, timeout=60).read().decode())
+    except Exception as e:
+        out[host] = "err:" + repr(e)[:300]
+print(json.dumps(out))
+EOF8
+step inject as alice "lev run -- python3 inject_probe.py"
+step inject_seen cat /srv/tls/seen.jsonl
+kill "$tlsserver"
+rm -f /etc/leviath/config.toml /etc/leviath/vm-api.token
+systemctl reload leviathd
+
 # --- --workdir-mode throwaway (its overlay mount fails in the test bed)
 step throwaway as alice "lev run --workdir-mode throwaway -- sh -c 'echo x > throwaway-file && cat throwaway-file'"
 step throwaway_after test ! -e /home/alice/work/throwaway-file

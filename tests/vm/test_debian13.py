@@ -417,6 +417,36 @@ def test_another_user_and_root_outside_the_agent_are_not_served_by_its_port(
     assert "curl=0" not in out and "root_curl=0" not in out, out
 
 
+VM_SECRET = "vm-inj-5ecret-7f3a9c"
+
+
+def _inject(vm: Run) -> tuple[dict[str, object], list[dict[str, str]]]:
+    got: dict[str, object] = json.loads(vm.ok("inject").strip().splitlines()[-1])
+    seen = [json.loads(line) for line in vm.ok("inject_seen").splitlines() if line.strip()]
+    return got, seen
+
+
+def test_a_credential_is_injected_at_the_egress_and_never_enters_the_agent(vm: Run) -> None:
+    """Issue 30 on Debian 13 (Python 3.13's strict X.509, its OpenSSL and
+    ca-certificates): the agent holds a placeholder, api.test receives the
+    secret, and nothing the agent reads or receives carries it."""
+    vm.ok("inject_certs")
+    got, seen = _inject(vm)
+    placeholder = str(got["env_token"])
+    assert placeholder and VM_SECRET not in placeholder, got
+    assert VM_SECRET not in vm.out("inject"), "the secret reached the agent"
+    api = [s for s in seen if s["host"] == "api.test"]
+    assert api and api[0]["auth"] == f"Bearer {VM_SECRET}", seen
+    assert isinstance(got["api.test"], dict), got
+
+
+def test_a_placeholder_sent_to_another_host_is_only_the_placeholder(vm: Run) -> None:
+    got, seen = _inject(vm)
+    other = [s for s in seen if s["host"] == "other.test"]
+    assert other and other[0]["auth"] == f"Bearer {got['env_token']}", seen
+    assert VM_SECRET not in json.dumps(other), seen
+
+
 def test_a_machine_rule_denies_read_file_of_a_pem_file(vm: Run) -> None:
     out = vm.out("rule_pem")
     assert vm.rc("rule_pem") != 0 and "VMKEY" not in out, out

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from leviathd import fsat
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.paths import runtime_dir
 from leviathd.sandbox import engine as engines
 from leviathd.sandbox.container.availability import _engine
@@ -108,7 +109,7 @@ async def end_hook(rec: Any) -> None:
     container step (its record's sandbox is "container" or, with stages,
     e.g. "namespace+container") loses its containers when it ends, however
     it ends."""
-    if "container" in str(rec.sandbox).split("+"):
+    if SandboxKind.CONTAINER in str(rec.sandbox).split("+"):
         await teardown(str(rec.id))
 
 

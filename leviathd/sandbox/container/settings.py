@@ -16,7 +16,7 @@ from leviathd.errors import InvalidArgument
 from leviathd.paths import runtime_dir, state_dir
 from leviathd.sandbox import engine as engines
 from leviathd.sandbox import oci_seccomp
-from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
+from leviathd.sandbox.spec import Mount, MountRole, SandboxSpec, is_within
 
 LABEL_AGENT = "org.leviath.agent"
 LABEL_USER = "org.leviath.user"
@@ -44,7 +44,7 @@ _IDENTITY_FILES = ("passwd", "group")
 # (workdir, worktree git folders, config mounts, agent state, toolchains,
 # caches, known_hosts, and what spec extensions add, such as the tool broker's
 # socket folder) is mounted as the spec says.
-_BIND_WHY_SKIPPED = frozenset({"system", "home (scratch)", "tmp (scratch)"})
+_BIND_ROLES_SKIPPED = frozenset({MountRole.SYSTEM, MountRole.SCRATCH})
 # --mount is comma separated and -v colon separated; such paths are refused
 # rather than quoted (a mis-parse would mount the wrong thing).
 _BAD_PATH = re.compile(r"[,\n\"=]")
@@ -111,7 +111,7 @@ def mount_options(
         if workdir_source and m.target == spec.workdir and m.source == spec.workdir:
             source = workdir_source
         if m.kind == "bind":
-            if m.why in _BIND_WHY_SKIPPED or is_within(m.source, spec.scratch):
+            if m.role in _BIND_ROLES_SKIPPED or is_within(m.source, spec.scratch):
                 continue
             out += _bind(source, m.target, m.readonly)
             mounted.append(m.target)
