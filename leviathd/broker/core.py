@@ -631,7 +631,9 @@ class Broker:
         if kind is ToolKind.GIT:
             name, spec = gitcreds.pick(settings.credentials, tool, str(args["url"]))
             stand_in = self.placeholder_for(name) if self.placeholder_for is not None else None
-            if stand_in is not None:
+            # The proxy injects into TLS only: a plain http URL (allow_http,
+            # documented as the token in clear) keeps the helper's old way.
+            if stand_in is not None and gitcreds.parse_url(str(args["url"]))[0] == "https":
                 return {"username": spec.username, "password": stand_in}, predicted
             self.start()
             assert self._opener is not None

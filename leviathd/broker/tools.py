@@ -470,8 +470,22 @@ async def _secret_from_command(
     return out[:MAX_READ].decode("utf-8", "replace").strip()
 
 
+# A line of a multi-line secret shorter than this is not redacted alone
+# (it would blank out common words); the whole secret still is.
+MIN_REDACTED_LINE = 6
+
+
 def redact(text: str, secret: str) -> str:
-    return text.replace(secret, "[redacted]") if secret else text
+    """Exact copies of the secret, and of each line of a secret of several
+    lines (a program given `a\nb` as its token may print only `a`: seen
+    with the wrapped `gh auth token`), longest first."""
+    if not secret:
+        return text
+    parts = {secret, *(ln.strip() for ln in secret.splitlines()
+                       if len(ln.strip()) >= MIN_REDACTED_LINE)}
+    for part in sorted(parts, key=len, reverse=True):
+        text = text.replace(part, "[redacted]")
+    return text
 
 
 @dataclass(frozen=True)

@@ -171,9 +171,23 @@ class CredentialService(Feature):
         brokers came back, from the policy each started with."""
         for agent_id, live in list(self._gate.live.items()):
             creds = live.broker.policy.settings.credentials
-            if agent_id in self.ssh or not any(c.kind == "ssh" for c in creds.values()):
-                continue
             if live.rec.sandbox not in (SandboxKind.NONE, SandboxKind.NAMESPACE):
+                continue
+            # The gate emptied the agent's folder when it took it over: the
+            # helper programs go back (without them git had no credential
+            # helper after a restart). Injected cli credentials (the proxy
+            # preset their placeholders) still run inside, with no wrapper.
+            ph = live.broker.placeholder_for
+            files = programs(creds, {n for n, c in creds.items()
+                                     if c.kind == "cli" and ph is not None and ph(n)})
+            if files:
+                try:
+                    write_programs(agent_id, files.items())
+                except OSError as exc:
+                    journal.record(f"agent {agent_id}: no credential helpers after the "
+                                   f"restart: {exc}", priority=syslog.LOG_WARNING,
+                                   LEVIATH_AGENT=agent_id)
+            if agent_id in self.ssh or not any(c.kind == "ssh" for c in creds.values()):
                 continue
             try:
                 await self._open_ssh(agent_id, live.broker.user.uid, live.broker.user.gid)

@@ -119,6 +119,9 @@ class GateService(Feature):
         self.on_approval_requested: list[Callable[[PendingRequest], None]] = []
         # One lane per user for rule evaluation (broker/rulelane.py).
         self._lanes = Lanes()
+        # Called with each new broker before its socket serves a call (the
+        # proxy presets the placeholders of an adopted agent: issue 30).
+        self.broker_hooks: list[Callable[[str, Broker], None]] = []
 
     # -- what the agent sees ----------------------------------------------
 
@@ -244,6 +247,8 @@ class GateService(Feature):
             tool_runner=self.run_tool, stage=lambda: self.stage_of(rec.id),
             lane=self._lanes.lane(rec.uid),
         )
+        for hook in self.broker_hooks:
+            hook(rec.id, broker)
         server = BrokerServer(broker, lookup=self.lookup,
                               path=os.path.join(folder, SOCKET_NAME), mode=0o600)
         try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from leviathd import fsat
@@ -33,6 +33,10 @@ from leviathd.sandbox import gitenv
 from leviathd.sandbox.spec import SandboxSpec
 
 BUNDLE = "ca-bundle.pem"
+# network = true: git's per-URL proxy for the covered hosts, written by the
+# daemon once its loopback port is bound (and again after a restart, on a new
+# port); the sandbox's git includes it (a missing file is no error to git).
+GITCONFIG = "egress.gitconfig"
 SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 TRUST_VARIABLES = ("SSL_CERT_FILE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS",
                    "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
@@ -84,9 +88,25 @@ def injections(credentials: Mapping[str, CredentialConfig], key: bytes
 FENCED = (SandboxKind.NAMESPACE, SandboxKind.CONTAINER)
 
 
+def _runtime(spec: SandboxSpec) -> bool:
+    return any(m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts)
+
+
 def applies(spec: SandboxSpec) -> bool:
-    return spec.kind in FENCED and spec.proxy and any(
-        m.target == SANDBOX_RUNTIME and m.kind == "bind" for m in spec.mounts)
+    return spec.kind in FENCED and spec.proxy and _runtime(spec)
+
+
+def applies_direct(spec: SandboxSpec) -> bool:
+    """`network = true` in a namespace sandbox: the host's network, and git's
+    way to the covered hosts through the daemon's loopback port."""
+    return spec.kind == "namespace" and spec.network and not spec.proxy and _runtime(spec)
+
+
+def git_only(credentials: Mapping[str, CredentialConfig]) -> dict[str, CredentialConfig]:
+    """What a network = true agent gets injected: git, whose per-URL proxy
+    setting sends only the covered hosts to the daemon. A program's token
+    (kind http, cli) has no such setting: those stay as without the proxy."""
+    return {n: c for n, c in injected(credentials).items() if c.kind == "git"}
 
 
 def _not_injected(spec: SandboxSpec, kind: str) -> str:
@@ -114,6 +134,8 @@ def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
     creds = injected(dict(eff.credentials))
     if not creds:
         return spec
+    if applies_direct(spec) and git_only(creds):
+        return _extend_direct(spec, creds)
     if not applies(spec):
         # What `lev inspect` says: no injection here, the old way holds.
         return replace(spec, notes=(*spec.notes, *(
@@ -151,6 +173,51 @@ def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
                      + ("; the real program runs in the agent's own fence" if c.kind == "cli"
                         else ""))
     return replace(spec, env=env, notes=tuple(notes))
+
+
+def _extend_direct(spec: SandboxSpec, creds: Mapping[str, CredentialConfig]) -> SandboxSpec:
+    """network = true: git includes the daemon's per-URL proxy file and
+    trusts the bundle; the other kinds keep their old way (notes say so)."""
+    env = dict(spec.env)
+    bundle = f"{SANDBOX_RUNTIME}/{BUNDLE}"
+    for name in TRUST_VARIABLES:
+        env[name] = bundle
+    git = git_only(creds)
+    env = gitenv.append(env, [("include.path", f"{SANDBOX_RUNTIME}/{GITCONFIG}"),
+                              *ssh_rewrites(git)])
+    notes = list(spec.notes)
+    for name, c in sorted(creds.items()):
+        if c.kind == "git":
+            notes.append(f"credential {name} (kind git): injected at the proxy toward "
+                         f"{', '.join(c.hosts)} (git {'+'.join(c.access)}); network = true: "
+                         "git reaches these hosts through a loopback port of the daemon's "
+                         "that serves only this agent; the sandbox holds a placeholder")
+        else:
+            notes.append(f"credential {name} (kind {c.kind}): not injected at the egress "
+                         "(network = true: only git's per-URL proxy is set); "
+                         + ("the wrapper runs it in the credential fence" if c.kind == "cli"
+                            else "not offered"))
+    return replace(spec, env=env, notes=tuple(notes))
+
+
+def gitconfig(hosts: Iterable[str], port: int) -> bytes:
+    """git's per-URL proxy for each host a git credential covers (git
+    matches `*` as one whole host label, as the CA's constraint does)."""
+    lines: list[str] = []
+    for pattern in dict.fromkeys(hosts):
+        if any(ch in pattern for ch in '?[]"\\\n\r\t ') or (
+                "*" in pattern and not pattern.startswith("*.")):
+            continue  # not a URL git matches as the proxy does: no injection there
+        lines += [f'[http "https://{pattern}/"]', f"\tproxy = http://127.0.0.1:{port}"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def write_gitconfig(agent_id: str, data: bytes) -> None:
+    fd = fsat.open_dir(agent_dir(agent_id))
+    try:
+        fsat.atomic_write_at(fd, GITCONFIG, data, mode=0o644)
+    finally:
+        os.close(fd)
 
 
 def ssh_rewrites(creds: Mapping[str, CredentialConfig]) -> list[tuple[str, str]]:

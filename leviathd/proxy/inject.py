@@ -191,6 +191,82 @@ def rebuild(req: Request, injections: Sequence[Injection], secrets: Mapping[str,
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), used
 
 
+MAX_CHUNK_LINE = 4096
+
+
+def body_length(req: Request) -> int | None:
+    """How long the request's body is: its Content-Length, 0 with neither
+    header, None for chunked. What the agent sends after that body (a second,
+    pipelined request: no head of ours, no audit record, no push approval)
+    is never forwarded; framing two parties could read differently (both
+    headers, two lengths, another coding) is refused."""
+    lengths = [v for k, v in req.headers if k.lower() == "content-length"]
+    codings = [v for k, v in req.headers if k.lower() == "transfer-encoding"]
+    if codings:
+        if lengths or len(codings) > 1 or codings[0].strip().lower() != "chunked":
+            raise Refusal(400, "a request body framed other than by one Content-Length or "
+                               "Transfer-Encoding: chunked alone")
+        return None
+    if not lengths:
+        return 0
+    if len(set(lengths)) > 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
+        raise Refusal(400, "a bad or repeated Content-Length")
+    return int(lengths[0])
+
+
+class Body:
+    """Follows the body of one request as its bytes come: `take` returns the
+    part of `data` that is still body, and whether the body has ended."""
+
+    def __init__(self, length: int | None) -> None:
+        self.chunked = length is None
+        self.left = length or 0
+        self.done = length == 0
+        self._state = "size"
+        self._line = b""
+
+    def take(self, data: bytes) -> tuple[bytes, bool]:
+        if self.done:
+            return b"", True
+        if not self.chunked:
+            n = min(self.left, len(data))
+            self.left -= n
+            self.done = self.left == 0
+            return data[:n], self.done
+        i = 0
+        while i < len(data) and not self.done:
+            if self._state == "data":
+                n = min(self.left, len(data) - i)
+                self.left -= n
+                i += n
+                if self.left == 0:
+                    self._state = "size"
+                continue
+            j = data.find(b"\n", i)
+            if j < 0:
+                self._line += data[i:]
+                i = len(data)
+                if len(self._line) > MAX_CHUNK_LINE:
+                    raise ValueError("a chunk line too long")
+                break
+            line = (self._line + data[i:j]).rstrip(b"\r")
+            self._line = b""
+            i = j + 1
+            if len(line) > MAX_CHUNK_LINE:
+                raise ValueError("a chunk line too long")
+            if self._state == "size":
+                size = int(line.split(b";", 1)[0].strip() or b"x", 16)
+                if size < 0:
+                    raise ValueError("a bad chunk size")
+                if size == 0:
+                    self._state = "trailer"
+                else:
+                    self._state, self.left = "data", size + 2  # its data and CRLF
+            elif not line:
+                self.done = True
+        return data[:i], self.done
+
+
 def check_secret(secret: str) -> str:
     """A secret goes into a header line: no line break, NUL, or overlong value."""
     secret = secret.strip("\n")

@@ -44,7 +44,7 @@ from leviathd.broker.server import identify
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, LimitExceeded
 from leviathd.policy.approvals import Answer, ApprovalQueue
-from leviathd.proxy import inject, policy, resolve, splice, tls
+from leviathd.proxy import inject, peer, policy, resolve, splice, tls
 from leviathd.proxy.policy import Decision, ProxySettings
 
 if TYPE_CHECKING:
@@ -154,6 +154,11 @@ class ProxyServer:
         self._acceptor: asyncio.Task[None] | None = None
         self._tcp_listener: socket.socket | None = None
         self._tcp_acceptor: asyncio.Task[None] | None = None
+        # network = true (issue 30): a port on the host's loopback for the
+        # covered hosts only, each peer identified by the kernel (peer.py).
+        self._host_listener: socket.socket | None = None
+        self._host_acceptor: asyncio.Task[None] | None = None
+        self.host_port: int | None = None
         self._open = 0
         self._waiting = 0  # unix connections whose first byte has not come
         self._slot_free = asyncio.Event()
@@ -209,6 +214,71 @@ class ProxyServer:
         self._tcp_listener = listener
         self._tcp_acceptor = asyncio.create_task(self._accept_tcp(listener))
 
+    def listen_host(self) -> int:
+        """For an agent with `network = true` (it shares the host's network
+        namespace, so no listener of its own is private to it): a port on
+        the host's loopback, 127.0.0.1 only, the kernel picking the number.
+        Anyone on the host can connect to it; each peer is identified by the
+        kernel (_serve_host) before a byte is read, and what is served there
+        is only the covered hosts' injection. Returns the port."""
+        if self._host_listener is not None:
+            assert self.host_port is not None
+            return self.host_port
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(128)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._host_listener = sock
+        self.host_port = int(sock.getsockname()[1])
+        self._host_acceptor = asyncio.create_task(self._accept_host(sock))
+        return self.host_port
+
+    async def _accept_host(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError:
+                await asyncio.sleep(0.1)  # EMFILE and such: the budget is the real bound
+                continue
+            task = asyncio.create_task(self._serve_host(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve_host(self, conn: socket.socket) -> None:
+        """A connection to the host port: the kernel names the connecting
+        socket's owner and cgroup (proxy/peer.py); only a socket of the
+        agent's user made inside the agent's scope is served. Whoever
+        connects is charged for it (descriptor and pace) as the uid the
+        kernel named: another user flooding the agent's port spends their
+        own share, not the agent's."""
+        try:
+            found = peer.lookup(conn)
+        except OSError:
+            found = None
+        if found is None or not fdshare.LEDGER.take(found.uid):
+            conn.close()
+            return
+        try:
+            await parseshare.CONNECTS.pace(found.uid, 1)
+            path = (peer.cgroup_path(found.cgroup_id) if found.uid == self.agent.uid
+                    else None)
+            own = path is not None and self.agent.is_own(path)
+        except BaseException:
+            conn.close()
+            raise
+        finally:
+            fdshare.LEDGER.give(found.uid)
+        if not own:
+            conn.close()  # another user's process, or this user's outside the agent
+            return
+        conn.setblocking(False)
+        await self._serve_stream(b"", conn, paced=True, covered_only=True)
+
     async def _accept_tcp(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -223,14 +293,14 @@ class ProxyServer:
             task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for acceptor in (self._acceptor, self._tcp_acceptor):
+        for acceptor in (self._acceptor, self._tcp_acceptor, self._host_acceptor):
             if acceptor is not None:
                 acceptor.cancel()
-        self._acceptor = self._tcp_acceptor = None
-        for listener in (self._listener, self._tcp_listener):
+        self._acceptor = self._tcp_acceptor = self._host_acceptor = None
+        for listener in (self._listener, self._tcp_listener, self._host_listener):
             if listener is not None:
                 listener.close()
-        self._listener = self._tcp_listener = None
+        self._listener = self._tcp_listener = self._host_listener = None
         for task in list(self._tasks):
             task.cancel()
         with contextlib.suppress(OSError):
@@ -282,9 +352,10 @@ class ProxyServer:
         await self._serve_stream(first, stream, paced=True)
 
     async def _serve_stream(self, first: bytes, stream: socket.socket, *,
-                            paced: bool = False) -> None:
+                            paced: bool = False, covered_only: bool = False) -> None:
         """The agent's connection (`first`: a byte of it already read;
-        `paced`: its handshake was already paced)."""
+        `paced`: its handshake was already paced; `covered_only`: from the
+        host's loopback port, where only covered hosts are served)."""
         global _open_total
         try:
             reader, writer = await asyncio.open_connection(sock=stream, limit=MAX_HEAD)
@@ -310,7 +381,7 @@ class ProxyServer:
         try:
             if not paced:  # accepted in the agent's namespace (adopt)
                 await parseshare.CONNECTS.pace(uid, 1)
-            await self._handle(reader, writer, conn, first)
+            await self._handle(reader, writer, conn, first, covered_only=covered_only)
         except asyncio.CancelledError:
             pass
         finally:
@@ -323,7 +394,7 @@ class ProxyServer:
             writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      conn: _Conn, first: bytes) -> None:
+                      conn: _Conn, first: bytes, *, covered_only: bool = False) -> None:
         socks = False
         try:
             if not first:
@@ -336,6 +407,8 @@ class ProxyServer:
             else:
                 conn.host, conn.port, head = await asyncio.wait_for(
                     _http_head(first, reader), HANDSHAKE_TIMEOUT)
+            if covered_only:
+                self._only_covered(conn, head)
             up = await self._connect(conn)
         except Refused as exc:
             self._record(conn, "deny", exc.rule, str(exc))
@@ -366,6 +439,15 @@ class ProxyServer:
             d = conn.decision
             self._record(conn, "allow", d.rule if d else "allowed",
                          f"sent {conn.sent} bytes, received {conn.received} bytes")
+
+    def _only_covered(self, conn: _Conn, head: bytes) -> None:
+        """The host's loopback port (network = true) is no general proxy:
+        a tunnel to a covered host, which is then intercepted, and nothing
+        else (the agent reaches every other host directly)."""
+        host = policy.normalize_host(conn.host) or ""
+        if head or self.injector is None or not self.injector.covering(host, conn.port):
+            raise Refused("not-covered", f"this port serves only the hosts of the agent's "
+                          f"injected credentials, not {conn.host[:100]!a}:{conn.port}")
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      up: socket.socket, head: bytes, conn: _Conn) -> None:

@@ -26,7 +26,7 @@ from leviathd import fsat
 from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
-from leviathd.broker.core import AuditRecord
+from leviathd.broker.core import AuditRecord, Broker
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.domain.sandbox import SandboxKind
 from leviathd.domain.sensitivity import Sensitivity
@@ -42,6 +42,7 @@ from leviathd.sandbox import forwarder
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
+MAX_SNAPSHOT = 1 << 20
 URL = f"http://{forwarder.HOST}:{forwarder.PORT}"
 NO_PROXY = "localhost,127.0.0.1,::1"
 
@@ -76,6 +77,14 @@ def _proxied(merged: MergeResult) -> bool:
     return any(e.network == "proxy" for e in (merged.agent, *merged.stages.values()))
 
 
+def _direct(rec: AgentRecord, merged: MergeResult) -> bool:
+    """network = true in a namespace sandbox with a git credential: git's
+    per-URL proxy to the daemon's loopback port (egress.applies_direct)."""
+    return ("namespace" in rec.sandbox.split("+")
+            and any(e.network is True for e in (merged.agent, *merged.stages.values()))
+            and bool(egress.git_only(dict(merged.agent.credentials))))
+
+
 class ProxyService(Feature):
     def __init__(self, agents: Agents, gate: GateService, *, state_dir: str) -> None:
         self._agents = agents
@@ -84,6 +93,35 @@ class ProxyService(Feature):
         self.live: dict[str, ProxyServer] = {}
         # Per agent: the key its placeholders derive from (issue 30).
         self._keys: dict[str, bytes] = {}
+        # An adopted agent's broker gets its placeholders before it serves.
+        gate.broker_hooks.append(self.preset)
+
+    def preset(self, agent_id: str, broker: Broker) -> None:
+        """An adopted agent's broker (after a daemon restart) gives git the
+        placeholders from its first call: they are read here from the saved
+        state, before its socket serves, not when the proxy comes back later
+        (meanwhile `git credential fill` got the token), nor never when the
+        proxy cannot come back. A new agent has no saved state yet; its
+        proxy sets them before the agent runs (_injector)."""
+        try:
+            fd = fsat.open_dir(self._snapshots)
+        except OSError:
+            return
+        try:
+            data = fsat.read_at(fd, f"{agent_id}.json", MAX_SNAPSHOT)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        try:
+            state = json.loads(data).get("egress") or {}
+            by_name = {str(d["name"]): str(d["placeholder"])
+                       for d in state.get("injections") or []
+                       if isinstance(d, dict) and d.get("kind") in ("git", "cli")}
+        except (ValueError, AttributeError, KeyError, TypeError):
+            by_name = {}
+        if by_name:
+            broker.placeholder_for = by_name.get
 
     def on_handover(self, rec: AgentRecord) -> None:
         """The agent's PID 1 runs with no relay beside it (namespace.start):
@@ -121,7 +159,8 @@ class ProxyService(Feature):
         return egress.extend_env(spec, eff, self._key(spec.execution_id))
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
-        if not _proxied(merged):
+        direct = _direct(rec, merged)
+        if not _proxied(merged) and not direct:
             return
         eff = merged.agent
         taint = eff.taint
@@ -131,12 +170,17 @@ class ProxyService(Feature):
             allow_private=taint.allow_private_addresses,
         )
         injections: tuple[inject.Injection, ...] = ()
-        if rec.sandbox in egress.FENCED and egress.injected(dict(eff.credentials)):
+        if rec.sandbox in egress.FENCED and _proxied(merged) and egress.injected(
+                dict(eff.credentials)):
             injections = egress.injections(dict(eff.credentials), self._key(rec.id))
+        elif direct:
+            injections = egress.injections(egress.git_only(dict(eff.credentials)),
+                                           self._key(rec.id))
         push = eff.permissions.get("git_push")
         egress_state: dict[str, object] = {"key": self._key(rec.id).hex(),
                         "injections": [i.to_json() for i in injections],
-                        "push": push.value if push is not None else "ask"}
+                        "push": push.value if push is not None else "ask",
+                        "direct": direct, "socket": _proxied(merged)}
         self._save(rec.id, settings, egress_state)
         await self._open(rec, user, settings, egress_state)
 
@@ -208,11 +252,22 @@ class ProxyService(Feature):
 
         agent = Agent(id=rec.id, user=user.name, uid=user.uid, gid=user.gid, taint=taint,
                       approvals=approvals, is_own=lambda cg: gate.lookup(cg) == rec.id)
+        injector = await self._injector(rec, settings, egress_state)
         server = ProxyServer(agent, settings,
                              os.path.join(agent_dir(rec.id), forwarder.SOCKET_NAME),
-                             self._audit, await self._injector(rec, settings, egress_state))
-        await server.start()
+                             self._audit, injector)
+        state = egress_state or {}
+        if state.get("socket", True) is not False:
+            await server.start()
         self.live[rec.id] = server
+        if state.get("direct") is True and injector is not None:
+            # network = true: the loopback port, then the file git includes
+            # naming it (a new port after a daemon restart: the file is ours
+            # to rewrite, the agent's environment is not).
+            port = server.listen_host()
+            data = egress.gitconfig(
+                (h for i in injector.injections if i.kind == "git" for h in i.hosts), port)
+            await asyncio.to_thread(egress.write_gitconfig, rec.id, data)
 
     async def _injector(self, rec: AgentRecord, settings: policy.ProxySettings,
                         state: dict[str, object] | None) -> Injector | None:

@@ -116,6 +116,21 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: lis
                 dst.write_eof()
 
 
+async def _copy_body(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                     body: inject.Body, count: list[int]) -> None:
+    """The rest of the request's body, and not a byte past it."""
+    try:
+        while data := await src.read(COPY):
+            part, done = body.take(data)
+            dst.write(part)
+            count[0] += len(part)
+            await dst.drain()
+            if done:
+                return
+    except (ConnectionError, OSError, ssl.SSLError, ValueError):
+        pass
+
+
 async def _accept_tls(agent: socket.socket, leaf: ssl.SSLContext
                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """The agent's connection as the TLS server's side (StreamWriter.start_tls
@@ -170,6 +185,7 @@ async def _serve(
     try:
         req = inject.parse_head(raw[:-4])
         out.method, out.path = req.method, req.path[:300]
+        body = inject.Body(inject.body_length(req))
         early = b""
         answered = await local(host, port, req, reader) if local is not None else None
         if answered is not None:
@@ -215,14 +231,19 @@ async def _serve(
         return out
     count = [0, 0]
     try:
-        up_writer.write(head + early)
+        try:
+            first, done = body.take(early)
+        except ValueError:
+            first, done = b"", True  # a push's body is checked above; nothing more goes
+        up_writer.write(head + first)
         await up_writer.drain()
-        count[0] += len(early)
+        count[0] += len(first)
         # The answer with the secrets sent masked (proxy/mask.py): a host that
         # says the request back does not give the agent the secret.
         back = asyncio.create_task(_copy(up_reader, writer, count, 1,
                                          mask.Mask(secrets.values())))
-        forth = asyncio.create_task(_copy(reader, up_writer, count, 0))
+        forth = asyncio.create_task(_copy_body(reader, up_writer, body, count) if not done
+                                    else asyncio.sleep(0))
         try:
             await back  # the response ends the exchange (Connection: close)
         finally:

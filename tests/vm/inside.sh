@@ -326,6 +326,28 @@ step proxy as alice "lev run -- python3 proxy_probe.py"
 step proxy_ps as alice "lev ps --all"
 step rule_pem as alice "lev run -- lev tool read_file server.pem"
 step rule_plain as alice "lev run -- lev tool read_file small.txt"
+# --- network = true with a git credential (issue 30 item 2): git's per-URL
+# proxy names a port on the host's loopback that serves only the agent's own
+# processes (the kernel's socket diagnostics, on pure cgroup v2 and git 2.47).
+echo "vmgit-5ecret-0d0d0d" >/etc/leviath/vm-git.token && chmod 600 /etc/leviath/vm-git.token
+cat >/etc/leviath/config.toml <<'EOF7'
+[sandbox]
+network = true
+
+[credentials.vmgit]
+kind = "git"
+hosts = ["allowed.test"]
+secret_file = "/etc/leviath/vm-git.token"
+EOF7
+systemctl reload leviathd
+sleep 2
+step direct_inside as alice "lev run -- sh -c 'git --version; p=\$(git config --get-urlmatch http.proxy https://allowed.test/repo.git); echo port=\$p; printf \"protocol=https\\nhost=allowed.test\\n\\n\" | git credential fill | grep ^password=; curl -sS --proxy \$p http://allowed.test/hello.txt; echo curl=\$?'"
+direct=$(as alice "lev run --detach -- sleep 600")
+step direct_bob sh -c "p=\$(sed -n 's/^.*proxy = //p' /run/leviath/agents/$direct/egress.gitconfig | head -1); echo port=\$p; runuser -u bob -- curl -sS --proxy \$p http://allowed.test/hello.txt; echo curl=\$?; curl -sS --proxy \$p http://allowed.test/hello.txt; echo root_curl=\$?"
+as alice "lev stop $direct" >/dev/null 2>&1
+rm -f /etc/leviath/config.toml /etc/leviath/vm-git.token
+systemctl reload leviathd
+
 # --- an edit takes effect with no reload (issue 33 item 5): Debian ships no
 # inotify-simple, so the daemon watches /etc/leviath and rules.d through libc.
 reloads() { journalctl -u leviathd --no-pager -o cat LEVIATH_EVENT=reload | wc -l; }

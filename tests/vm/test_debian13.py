@@ -396,6 +396,27 @@ def test_a_proxy_agent_reaches_an_allowed_server_through_the_proxy(vm: Run) -> N
     assert "net:proxy" in vm.ok("proxy_ps"), vm.out("proxy_ps")
 
 
+def test_a_network_true_agents_git_gets_a_placeholder_and_a_port_that_knows_it(
+        vm: Run) -> None:
+    """Issue 30 item 2 on Debian 13 (git 2.47, pure cgroup v2): the per-URL
+    proxy is set, `git credential fill` gives the placeholder, and the port
+    answers the agent (its socket recognised by uid and cgroup: a refusal
+    naming what it serves, for a host no credential covers)."""
+    out = vm.ok("direct_inside")
+    assert "vmgit-5ecret" not in out, out
+    assert "git version 2.4" in out and "port=http://127.0.0.1:" in out, out
+    assert "password=leviath-placeholder-" in out, out
+    assert "serves only the hosts of the agent's injected credentials" in out, out
+
+
+def test_another_user_and_root_outside_the_agent_are_not_served_by_its_port(
+        vm: Run) -> None:
+    out = vm.ok("direct_bob")
+    assert "port=http://127.0.0.1:" in out, out
+    assert "serves only" not in out and "hello from outside" not in out, out
+    assert "curl=0" not in out and "root_curl=0" not in out, out
+
+
 VM_SECRET = "vm-inj-5ecret-7f3a9c"
 
 

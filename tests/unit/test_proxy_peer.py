@@ -1,0 +1,109 @@
+"""Issue 30, network = true: the kernel's word on who connected to a
+loopback port (leviathd/proxy/peer.py), on real sockets, and the per-URL
+proxy file git includes (proxy/egress.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from leviathd.proxy import egress, peer
+
+
+def _own_cgroup() -> str:
+    with open("/proc/self/cgroup", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("0::"):
+                return line.rstrip("\n")[3:]
+    pytest.skip("no unified cgroup hierarchy here")
+
+
+def _pair() -> tuple[socket.socket, socket.socket, socket.socket]:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    client = socket.create_connection(listener.getsockname())
+    accepted, _ = listener.accept()
+    return listener, client, accepted
+
+
+def test_the_peer_of_a_loopback_connection_is_its_owner_and_cgroup() -> None:
+    listener, client, accepted = _pair()
+    try:
+        found = peer.lookup(accepted)
+        assert found is not None and found.uid == os.getuid()
+        mount = peer.cgroup2_mount()
+        assert mount is not None
+        assert found.cgroup_id == os.stat(mount + _own_cgroup().rstrip("/")).st_ino
+        if os.geteuid() == 0:  # open_by_handle_at needs CAP_DAC_READ_SEARCH
+            assert peer.cgroup_path(found.cgroup_id) == _own_cgroup()
+    finally:
+        for s in (listener, client, accepted):
+            s.close()
+
+
+def test_a_socket_made_by_another_user_is_seen_as_that_users() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to connect as another uid")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(60)  # a child that failed to start fails the test, not hangs it
+    port = listener.getsockname()[1]
+    code = (f"import socket,sys; s=socket.create_connection(('127.0.0.1',{port})); "
+            "sys.stdin.read()")
+    proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             "/usr/bin/python3", "-I", "-c", code], stdin=subprocess.PIPE)
+    try:
+        accepted, _ = listener.accept()
+        found = peer.lookup(accepted)
+        assert found is not None and found.uid == 65534
+        accepted.close()
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+        listener.close()
+
+
+def test_an_unknown_cgroup_id_has_no_path() -> None:
+    assert peer.cgroup_path(2**62 + 12345) is None
+
+
+def test_the_gitconfig_names_the_port_for_each_host_git_can_match() -> None:
+    data = egress.gitconfig(["git.test", "*.corp.test", "git.test:8443", "a?b.test",
+                             'x"y.test', "git.test"], 4711).decode()
+    assert data == ('[http "https://git.test/"]\n\tproxy = http://127.0.0.1:4711\n'
+                    '[http "https://*.corp.test/"]\n\tproxy = http://127.0.0.1:4711\n'
+                    '[http "https://git.test:8443/"]\n\tproxy = http://127.0.0.1:4711\n')
+
+
+
+def test_an_adopted_agents_broker_gives_placeholders_before_it_serves(tmp_path: Path) -> None:
+    """After a daemon restart the broker of an agent whose git credential is
+    injected served calls before the proxy came back (and forever if it did
+    not), handing `git credential fill` the token meanwhile: the placeholders
+    are now set from the saved state when the broker is made."""
+    from leviathd.proxy.service import ProxyService
+
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "proxy" / "0123abcd.json").write_text(json.dumps({"egress": {"injections": [
+        {"name": "gitsrv", "kind": "git", "placeholder": "leviath-placeholder-x"},
+        {"name": "api", "kind": "http", "placeholder": "leviath-placeholder-y"}]}}))
+    gate = SimpleNamespace(broker_hooks=[])
+    service = ProxyService(None, gate, state_dir=str(tmp_path))  # type: ignore[arg-type]
+    assert gate.broker_hooks == [service.preset]  # the gate calls it for each new broker
+    broker = SimpleNamespace(placeholder_for=None)
+    service.preset("0123abcd", broker)  # type: ignore[arg-type]
+    assert broker.placeholder_for is not None
+    assert broker.placeholder_for("gitsrv") == "leviath-placeholder-x"
+    assert broker.placeholder_for("api") is None  # an http token is never given to git
+    other = SimpleNamespace(placeholder_for=None)
+    service.preset("ffffffff", other)  # type: ignore[arg-type]
+    assert other.placeholder_for is None  # no saved state: a new agent, set at its start
