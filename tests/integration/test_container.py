@@ -133,6 +133,25 @@ def config(*, network: bool = False, memory: str = "64M", tasks: int = 40, extra
     )
 
 
+# The scope is this test's stand-in for the agent's, but what runs in it is
+# not only the daemon's worker and the engine: the driver is a whole python
+# with the config parser, pydantic and dbus-fast loaded (about 45 MB
+# resident, plus the page cache of what it reads, charged to the scope
+# first), and then the podman client (about 35 MB). With the scope's
+# MemoryMax equal to the container's limit (64M by default) the kernel
+# killed the driver (-9) before it had written the container's name, or
+# not, depending on what was already cached and charged elsewhere: a race
+# with the memory limit, not a property of the container kind. So the scope
+# gets the container's limit plus this room for the harness; the container's
+# own limit (podman --memory, checked by the memory-hog test) is unchanged.
+HARNESS_MIB = 256
+
+
+def _mib(size: str) -> int:
+    """MiB in a memory_max of this file's configs ("64M", "1G")."""
+    return int(size[:-1]) * {"M": 1, "G": 1024}[size[-1]]
+
+
 @dataclass
 class Bed:
     bed: Testbed
@@ -176,7 +195,8 @@ class Bed:
         if tasks:
             props += ["-p", f"TasksMax={tasks.group(1)}"]
         if memory:
-            props += ["-p", f"MemoryMax={memory.group(1)}", "-p", "MemorySwapMax=0"]
+            scope_max = (_mib(memory.group(1)) + HARNESS_MIB) << 20
+            props += ["-p", f"MemoryMax={scope_max}", "-p", "MemorySwapMax=0"]
         r = self.bed.run(
             ["systemd-run", "--scope", "--quiet", f"--unit={unit}", "--slice=leviath.slice",
              *props, "--", PY, DRIVER, "run", req],
@@ -265,17 +285,20 @@ def test_a_fork_bomb_is_held_by_the_pids_limit_and_the_host_is_unaffected(cbed: 
 
 def test_a_memory_hog_is_killed_inside_the_container(cbed: Bed) -> None:
     # The engine's client (podman exec, ~35 MB) is charged to the agent's
-    # scope too, so the limit leaves room for it (docs/containers.md).
+    # scope too, so the limit leaves room for it (docs/containers.md); the
+    # bed's scope has HARNESS_MIB more, so it is the container's own limit
+    # that stops dd, not a kill of the driver.
     r, name, unit = cbed.agent(["sh", "-c", "dd if=/dev/zero of=/dev/null bs=300M count=1; "
                                 "echo dd=$?"], config(memory="128M"))  # fmt: skip
     assert "dd=137" in r.stdout, (r.stdout, r.stderr)  # SIGKILLed; the shell lives on
     limit = cbed.bed.run(["podman", "inspect", "-f", "{{.HostConfig.Memory}}", name]).stdout
     assert limit.strip() == str(128 << 20)
     cg = cbed.bed.run(["systemctl", "show", "-P", "ControlGroup", unit]).stdout.strip()
-    # The limit was hit: the container's, or the scope's over the subtree.
-    failcnt = cbed.bed.run(f"cat /sys/fs/cgroup/memory{cg}/memory.failcnt "
-                           f"/sys/fs/cgroup/memory{cg}/libpod-*/memory.failcnt").stdout.split()
-    assert sum(int(n) for n in failcnt) > 0
+    # The container's own memory cgroup did the kill (its oom_kill count;
+    # memory.failcnt stays 0 on this kernel even when the limit is hit).
+    oom = cbed.bed.run(f"cat /sys/fs/cgroup/memory{cg}/libpod-*/memory.oom_control").stdout
+    kills = re.search(r"^oom_kill (\d+)$", oom, re.M)
+    assert kills and int(kills.group(1)) >= 1, oom
     assert cbed.bed.run(["true"]).returncode == 0
     cbed.end(*cbed.agents[-1])
 
