@@ -576,7 +576,10 @@ def wait_ended(bed: Testbed, agent_id: str, timeout: float = 60) -> dict[str, ob
     raise AssertionError(f"{agent_id} still running")
 
 
-def wait_no_containers(cbed: Bed, agent_id: str, timeout: float = 30) -> None:
+def wait_no_containers(cbed: Bed, agent_id: str, timeout: float = 180) -> None:
+    # A bound for a condition, not a figure: the daemon removes an ended
+    # agent's containers with podman, which took over 30 s on a loaded
+    # 2-core machine once (a leftover reported while its rm was still running).
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not cbed.containers(agent_id):
