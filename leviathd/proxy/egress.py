@@ -104,7 +104,7 @@ def applies_direct(spec: SandboxSpec) -> bool:
     scope."""
     if spec.kind == SandboxKind.NONE:
         return True
-    return spec.kind == "namespace" and spec.network and not spec.proxy and _runtime(spec)
+    return spec.kind == SandboxKind.NAMESPACE and spec.network and not spec.proxy and _runtime(spec)
 
 
 def folder(spec: SandboxSpec) -> str:
