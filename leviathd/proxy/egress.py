@@ -83,8 +83,9 @@ def injections(credentials: Mapping[str, CredentialConfig], key: bytes
 
 
 # The sandboxes whose only way out is the proxy: there the secret can stay in
-# the daemon. Kind none has the host's network and no fence (extend_env's
-# note and docs/security-model.md say what that means).
+# the daemon. Kind none has the host's network and no fence: only its git is
+# injected, as network = true's (applies_direct; NONE_LIMITS says what that
+# cannot promise).
 FENCED = (SandboxKind.NAMESPACE, SandboxKind.CONTAINER)
 
 
@@ -97,9 +98,19 @@ def applies(spec: SandboxSpec) -> bool:
 
 
 def applies_direct(spec: SandboxSpec) -> bool:
-    """`network = true` in a namespace sandbox: the host's network, and git's
-    way to the covered hosts through the daemon's loopback port."""
-    return spec.kind == "namespace" and spec.network and not spec.proxy and _runtime(spec)
+    """`network = true` in a namespace sandbox, or kind none (always the
+    host's network): git's way to the covered hosts through the daemon's
+    loopback port, whose peer check holds for any process in the agent's
+    scope."""
+    if spec.kind == SandboxKind.NONE:
+        return True
+    return spec.kind == SandboxKind.NAMESPACE and spec.network and not spec.proxy and _runtime(spec)
+
+
+def folder(spec: SandboxSpec) -> str:
+    """The agent's folder as its processes name it: /run/leviath in a
+    namespace sandbox; kind none has no mounts, so the host's path."""
+    return agent_dir(spec.execution_id) if spec.kind == SandboxKind.NONE else SANDBOX_RUNTIME
 
 
 def git_only(credentials: Mapping[str, CredentialConfig]) -> dict[str, CredentialConfig]:
@@ -112,8 +123,8 @@ def git_only(credentials: Mapping[str, CredentialConfig]) -> dict[str, Credentia
 def _not_injected(spec: SandboxSpec, kind: str) -> str:
     """Why a credential is not injected here, and what holds instead."""
     if spec.kind == SandboxKind.NONE:
-        why = ("kind none has no fence: its processes use the host's network directly and "
-               "can read what its user can, so the proxy cannot be made their way out")
+        why = ("kind none has no fence: its processes use the host's network directly, "
+               "so only git's per-URL proxy is set")
     elif spec.kind in FENCED:
         why = 'injection needs network = "proxy"'
     else:
@@ -179,25 +190,38 @@ def _extend_direct(spec: SandboxSpec, creds: Mapping[str, CredentialConfig]) -> 
     """network = true: git includes the daemon's per-URL proxy file and
     trusts the bundle; the other kinds keep their old way (notes say so)."""
     env = dict(spec.env)
-    bundle = f"{SANDBOX_RUNTIME}/{BUNDLE}"
+    base = folder(spec)
     for name in TRUST_VARIABLES:
-        env[name] = bundle
+        env[name] = f"{base}/{BUNDLE}"
     git = git_only(creds)
-    env = gitenv.append(env, [("include.path", f"{SANDBOX_RUNTIME}/{GITCONFIG}"),
-                              *ssh_rewrites(git)])
+    env = gitenv.append(env, [("include.path", f"{base}/{GITCONFIG}"), *ssh_rewrites(git)])
+    none = spec.kind == SandboxKind.NONE
+    why = "kind none" if none else "network = true"
     notes = list(spec.notes)
     for name, c in sorted(creds.items()):
         if c.kind == "git":
             notes.append(f"credential {name} (kind git): injected at the proxy toward "
-                         f"{', '.join(c.hosts)} (git {'+'.join(c.access)}); network = true: "
+                         f"{', '.join(c.hosts)} (git {'+'.join(c.access)}); {why}: "
                          "git reaches these hosts through a loopback port of the daemon's "
                          "that serves only this agent; the sandbox holds a placeholder")
         else:
             notes.append(f"credential {name} (kind {c.kind}): not injected at the egress "
-                         "(network = true: only git's per-URL proxy is set); "
+                         f"({why}: only git's per-URL proxy is set); "
                          + ("the wrapper runs it in the credential fence" if c.kind == "cli"
                             else "not offered"))
+    if none:
+        notes.append(NONE_LIMITS)
     return replace(spec, env=env, notes=tuple(notes))
+
+
+# What `lev inspect` says a kind none agent's injection cannot promise
+# (docs/security-model.md says it at length).
+NONE_LIMITS = (
+    "kind none cannot promise: the agent reads every file its user can (a secret_file or "
+    "secret_command of the user's own config included), the user's processes outside the "
+    "agent may ptrace it (kernel.yama.ptrace_scope), and its processes reach any host "
+    "directly; the loopback port refuses the user's processes outside the agent's scope, "
+    "and a secret of the machine config stays in the daemon")
 
 
 def gitconfig(hosts: Iterable[str], port: int) -> bytes:

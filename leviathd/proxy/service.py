@@ -78,10 +78,13 @@ def _proxied(merged: MergeResult) -> bool:
 
 
 def _direct(rec: AgentRecord, merged: MergeResult) -> bool:
-    """network = true in a namespace sandbox with a git credential: git's
-    per-URL proxy to the daemon's loopback port (egress.applies_direct)."""
-    return ("namespace" in rec.sandbox.split("+")
-            and any(e.network is True for e in (merged.agent, *merged.stages.values()))
+    """network = true in a namespace sandbox, or kind none (whatever its
+    network setting), with a git credential: git's per-URL proxy to the
+    daemon's loopback port (egress.applies_direct)."""
+    kinds = rec.sandbox.split("+")
+    return ((SandboxKind.NONE in kinds or (
+                "namespace" in kinds
+                and any(e.network is True for e in (merged.agent, *merged.stages.values()))))
             and bool(egress.git_only(dict(merged.agent.credentials))))
 
 

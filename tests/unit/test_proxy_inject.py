@@ -388,11 +388,21 @@ def test_a_container_gets_the_injection_and_kind_none_says_why_not() -> None:
                                "GIT_TERMINAL_PROMPT": "0"},
                           capture_output=True, text=True, check=True).stdout
     assert f"password={inject.placeholder(KEY, 'g')}" in fill, fill
+    # Kind none: git through the loopback port (its files at the host's path
+    # of the agent's folder), the http token not offered, and what it cannot promise.
     none = spec_for(Effective(kind=SandboxKind.NONE, credentials=creds))
+    assert egress.applies_direct(none)
     out = egress.extend_env(none, eff, KEY)
     assert "GH_TOKEN" not in out.env
-    assert any("credential g (kind git): not injected at the egress (kind none has no fence"
-               in n and "helper is given the token" in n for n in out.notes), out.notes
+    folder = egress.folder(none)
+    assert folder.endswith(f"/agents/{none.execution_id}"), folder
+    assert all(out.env[v] == f"{folder}/ca-bundle.pem" for v in egress.TRUST_VARIABLES)
+    assert f"{folder}/egress.gitconfig" in out.env.values(), out.env
+    assert any(n.startswith("credential g (kind git): injected at the proxy toward git.test")
+               and "kind none" in n for n in out.notes), out.notes
+    assert any(n.startswith("credential api (kind http): not injected at the egress (kind none")
+               for n in out.notes), out.notes
+    assert egress.NONE_LIMITS in out.notes
 
 
 def test_a_cli_credential_with_hosts_runs_inside_with_no_wrapper() -> None:
