@@ -33,7 +33,7 @@ import stat
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -212,7 +212,7 @@ class ProxyServer:
             return
         listener.setblocking(False)
         self._tcp_listener = listener
-        self._tcp_acceptor = asyncio.create_task(self._accept_tcp(listener))
+        self._tcp_acceptor = asyncio.create_task(self._accept_loop(listener, self._serve_tcp))
 
     def listen_host(self) -> int:
         """For an agent with `network = true` (it shares the host's network
@@ -234,10 +234,12 @@ class ProxyServer:
             raise
         self._host_listener = sock
         self.host_port = int(sock.getsockname()[1])
-        self._host_acceptor = asyncio.create_task(self._accept_host(sock))
+        self._host_acceptor = asyncio.create_task(self._accept_loop(sock, self._serve_host))
         return self.host_port
 
-    async def _accept_host(self, listener: socket.socket) -> None:
+    async def _accept_loop(self, listener: socket.socket,
+                           serve: Callable[[socket.socket], Coroutine[Any, Any, None]]) -> None:
+        """Accepts for ever, each connection served in a task of its own."""
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -245,7 +247,7 @@ class ProxyServer:
             except OSError:
                 await asyncio.sleep(0.1)  # EMFILE and such: the budget is the real bound
                 continue
-            task = asyncio.create_task(self._serve_host(conn))
+            task = asyncio.create_task(serve(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -279,18 +281,9 @@ class ProxyServer:
         conn.setblocking(False)
         await self._serve_stream(b"", conn, paced=True, covered_only=True)
 
-    async def _accept_tcp(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn, _ = await loop.sock_accept(listener)
-            except OSError:
-                await asyncio.sleep(0.1)  # EMFILE and such: the budget is the real bound
-                continue
-            conn.setblocking(False)
-            task = asyncio.create_task(self._serve_stream(b"", conn))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    async def _serve_tcp(self, conn: socket.socket) -> None:
+        conn.setblocking(False)
+        await self._serve_stream(b"", conn)
 
     async def close(self) -> None:
         for acceptor in (self._acceptor, self._tcp_acceptor, self._host_acceptor):
