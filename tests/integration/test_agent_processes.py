@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from journal_wait import journal_with
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -442,8 +443,8 @@ def test_an_attached_agent_keeps_one_process_of_ours_and_its_output_reaches_both
         assert client.wait(timeout=30) == 128 + 15
         row = _wait_ended(bed, agent_id)
         assert row["state"] == "stopped" and row["exit_status"] == 128 + 15, row
-        out = bed.run(["journalctl", "--no-pager", "-q", "-o", "json", "-u", unit],
-                      user="alice", check=False).stdout
+        out = journal_with(bed, ["-o", "json", "-u", unit], '"attached-out"',
+                           '"attached-err"', user="alice")
         got = {e.get("MESSAGE"): e for e in map(json.loads, out.splitlines())}
         assert got["attached-out"]["_UID"] == str(bed.users["alice"].uid), got
         assert got["attached-out"]["PRIORITY"] == "6" and got["attached-err"]["PRIORITY"] == "4"
@@ -672,8 +673,8 @@ def test_a_detached_kind_none_agent_keeps_one_process_of_ours_across_a_restart(
         bed.run(["lev", "stop", agent_id], user="alice")
         row = _wait_ended(bed, agent_id)
         assert row["state"] == "stopped" and row["exit_status"] == 128 + 15, row
-        out = bed.run(["journalctl", "--no-pager", "-q", "-o", "json", "-u", unit],
-                      user="alice", check=False).stdout
+        out = journal_with(bed, ["-o", "json", "-u", unit], '"none-out"', '"none-err"',
+                           user="alice")
         got = {e.get("MESSAGE"): e for e in map(json.loads, out.splitlines())}
         assert got["none-out"]["_UID"] == str(bed.users["alice"].uid), got
         assert got["none-out"]["PRIORITY"] == "6" and got["none-err"]["PRIORITY"] == "4"
