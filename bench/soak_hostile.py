@@ -31,6 +31,7 @@ import argparse
 import hashlib
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -161,9 +162,13 @@ def main() -> int:
         def starts(user: str) -> None:
             cwd = f"{bed.users[user].home}/work"
             while time.monotonic() < stop:
-                r = bed.run(["lev", "run", "--", "sh", "-c", "echo soak; exit 3"], user=user,
-                            cwd=cwd, check=False, timeout=180)
                 calls[user] += 1
+                try:
+                    r = bed.run(["lev", "run", "--", "sh", "-c", "echo soak; exit 3"],
+                                user=user, cwd=cwd, check=False, timeout=180)
+                except subprocess.TimeoutExpired:
+                    fail(f"{user} run: no answer within 180 s")
+                    continue
                 if r.returncode != 3:
                     fail(f"{user} run: {r.returncode} {r.stderr.strip()}")
 
@@ -183,12 +188,21 @@ def main() -> int:
                             f"DOCKER_HOST=unix:///run/leviath/engine.sock docker run --rm "
                             f"{BED_RUN} {IMAGE} echo ok") if docker else RAW_PS,
                             "ok" if docker else "HTTP/1.1 200"))
+                    stuck = False
                     for what, cmd, want in steps:
-                        rc, out, err = agent.call(cmd)
                         calls[user] += 1
+                        try:
+                            rc, out, err = agent.call(cmd)
+                        except subprocess.TimeoutExpired:
+                            # A failed call too (it once ended the thread,
+                            # uncounted): noted, and a new agent goes on.
+                            fail(f"{user} {what}: no answer within {agent.timeout:g} s "
+                                 f"(agent {agent.id}, call {cmd[:80]!r})")
+                            stuck = True
+                            break
                         if rc != 0 or want not in out:
                             fail(f"{user} {what}: rc={rc} {out.strip()[:100]} {err.strip()}")
-                    if n % 10 == 0:
+                    if stuck or n % 10 == 0:
                         bed.run(["lev", "stop", agent.id], user=user, check=False)
                         agent = start_agent(bed, user)
                         calls[user] += 2
