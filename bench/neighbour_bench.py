@@ -7,8 +7,10 @@ of bob's. Then, round by round: bob's `lev ps` N times idle; alice's flood
 starts (inside her agent, all at once: 8 connections looping 1 MiB JSON
 container creates on engine.sock, 8 looping 1 MiB request lines on
 broker.sock, connections with descriptors and silent ones on proxy.sock,
-CONNECTs to names that do not resolve; as alice on the host, 8 bus clients
-looping calls); bob's `lev ps` N times again; the flood stops.
+CONNECTs to names that do not resolve; as alice on the host, 32 bus
+connections looping `Get` calls of 100 KB); bob's `lev ps` N times again;
+the flood stops. Each phase also prints the CPU the daemon and the bus
+daemon used while bob was timed, and with --py-spy the daemon's profile.
 
     sudo /opt/leviath-dev/venv/bin/python bench/neighbour_bench.py [--rounds 3]
 """
@@ -17,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,21 +121,53 @@ BUS = r"""
 import asyncio, os, sys
 from dbus_fast import Message, BusType
 from dbus_fast.aio import MessageBus
+# One call at a time a connection, the next as soon as the reply comes
+# (dbus-fast's client gives up with BlockingIOError when several large
+# calls are sent at once on one connection), on 32 connections.
 async def one():
     bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
     while not os.path.exists(sys.argv[1]):
-        await asyncio.gather(*(bus.call(Message(
+        await bus.call(Message(
             destination="org.leviath.Manager1", path="/org/leviath/Manager1",
-            interface="org.leviath.Manager1", member="Frobnicate", signature="s",
-            body=["x" * 100000])) for _ in range(16)))
+            interface="org.leviath.Manager1", member=sys.argv[2], signature="s",
+            body=["x" * 100000]))
 async def main():
-    await asyncio.gather(*(one() for _ in range(8)))
+    await asyncio.gather(*(one() for _ in range(32)))
 asyncio.run(main())
 """
 
 
 SURFACES = ["engine", "broker", "fds", "names", "bus"]
 PHASES = [*SURFACES, "all", "spin"]
+
+
+def cpu(bed: Testbed) -> dict[str, float]:
+    """CPU seconds used so far by the daemon and by the bus daemon (where the
+    time of a flood goes: into leviathd's one loop, or into dbus-daemon)."""
+    out = {}
+    for name, unit in (("leviathd", "leviathd"), ("dbus-daemon", "dbus")):
+        pid = bed.run(["systemctl", "show", "-P", "MainPID", unit]).stdout.strip()
+        stat = bed.run(["cat", f"/proc/{pid}/stat"], check=False).stdout
+        fields = stat.rsplit(")", 1)[-1].split()
+        out[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0
+    return out
+
+
+def host_pid(bed: Testbed, unit: str) -> int:
+    """The host's pid of a bed unit's main process (for a profiler run on the host)."""
+    inner = bed.run(["systemctl", "show", "-P", "MainPID", unit]).stdout.strip()
+    ns = os.readlink(f"/proc/{bed.pid}/ns/pid")
+    for p in Path("/proc").iterdir():
+        try:
+            if not p.name.isdigit() or os.readlink(p / "ns" / "pid") != ns:
+                continue
+            nspid = next(line for line in (p / "status").read_text().splitlines()
+                         if line.startswith("NSpid:")).split()
+        except (OSError, StopIteration):
+            continue
+        if nspid[-1] == inner:
+            return int(p.name)
+    raise RuntimeError(f"no host pid for {unit}")
 
 
 def times(bed: Testbed, n: int) -> list[float]:
@@ -144,6 +181,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=15, help="`lev ps` calls per phase")
+    ap.add_argument("--py-spy", metavar="PROGRAM", help="profile the daemon with py-spy "
+                    "for 15 s during each phase's flood (collapsed stacks to /tmp/nb-PHASE.txt)")
     ap.add_argument("--phases", default=",".join(PHASES), help="comma-separated, of: "
                     + ", ".join(PHASES))
     args = ap.parse_args()
@@ -174,6 +213,8 @@ def main() -> int:
         stopfile = "/tmp/stop-bus"
         idle: list[float] = []
         busy: dict[str, list[float]] = {k: [] for k in phases}
+        # CPU seconds a second of the busy part of each phase, by process.
+        load: dict[str, list[dict[str, float]]] = {k: [] for k in phases}
         for _ in range(args.rounds):
             for phase in phases:
                 idle += times(bed, args.per_round)
@@ -194,11 +235,21 @@ def main() -> int:
                         return 1
                 if "bus" in surfaces:
                     bed.run(f"setsid /opt/leviath-dev/venv/bin/python /tmp/busflood.py "
-                            f"{stopfile} >/dev/null 2>&1 &", user="alice")
+                            f"{stopfile} Get >/dev/null 2>/tmp/busflood.err &", user="alice")
+                if args.py_spy:
+                    subprocess.run([args.py_spy, "record", "-d", "15", "-r", "200", "-p",
+                                    str(host_pid(bed, "leviathd")), "-f", "raw", "-o",
+                                    f"/tmp/nb-{phase}.txt"], check=False)
+                c0, t0 = cpu(bed), time.monotonic()
                 busy[phase] += times(bed, args.per_round)
+                c1, dt = cpu(bed), time.monotonic() - t0
+                load[phase].append({k: (c1[k] - c0[k]) / dt for k in c0})
                 bed.run(["touch", f"{alice.workdir}/stop-flood", stopfile])
                 if n is not None:
                     alice.result(n, timeout=120)
+        bus_err = bed.run("tail -3 /tmp/busflood.err", check=False).stdout.strip()
+        if bus_err:
+            print(f"the bus flood said: {bus_err}", file=sys.stderr)
         for a in agents.values():
             bed.run(["lev", "stop", a.id], user=a.user, check=False)
     mi = statistics.median(idle)
@@ -207,7 +258,9 @@ def main() -> int:
     for phase in phases:
         mb = statistics.median(busy[phase])
         aim = "  (aim <= 2.00)" if phase == "all" else ""
-        print(f"  alice flooding {phase:7} {mb:8.1f} ms   ratio {mb / mi:.2f}{aim}")
+        use = "  ".join(f"{k} {statistics.mean(d[k] for d in load[phase]):.2f} cpu"
+                        for k in load[phase][0])
+        print(f"  alice flooding {phase:7} {mb:8.1f} ms   ratio {mb / mi:.2f}{aim}   ({use})")
     return 0
 
 

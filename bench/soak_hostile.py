@@ -11,15 +11,16 @@ bob, dave and erin each loop, at once:
     tool (`lev tool read_file`), downloads 1 MiB through its proxy from a
     server on a bed address, and every fourth round runs a container on
     its engine socket (`docker run --rm`; raw `GET /containers/json` when
-    the docker CLI is not installed); it is stopped and a new one started
-    every 10 rounds.
+    the docker CLI is not installed), and makes a credential call (`gh api
+    user` through the daemon's wrapper of a `kind = "cli"` credential: the
+    broker runs the real `gh`, here a stand-in that only says whether the
+    token came, in the credential fence with the token); it is stopped and
+    a new one started every 10 rounds.
 alice's agent runs bench/neighbour_bench.py's flood on every surface
 (engine socket, broker, descriptors on proxy.sock, unresolvable names) and,
 on the host, bus clients looping calls; her agent is stopped and started
 again every 2 minutes (what she held must be released each time).
 
-Credential calls (git/ssh credentials) are not part of this soak: they need
-a credential set up per user; test_git_credentials/test_ssh_agent cover them.
 Prints one sample line per interval and a summary; exits 1 if a
 well-behaved call failed, the daemon restarted or anything was left behind.
 """
@@ -27,8 +28,10 @@ well-behaved call failed, the daemon restarted or anything was left behind.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -49,6 +52,9 @@ kind = "namespace"
 network = "proxy"
 [sandbox.containers]
 enabled = true
+# The image is built in root's store (test_engine_socket.BUILD_IMAGE); the
+# agents' default engine, their users' own rootless podman, has none.
+host_root_engine = true
 [taint]
 allow_private_addresses = true
 [proxy]
@@ -56,7 +62,21 @@ ports = [80, 443]
 [records]
 keep_days = 30
 max_per_user = 500
+[credentials.gh]
+kind = "cli"
+command = ["gh"]
+token_env = "GH_TOKEN"
+secret_file = "/etc/leviath/gh.token"
 """
+# A stand-in for GitHub's gh (there is no GitHub here): says whether a token
+# came, as a hash, never the token.
+TOKEN = "ghp_soak_stand1n_0042"
+FAKE_GH = """#!/bin/sh
+echo "args: $*"
+[ -n "$GH_TOKEN" ] && echo "token: $(printf %s "$GH_TOKEN" | sha256sum | cut -c1-16)"
+exit 0
+"""
+TOKEN_HASH = hashlib.sha256(TOKEN.encode()).hexdigest()[:16]
 BLUEPRINT = """
 [agent]
 name = "soak"
@@ -119,6 +139,8 @@ def main() -> int:
                 f"mkdir -p /srv/www && head -c {BLOB} /dev/urandom > /srv/www/blob && "
                 "(setsid python3 -m http.server --bind 10.77.0.2 --directory /srv/www 80 "
                 ">/dev/null 2>&1 &)")
+        bed.write_file("/usr/local/bin/gh", FAKE_GH, mode=0o755)
+        bed.write_file("/etc/leviath/gh.token", TOKEN + "\n", mode=0o600)
         bed.write_file("/etc/leviath/config.toml", CONFIG)
         bed.start_service("leviathd.service")
         for user in ("alice", *GOOD):
@@ -140,9 +162,13 @@ def main() -> int:
         def starts(user: str) -> None:
             cwd = f"{bed.users[user].home}/work"
             while time.monotonic() < stop:
-                r = bed.run(["lev", "run", "--", "sh", "-c", "echo soak; exit 3"], user=user,
-                            cwd=cwd, check=False, timeout=180)
                 calls[user] += 1
+                try:
+                    r = bed.run(["lev", "run", "--", "sh", "-c", "echo soak; exit 3"],
+                                user=user, cwd=cwd, check=False, timeout=180)
+                except subprocess.TimeoutExpired:
+                    fail(f"{user} run: no answer within 180 s")
+                    continue
                 if r.returncode != 3:
                     fail(f"{user} run: {r.returncode} {r.stderr.strip()}")
 
@@ -155,18 +181,28 @@ def main() -> int:
                     steps = [("tool", "lev tool read_file loop.sh", "hostname"),
                              ("download", "curl -sS --max-time 60 -o /dev/null -w "
                               "'%{http_code} %{size_download}' -x http://127.0.0.1:3128 "
-                              "http://files.test/blob", f"200 {BLOB}")]
+                              "http://files.test/blob", f"200 {BLOB}"),
+                             ("credential", "gh api user", f"token: {TOKEN_HASH}")]
                     if n % 4 == 0:
                         steps.append(("container", (
                             f"DOCKER_HOST=unix:///run/leviath/engine.sock docker run --rm "
                             f"{BED_RUN} {IMAGE} echo ok") if docker else RAW_PS,
                             "ok" if docker else "HTTP/1.1 200"))
+                    stuck = False
                     for what, cmd, want in steps:
-                        rc, out, err = agent.call(cmd)
                         calls[user] += 1
+                        try:
+                            rc, out, err = agent.call(cmd)
+                        except subprocess.TimeoutExpired:
+                            # A failed call too (it once ended the thread,
+                            # uncounted): noted, and a new agent goes on.
+                            fail(f"{user} {what}: no answer within {agent.timeout:g} s "
+                                 f"(agent {agent.id}, call {cmd[:80]!r})")
+                            stuck = True
+                            break
                         if rc != 0 or want not in out:
                             fail(f"{user} {what}: rc={rc} {out.strip()[:100]} {err.strip()}")
-                    if n % 10 == 0:
+                    if stuck or n % 10 == 0:
                         bed.run(["lev", "stop", agent.id], user=user, check=False)
                         agent = start_agent(bed, user)
                         calls[user] += 2
@@ -180,7 +216,7 @@ def main() -> int:
                 bed.run(f"rm -f {w}/stop-flood {w}/flooding /tmp/stop-bus")
                 agent.submit("python3 flood.py engine broker fds names > flood.log 2>&1")
                 bed.run("setsid /opt/leviath-dev/venv/bin/python /tmp/busflood.py "
-                        "/tmp/stop-bus >/dev/null 2>&1 &", user="alice")
+                        "/tmp/stop-bus Get >/dev/null 2>&1 &", user="alice")
                 end = min(stop, time.monotonic() + 120)
                 while time.monotonic() < end:
                     time.sleep(1)

@@ -12,8 +12,10 @@ costs others about RATE / (the parser's speed) of the daemon's time, a few
 per cent, and an ordinary request (a few KiB) never waits.
 
 `pace` is called before parsing by the engine socket (a body up to 1 MiB)
-and the broker (a request line up to request_max_bytes); CONNECTS paces
-the proxy's new connections the same way.
+and by the broker as each chunk of a request line is read (so that lines
+refused or dropped as too long cost the same share as those served);
+CONNECTS paces the proxy's new connections the same way, before each is
+accepted. Bus method calls have a bucket of their own (bus/pacing.py).
 """
 
 from __future__ import annotations

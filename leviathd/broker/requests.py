@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from leviathd.broker.limits import too_large
@@ -29,9 +30,15 @@ class Lines:
     reported once, with TooLong, when its end is reached; the connection
     then goes on with the next line."""
 
-    def __init__(self, reader: asyncio.StreamReader) -> None:
+    def __init__(self, reader: asyncio.StreamReader,
+                 pace: Callable[[int], Awaitable[None]] | None = None) -> None:
         self.reader = reader
         self.buf = bytearray()
+        # Awaited with each chunk's size before the next is read: every byte
+        # read is charged (parseshare), whether its line is then served,
+        # refused or dropped as too long; past the share nothing more is
+        # read and the sender waits on its full socket.
+        self.pace = pace
 
     async def next(self, limit: int) -> bytes | None:
         """The next line without its newline; None at the end of the stream."""
@@ -50,6 +57,8 @@ class Lines:
                 self.buf.clear()
             scanned = len(self.buf)
             chunk = await self.reader.read(CHUNK)
+            if chunk and self.pace is not None:
+                await self.pace(len(chunk))
             if not chunk:
                 if over:
                     raise TooLong

@@ -239,7 +239,8 @@ class BrokerServer:
                 return
             self.broker.scope_cgroup = peer.cgroup
             self.broker.caller_pid = peer.pid
-            lines = Lines(reader)
+            uid = self.broker.user.uid
+            lines = Lines(reader, pace=lambda n: parseshare.pace(uid, n))
             while True:
                 # The last request's buffers are freed by now (heap.py: a flood
                 # of mid-size ones fragments the heap, and only a trim gives
@@ -273,8 +274,8 @@ class BrokerServer:
                 await writer.wait_closed()
 
     async def _handle(self, line: bytes) -> dict[str, Any]:
-        # Off the event loop, yet the daemon's process: paced by the user's share.
-        await parseshare.pace(self.broker.user.uid, len(line))
+        # Off the event loop, yet the daemon's process: paced by the user's
+        # share as it was read (Lines).
         try:
             depth = self.broker.limits.json_max_depth
             # Off the event loop: a megabyte of brackets is the agent's CPU time.

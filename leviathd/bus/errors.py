@@ -11,7 +11,7 @@ from typing import ParamSpec, TypeVar
 from dbus_fast.aio import MessageBus
 from dbus_fast.errors import DBusError
 
-from leviathd.bus import bounds, caller
+from leviathd.bus import bounds, caller, pacing
 from leviathd.bus.calllog import CALLS
 from leviathd.errors import LeviathError
 
@@ -45,6 +45,9 @@ def translated(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             except LeviathError as exc:
                 raise DBusError(exc.dbus_name, str(exc)) from None
             try:
+                # Counted in flight while it waits: a uid's waiting calls
+                # stay within its caps (bounds.PER_UID).
+                await pacing.turn(who)
                 return await fn(*args, **kwargs)
             finally:
                 bounds.IN_FLIGHT.leave_uid(who)

@@ -193,6 +193,13 @@ class ProxyServer:
             while self._waiting >= self.settings.max_connections:
                 self._slot_free.clear()
                 await self._slot_free.wait()
+            # The loop's work for a connection (accept, identity, handshake,
+            # closing what it brought, policy, lookup, audit), paced per user
+            # (parseshare) before it is accepted: past the share the agent's
+            # connections wait in the kernel's backlog, costing the loop
+            # nothing; accepted and refused at once, a flood of them kept
+            # the loop busy (bench/neighbour_bench.py, "fds").
+            await parseshare.CONNECTS.pace(self.agent.uid, 1)
             try:
                 conn, _ = await loop.sock_accept(self._listener)
             except OSError:
@@ -212,7 +219,8 @@ class ProxyServer:
             return
         listener.setblocking(False)
         self._tcp_listener = listener
-        self._tcp_acceptor = asyncio.create_task(self._accept_loop(listener, self._serve_tcp))
+        self._tcp_acceptor = asyncio.create_task(
+            self._accept_loop(listener, self._serve_tcp, paced_uid=self.agent.uid))
 
     def listen_host(self) -> int:
         """For an agent with `network = true` (it shares the host's network
@@ -238,10 +246,15 @@ class ProxyServer:
         return self.host_port
 
     async def _accept_loop(self, listener: socket.socket,
-                           serve: Callable[[socket.socket], Coroutine[Any, Any, None]]) -> None:
-        """Accepts for ever, each connection served in a task of its own."""
+                           serve: Callable[[socket.socket], Coroutine[Any, Any, None]],
+                           *, paced_uid: int | None = None) -> None:
+        """Accepts for ever, each connection served in a task of its own. With
+        `paced_uid`, each accept is paced as that user's first (as in _accept):
+        extra connections wait in the kernel's backlog, at no cost to the loop."""
         loop = asyncio.get_running_loop()
         while True:
+            if paced_uid is not None:
+                await parseshare.CONNECTS.pace(paced_uid, 1)
             try:
                 conn, _ = await loop.sock_accept(listener)
             except OSError:
@@ -279,7 +292,7 @@ class ProxyServer:
             conn.close()  # another user's process, or this user's outside the agent
             return
         conn.setblocking(False)
-        await self._serve_stream(b"", conn, paced=True, covered_only=True)
+        await self._serve_stream(b"", conn, covered_only=True)
 
     async def _serve_tcp(self, conn: socket.socket) -> None:
         conn.setblocking(False)
@@ -322,9 +335,6 @@ class ProxyServer:
             return
         self._waiting += 1
         try:
-            # The loop's work for a connection (identity, handshake, policy,
-            # lookup, audit), paced per user (parseshare), asleep meanwhile.
-            await parseshare.CONNECTS.pace(uid, 1)
             unix.setblocking(False)
             peer = identify(unix)
             if not self.agent.is_own(peer.cgroup) or peer.uid != self.agent.uid:
@@ -342,13 +352,14 @@ class ProxyServer:
             fdshare.LEDGER.give(uid)
         if stream is not unix:
             unix.close()
-        await self._serve_stream(first, stream, paced=True)
+        await self._serve_stream(first, stream)
 
     async def _serve_stream(self, first: bytes, stream: socket.socket, *,
-                            paced: bool = False, covered_only: bool = False) -> None:
+                            covered_only: bool = False) -> None:
         """The agent's connection (`first`: a byte of it already read;
-        `paced`: its handshake was already paced; `covered_only`: from the
-        host's loopback port, where only covered hosts are served)."""
+        `covered_only`: from the host's loopback port, where only covered
+        hosts are served); paced when it was accepted (_serve_host: once the
+        kernel named whose it is)."""
         global _open_total
         try:
             reader, writer = await asyncio.open_connection(sock=stream, limit=MAX_HEAD)
@@ -372,8 +383,6 @@ class ProxyServer:
         _open_by_uid[uid] += 1
         conn = _Conn()
         try:
-            if not paced:  # accepted in the agent's namespace (adopt)
-                await parseshare.CONNECTS.pace(uid, 1)
             await self._handle(reader, writer, conn, first, covered_only=covered_only)
         except asyncio.CancelledError:
             pass

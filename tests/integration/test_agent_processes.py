@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from journal_wait import journal_with
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -201,7 +202,11 @@ def test_a_daemon_killed_before_it_heard_pid1_finds_it_again(bed: Testbed) -> No
     pid: the record still names the held process, which is gone. Simulated
     by naming another process there. Seen failing before the restarted
     daemon looked for PID 1 in the scope: the running agent was `failed`."""
-    agent_id, _unit = _start(bed, "sh", "-c", "sleep 15; exit 6")
+    # Ends when the test says so, not after a time the loaded machine may
+    # spend on the restart alone (it is asserted running after it).
+    go = f"{bed.users['alice'].home}/work/go-refound"
+    bed.run(["rm", "-f", go], user="alice")
+    agent_id, _unit = _start(bed, "sh", "-c", "until [ -e go-refound ]; do sleep 0.2; done; exit 6")
     record = f"/var/lib/leviath/agents/{agent_id}.json"
     bed.run(["sed", "-i", 's/"supervisor_pid":[0-9]*/"supervisor_pid":1/', record])
     assert '"supervisor_pid":1,' in bed.run(["cat", record]).stdout
@@ -212,6 +217,7 @@ def test_a_daemon_killed_before_it_heard_pid1_finds_it_again(bed: Testbed) -> No
     mine = [r for r in rows if r["id"] == agent_id]
     assert mine and mine[0]["state"] == "running", (mine, bed.run(
         "journalctl -u leviathd --no-pager -o cat | tail -20", check=False).stdout)
+    bed.run(["touch", go], user="alice")
     row = _wait_ended(bed, agent_id)
     assert row["state"] == "exited" and row["exit_status"] == 6, row
 
@@ -442,8 +448,8 @@ def test_an_attached_agent_keeps_one_process_of_ours_and_its_output_reaches_both
         assert client.wait(timeout=30) == 128 + 15
         row = _wait_ended(bed, agent_id)
         assert row["state"] == "stopped" and row["exit_status"] == 128 + 15, row
-        out = bed.run(["journalctl", "--no-pager", "-q", "-o", "json", "-u", unit],
-                      user="alice", check=False).stdout
+        out = journal_with(bed, ["-o", "json", "-u", unit], '"attached-out"',
+                           '"attached-err"', user="alice")
         got = {e.get("MESSAGE"): e for e in map(json.loads, out.splitlines())}
         assert got["attached-out"]["_UID"] == str(bed.users["alice"].uid), got
         assert got["attached-out"]["PRIORITY"] == "6" and got["attached-err"]["PRIORITY"] == "4"
@@ -672,8 +678,8 @@ def test_a_detached_kind_none_agent_keeps_one_process_of_ours_across_a_restart(
         bed.run(["lev", "stop", agent_id], user="alice")
         row = _wait_ended(bed, agent_id)
         assert row["state"] == "stopped" and row["exit_status"] == 128 + 15, row
-        out = bed.run(["journalctl", "--no-pager", "-q", "-o", "json", "-u", unit],
-                      user="alice", check=False).stdout
+        out = journal_with(bed, ["-o", "json", "-u", unit], '"none-out"', '"none-err"',
+                           user="alice")
         got = {e.get("MESSAGE"): e for e in map(json.loads, out.splitlines())}
         assert got["none-out"]["_UID"] == str(bed.users["alice"].uid), got
         assert got["none-out"]["PRIORITY"] == "6" and got["none-err"]["PRIORITY"] == "4"
@@ -682,13 +688,18 @@ def test_a_detached_kind_none_agent_keeps_one_process_of_ours_across_a_restart(
     # Killed before it heard the recorder's pid (simulated as in
     # test_a_daemon_killed_before_it_heard_pid1_finds_it_again): the new
     # daemon finds the recorder in the scope.
-    later, _unit = _start(bed, "sh", "-c", "sleep 6; exit 6")
+    # Ends when the test says so (a `sleep 6` had ended during the restart
+    # on a loaded machine, and the agent was asserted running after it).
+    go = f"{bed.users['alice'].home}/work/go-later"
+    bed.run(["rm", "-f", go], user="alice")
+    later, _unit = _start(bed, "sh", "-c", "until [ -e go-later ]; do sleep 0.2; done; exit 6")
     record = f"/var/lib/leviath/agents/{later}.json"
     bed.run(["sed", "-i", 's/"supervisor_pid":[0-9]*/"supervisor_pid":1/', record])
     bed.run(["systemctl", "kill", "--signal=SIGKILL", "leviathd"])
     bed.run(["systemctl", "restart", "leviathd"])
     rows = json.loads(bed.run(["lev", "ps", "--all", "--json"], user="alice").stdout)
     assert next(r for r in rows if r["id"] == later)["state"] == "running", rows
+    bed.run(["touch", go], user="alice")
     row = _wait_ended(bed, later)
     assert row["state"] == "exited" and row["exit_status"] == 6, row
     home = bed.users["alice"].home

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from testbed import Testbed
@@ -44,11 +44,19 @@ print(f"refused {refused}", flush=True)
 """
 
 
-def trusted(bed: Testbed, agent_id: str, scope: str) -> list[dict[str, str]]:
-    out = bed.run(["journalctl", "--no-pager", "-o", "json", "_TRANSPORT=journal", "_UID=0",
-                   f"LEVIATH_AGENT={agent_id}", "_SYSTEMD_UNIT=leviathd.service",
-                   f"_SYSTEMD_UNIT={scope}"]).stdout
-    return [json.loads(x) for x in out.splitlines() if x.strip()]
+def trusted(bed: Testbed, agent_id: str, scope: str,
+            until: Callable[[list[dict[str, str]]], bool] | None = None) -> list[dict[str, str]]:
+    """The agent's records the daemon wrote; with `until`, once it holds of
+    them (60 s at most: journald may be behind on a loaded machine)."""
+    deadline = time.monotonic() + 60
+    while True:
+        out = bed.run(["journalctl", "--no-pager", "-o", "json", "_TRANSPORT=journal", "_UID=0",
+                       f"LEVIATH_AGENT={agent_id}", "_SYSTEMD_UNIT=leviathd.service",
+                       f"_SYSTEMD_UNIT={scope}"]).stdout
+        records = [json.loads(x) for x in out.splitlines() if x.strip()]
+        if until is None or until(records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +91,10 @@ def test_a_flood_of_refused_calls_costs_no_other_agent_its_records(bed: Testbed)
         elapsed = time.monotonic() - t0
         out = bed.read_file(f"{aw}/out")
         assert out.strip() == f"refused {CALLS}", out
-        time.sleep(2)  # the last summary is written within a second
-
-        # Bob's agent: every decision and its end.
-        records = trusted(bed, quiet, f"leviath-bob-sh-{quiet}.scope")
+        # Bob's agent: every decision and its end (waited for, with a bound).
+        records = trusted(bed, quiet, f"leviath-bob-sh-{quiet}.scope", lambda rs: any(
+            r.get("LEVIATH_EVENT") == "end" for r in rs) and sum(
+            r.get("LEVIATH_EVENT") == "tool" for r in rs) >= 10)
         tools = [r for r in records if r.get("LEVIATH_EVENT") == "tool"]
         assert len(tools) == 10, [r["MESSAGE"] for r in records]
         assert all(r["LEVIATH_OUTCOME"] == "allow" for r in tools)
@@ -95,7 +103,11 @@ def test_a_flood_of_refused_calls_costs_no_other_agent_its_records(bed: Testbed)
         assert shown.count(" read_file ") == 10 and "[end]" in shown, shown
 
         # Alice's agent: accounted for, mostly in summaries, and its end kept.
-        records = trusted(bed, flooder, f"leviath-alice-sh-{flooder}.scope")
+        # The last summary is written within a second of the end: waited for.
+        records = trusted(bed, flooder, f"leviath-alice-sh-{flooder}.scope", lambda rs: sum(
+            r.get("LEVIATH_EVENT") == "tool" for r in rs) + sum(
+            int(r["LEVIATH_COUNT"]) for r in rs
+            if r.get("LEVIATH_EVENT") == "tool-summary") >= CALLS)
         single = sum(1 for r in records if r.get("LEVIATH_EVENT") == "tool")
         summaries = [r for r in records if r.get("LEVIATH_EVENT") == "tool-summary"]
         counted = sum(int(r["LEVIATH_COUNT"]) for r in summaries)

@@ -115,7 +115,10 @@ def test_forged_entries_never_show_in_lev_audit_or_the_documented_query(bed: Tes
         tool = next(r for r in as_json if r["event"] == "tool" and r["tool"] == "read_file")
         assert tool["decision"] == "allow" and tool["taint_before"] and tool["taint_after"]
 
-        documented = bed.run(documented_query(agent_id, scope)).stdout
+        deadline = time.monotonic() + 30  # journald may be behind: waited for
+        while "web_fetch" not in (documented := bed.run(documented_query(agent_id, scope)).stdout):
+            assert time.monotonic() < deadline, documented[-2000:]
+            time.sleep(0.3)
         assert "FORGED" not in documented and "id_ed25519" not in documented
         assert "web_fetch" in documented
 

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import journal_with
 from testbed import Testbed
 
 BLUEPRINT = """
@@ -54,8 +55,8 @@ def test_seed_then_stages_run_in_order_and_a_failing_stage_ends_the_agent(bed: T
     rows = json.loads(bed.run(["lev", "ps", "--all", "--json"], user="alice").stdout)
     row = [x for x in rows if x["agent"] == "builder"][-1]
     assert row["state"] == "exited" and row["exit_status"] == 4
-    steps = bed.run(["journalctl", "-o", "cat", "--no-pager", f"LEVIATH_AGENT={row['id']}",
-                     "LEVIATH_EVENT=step-start"]).stdout  # fmt: skip
+    steps = journal_with(bed, ["-o", "cat", f"LEVIATH_AGENT={row['id']}",
+                               "LEVIATH_EVENT=step-start"], "stage check starts")
     assert [line.split(": ", 1)[1] for line in steps.splitlines()] == [
         "seed 1 starts", "stage fetch starts", "stage check starts",
     ]

@@ -26,6 +26,7 @@ from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
+from journal_wait import journal_until, journal_with
 from testbed import Testbed
 from testbed.project import VENV
 
@@ -737,7 +738,8 @@ def test_an_agent_falls_back_to_the_container_when_the_namespace_fence_cannot_be
         assert r.returncode == 0, r.stderr
         assert row["sandbox"] == "container" and "fallback:container" in row["marks"], row
         assert re.fullmatch(r"leviath-[0-9a-f]{8}-[0-9a-f]{12}", r.stdout.strip())
-        journal = daemon.journal("leviathd.service")
+        journal = journal_until(daemon, ["-u", "leviathd.service", "-n", "200"],
+                                lambda out: "fallback" in out or "falling back" in out)
         assert "fallback" in journal or "falling back" in journal
     finally:
         daemon.run(["rm", "-f", dropin])
@@ -1132,6 +1134,6 @@ def test_lev_logs_of_a_container_agent_shows_only_its_output_and_the_engine_goes
     unit = daemon.run(["journalctl", "--no-pager", "-o", "json", f"_SYSTEMD_UNIT={row['unit']}"])
     idents = {json.loads(x).get("SYSLOG_IDENTIFIER") for x in unit.stdout.splitlines()}
     assert "podman" not in idents, idents
-    debug = daemon.run(["journalctl", "--no-pager", "-o", "cat", "-p", "debug",
-                        f"LEVIATH_AGENT={agent_id}", "LEVIATH_EVENT=container-start"]).stdout
+    debug = journal_with(daemon, ["-o", "cat", "-p", "debug", f"LEVIATH_AGENT={agent_id}",
+                                  "LEVIATH_EVENT=container-start"], "started container")
     assert "started container" in debug, debug

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import journal_with
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -52,12 +53,20 @@ def test_a_broken_config_at_start_refuses_runs_at_once_and_says_where(bed: Testb
         time.sleep(1)
         # No crash loop, and the reason where an admin looks.
         assert prop(bed, "NRestarts") == "0"
-        status = bed.run(["systemctl", "status", "--no-pager", "-n", "20", "leviathd"],
-                         check=False).stdout
+        # `systemctl status` shows the journal's last lines: waited for, with
+        # a bound (journald may not have them yet on a loaded machine).
+        deadline = time.monotonic() + 30
+        while True:
+            status = bed.run(["systemctl", "status", "--no-pager", "-n", "20", "leviathd"],
+                             check=False).stdout
+            if f"{CONFIG_PATH}:3" in status or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
         assert f"{CONFIG_PATH}:3" in status, status
         # At error priority (Python's logging goes through stderr with sd-daemon
         # level prefixes), where `journalctl -p err` finds it.
-        errors = bed.run(["journalctl", "-u", "leviathd", "-p", "err", "-o", "cat"]).stdout
+        errors = journal_with(bed, ["-u", "leviathd", "-p", "err", "-o", "cat"],
+                              "configuration does not load")
         assert "configuration does not load" in errors, errors[-2000:]
         # `lev` is answered at once: runs are refused with the reason, the
         # rest works.
@@ -83,7 +92,8 @@ def test_a_reload_with_a_broken_file_fails_visibly(bed: Testbed) -> None:
         r = bed.run(["systemctl", "reload", "leviathd"], check=False, timeout=30)
         assert r.returncode != 0, "reload of a broken file reported success"
         assert prop(bed, "MainPID") == pid and prop(bed, "ActiveState") == "active"
-        journal = bed.run(["journalctl", "-u", "leviathd", "-n", "30", "-o", "cat"]).stdout
+        journal = journal_with(bed, ["-u", "leviathd", "-n", "30", "-o", "cat"],
+                               f"{CONFIG_PATH}:3")
         assert f"{CONFIG_PATH}:3" in journal
     finally:
         restore(bed)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import journal_with
 from loop_agent import lay_out, start_detached
 from test_gate_bed import Agent, lev
 from testbed import Testbed
@@ -332,8 +333,8 @@ def test_the_api_gets_the_real_token_and_another_host_only_the_placeholder(
                          str(e["auth"]).startswith("token leviath-placeholder-")
                          for e in other), other
     # An injected request is an audit record: method, host, path.
-    out = testbed.run(["journalctl", "--no-pager", "-o", "json", f"LEVIATH_AGENT={agent.id}",
-                       "LEVIATH_TOOL=network"]).stdout
+    out = journal_with(testbed, ["-o", "json", f"LEVIATH_AGENT={agent.id}",
+                                 "LEVIATH_TOOL=network"], "credential api")
     assert API_TOKEN not in out
     recs = [json.loads(x) for x in out.splitlines() if x.strip()]
     assert any(r.get("LEVIATH_RULE") == "credential api" and "GET /user" in

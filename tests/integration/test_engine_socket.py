@@ -537,8 +537,12 @@ def test_a_restarting_container_does_not_outlive_the_agent(bed: Testbed) -> None
     _running(bed, "again-1")
     bed.run(["lev", "stop", agent_id], user="alice")
     assert _wait_gone(bed, agent_id) == []
-    time.sleep(2)
-    left = bed.run(f"ls -d /sys/fs/cgroup/*/leviath.slice/{unit} 2>/dev/null || true").stdout
+    # systemd removes the scope's cgroups once it is gone: waited for, with
+    # a bound (a fixed 2 s raced it on a loaded machine).
+    deadline = time.monotonic() + 60
+    while (left := bed.run(f"ls -d /sys/fs/cgroup/*/leviath.slice/{unit} 2>/dev/null || true"
+                           ).stdout).strip() and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert left.strip() == "", left
 
 

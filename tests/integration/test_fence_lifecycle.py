@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import journal_with
 from testbed import Testbed
 
 SCRATCH = "/var/lib/leviath/scratch"
@@ -176,5 +177,5 @@ def test_on_unavailable_warn_runs_on_the_host_and_marks_the_agent(
     assert row["sandbox"] == "none" and "unsandboxed" in row["marks"]
     table = lev(bed, "ps", "--all").stdout
     assert "UNSANDBOXED" in next(line for line in table.splitlines() if agent_id in line)
-    journal = bed.run(["journalctl", "--no-pager", "LEVIATH_EVENT=sandbox-unavailable"]).stdout
+    journal = journal_with(bed, ["LEVIATH_EVENT=sandbox-unavailable"], "running on the host")
     assert "running on the host" in journal

@@ -15,9 +15,10 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+from journal_wait import config_written
 from loop_agent import LOOP, LoopAgent
 from testbed import Testbed
 
@@ -122,10 +123,18 @@ def pending(bed: Testbed, user: str, agent_id: str, timeout: float = 15) -> dict
     raise AssertionError(f"no approval request of agent {agent_id} appeared for {user}")
 
 
-def audit(bed: Testbed, agent_id: str) -> list[dict]:
-    out = bed.run(["journalctl", "--no-pager", "-o", "json", f"LEVIATH_AGENT={agent_id}",
-                   "LEVIATH_EVENT=tool"]).stdout
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
+def audit(bed: Testbed, agent_id: str,
+          until: Callable[[list[dict]], bool] | None = None) -> list[dict]:
+    """The agent's tool records; with `until`, once it holds of them (30 s
+    at most: journald may not have the last ones yet on a loaded machine)."""
+    deadline = time.monotonic() + 30
+    while True:
+        out = bed.run(["journalctl", "--no-pager", "-o", "json", f"LEVIATH_AGENT={agent_id}",
+                       "LEVIATH_EVENT=tool"]).stdout
+        records = [json.loads(line) for line in out.splitlines() if line.strip()]
+        if until is None or until(records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.3)
 
 
 def posts(bed: Testbed) -> list[str]:
@@ -295,7 +304,8 @@ def test_http_post_is_held_after_a_private_read_allowlisted_passes_and_eviction_
                                   timeout=10)
         assert rc == 0 and "got it" in out, err
         assert "later-body" in posts(bed)
-        records = audit(bed, agent.id)
+        records = audit(bed, agent.id, lambda rs: sum(
+            r.get("LEVIATH_TOOL") == "http_post" for r in rs) >= 4)
         posts_seen = [r for r in records if r.get("LEVIATH_TOOL") == "http_post"]
         assert [r["LEVIATH_OUTCOME"] for r in posts_seen] == ["ask", "deny", "allow", "allow"]
         assert posts_seen[2]["LEVIATH_RULE"].startswith("allowlist")
@@ -426,7 +436,8 @@ def test_only_the_agent_itself_may_use_its_socket(bed: Testbed, alice_agent: Age
             bed.users["bob"].home)
     finally:
         lev(bed, "bob", "stop", bobs.id, check=False)
-    records = audit(bed, alice_agent.id)
+    records = audit(bed, alice_agent.id, lambda rs: any(
+        r["LEVIATH_RULE"] == "peer-identity" and r["LEVIATH_OUTCOME"] == "deny" for r in rs))
     assert any(r["LEVIATH_RULE"] == "peer-identity" and r["LEVIATH_OUTCOME"] == "deny"
                for r in records)
 
@@ -436,8 +447,8 @@ def test_a_grant_added_to_the_config_applies_to_the_next_run_and_a_broken_edit_k
 ) -> None:
     later = f"{bed.users['alice'].home}/later/l.txt"
     assert alice_agent.call(f"lev tool read_file {later}")[0] != 0
-    bed.write_file("/etc/leviath/config.toml", config(', "~/later"'))
-    time.sleep(1.5)  # inotify; no restart, no reload
+    # Read by the watch (no restart, no reload); its record waited for.
+    config_written(bed, "/etc/leviath/config.toml", config(', "~/later"'))
     agent = start_agent(bed, "alice")
     try:
         rc, out, err = agent.call(f"lev tool read_file {later}")
@@ -446,16 +457,15 @@ def test_a_grant_added_to_the_config_applies_to_the_next_run_and_a_broken_edit_k
         lev(bed, "alice", "stop", agent.id, check=False)
     # A running agent keeps the policy it started with.
     assert alice_agent.call(f"lev tool read_file {later}")[0] != 0
-    bed.write_file("/etc/leviath/config.toml", config(', "~/later"') + "\n[[[ broken\n")
-    time.sleep(1.5)
+    config_written(bed, "/etc/leviath/config.toml", config(', "~/later"') + "\n[[[ broken\n",
+                   loads=False)
     agent = start_agent(bed, "alice")
     try:
         rc, out, err = agent.call(f"lev tool read_file {later}")
         assert rc == 0 and out == "later text\n", err
     finally:
         lev(bed, "alice", "stop", agent.id, check=False)
-    bed.write_file("/etc/leviath/config.toml", config())
-    time.sleep(1.5)
+    config_written(bed, "/etc/leviath/config.toml", config())
 
 
 def test_lev_policy_add_system_needs_config_manage_and_applies_to_the_next_run(
@@ -477,8 +487,7 @@ def test_lev_policy_add_system_needs_config_manage_and_applies_to_the_next_run(
         assert rc == 0 and "got it" in out, err
     finally:
         lev(bed, "alice", "stop", agent.id, check=False)
-        bed.write_file("/etc/leviath/config.toml", config())
-        time.sleep(1.5)
+        config_written(bed, "/etc/leviath/config.toml", config())
 
 
 def test_an_agent_adopted_after_a_daemon_restart_keeps_its_broker_policy_and_taint(

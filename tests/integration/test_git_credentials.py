@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import journal_until
 from loop_agent import LOOP
 from loop_agent import LoopAgent as Agent
 from testbed import Testbed
@@ -205,8 +206,8 @@ def test_the_agent_clones_with_a_token_it_cannot_find(bed: Testbed, agent: Agent
     # The clone keeps no credential (the helper list is ours alone: no store).
     assert TOKEN not in bed.run(["sh", "-c", f"cat {agent.workdir}/r/.git/config; "
                                  f"ls -a {bed.users['alice'].home}"]).stdout
-    journal = bed.run(["journalctl", "--no-pager", "-o", "json",
-                       f"LEVIATH_AGENT={agent.id}"]).stdout
+    journal = journal_until(bed, ["-o", "json", f"LEVIATH_AGENT={agent.id}"],
+                            lambda out: '"LEVIATH_TOOL":"git_fetch"' in out.replace(" ", ""))
     assert '"LEVIATH_TOOL":"git_fetch"' in journal.replace(" ", "")
     assert TOKEN not in journal
 

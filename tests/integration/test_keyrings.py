@@ -96,8 +96,16 @@ def test_credential_commands_and_agents_never_share_a_session_keyring(bed: Testb
                   f"python3 {PROBE} add dave-key DAVE-KEYRING-SECRET-77; sleep 30",
                   detach=True).strip()
     try:
-        time.sleep(1.5)
-        dave_log = bed.run(["lev", "logs", dave_id], user="dave").stdout
+        # Its output waited for, with a bound (the start and journald may
+        # both take their time on a loaded machine).
+        deadline = time.monotonic() + 60
+        while True:
+            dave_log = bed.run(["lev", "logs", dave_id], user="dave").stdout
+            seen = "DAVE-KEYRING-SECRET-77" in dave_log and re.search(
+                r"^session \d+", dave_log, re.M)
+            if seen or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
         assert "DAVE-KEYRING-SECRET-77" in dave_log, dave_log  # the key is there for dave
         # alice's credential command, her agent: neither sees it.
         cred = credential(bed, "alice", "dump")

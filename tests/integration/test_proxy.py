@@ -17,7 +17,7 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from loop_agent import lay_out, start_detached
@@ -159,10 +159,18 @@ def agent(bed: Testbed) -> Iterator[Agent]:
     lev(bed, "alice", "stop", a.id, check=False)
 
 
-def records(bed: Testbed, agent_id: str) -> list[dict[str, str]]:
-    out = bed.run(["journalctl", "--no-pager", "-o", "json", f"LEVIATH_AGENT={agent_id}",
-                   "LEVIATH_TOOL=network"]).stdout
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
+def records(bed: Testbed, agent_id: str,
+            until: Callable[[list[dict[str, str]]], bool] | None = None) -> list[dict[str, str]]:
+    """The agent's network records; with `until`, once it holds of them (30 s
+    at most: journald may not have the last ones yet on a loaded machine)."""
+    deadline = time.monotonic() + 30
+    while True:
+        out = bed.run(["journalctl", "--no-pager", "-o", "json", f"LEVIATH_AGENT={agent_id}",
+                       "LEVIATH_TOOL=network"]).stdout
+        rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+        if until is None or until(rows) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.3)
 
 
 def test_lev_ps_shows_the_network_mode(bed: Testbed, agent: Agent) -> None:
@@ -308,8 +316,9 @@ def test_loopback_and_metadata_addresses_are_refused_after_resolution(
 def test_every_connection_is_an_audit_record(bed: Testbed, agent: Agent) -> None:
     assert agent.call(curl("http://allowed.test/hello.txt"))[0] == 0
     assert agent.call(curl("http://denied.test/hello.txt"))[0] != 0
-    time.sleep(0.5)
-    rows = records(bed, agent.id)
+    rows = records(bed, agent.id, lambda rs: {
+        ("allowed.test:80", "allow"), ("denied.test:80", "deny")} <= {
+        (r["LEVIATH_TARGET"], r["LEVIATH_OUTCOME"]) for r in rs})
     allowed = [r for r in rows if r["LEVIATH_TARGET"] == "allowed.test:80"
                and r["LEVIATH_OUTCOME"] == "allow"]
     assert allowed and re.search(r"received [1-9]\d* bytes", allowed[-1]["LEVIATH_DETAIL"])
@@ -339,7 +348,11 @@ def test_private_data_cannot_leave_to_an_internal_domain_until_evicted(
     assert agent.call(f"lev tool --evict {' '.join(ids)}")[0] == 0
     rc, out, err = agent.call(curl("http://internal.test/hello.txt"))
     assert rc == 0 and "hello" in out, err
-    rows = [r for r in records(bed, agent.id) if r["LEVIATH_TARGET"] == "internal.test:80"]
+    def internal(rs: list[dict[str, str]]) -> list[dict[str, str]]:
+        return [r for r in rs if r["LEVIATH_TARGET"] == "internal.test:80"]
+
+    rows = internal(records(bed, agent.id, lambda rs: [
+        r["LEVIATH_OUTCOME"] for r in internal(rs)][-3:] == ["allow", "deny", "allow"]))
     assert [r["LEVIATH_OUTCOME"] for r in rows][-3:] == ["allow", "deny", "allow"]
     assert rows[-2]["LEVIATH_RULE"] == "taint-exceeds-clearance"
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import journal_with
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -74,8 +75,8 @@ def test_a_garbage_and_an_empty_record_under_running_agents(bed: Testbed) -> Non
         assert a not in rows(bed, "bob")
         bad = bed.run(["ls", f"{AGENTS}/bad"]).stdout
         assert f"{a}.json" in bad and f"{b}.json" in bad
-        log = bed.run(["journalctl", "-u", "leviathd", "-p", "warning", "-o", "cat",
-                       "-n", "50"]).stdout
+        log = journal_with(bed, ["-u", "leviathd", "-p", "warning", "-o", "cat", "-n", "50"],
+                           f"{a}.json cannot be read", f"{b}.json cannot be read")
         assert f"{a}.json cannot be read" in log and f"{b}.json cannot be read" in log
         # The owner stops one, an admin the other; then both end as stopped
         # (their supervisors still leave the exit record) and their scratch

@@ -10,10 +10,10 @@ to) must still be in a record of its own."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import journal_with
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -59,9 +59,10 @@ def test_refused_calls_do_not_push_an_allowed_call_out_of_the_record(bed: Testbe
                  f"! lev ps --json | grep -q '\"{agent}\"'; do sleep 0.3; done"],
                 user="alice", timeout=120)
         assert bed.read_file(f"{w}/out").strip() == "last True", bed.read_file(f"{w}/out")
-        time.sleep(2)  # the last summary is written within a second
-        out = bed.run(["journalctl", "--no-pager", "-o", "json", "_TRANSPORT=journal",
-                       "_UID=0", f"LEVIATH_AGENT={agent}"]).stdout
+        # The last summary is written within a second of the end; waited
+        # for, with a bound, as journald may take its time.
+        out = journal_with(bed, ["-o", "json", "_TRANSPORT=journal", "_UID=0",
+                                 f"LEVIATH_AGENT={agent}"], "EXFIL-MARKER")
         records = [json.loads(x) for x in out.splitlines() if x.strip()]
         named = [r for r in records if r.get("LEVIATH_EVENT") == "tool"
                  and "EXFIL-MARKER" in r.get("LEVIATH_TARGET", "")]

@@ -9,10 +9,10 @@ The agent loop and helpers are test_gate_bed.py's."""
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import config_read_since, config_written, journal_with
 from test_gate_bed import LOOP, Agent, audit, lev, pending
 from testbed import Testbed
 
@@ -239,15 +239,15 @@ decision = "allow"
 """
 
 
-def _reloaded(bed: Testbed) -> None:
-    # The daemon watches rules.d; `systemctl reload` would fail on a refused set.
-    time.sleep(1.5)
-
-
 def _clear_rules_d(bed: Testbed) -> None:
+    # The daemon watches rules.d (`systemctl reload` would fail on a refused
+    # set): when files went, its record of the new read is waited for.
+    had = bed.run(f"ls {RULES_D}/*.toml", check=False).stdout.strip()
+    since = bed.run(["date", "+@%s.%N"]).stdout.strip()
     bed.run(f"rm -f {RULES_D}/*.toml; chown root:root {RULES_D}; chmod 755 {RULES_D}",
             check=False)
-    _reloaded(bed)
+    if had:
+        config_read_since(bed, since)
 
 
 def test_a_rule_in_rules_d_decides_and_a_users_file_there_is_refused(bed: Testbed) -> None:
@@ -259,8 +259,7 @@ def test_a_rule_in_rules_d_decides_and_a_users_file_there_is_refused(bed: Testbe
     home = bed.users["alice"].home
     url = f"http://127.0.0.1:{PORT}"
     try:
-        bed.write_file(f"{RULES_D}/10-small.toml", NO_SMALL)
-        _reloaded(bed)
+        config_written(bed, f"{RULES_D}/10-small.toml", NO_SMALL)
         a = Agent(bed, "alice", lev(bed, "alice", "run", "--detach", f"{home}/rbp",
                                     cwd=f"{home}/rw").stdout.strip(), f"{home}/rw")
         try:
@@ -269,12 +268,16 @@ def test_a_rule_in_rules_d_decides_and_a_users_file_there_is_refused(bed: Testbe
         finally:
             lev(bed, "alice", "stop", a.id, check=False)
         # alice's file (an admin's slip: chown, or a group-writable folder).
-        bed.write_file(f"{RULES_D}/20-alice.toml", LET_OUT)
-        bed.run(["chown", "alice", f"{RULES_D}/20-alice.toml"])
-        _reloaded(bed)
+        # Made alice's before it takes its name (the watch sees one file,
+        # already hers), and the daemon's refusal of the set waited for.
+        since = bed.run(["date", "+@%s.%N"]).stdout.strip()
+        bed.write_file(f"{RULES_D}/20-alice.new", LET_OUT)
+        bed.run(["chown", "alice", f"{RULES_D}/20-alice.new"])
+        bed.run(["mv", f"{RULES_D}/20-alice.new", f"{RULES_D}/20-alice.toml"])
+        config_read_since(bed, since, loads=False)
         r = bed.run(["systemctl", "reload", "leviathd"], check=False)
         assert r.returncode != 0
-        assert "not root" in bed.run(["journalctl", "-u", "leviathd", "-n", "50"]).stdout
+        assert "not root" in journal_with(bed, ["-u", "leviathd", "-n", "50"], "not root")
         bed.run(["rm", "-f", "/root/rhits.log"])
         a = Agent(bed, "alice", lev(bed, "alice", "run", "--detach", f"{home}/rbp",
                                     cwd=f"{home}/rw").stdout.strip(), f"{home}/rw")

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import config_written
 from loop_agent import LOOP, lay_out, start_detached
 from test_gate_bed import Agent, audit, lev, pending
 from testbed import Testbed
@@ -368,10 +369,9 @@ def test_a_user_config_cannot_raise_a_clearance_left_at_its_default(bed: Testbed
 def test_an_approval_shows_the_whole_call_and_a_session_answer_covers_that_port_only(
     bed: Testbed,
 ) -> None:
-    bed.write_file("/etc/leviath/config.toml",
+    config_written(bed, "/etc/leviath/config.toml",
                    CONFIG.replace('on_exceed = "deny"', 'on_exceed = "ask"\napproval_timeout = 8')
                    + EXTRA)
-    time.sleep(1.5)  # inotify: applies to the next agent
     a = _start(bed)
     try:
         _private(a, bed)
@@ -401,18 +401,16 @@ def test_an_approval_shows_the_whole_call_and_a_session_answer_covers_that_port_
         assert rc == 0 and "posted" in out, err
     finally:
         lev(bed, "alice", "stop", a.id, check=False)
-        bed.write_file("/etc/leviath/config.toml", CONFIG + EXTRA)
-        time.sleep(1.5)
+        config_written(bed, "/etc/leviath/config.toml", CONFIG + EXTRA)
 
 
 # ------------------------------------------------- 8. loopback in IPv6 forms
 
 
 def test_loopback_written_as_ipv6_is_refused_as_loopback(bed: Testbed) -> None:
-    bed.write_file("/etc/leviath/config.toml",
+    config_written(bed, "/etc/leviath/config.toml",
                    CONFIG.replace("allow_private_addresses = true",
                                   "allow_private_addresses = false") + EXTRA)
-    time.sleep(1.5)  # inotify: applies to the next agent
     a = _start(bed)
     try:
         for host in ("[::127.0.0.1]", "[64:ff9b::7f00:1]", "[::ffff:127.0.0.1]"):
@@ -421,8 +419,7 @@ def test_loopback_written_as_ipv6_is_refused_as_loopback(bed: Testbed) -> None:
         assert not [h for h in hits(bed) if "v6form" in h]
     finally:
         lev(bed, "alice", "stop", a.id, check=False)
-        bed.write_file("/etc/leviath/config.toml", CONFIG + EXTRA)
-        time.sleep(1.5)
+        config_written(bed, "/etc/leviath/config.toml", CONFIG + EXTRA)
 
 
 def test_another_users_agent_reads_the_label_too(bed: Testbed) -> None:

@@ -64,6 +64,12 @@ def test_a_lookup_past_the_timeout_keeps_its_slot_until_its_thread_is_free() -> 
             await resolver.resolve("x.slow.test", 443, uid=1001, agent="a")
         # The caller gave up; the thread has not: the slot is still alice's.
         assert resolver.in_flight(("uid", 1001)) == 1
+        # Its thread may not have been scheduled yet on a loaded machine
+        # (the lookup timed out first): waited for, with a bound.
+        for _ in range(1000):
+            if stuck.calls:
+                break
+            await asyncio.sleep(0.01)
         with pytest.raises(ResolveError, match="no answer within"):
             await resolver.resolve("y.slow.test", 443, uid=1001, agent="a")
         assert stuck.calls == ["x.slow.test"]  # the second never got a thread

@@ -117,7 +117,8 @@ marker=journal-marker-$RANDOM
 step journal_agent as alice "lev run --detach -- sh -c 'echo $marker; sleep 1'"
 jid=$(tail -n 1 "$R/journal_agent.out")
 junit=$(unit_of "$jid")
-sleep 3
+# The agent's line waited for, with a bound (a fixed 3 s raced a loaded VM).
+wait_until 60 sh -c "journalctl --no-pager -q -o cat -u $junit | grep -q $marker" || true
 journalctl --flush 2>/dev/null
 echo "$marker" >"$R/journal_marker.out"
 step journal_root journalctl --no-pager -o verbose -u "$junit"
@@ -386,6 +387,7 @@ type = "string"
 maxLength = 200
 EOF5
 step bptool as alice "lev run ~/bp"
+wait_until 60 sh -c 'journalctl --no-pager -o verbose -u leviathd | grep -qa "no-pem"' || true
 step rule_audit sh -c 'journalctl --no-pager -o verbose -u leviathd | grep -a "no-pem" | head -n 5'
 kill "$webserver"
 rm -f /etc/leviath/config.toml
