@@ -217,9 +217,11 @@ class Bed:
         self.driver("teardown", {"agent_id": agent_id})
 
 
-@pytest.fixture(scope="module")
-def cbed(testbed: Testbed) -> Iterator[Bed]:
-    r = testbed.run(BUILD_IMAGE, check=False, timeout=300)
+def build_image(bed: Testbed, script: str = BUILD_IMAGE) -> None:
+    """Runs an image-building script in the bed, whose exit 3 says podman or
+    busybox-static is missing (shared with the container tests of the proxy
+    and of the egress credentials)."""
+    r = bed.run(script, check=False, timeout=300)
     if r.returncode == 3:
         # Missing podman or busybox-static: scripts/setup installs both, so
         # where the test bed is required (CI) this is a failure, not a skip.
@@ -227,6 +229,11 @@ def cbed(testbed: Testbed) -> Iterator[Bed]:
             pytest.fail(r.stderr.strip(), pytrace=False)
         pytest.skip(r.stderr.strip())
     assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture(scope="module")
+def cbed(testbed: Testbed) -> Iterator[Bed]:
+    build_image(testbed)
     testbed.write_file(DRIVER, DRIVER_SOURCE, mode=0o700)
     for user in ("alice", "bob"):
         testbed.run(["mkdir", "-p", "cwork"], user=user)

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 
 import pytest
 from loop_agent import lay_out, start_detached
+from test_egress_credentials import answering
 from test_gate_bed import Agent, lev
 from testbed import Testbed
 
@@ -228,14 +229,9 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
     bed.run(["systemctl", "restart", "leviathd"])
     a = Agent(bed, "alice", start_detached(bed, "azbp", "azw"), f"{bed.users['alice'].home}/azw")
     try:
-        try:
-            a.call("true")
-        except Exception:
-            print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
-            raise
-        yield a
+        with answering(bed, a):
+            yield a
     finally:
-        lev(bed, "alice", "stop", a.id, check=False)
         bed.run(["kill", pid], check=False)
         bed.run("ip netns del lvaz; rm -f /usr/local/share/ca-certificates/leviath-aztest.crt"
                 " && update-ca-certificates --fresh >/dev/null 2>&1", check=False)

@@ -228,22 +228,30 @@ def servers(bed: Testbed, config: str) -> Iterator[None]:
         bed.run(["systemctl", "restart", "leviathd"])
 
 
+@contextlib.contextmanager
+def answering(bed: Testbed, a: Agent) -> Iterator[Agent]:
+    """`a`, once it has answered a first command (the journal's last lines
+    printed if it does not), stopped after (shared with the egress tests of
+    the other kinds)."""
+    try:
+        try:
+            a.call("true")
+        except Exception:
+            print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
+            raise
+        yield a
+    finally:
+        lev(bed, "alice", "stop", a.id, check=False)
+
+
 @pytest.fixture(scope="module")
 def agent(testbed: Testbed) -> Iterator[Agent]:
     bed = testbed
     lay_out(bed, "egw", "egbp", BLUEPRINT)
-    with servers(bed, CONFIG):
-        a = Agent(bed, "alice", start_detached(bed, "egbp", "egw"),
-                  f"{bed.users['alice'].home}/egw")
-        try:
-            try:
-                a.call("true")
-            except Exception:
-                print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
-                raise
-            yield a
-        finally:
-            lev(bed, "alice", "stop", a.id, check=False)
+    with servers(bed, CONFIG), answering(bed, Agent(
+            bed, "alice", start_detached(bed, "egbp", "egw"),
+            f"{bed.users['alice'].home}/egw")) as a:
+        yield a
 
 
 def _split(token: str) -> str:

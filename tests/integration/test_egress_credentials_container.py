@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
+from test_container import build_image
 from test_egress_credentials import (
     API_TOKEN,
     CONFIG,
@@ -84,12 +84,7 @@ BROKER_GIT_FETCH = r"""LC_ALL=C perl -MIO::Socket::UNIX -e '
 @pytest.fixture(scope="module")
 def cbed(testbed: Testbed) -> Iterator[Testbed]:
     bed = testbed
-    r = bed.run(BUILD_IMAGE, check=False, timeout=300)
-    if r.returncode == 3:
-        if os.environ.get("LEVIATH_REQUIRE_TESTBED", "") not in ("", "0"):
-            pytest.fail(r.stderr.strip(), pytrace=False)
-        pytest.skip(r.stderr.strip())
-    assert r.returncode == 0, r.stderr
+    build_image(bed, BUILD_IMAGE)
     bed.run(["mkdir", "-p", "ecw"], user="alice")
     config = CONFIG.replace('kind = "namespace"', f'kind = "container"\nimage = "{IMAGE}"')
     with servers(bed, config):

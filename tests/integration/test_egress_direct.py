@@ -26,6 +26,7 @@ from test_egress_credentials import (
     BLUEPRINT,
     GIT_TOKEN,
     SNOOP,
+    answering,
     git_log,
     log,
     pending,
@@ -36,11 +37,9 @@ from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
 
-CONFIG = """
-[sandbox]
-kind = "namespace"
-network = true
-
+# The proxy and credentials part, shared with test_egress_none.py (the same
+# tests against a kind none agent).
+CREDENTIALS = """
 [proxy]
 private_ranges = ["10.78.0.0/24"]
 
@@ -60,23 +59,21 @@ token_env = "GH_TOKEN"
 secret_file = "/etc/leviath/inj-api.token"
 """
 
+CONFIG = """
+[sandbox]
+kind = "namespace"
+network = true
+""" + CREDENTIALS
+
 
 @pytest.fixture(scope="module")
 def agent(testbed: Testbed) -> Iterator[Agent]:
     bed = testbed
     lay_out(bed, "egdw", "egdbp", BLUEPRINT)
-    with servers(bed, CONFIG):
-        a = Agent(bed, "alice", start_detached(bed, "egdbp", "egdw"),
-                  f"{bed.users['alice'].home}/egdw")
-        try:
-            try:
-                a.call("true")
-            except Exception:
-                print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
-                raise
-            yield a
-        finally:
-            lev(bed, "alice", "stop", a.id, check=False)
+    with servers(bed, CONFIG), answering(bed, Agent(
+            bed, "alice", start_detached(bed, "egdbp", "egdw"),
+            f"{bed.users['alice'].home}/egdw")) as a:
+        yield a
 
 
 def port_of(agent: Agent) -> int:

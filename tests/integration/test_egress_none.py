@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import pytest
 import test_egress_direct as direct
 from loop_agent import lay_out, start_detached
-from test_egress_credentials import BLUEPRINT, GIT_TOKEN, servers
+from test_egress_credentials import BLUEPRINT, GIT_TOKEN, answering, servers
 from test_gate_bed import Agent, lev
 from testbed import Testbed
 
@@ -43,25 +43,7 @@ test_no_one_else_gets_the_secret_sent_through_the_agents_port = (
 CONFIG = """
 [sandbox]
 kind = "none"
-
-[proxy]
-private_ranges = ["10.78.0.0/24"]
-
-[taint]
-approval_timeout = 30
-
-[credentials.gitsrv]
-kind = "git"
-hosts = ["git.test"]
-access = ["fetch", "push"]
-secret_file = "/etc/leviath/inj-git.token"
-
-[credentials.api]
-kind = "http"
-hosts = ["api.test"]
-token_env = "GH_TOKEN"
-secret_file = "/etc/leviath/inj-api.token"
-"""
+""" + direct.CREDENTIALS
 
 
 class HostAgent(Agent):
@@ -83,15 +65,8 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
         a = HostAgent(bed, "alice", start_detached(bed, "egnbp", "egnw"),
                       f"{bed.users['alice'].home}/egnw")
         a.host = bed.run(["hostname"]).stdout.strip()
-        try:
-            try:
-                a.call("true")
-            except Exception:
-                print(bed.run(["journalctl", "--no-pager", "-n", "40"]).stdout)
-                raise
+        with answering(bed, a):
             yield a
-        finally:
-            lev(bed, "alice", "stop", a.id, check=False)
 
 
 def test_the_agent_is_unfenced_and_its_git_trusts_the_agents_bundle(testbed: Testbed,

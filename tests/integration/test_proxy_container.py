@@ -6,11 +6,10 @@ servers and names of test_proxy.py."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
-from test_container import BUILD_IMAGE, IMAGE
+from test_container import IMAGE, build_image
 from test_proxy import CONFIG, LOOPBACK_PORT, OUTSIDE, configure
 from test_proxy import bed as proxy_bed  # noqa: F401  (the servers and names)
 from testbed import Testbed
@@ -21,12 +20,7 @@ pytestmark = pytest.mark.testbed
 @pytest.fixture(scope="module")
 def cbed(proxy_bed: Testbed) -> Iterator[Testbed]:  # noqa: F811
     bed = proxy_bed
-    r = bed.run(BUILD_IMAGE, check=False, timeout=300)
-    if r.returncode == 3:
-        if os.environ.get("LEVIATH_REQUIRE_TESTBED", "") not in ("", "0"):
-            pytest.fail(r.stderr.strip(), pytrace=False)
-        pytest.skip(r.stderr.strip())
-    assert r.returncode == 0, r.stderr
+    build_image(bed)
     config = CONFIG.format(on_exceed="deny").replace(
         'kind = "namespace"', f'kind = "container"\nimage = "{IMAGE}"')
     bed.write_file("/etc/leviath/config.toml", config)
