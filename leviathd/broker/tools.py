@@ -19,13 +19,12 @@ from leviathd.broker import net
 from leviathd.broker.limits import too_large
 from leviathd.broker.opener import Opener, OpenFailed
 from leviathd.domain.brokerlimits import Limits
+from leviathd.domain.credentials import SAFE_PATH, CredentialSpec
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound, Unavailable
 from leviathd.policy import filelabels
 from leviathd.policy.readgrant import GrantIndex
-from leviathd.policy.settings import CredentialSpec
 from leviathd.sandbox import privileges
-from leviathd.sandbox.credential_fence import SAFE_PATH
 
 MAX_READ = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK  # NONBLOCK: a FIFO cannot hang us
@@ -527,7 +526,7 @@ async def run_credential(
     user's own credential (so a user config cannot point it at a file only
     root may read). The command runs as the agent's user through `runner`:
     in the agent's scope, in a fence of its own with a private home and
-    working folder and a scrubbed environment (sandbox/credential_fence.py),
+    working folder and a scrubbed environment (creds/fence.py),
     with a real gid its user cannot take (see `_guarded`); never here,
     outside every fence. The secret is cut out of its output."""
     if spec.kind not in ("command", "cli"):

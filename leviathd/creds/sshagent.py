@@ -44,8 +44,8 @@ from leviathd.broker.core import AuditRecord, Broker
 from leviathd.broker.server import identify
 from leviathd.broker.tools import read_secret
 from leviathd.creds.knownhosts import covered_name
+from leviathd.domain.credentials import CredentialSpec
 from leviathd.errors import AccessDenied, LeviathError
-from leviathd.policy.settings import CredentialSpec
 
 FAILURE, SUCCESS = 5, 6
 REQUEST_IDENTITIES, IDENTITIES_ANSWER = 11, 12

@@ -181,7 +181,7 @@ class EffectiveLike(Protocol):
 
 class MountRole(StrEnum):
     """What a mount is for, which is what behaviour keys on (`why` is only
-    for people): the credential fence keeps SYSTEM (credential_fence.py), a
+    for people): the credential fence keeps SYSTEM (creds/fence.py), a
     container skips SYSTEM and SCRATCH binds (container/settings.py), the
     launcher checks WORKDIR and WORKTREE_GIT sources (namespace/pinner.py)."""
 

@@ -14,9 +14,9 @@ import pytest
 from leviathd.broker import gitcreds as git
 from leviathd.cli import credhelper as helper
 from leviathd.creds import service
+from leviathd.domain.credentials import CredentialSpec
 from leviathd.errors import InvalidArgument, NotFound
 from leviathd.policy.permissions import permission_for
-from leviathd.policy.settings import CredentialSpec
 
 
 def spec(**kw: object) -> CredentialSpec:

@@ -28,7 +28,6 @@ CREDENTIAL_WORKDIRS: tuple[str, ...] = ("none", "ro")
 
 # What `workdir = "ro"` shows.
 _SHOWN = (MountRole.WORKDIR, MountRole.WORKTREE_GIT)
-SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 NOGROUP = 65534
 
 
