@@ -10,7 +10,7 @@ import os
 import stat
 
 from leviathd import fsat
-from leviathd.broker.tools import CredentialRequest
+from leviathd.broker.credentials import CredentialRequest
 from leviathd.creds.fence import credential_spec
 from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import AccessDenied

@@ -1,6 +1,6 @@
 """What a configured credential is, spoken by every part that handles one:
 the config compiles it (config/policy_settings.py), the policy settings carry
-it to the gate (policy/settings.py), the broker runs it (broker/tools.py,
+it to the gate (policy/settings.py), the broker runs it (broker/credentials.py,
 broker/gitcreds.py) and the daemon's credential service serves it
 (creds/). Defined here, on the ground floor, because the broker may not
 import the services nor the services' peers the broker's internals. Also the

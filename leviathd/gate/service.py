@@ -41,9 +41,10 @@ from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord, Broker
+from leviathd.broker.credentials import CredentialRequest
 from leviathd.broker.rulelane import Lanes
 from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of
-from leviathd.broker.tools import MAX_READ, ArgvRequest, CredentialRequest, ShellRequest
+from leviathd.broker.tools import MAX_READ, ArgvRequest, ShellRequest
 from leviathd.config.merge import MergeResult
 from leviathd.config.policy_settings import policy_settings
 from leviathd.creds.command import command_spec

@@ -278,7 +278,7 @@ class SandboxSpec:
     scratch_size: int = DEFAULT_SCRATCH_SIZE
     allow_io_uring: bool = False
     # A real gid the user cannot take, for a command its own user must not
-    # read or ptrace (a credential command: broker/tools.py `_guarded`).
+    # read or ptrace (a credential command: broker/credentials.py `_guarded`).
     real_gid: int | None = None
     # network = "proxy": `network` is False (only lo) and the launcher starts
     # the forwarder to the daemon's proxy in the new network namespace.
