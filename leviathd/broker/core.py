@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from leviathd.broker import gitcreds, resolve, schema
+from leviathd.broker.credentials import CredentialRunner, read_secret, run_credential
 from leviathd.broker.limits import too_large
 from leviathd.broker.net import AddressRefused
 from leviathd.broker.opener import Opener
@@ -23,14 +24,11 @@ from leviathd.broker.rulelane import Lane, Lanes
 from leviathd.broker.tools import (
     ArgvRequest,
     ArgvRunner,
-    CredentialRunner,
     FileTools,
     RawJSON,
     RealPathRefused,
     ShellRequest,
     ShellRunner,
-    read_secret,
-    run_credential,
     web_tool,
 )
 from leviathd.broker.writewatch import TooBusy, WriteWatch

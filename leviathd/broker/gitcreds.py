@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
+from leviathd.domain.credentials import CredentialSpec
 from leviathd.errors import InvalidArgument, NotFound
 from leviathd.hosts import canonical_host
-from leviathd.policy.settings import CredentialSpec
 
 _DEFAULT_PORT = {"http": 80, "https": 443}
 MAX_URL = 2048

@@ -8,7 +8,8 @@ from __future__ import annotations
 from leviathd.config.merge import Effective
 from leviathd.config.models import Config, TaintPolicy
 from leviathd.domain.brokerlimits import Limits
-from leviathd.policy.settings import CredentialSpec, OnExceed, PolicySettings
+from leviathd.domain.credentials import CredentialSpec
+from leviathd.policy.settings import OnExceed, PolicySettings
 
 _ON_EXCEED: dict[TaintPolicy, OnExceed] = {
     TaintPolicy.ALLOW: "allow", TaintPolicy.ASK: "ask", TaintPolicy.DENY: "deny",

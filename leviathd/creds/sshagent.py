@@ -41,11 +41,11 @@ from asyncssh.public_key import decode_ssh_public_key
 
 from leviathd import fdshare, fsat
 from leviathd.broker.core import AuditRecord, Broker
+from leviathd.broker.credentials import read_secret
 from leviathd.broker.server import identify
-from leviathd.broker.tools import read_secret
 from leviathd.creds.knownhosts import covered_name
+from leviathd.domain.credentials import CredentialSpec
 from leviathd.errors import AccessDenied, LeviathError
-from leviathd.policy.settings import CredentialSpec
 
 FAILURE, SUCCESS = 5, 6
 REQUEST_IDENTITIES, IDENTITIES_ANSWER = 11, 12

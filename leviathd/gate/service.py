@@ -41,12 +41,13 @@ from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.audit import trail as audit
 from leviathd.broker.core import AuditRecord, Broker
+from leviathd.broker.credentials import CredentialRequest
 from leviathd.broker.rulelane import Lanes
 from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of
-from leviathd.broker.tools import MAX_READ, ArgvRequest, CredentialRequest, ShellRequest
+from leviathd.broker.tools import MAX_READ, ArgvRequest, ShellRequest
 from leviathd.config.merge import MergeResult
 from leviathd.config.policy_settings import policy_settings
-from leviathd.domain.sandbox import SandboxKind
+from leviathd.creds.command import command_spec
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, NotFound, Unavailable
 from leviathd.events import Event
@@ -59,7 +60,6 @@ from leviathd.readpatterns import is_inside
 from leviathd.records import AgentRecord, RecordStore
 from leviathd.sandbox import fencehold
 from leviathd.sandbox.container import cgroup_procs_files
-from leviathd.sandbox.credential_fence import credential_spec
 from leviathd.sandbox.launchers import launcher
 from leviathd.sandbox.spec import Mount, SandboxSpec
 from leviathd.systemd import journal
@@ -429,14 +429,10 @@ class GateService(Feature):
 
     async def run_credential(self, req: CredentialRequest) -> Mapping[str, Any]:
         """A credential command in the agent's scope (its limits apply) but in
-        a fence of its own (sandbox/credential_fence.py): never in, nor
-        reading from, a folder the agent can write."""
+        a fence of its own, built by the credential service
+        (creds/command.py); the scope runner is the `shell` tool's."""
         live, agent_spec = self._agent_spec(req.agent_id)
-        private = ""
-        if agent_spec.kind == SandboxKind.NONE:
-            private = _credential_home(req.agent_id)
-        spec = credential_spec(agent_spec, req.argv, req.env, workdir=req.workdir,
-                               private_dir=private)
+        spec = command_spec(agent_spec, req, agent_dir(req.agent_id))
         return await self._run_in_scope(live, spec, req.timeout, stdin=req.stdin)
 
     async def _run_in_scope(
@@ -577,28 +573,6 @@ def _prepare_folder(agent_id: str, user: UserInfo) -> None:
             fsat.remove_tree_at(fd, name)
     finally:
         os.close(fd)
-
-
-CREDENTIAL_HOME = "credential-home"
-
-
-def _credential_home(agent_id: str) -> str:
-    """An empty folder of root's, 0755, in the agent's own root-owned folder:
-    the home and working folder of a `kind = "none"` agent's credential
-    commands, where nobody but root can put anything."""
-    with _dir(agent_dir(agent_id)) as afd:
-        _own_root(afd, agent_dir(agent_id), 0o750)
-        st = fsat.lstat_at(afd, CREDENTIAL_HOME)
-        if st is not None and not stat.S_ISDIR(st.st_mode):
-            fsat.unlink_at(afd, CREDENTIAL_HOME)
-        fd = fsat.subdir_at(afd, CREDENTIAL_HOME, 0o755)
-    try:
-        fsat.set_owner_mode(fd, os.geteuid(), os.getegid(), 0o755)
-        for name in os.listdir(fd):
-            fsat.remove_tree_at(fd, name)
-    finally:
-        os.close(fd)
-    return os.path.join(agent_dir(agent_id), CREDENTIAL_HOME)
 
 
 def _own_root(fd: int, path: str, mode: int) -> None:

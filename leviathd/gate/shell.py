@@ -14,7 +14,7 @@ says so on it once its mounts are built and runs nothing of the command
 until the daemon answers: the daemon marks those mounts for its write watch
 first (broker/writewatch.py), so no write of the command goes unseen.
 A credential command (issue 21) comes the same way, with a spec of its own
-(sandbox/credential_fence.py) and its secret as `stdin`.
+(creds/fence.py) and its secret as `stdin`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ def run(spec: SandboxSpec) -> int:
     if os.getpid() != os.getsid(0):
         os.setsid()
     os.chdir(spec.workdir)
-    # real_gid is set for a credential command (credential_fence.py), which
+    # real_gid is set for a credential command (creds/fence.py), which
     # gets no_new_privs as every command started for a user outside an agent.
     guarded = spec.real_gid is not None
     drop_to_user(spec.uid, spec.gid, spec.groups, no_new_privs=guarded, real_gid=spec.real_gid)

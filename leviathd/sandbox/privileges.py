@@ -176,7 +176,7 @@ def user_command(
     for a user, no_new_privs included, with a keyring of its own. It does the
     switch itself, so pass no user/group/extra_groups to subprocess (which
     would switch first and leave no CAP_SETPCAP to empty the bounding set).
-    `real_gid`: see broker/tools.py `_guarded` (keeps the user out of /proc)."""
+    `real_gid`: see broker/credentials.py `_guarded` (keeps the user out of /proc)."""
 
     def preexec() -> None:
         drop_to_user(uid, gid, groups, no_new_privs=True, real_gid=real_gid)

@@ -181,7 +181,7 @@ class EffectiveLike(Protocol):
 
 class MountRole(StrEnum):
     """What a mount is for, which is what behaviour keys on (`why` is only
-    for people): the credential fence keeps SYSTEM (credential_fence.py), a
+    for people): the credential fence keeps SYSTEM (creds/fence.py), a
     container skips SYSTEM and SCRATCH binds (container/settings.py), the
     launcher checks WORKDIR and WORKTREE_GIT sources (namespace/pinner.py)."""
 
@@ -278,7 +278,7 @@ class SandboxSpec:
     scratch_size: int = DEFAULT_SCRATCH_SIZE
     allow_io_uring: bool = False
     # A real gid the user cannot take, for a command its own user must not
-    # read or ptrace (a credential command: broker/tools.py `_guarded`).
+    # read or ptrace (a credential command: broker/credentials.py `_guarded`).
     real_gid: int | None = None
     # network = "proxy": `network` is False (only lo) and the launcher starts
     # the forwarder to the daemon's proxy in the new network namespace.

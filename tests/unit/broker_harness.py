@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from leviathd.broker.core import AuditRecord, Broker
+from leviathd.broker.credentials import CredentialRequest, CredentialRunner
 from leviathd.broker.server import BrokerServer, cgroup_of
-from leviathd.broker.tools import CredentialRequest, CredentialRunner, ShellRunner
+from leviathd.broker.tools import ShellRunner
 from leviathd.identity import UserInfo
 from leviathd.policy.approvals import ApprovalQueue, PendingRequest
 from leviathd.policy.ledger import Ledger

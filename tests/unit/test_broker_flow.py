@@ -13,8 +13,9 @@ import pytest
 from broker_harness import AGENT, Running, call, direct_credential, running_broker
 
 from leviathd.broker.tools import ShellRequest
+from leviathd.domain.credentials import CredentialSpec
 from leviathd.policy.approvals import Answer
-from leviathd.policy.settings import CredentialSpec, PolicySettings
+from leviathd.policy.settings import PolicySettings
 
 
 def _dirs(tmp_path: Path) -> tuple[str, str]:

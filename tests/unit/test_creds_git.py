@@ -14,9 +14,9 @@ import pytest
 from leviathd.broker import gitcreds as git
 from leviathd.cli import credhelper as helper
 from leviathd.creds import service
+from leviathd.domain.credentials import CredentialSpec
 from leviathd.errors import InvalidArgument, NotFound
 from leviathd.policy.permissions import permission_for
-from leviathd.policy.settings import CredentialSpec
 
 
 def spec(**kw: object) -> CredentialSpec:
@@ -122,7 +122,7 @@ def test_wrappers_are_named_by_wrap_or_the_programs_name() -> None:
 def test_the_credential_tool_refuses_a_git_or_ssh_credential() -> None:
     import asyncio
 
-    from leviathd.broker.tools import run_credential
+    from leviathd.broker.credentials import run_credential
 
     for kind in ("git", "ssh"):
         with pytest.raises(InvalidArgument, match="not a command"):

@@ -67,7 +67,8 @@ from asyncssh.packet import Boolean, Byte, String, UInt32  # noqa: E402
 from broker_harness import Running, running_broker  # noqa: E402
 
 from leviathd.creds.sshagent import SSHAgentServer  # noqa: E402
-from leviathd.policy.settings import CredentialSpec, PolicySettings  # noqa: E402
+from leviathd.domain.credentials import CredentialSpec  # noqa: E402
+from leviathd.policy.settings import PolicySettings  # noqa: E402
 
 HOST = asyncssh.generate_private_key("ssh-ed25519")
 STRANGER = asyncssh.generate_private_key("ssh-ed25519")

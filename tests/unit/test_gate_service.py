@@ -13,9 +13,10 @@ from leviathd.config.load import parse_config
 from leviathd.config.merge import Effective, resolve
 from leviathd.config.models import SandboxKind
 from leviathd.config.policy_settings import policy_settings
+from leviathd.domain.credentials import CredentialSpec
 from leviathd.gate.service import GateService
 from leviathd.identity import UserInfo
-from leviathd.policy.settings import CompiledPolicy, CredentialSpec, PolicySettings
+from leviathd.policy.settings import CompiledPolicy, PolicySettings
 from leviathd.sandbox.spec import RunRequest, SandboxSpec, build_spec
 
 HOME = "/home/alice"

@@ -14,9 +14,9 @@ import pytest
 from test_sandbox_spec import WORKDIR, _worktree_files, spec_for
 
 from leviathd.config.merge import Effective
+from leviathd.creds.fence import credential_spec
 from leviathd.domain.sandbox import SandboxKind
 from leviathd.sandbox.container.settings import mount_options
-from leviathd.sandbox.credential_fence import credential_spec
 from leviathd.sandbox.namespace.pinner import Pinner
 from leviathd.sandbox.namespace.syscalls import FenceError
 from leviathd.sandbox.spec import Mount, SandboxSpec

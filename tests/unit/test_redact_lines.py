@@ -1,9 +1,9 @@
-"""The credential tool's output redaction (leviathd/broker/tools.py) for a
+"""The credential tool's output redaction (leviathd/broker/credentials.py) for a
 secret of several lines (issue 30's hold-out attacks)."""
 
 from __future__ import annotations
 
-from leviathd.broker.tools import redact
+from leviathd.broker.credentials import redact
 
 
 def test_each_line_of_a_two_line_secret_is_redacted() -> None:

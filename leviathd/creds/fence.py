@@ -28,7 +28,6 @@ CREDENTIAL_WORKDIRS: tuple[str, ...] = ("none", "ro")
 
 # What `workdir = "ro"` shows.
 _SHOWN = (MountRole.WORKDIR, MountRole.WORKTREE_GIT)
-SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 NOGROUP = 65534
 
 
@@ -54,7 +53,7 @@ def credential_spec(
         raise Unavailable(f"credential workdir {workdir!r} is not one of none, ro")
     user = agent_spec.user
     # exec keeps a process whose real and effective gids differ out of reach
-    # of its own user's /proc and ptrace (broker/tools.py `_guarded`).
+    # of its own user's /proc and ptrace (broker/credentials.py `_guarded`).
     real_gid = NOGROUP if agent_spec.gid != NOGROUP else NOGROUP - 1
     if kind == SandboxKind.NONE and private_dir:
         return replace(agent_spec, argv=tuple(argv), workdir=private_dir, real_gid=real_gid,

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from leviathd.creds.fence import NOGROUP
+from leviathd.creds.fence import credential_spec as _credential_spec
 from leviathd.errors import Unavailable
-from leviathd.sandbox.credential_fence import NOGROUP
-from leviathd.sandbox.credential_fence import credential_spec as _credential_spec
 from leviathd.sandbox.spec import SandboxSpec
 
 HOME = "/home/alice"
