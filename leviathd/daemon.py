@@ -32,6 +32,7 @@ from leviathd.config import load as config_load
 from leviathd.config.machine_policy import MachinePolicy
 from leviathd.config.reload import Cause, Reloads
 from leviathd.config.watch import ConfigWatcher
+from leviathd.creds.command import command_spec
 from leviathd.creds.service import CredentialService
 from leviathd.enginesock.service import EngineSockService
 from leviathd.errors import ConfigError, LeviathError
@@ -161,7 +162,7 @@ async def serve() -> int:
             f"fixed: {exc}"
         )
         log.error("%s", agents.config_problem)
-    gate = GateService(agents, state_dir=state_dir())
+    gate = GateService(agents, state_dir=state_dir(), credential_spec=command_spec)
     # The per-agent features (agents/feature.py), called in this order: the
     # others use the gate's folder and broker, so it comes first.
     agents.use([

@@ -47,7 +47,6 @@ from leviathd.broker.server import BrokerServer, agent_id_from_cgroup, cgroup_of
 from leviathd.broker.tools import MAX_READ, ArgvRequest, ShellRequest
 from leviathd.config.merge import MergeResult
 from leviathd.config.policy_settings import policy_settings
-from leviathd.creds.command import command_spec
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, NotFound, Unavailable
 from leviathd.events import Event
@@ -99,6 +98,11 @@ def _agent_facts(rec: AgentRecord, user: UserInfo, settings: PolicySettings) -> 
 # ------------------------------------------------------------------ service
 
 
+# (the agent's recorded spec, the request, the agent's folder) -> the fence
+# the credential command runs in.
+CredentialCommandSpec = Callable[[SandboxSpec, CredentialRequest, str], SandboxSpec]
+
+
 @dataclass
 class _Live:
     rec: AgentRecord
@@ -110,8 +114,13 @@ class GateService(Feature):
     # A namespace fence in a labelled workdir waits for the broker's marks.
     holds_fence = True
 
-    def __init__(self, agents: Agents, *, state_dir: str) -> None:
+    def __init__(self, agents: Agents, *, state_dir: str,
+                 credential_spec: CredentialCommandSpec | None = None) -> None:
         self._agents = agents
+        # Builds a credential command's fence (creds/command.py), given by the
+        # composition root: the credential service stands above the gate
+        # (it uses the gate's folder and broker), so the gate does not import it.
+        self._credential_spec = credential_spec
         self._store = RecordStore(state_dir)
         self._snapshots = os.path.join(state_dir, "gate")
         self.live: dict[str, _Live] = {}
@@ -431,8 +440,10 @@ class GateService(Feature):
         """A credential command in the agent's scope (its limits apply) but in
         a fence of its own, built by the credential service
         (creds/command.py); the scope runner is the `shell` tool's."""
+        if self._credential_spec is None:
+            raise Unavailable("credential commands are not served by this daemon")
         live, agent_spec = self._agent_spec(req.agent_id)
-        spec = command_spec(agent_spec, req, agent_dir(req.agent_id))
+        spec = self._credential_spec(agent_spec, req, agent_dir(req.agent_id))
         return await self._run_in_scope(live, spec, req.timeout, stdin=req.stdin)
 
     async def _run_in_scope(
