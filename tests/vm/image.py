@@ -44,6 +44,9 @@ BUILD_PACKAGES = [
     "python3-pydantic", "python3-dbus-fast", "python3-pystemd", "python3-prctl",
     "python3-asyncssh", "python3-cryptography", "python3-pytest", "python3-hypothesis",
     "dbus-daemon",
+    # test_proxy_inject runs the real `git credential fill` against the
+    # settings a container agent gets (issue 30).
+    "git",
 ]
 DEBIAN_CODENAMES = {"bullseye", "bookworm", "trixie", "forky", "sid",
                     "stable", "testing", "unstable", "oldstable"}

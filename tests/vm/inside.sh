@@ -428,7 +428,7 @@ leaf = (x509.CertificateBuilder().subject_name(name("api.test")).issuer_name(ca.
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
         .sign(ca_key, hashes.SHA256()))
 pem = serialization.Encoding.PEM
-open("/usr/local/share/ca-certificates/leviath-vm-test.crt", "wb").write(ca.public_bytes(pem))
+open("/usr/local/share/ca-certificates/vm-test-ca.crt", "wb").write(ca.public_bytes(pem))
 open("/srv/tls/leaf.pem", "wb").write(leaf.public_bytes(pem))
 open("/srv/tls/leaf.key", "wb").write(leaf_key.private_bytes(
     pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
@@ -491,7 +491,8 @@ EOF8
 step inject as alice "lev run -- python3 inject_probe.py"
 step inject_seen cat /srv/tls/seen.jsonl
 kill "$tlsserver"
-rm -f /etc/leviath/config.toml /etc/leviath/vm-api.token
+rm -f /etc/leviath/config.toml /etc/leviath/vm-api.token /usr/local/share/ca-certificates/vm-test-ca.crt
+update-ca-certificates --fresh >/dev/null 2>&1
 systemctl reload leviathd
 
 # --- --workdir-mode throwaway (its overlay mount fails in the test bed)
