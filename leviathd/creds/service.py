@@ -87,6 +87,15 @@ def git_pairs(credentials: Mapping[str, Any], helper: str) -> list[tuple[str, st
     return list(dict.fromkeys(pairs))
 
 
+def helper_command(path: str) -> str:
+    """git's helper setting for our script: read by /bin/sh, not executed
+    itself. The agent's folder is on /run, and Debian's initramfs mounts
+    /run noexec for the life of the system (a fence's bind keeps that), so
+    git running the script by its path got "Permission denied" on a real
+    Debian 13 machine (the VM test), where the test bed's /run allows it."""
+    return f"!/bin/sh {shlex.quote(path)}"
+
+
 def _script(*args: str) -> bytes:
     python = shlex.quote(sys.executable)
     words = " ".join(shlex.quote(a) for a in args)
@@ -133,7 +142,7 @@ class CredentialService(Feature):
         if wanted:
             env["PATH"] = f"{base}/{BIN}:{env.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
             # After what is there (the proxy's http.proxy, core.sshCommand).
-            env = gitenv.append(env, git_pairs(creds, f"{base}/{BIN}/{GIT_HELPER}"))
+            env = gitenv.append(env, git_pairs(creds, helper_command(f"{base}/{BIN}/{GIT_HELPER}")))
         if ssh:
             env["SSH_AUTH_SOCK"] = f"{base}/{SSH_SOCKET}"
         return replace(spec, env=env)

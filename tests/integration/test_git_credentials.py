@@ -262,6 +262,6 @@ def test_an_unsandboxed_agent_gets_the_helper_by_the_host_path(bed: Testbed) -> 
                  f"http://127.0.0.1:{PORT}/ && git clone -q http://127.0.0.1:{PORT}/repo.git r "
                  "&& cat r/README"], user="dave", cwd=f"{home}/gitnone")
     lines = r.stdout.splitlines()
-    assert re.fullmatch(r"/run/leviath/agents/[0-9a-f]{8}/bin/git-credential-leviath",
+    assert re.fullmatch(r"!/bin/sh /run/leviath/agents/[0-9a-f]{8}/bin/git-credential-leviath",
                         lines[0]), lines
     assert "hello" in lines[1:], lines
