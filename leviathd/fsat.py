@@ -249,6 +249,23 @@ def atomic_write_at(
     os.fsync(dir_fd)
 
 
+def empty_subdir_at(dir_fd: int, name: str, *, create_mode: int, uid: int, gid: int,
+                    mode: int) -> None:
+    """`name` under `dir_fd` as an empty folder of `uid`:`gid` with `mode`:
+    a non-folder there is unlinked, a folder there is taken over in place
+    (something may have it bound) and emptied, all by descriptor."""
+    st = lstat_at(dir_fd, name)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        unlink_at(dir_fd, name)
+    fd = subdir_at(dir_fd, name, create_mode)
+    try:
+        set_owner_mode(fd, uid, gid, mode)
+        for entry in os.listdir(fd):
+            remove_tree_at(fd, entry)
+    finally:
+        os.close(fd)
+
+
 def remove_tree_at(dir_fd: int, name: str, *, missing_ok: bool = True) -> None:
     """rm -r of one entry under `dir_fd`, by descriptors only: symlinks are
     removed, never followed; a folder on another filesystem (a mount point)

@@ -7,7 +7,6 @@ of its own to borrow a private home from, an empty home of root's."""
 from __future__ import annotations
 
 import os
-import stat
 
 from leviathd import fsat
 from leviathd.broker.credentials import CredentialRequest
@@ -39,16 +38,8 @@ def credential_home(agent_dir: str) -> str:
         if os.fstat(afd).st_uid != os.geteuid():
             raise AccessDenied(f"{agent_dir} is not owned by the daemon's user")
         os.fchmod(afd, 0o750)
-        st = fsat.lstat_at(afd, CREDENTIAL_HOME)
-        if st is not None and not stat.S_ISDIR(st.st_mode):
-            fsat.unlink_at(afd, CREDENTIAL_HOME)
-        fd = fsat.subdir_at(afd, CREDENTIAL_HOME, 0o755)
+        fsat.empty_subdir_at(afd, CREDENTIAL_HOME, create_mode=0o755, uid=os.geteuid(),
+                             gid=os.getegid(), mode=0o755)
     finally:
         os.close(afd)
-    try:
-        fsat.set_owner_mode(fd, os.geteuid(), os.getegid(), 0o755)
-        for name in os.listdir(fd):
-            fsat.remove_tree_at(fd, name)
-    finally:
-        os.close(fd)
     return os.path.join(agent_dir, CREDENTIAL_HOME)

@@ -29,7 +29,6 @@ import grp
 import json
 import os
 import signal
-import stat
 import sys
 import syslog
 from collections.abc import Callable, Iterator, Mapping
@@ -572,18 +571,10 @@ def _prepare_folder(agent_id: str, user: UserInfo) -> None:
         afd = fsat.subdir_at(rfd, "agents", 0o755)
     try:
         _own_root(afd, agents_dir(), 0o755)
-        st = fsat.lstat_at(afd, agent_id)
-        if st is not None and not stat.S_ISDIR(st.st_mode):
-            fsat.unlink_at(afd, agent_id)
-        fd = fsat.subdir_at(afd, agent_id, 0o700)
+        fsat.empty_subdir_at(afd, agent_id, create_mode=0o700, uid=os.geteuid(),
+                             gid=user.gid, mode=0o750)
     finally:
         os.close(afd)
-    try:
-        fsat.set_owner_mode(fd, os.geteuid(), user.gid, 0o750)
-        for name in os.listdir(fd):
-            fsat.remove_tree_at(fd, name)
-    finally:
-        os.close(fd)
 
 
 def _own_root(fd: int, path: str, mode: int) -> None:
