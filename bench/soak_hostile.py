@@ -106,6 +106,23 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return statistics.linear_regression(xs, ys).slope
 
 
+def stuck_state(bed: Testbed, user: str, agent_id: str) -> str:
+    """What a stuck call left, printed beside its failure: the agent's
+    processes, the daemon's records of it and the engine's containers of it."""
+    unit = f"leviath-{user}-*{agent_id}*.scope"
+    cmds = [f"systemctl status --no-pager -n0 '{unit}' | sed -n '/CGroup/,$p' | head -40",
+            f"journalctl -u leviathd --no-pager -o cat --since -5min | grep -F {agent_id} | "
+            "tail -30",
+            "podman ps -a --filter label=org.leviath.engine-agent=" + agent_id
+            + " --format '{{.ID}} {{.Status}} {{.Command}}'",
+            "ss -xp | grep -F engine | head -20"]
+    out = []
+    for c in cmds:
+        r = bed.run(c, check=False, timeout=60)
+        out.append(f"$ {c}\n{r.stdout}{r.stderr}")
+    return "\n".join(out)
+
+
 def start_agent(bed: Testbed, user: str) -> LoopAgent:
     h = bed.users[user].home
     out = bed.run(["lev", "run", "--detach", f"{h}/sbp"], user=user, cwd=f"{h}/sw",
@@ -198,6 +215,7 @@ def main() -> int:
                             # uncounted): noted, and a new agent goes on.
                             fail(f"{user} {what}: no answer within {agent.timeout:g} s "
                                  f"(agent {agent.id}, call {cmd[:80]!r})")
+                            print(stuck_state(bed, user, agent.id), flush=True)
                             stuck = True
                             break
                         if rc != 0 or want not in out:
@@ -250,7 +268,7 @@ def main() -> int:
                          ).stdout.strip()
         runtime = " ".join(bed.run("ls /run/leviath/agents 2>/dev/null", check=False
                                    ).stdout.split()) or "none"
-        containers = bed.run("podman ps -aq --filter label=org.leviath.agent | wc -l",
+        containers = bed.run("podman ps -aq --filter label=org.leviath.engine-agent | wc -l",
                              check=False).stdout.strip()
         print()
         print(f"{a.minutes:g} min; well-behaved calls: "
