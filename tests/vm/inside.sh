@@ -348,6 +348,30 @@ step direct_bob sh -c "p=\$(sed -n 's/^.*proxy = //p' /run/leviath/agents/$direc
 as alice "lev stop $direct" >/dev/null 2>&1
 rm -f /etc/leviath/config.toml /etc/leviath/vm-git.token
 systemctl reload leviathd
+# --- a cli credential's wrapper where /run is noexec (Debian's initramfs mounts
+# it so): `gh` on the sandbox's PATH is the daemon's script in the agent's
+# folder on /run; the broker runs the real gh (a stand-in: no GitHub here).
+step run_flags findmnt -no OPTIONS /run
+cat >/usr/local/bin/gh <<'EOF8'
+#!/bin/sh
+echo "args: $*"
+[ -n "$GH_TOKEN" ] && echo "token: $(printf %s "$GH_TOKEN" | sha256sum | cut -c1-16)"
+exit 0
+EOF8
+chmod 755 /usr/local/bin/gh
+printf 'vm-gh-5ecret-4b1d\n' >/etc/leviath/vm-gh.token && chmod 600 /etc/leviath/vm-gh.token
+cat >/etc/leviath/config.toml <<'EOF9'
+[credentials.gh]
+kind = "cli"
+command = ["gh"]
+token_env = "GH_TOKEN"
+secret_file = "/etc/leviath/vm-gh.token"
+EOF9
+systemctl reload leviathd
+sleep 2
+step wrapper_noexec as alice "lev run -- sh -c 'command -v gh; gh api user'"
+rm -f /etc/leviath/config.toml /etc/leviath/vm-gh.token /usr/local/bin/gh
+systemctl reload leviathd
 
 # --- an edit takes effect with no reload (issue 33 item 5): Debian ships no
 # inotify-simple, so the daemon watches /etc/leviath and rules.d through libc.

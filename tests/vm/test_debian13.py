@@ -13,6 +13,7 @@ LEVIATH_REQUIRE_TESTBED=1, as in CI, missing tools fail too).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -415,6 +416,18 @@ def test_another_user_and_root_outside_the_agent_are_not_served_by_its_port(
     assert "port=http://127.0.0.1:" in out, out
     assert "serves only" not in out and "hello from outside" not in out, out
     assert "curl=0" not in out and "root_curl=0" not in out, out
+
+
+def test_a_cli_credentials_wrapper_runs_where_run_is_noexec(vm: Run) -> None:
+    """Debian's /run is noexec, and the wrapper lives on it: the shell
+    skipped it (EACCES) and ran the stand-in gh without the token, before
+    the unit's ExecPaths=/run/leviath."""
+    assert "noexec" in vm.out("run_flags"), vm.out("run_flags")
+    out = vm.ok("wrapper_noexec")
+    token = hashlib.sha256(b"vm-gh-5ecret-4b1d").hexdigest()[:16]
+    assert out.splitlines()[0] == "/run/leviath/bin/gh", out
+    assert "args: api user" in out and f"token: {token}" in out, out
+    assert "vm-gh-5ecret" not in out, out
 
 
 VM_SECRET = "vm-inj-5ecret-7f3a9c"

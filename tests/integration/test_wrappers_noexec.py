@@ -1,0 +1,70 @@
+"""The credential wrappers on a sandbox's PATH run where /run is noexec.
+
+Debian's initramfs mounts /run `nodev,noexec,nosuid` for the life of the
+system, and the agent's folder (/run/leviath/agents/ID, bound at
+/run/leviath in its fence) is on it: `gh` on the PATH, the daemon's
+two-line wrapper in /run/leviath/bin, failed with "Permission denied" (exit
+126) on such a machine, while the test bed's /run allows exec. Here the
+bed's /run is remounted noexec first, as Debian has it; the unit's
+ExecPaths=/run/leviath gives the daemon, and so every agent it forks, a
+/run/leviath that is not. GitHub's gh is the stand-in of
+test_cli_credentials (there is no GitHub here)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from loop_agent import LoopAgent, lay_out
+from test_cli_credentials import BLUEPRINT, CONFIG, FAKE_GH, HASH, TOKEN
+from testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture(scope="module")
+def bed(testbed: Testbed) -> Iterator[Testbed]:
+    bed = testbed
+    old = bed.run(["cat", "/etc/leviath/config.toml"], check=False)
+    lay_out(bed, "nxw", "nxbp", BLUEPRINT)
+    bed.write_file("/usr/local/bin/gh", FAKE_GH, mode=0o755)
+    bed.write_file("/etc/leviath/gh.token", TOKEN + "\n", mode=0o600)
+    bed.write_file("/etc/leviath/config.toml", CONFIG)
+    bed.run(["mount", "-o", "remount,noexec", "/run"])
+    try:
+        bed.run(["systemctl", "restart", "leviathd"])
+        yield bed
+    finally:
+        bed.run(["mount", "-o", "remount,exec", "/run"])
+        if old.returncode == 0:
+            bed.write_file("/etc/leviath/config.toml", old.stdout)
+        else:
+            bed.run(["rm", "-f", "/etc/leviath/config.toml"])
+        bed.run(["rm", "-f", "/etc/leviath/gh.token", "/usr/local/bin/gh"])
+        bed.run(["systemctl", "restart", "leviathd"])
+
+
+def test_the_beds_run_is_noexec_as_debians_is(bed: Testbed) -> None:
+    # What the other test stands on: a script on /run outside the daemon's
+    # view cannot be executed.
+    r = bed.run("printf '#!/bin/sh\\necho ran\\n' > /run/nx-probe && chmod 755 /run/nx-probe "
+                "&& /run/nx-probe; rc=$?; rm -f /run/nx-probe; exit $rc", check=False)
+    assert r.returncode == 126 and "Permission denied" in r.stderr, r
+
+
+def test_gh_on_the_sandboxs_path_runs_and_gets_the_token_through_the_broker(
+        bed: Testbed) -> None:
+    h = bed.users["alice"].home
+    out = bed.run(["lev", "run", "--detach", f"{h}/nxbp"], user="alice",
+                  cwd=f"{h}/nxw").stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{8}", out), out
+    agent = LoopAgent(bed, out, f"{h}/nxw")
+    try:
+        rc, got, err = agent.call("command -v gh; gh api user")
+        assert rc == 0, (got, err)
+        assert got.splitlines()[0] == "/run/leviath/bin/gh"
+        assert "args: api user" in got and f"token: yes {HASH}" in got, got
+        assert TOKEN not in got + err
+    finally:
+        bed.run(["lev", "stop", out], user="alice", check=False)
