@@ -53,18 +53,46 @@ def test_the_beds_run_is_noexec_as_debians_is(bed: Testbed) -> None:
     assert r.returncode == 126 and "Permission denied" in r.stderr, r
 
 
-def test_gh_on_the_sandboxs_path_runs_and_gets_the_token_through_the_broker(
-        bed: Testbed) -> None:
+class OnHost(LoopAgent):
+    """Kind none runs on the host: its loop's folder has the host's name."""
+
+    @property
+    def dir(self) -> str:
+        return f"{self.workdir}/.req/{self.bed.run(['hostname']).stdout.strip()}"
+
+
+def _gh(bed: Testbed, *, on_host: bool = False) -> tuple[str, str]:
+    """`command -v gh; gh api user` in a detached agent of alice's."""
     h = bed.users["alice"].home
     out = bed.run(["lev", "run", "--detach", f"{h}/nxbp"], user="alice",
                   cwd=f"{h}/nxw").stdout.strip()
     assert re.fullmatch(r"[0-9a-f]{8}", out), out
-    agent = LoopAgent(bed, out, f"{h}/nxw")
+    agent = (OnHost if on_host else LoopAgent)(bed, out, f"{h}/nxw")
     try:
         rc, got, err = agent.call("command -v gh; gh api user")
         assert rc == 0, (got, err)
-        assert got.splitlines()[0] == "/run/leviath/bin/gh"
-        assert "args: api user" in got and f"token: yes {HASH}" in got, got
         assert TOKEN not in got + err
+        return got.splitlines()[0], got
     finally:
         bed.run(["lev", "stop", out], user="alice", check=False)
+
+
+def test_gh_on_the_sandboxs_path_runs_and_gets_the_token_through_the_broker(
+        bed: Testbed) -> None:
+    where, got = _gh(bed)
+    assert where == "/run/leviath/bin/gh", got
+    assert "args: api user" in got and f"token: yes {HASH}" in got, got
+
+
+def test_a_kind_none_agents_gh_runs_from_its_folder_too(bed: Testbed) -> None:
+    """No fence: the wrapper is run from /run/leviath/agents/ID/bin on the
+    host, in the daemon's mount namespace, which the agent inherits."""
+    bed.write_file("/etc/leviath/config.toml", CONFIG.replace('"namespace"', '"none"'))
+    bed.run(["systemctl", "reload", "leviathd"])
+    try:
+        where, got = _gh(bed, on_host=True)
+    finally:
+        bed.write_file("/etc/leviath/config.toml", CONFIG)
+        bed.run(["systemctl", "reload", "leviathd"])
+    assert re.fullmatch(r"/run/leviath/agents/[0-9a-f]{8}/bin/gh", where), got
+    assert "args: api user" in got and f"token: yes {HASH}" in got, got
