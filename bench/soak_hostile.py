@@ -106,6 +106,20 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return statistics.linear_regression(xs, ys).slope
 
 
+END_WAIT = 120.0
+
+
+def left(bed: Testbed) -> tuple[str, str, str]:
+    """Scopes, runtime folders and engine-socket containers of agents."""
+    scopes = bed.run("systemctl list-units --all --no-legend 'leviath-*.scope' | wc -l"
+                     ).stdout.strip()
+    runtime = " ".join(bed.run("ls /run/leviath/agents 2>/dev/null", check=False
+                               ).stdout.split()) or "none"
+    containers = bed.run("podman ps -aq --filter label=org.leviath.engine-agent | wc -l",
+                         check=False).stdout.strip()
+    return scopes, runtime, containers
+
+
 def stuck_state(bed: Testbed, user: str, agent_id: str) -> str:
     """What a stuck call left, printed beside its failure: the agent's
     processes, the daemon's records of it and the engine's containers of it."""
@@ -262,14 +276,22 @@ def main() -> int:
                   f"hostile rounds={hostile_rounds[0]}", flush=True)
         for t in threads:
             t.join()
-        time.sleep(5)
+        # The last stops were asked for, not waited on: an agent's end (its
+        # engine's containers removed, its scope emptied) takes a while under
+        # load. Left behind is what is still there after END_WAIT.
+        t_end = time.monotonic()
+        while True:
+            scopes, runtime, containers = left(bed)
+            if ((scopes == "0" and runtime == "none" and containers == "0")
+                    or time.monotonic() - t_end > END_WAIT):
+                break
+            time.sleep(2)
+        ended_in = time.monotonic() - t_end
         last_pid, rss1, fds1 = sample(bed)
-        scopes = bed.run("systemctl list-units --all --no-legend 'leviath-*.scope' | wc -l"
-                         ).stdout.strip()
-        runtime = " ".join(bed.run("ls /run/leviath/agents 2>/dev/null", check=False
-                                   ).stdout.split()) or "none"
-        containers = bed.run("podman ps -aq --filter label=org.leviath.engine-agent | wc -l",
-                             check=False).stdout.strip()
+        if runtime != "none":
+            for agent_id in runtime.split()[:3]:
+                print(bed.run("lev ps --all; journalctl -u leviathd --no-pager -o cat | "
+                              f"grep -F {agent_id} | tail -15", check=False).stdout)
         print()
         print(f"{a.minutes:g} min; well-behaved calls: "
               + ", ".join(f"{u} {n}" for u, n in calls.items())
@@ -278,6 +300,7 @@ def main() -> int:
               f"{max(rss, default=0)} KiB, slope {slope(xs, rss):+.0f} KiB/min")
         print(f"daemon fds: {fds0} at the start, {fds1} at the end, max {max(fds, default=0)}, "
               f"slope {slope(xs, fds):+.1f}/min")
+        print(f"everything of the last agents gone {ended_in:.0f} s after the end")
         print(f"left behind: scopes={scopes} runtime folders: {runtime} containers={containers}; "
               f"daemon restarted: {'yes' if last_pid != first_pid else 'no'}")
         for f in failures[:10]:
