@@ -27,6 +27,7 @@ from subprocess import CompletedProcess
 
 import pytest
 from journal_wait import journal_until, journal_with
+from podman_list import podman
 from testbed import Testbed
 from testbed.project import VENV
 
@@ -208,8 +209,8 @@ class Bed:
         return r, name, unit
 
     def containers(self, agent_id: str) -> list[str]:
-        out = self.bed.run(["podman", "ps", "-a", "--filter", f"label=org.leviath.agent={agent_id}",
-                            "--format", "{{.Names}}"]).stdout  # fmt: skip
+        out = podman(self.bed, "ps", "-a", "--filter", f"label=org.leviath.agent={agent_id}",
+                     "--format", "{{.Names}}")
         return sorted(out.split())
 
     def end(self, agent_id: str, unit: str) -> None:

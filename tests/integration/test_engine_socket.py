@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from podman_list import podman
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -143,16 +144,12 @@ def agent(bed: Testbed, user: str, *requests: list[object],
     return lines[1:]
 
 
-def _podman(bed: Testbed, *args: str) -> str:
-    return bed.run(["podman", *args]).stdout
-
-
 def _leftovers(bed: Testbed, agent_id: str) -> list[str]:
     label = f"label=org.leviath.engine-agent={agent_id}"
     found = []
     for args in (("ps", "-a", "-q", "--filter", label), ("network", "ls", "-q", "--filter",
                  label), ("volume", "ls", "-q", "--filter", label)):
-        found += _podman(bed, *args).split()
+        found += podman(bed, *args).split()
     return found
 
 
@@ -167,7 +164,7 @@ def _wait_gone(bed: Testbed, agent_id: str, seconds: float = 30) -> list[str]:
 
 def test_an_agent_runs_a_container_and_sees_only_its_own(bed: Testbed) -> None:
     # A container that is not the agent's, made by root directly: never listed.
-    _podman(bed, "run", "-d", "--name", "not-the-agents", "--runtime", "runc", "--ulimit",
+    podman(bed, "run", "-d", "--name", "not-the-agents", "--runtime", "runc", "--ulimit",
             "nofile=1024:1024", "--ulimit", "nproc=1000:1000", "--network", "none", IMAGE,
             "sleep", "300")
     try:
@@ -194,9 +191,9 @@ def test_an_agent_runs_a_container_and_sees_only_its_own(bed: Testbed) -> None:
         assert names == ["/echo-1"], listed
         for reply in (inspect, stop, delete):
             assert reply[0] == 404 and "leviathd:" in str(reply[1]), reply
-        assert "Up" in _podman(bed, "ps", "--filter", "name=not-the-agents")
+        assert "Up" in podman(bed, "ps", "--filter", "name=not-the-agents")
     finally:
-        _podman(bed, "rm", "-f", "not-the-agents")
+        podman(bed, "rm", "-f", "not-the-agents")
 
 
 def test_a_second_agent_cannot_see_or_stop_the_firsts(bed: Testbed) -> None:
@@ -209,7 +206,7 @@ def test_a_second_agent_cannot_see_or_stop_the_firsts(bed: Testbed) -> None:
     assert isinstance(first, str)
     try:
         deadline = time.monotonic() + 30
-        while "long-1" not in _podman(bed, "ps", "--format", "{{.Names}}"):
+        while "long-1" not in podman(bed, "ps", "--format", "{{.Names}}"):
             assert time.monotonic() < deadline, "the first agent's container never ran"
             time.sleep(0.3)
         for user in ("alice", "bob"):
@@ -231,9 +228,9 @@ def test_a_second_agent_cannot_see_or_stop_the_firsts(bed: Testbed) -> None:
                 assert reply[0] == 404, (user, reply)
             assert out[-2] == [200, []], out[-2]
             assert out[-1][0] == 200 and not out[-1][1]["Volumes"], out[-1]  # type: ignore[index]
-        assert "long-1" in _podman(bed, "ps", "--format", "{{.Names}}")
-        assert "net-a" in _podman(bed, "network", "ls", "--format", "{{.Name}}")
-        assert "vol-a" in _podman(bed, "volume", "ls", "--format", "{{.Name}}")
+        assert "long-1" in podman(bed, "ps", "--format", "{{.Names}}")
+        assert "net-a" in podman(bed, "network", "ls", "--format", "{{.Name}}")
+        assert "vol-a" in podman(bed, "volume", "ls", "--format", "{{.Name}}")
     finally:
         bed.run(["lev", "stop", first], user="alice", check=False)
     assert _wait_gone(bed, first) == []
@@ -368,7 +365,7 @@ def test_the_agents_things_are_removed_when_it_ends(bed: Testbed) -> None:
         assert time.monotonic() < deadline, _leftovers(bed, agent_id)
         time.sleep(0.3)
     assert _wait_gone(bed, agent_id) == []
-    assert "vol-1" not in _podman(bed, "volume", "ls", "-q")
+    assert "vol-1" not in podman(bed, "volume", "ls", "-q")
 
 
 def test_the_agents_things_are_removed_when_it_is_killed(bed: Testbed) -> None:

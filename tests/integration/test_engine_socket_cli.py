@@ -13,6 +13,7 @@ import time
 from subprocess import CompletedProcess
 
 import pytest
+from podman_list import podman
 from test_engine_socket import IMAGE, _leftovers, _wait_gone, bed  # noqa: F401
 from testbed import Testbed
 
@@ -104,7 +105,7 @@ def test_docker_ps_shows_only_its_own_and_a_second_agent_sees_nothing(cli: Testb
     agent_id = first.stdout.strip()
     try:
         deadline = time.monotonic() + 30
-        while "cli-own-1" not in cli.run(["podman", "ps", "--format", "{{.Names}}"]).stdout:
+        while "cli-own-1" not in podman(cli, "ps", "--format", "{{.Names}}"):
             assert time.monotonic() < deadline, "the first agent's container never ran"
             time.sleep(0.3)
         for user in ("alice", "bob"):
@@ -119,7 +120,7 @@ def test_docker_ps_shows_only_its_own_and_a_second_agent_sees_nothing(cli: Testb
             assert names == [f"cli-mine-{user}"], r.stdout
             for word in ("inspect-refused", "stop-refused"):
                 assert word in r.stdout, (user, r.stdout, r.stderr)
-        assert "cli-own-1" in cli.run(["podman", "ps", "--format", "{{.Names}}"]).stdout
+        assert "cli-own-1" in podman(cli, "ps", "--format", "{{.Names}}")
     finally:
         cli.run(["lev", "stop", agent_id], user="alice", check=False)
     assert _wait_gone(cli, agent_id) == []
@@ -136,7 +137,7 @@ def test_docker_compose_up_of_two_services(cli: Testbed) -> None:
     assert "web running" in out and "db running" in out, (out, r.stderr)
     assert "stack-db-1\nstack-web-1" in out, out
     assert "down-ok" in out, (out, r.stderr)
-    assert "stack-" not in cli.run(["podman", "ps", "-a", "--format", "{{.Names}}"]).stdout
+    assert "stack-" not in podman(cli, "ps", "-a", "--format", "{{.Names}}")
 
 
 def test_docker_build_and_cp_both_ways_through_the_rebuilt_requests(cli: Testbed) -> None:

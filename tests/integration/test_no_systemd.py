@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from subprocess import CompletedProcess
 
 import pytest
+from podman_list import podman
 from test_container import BUILD_IMAGE, IMAGE
 from testbed import Testbed
 
@@ -82,8 +83,8 @@ def row(bed: Testbed, agent_id: str) -> dict[str, object]:
 
 
 def containers(bed: Testbed, agent_id: str) -> list[str]:
-    out = bed.run(["podman", "ps", "-a", "--filter", f"label=org.leviath.agent={agent_id}",
-                   "--format", "{{.Names}}"]).stdout  # fmt: skip
+    out = podman(bed, "ps", "-a", "--filter", f"label=org.leviath.agent={agent_id}",
+                 "--format", "{{.Names}}")
     return out.split()
 
 
