@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -183,6 +184,9 @@ def main() -> int:
         bed.write_file("/tmp/busflood.py", BUS)
         first_pid, rss0, fds0 = sample(bed)
         calls = {u: 0 for u in GOOD}
+        # Seconds each answered call took, by user and kind: a user served
+        # late but within the timeouts shows here, not among the failures.
+        took: dict[tuple[str, str], list[float]] = defaultdict(list)
         failures: list[str] = []
         hostile_rounds = [0]
         stop = time.monotonic() + a.minutes * 60
@@ -194,9 +198,11 @@ def main() -> int:
             cwd = f"{bed.users[user].home}/work"
             while time.monotonic() < stop:
                 calls[user] += 1
+                t = time.monotonic()
                 try:
                     r = bed.run(["lev", "run", "--", "sh", "-c", "echo soak; exit 3"],
                                 user=user, cwd=cwd, check=False, timeout=180)
+                    took[(user, "run")].append(time.monotonic() - t)
                 except subprocess.TimeoutExpired:
                     fail(f"{user} run: no answer within 180 s")
                     continue
@@ -222,8 +228,10 @@ def main() -> int:
                     stuck = False
                     for what, cmd, want in steps:
                         calls[user] += 1
+                        t = time.monotonic()
                         try:
                             rc, out, err = agent.call(cmd)
+                            took[(user, what)].append(time.monotonic() - t)
                         except subprocess.TimeoutExpired:
                             # A failed call too (it once ended the thread,
                             # uncounted): noted, and a new agent goes on.
@@ -303,6 +311,10 @@ def main() -> int:
         print(f"everything of the last agents gone {ended_in:.0f} s after the end")
         print(f"left behind: scopes={scopes} runtime folders: {runtime} containers={containers}; "
               f"daemon restarted: {'yes' if last_pid != first_pid else 'no'}")
+        for (user, what), secs in sorted(took.items()):
+            print(f"  {user:5} {what:10} {len(secs):5} calls, median "
+                  f"{statistics.median(secs):5.1f} s, max {max(secs):6.1f} s, "
+                  f"over 30 s: {sum(x > 30 for x in secs)}")
         for f in failures[:10]:
             print("  failure:", f)
         bad = (failures or last_pid != first_pid or scopes != "0" or runtime != "none"
