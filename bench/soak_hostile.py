@@ -45,7 +45,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration"), str(RE
 from loop_agent import LOOP, LoopAgent  # noqa: E402
 from neighbour_bench import BUS, FLOOD  # noqa: E402
 from test_engine_socket import BUILD_IMAGE, IMAGE  # noqa: E402
-from testbed import Testbed  # noqa: E402
+from testbed import CommandFailed, Testbed  # noqa: E402
 
 DOCKER_DIR = os.environ.get("LEVIATH_DOCKER_DIR", "/opt/leviath-dev/docker")
 CONFIG = """[sandbox]
@@ -209,8 +209,29 @@ def main() -> int:
                 if r.returncode != 3:
                     fail(f"{user} run: {r.returncode} {r.stderr.strip()}")
 
+        def started(user: str) -> LoopAgent | None:
+            """A new detached agent of the user's; a start that fails is a
+            failed call (it once ended the thread, uncounted: 'internal error
+            in leviathd'), with the daemon's errors printed, and is tried
+            again."""
+            while time.monotonic() < stop:
+                calls[user] += 1
+                t = time.monotonic()
+                try:
+                    agent = start_agent(bed, user)
+                    took[(user, "start")].append(time.monotonic() - t)
+                    return agent
+                except (CommandFailed, subprocess.TimeoutExpired) as exc:
+                    fail(f"{user} start: {' '.join(str(exc).split())[:400]}")
+                    print(bed.run("journalctl -u leviathd -p err --no-pager -o cat | tail -40",
+                                  check=False).stdout, flush=True)
+                    time.sleep(5)
+            return None
+
         def worker(user: str) -> None:
-            agent = start_agent(bed, user)
+            agent = started(user)
+            if agent is None:
+                return
             n = 0
             try:
                 while time.monotonic() < stop:
@@ -244,15 +265,23 @@ def main() -> int:
                             fail(f"{user} {what}: rc={rc} {out.strip()[:100]} {err.strip()}")
                     if stuck or n % 10 == 0:
                         bed.run(["lev", "stop", agent.id], user=user, check=False)
-                        agent = start_agent(bed, user)
-                        calls[user] += 2
+                        calls[user] += 1
+                        again = started(user)
+                        if again is None:
+                            return
+                        agent = again
             finally:
                 bed.run(["lev", "stop", agent.id], user=user, check=False)
 
         def hostile() -> None:
             w = f"{bed.users['alice'].home}/sw"
             while time.monotonic() < stop:
-                agent = start_agent(bed, "alice")
+                try:
+                    agent = start_agent(bed, "alice")
+                except (CommandFailed, subprocess.TimeoutExpired) as exc:
+                    print(f"alice's start failed: {exc}", flush=True)
+                    time.sleep(5)
+                    continue
                 bed.run(f"rm -f {w}/stop-flood {w}/flooding /tmp/stop-bus")
                 agent.submit("python3 flood.py engine broker fds names > flood.log 2>&1")
                 bed.run("setsid /opt/leviath-dev/venv/bin/python /tmp/busflood.py "
