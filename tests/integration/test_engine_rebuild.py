@@ -15,7 +15,8 @@ import json
 import time
 
 import pytest
-from test_engine_socket import BED_HOST_CONFIG, IMAGE, _create, _podman, agent, bed  # noqa: F401
+from podman_list import podman
+from test_engine_socket import BED_HOST_CONFIG, IMAGE, _create, agent, bed  # noqa: F401
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -70,14 +71,14 @@ def _ours() -> list[str]:
 
 
 def _clean(tb: Testbed) -> None:
-    for cid in _podman(tb, "ps", "-a", "-q", "--filter",
+    for cid in podman(tb, "ps", "-a", "-q", "--filter",
                        "label=org.leviath.engine-agent").split():
         tb.run(["podman", "rm", "-f", cid], check=False)
 
 
 def _refused_and_nothing_made(tb: Testbed, out: list[list[object]], name: str) -> None:
     status, reply = out[0]
-    made = _podman(tb, "ps", "-a", "--format", "{{.Names}}")
+    made = podman(tb, "ps", "-a", "--format", "{{.Names}}")
     assert name not in made.split(), f"the engine made {name}: {out}"
     assert status in (400, 403), out
     assert str(reply["message"]).startswith("leviathd: "), reply  # type: ignore[index]
@@ -124,7 +125,7 @@ def test_a_bare_lf_in_a_header_smuggles_no_second_request(raw_bed: Testbed) -> N
     raw = (b"GET /v1.41/_ping HTTP/1.1\r\nHost: d\r\nX-A: a\n\n" + smuggled + b"\r\n\r\n")
     try:
         replies = _raw(raw_bed, raw)
-        made = _podman(raw_bed, "ps", "-a", "--format", "{{.Names}}")
+        made = podman(raw_bed, "ps", "-a", "--format", "{{.Names}}")
         assert "rb-smuggled" not in made.split(), (replies, made)
         assert replies and replies[0].startswith("HTTP/1.1 400 "), replies
         assert "leviathd: a CR, LF or NUL" in replies[0], replies
@@ -148,7 +149,7 @@ def test_a_build_with_podmans_own_parameters_is_refused(bed: Testbed,  # noqa: F
     status, reply = out[0]
     assert status == 400 or status == 403, out
     assert str(reply["message"]).startswith("leviathd: "), reply  # type: ignore[index]
-    assert "rb-build" not in _podman(bed, "images", "--format", "{{.Repository}}")
+    assert "rb-build" not in podman(bed, "images", "--format", "{{.Repository}}")
 
 
 def test_a_host_port_below_1024_is_refused(bed: Testbed) -> None:  # noqa: F811
@@ -286,7 +287,7 @@ def test_an_upload_over_upload_max_never_reaches_the_engine(raw_bed: Testbed) ->
         replies = _raw(tb, b"@upload.req")
         assert replies and replies[0].startswith("HTTP/1.1 413 "), replies
         assert "upload_max" in replies[0], replies
-        assert "rb-upload" not in _podman(tb, "images", "--format", "{{.Repository}}")
+        assert "rb-upload" not in podman(tb, "images", "--format", "{{.Repository}}")
     finally:
         tb.write_file("/etc/leviath/config.toml", CONFIG)
         tb.run(["systemctl", "restart", "leviathd"])

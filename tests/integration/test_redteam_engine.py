@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_engine_socket import BED_HOST_CONFIG, CONFIG, IMAGE, _create, _podman, agent, bed  # noqa: F401
+from podman_list import podman
+from test_engine_socket import BED_HOST_CONFIG, CONFIG, IMAGE, _create, agent, bed  # noqa: F401
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -48,7 +49,7 @@ def test_a_key_spelt_in_another_case_is_checked_all_the_same(
         assert str(reply["message"]).startswith("leviathd: "), reply  # type: ignore[index]
         assert out[1] == [200, []], out[1]
     finally:
-        for cid in _podman(bed, "ps", "-a", "-q", "--filter",
+        for cid in podman(bed, "ps", "-a", "-q", "--filter",
                            "label=org.leviath.engine-agent").split():
             bed.run(["podman", "rm", "-f", cid], check=False)
     assert json.dumps(out)
@@ -207,7 +208,7 @@ def test_a_request_behind_a_stream_the_engine_does_not_take_is_not_passed(
         if first == "stream":  # what is a stream still is one
             assert reply.startswith("HTTP/1.1 101") and "streamed-ok" in reply, reply[:2000]
     finally:
-        for cid in _podman(bed, "ps", "-a", "-q", "--filter",
+        for cid in podman(bed, "ps", "-a", "-q", "--filter",
                            "label=org.leviath.engine-agent").split():
             bed.run(["podman", "rm", "-f", cid], check=False)
 
@@ -229,6 +230,6 @@ def test_a_log_file_path_of_the_agents_choosing_is_refused(bed: Testbed) -> None
         assert out[0][0] == 403 and "--log-opt path" in str(out[0][1]), out
     finally:
         bed.run(["rm", "-f", probe], check=False)
-        for cid in _podman(bed, "ps", "-a", "-q", "--filter",
+        for cid in podman(bed, "ps", "-a", "-q", "--filter",
                            "label=org.leviath.engine-agent").split():
             bed.run(["podman", "rm", "-f", cid], check=False)
