@@ -138,6 +138,26 @@ def stuck_state(bed: Testbed, user: str, agent_id: str) -> str:
     return "\n".join(out)
 
 
+def attached_state(bed: Testbed, user: str) -> str:
+    """What an attached run with no answer left (a soak once had erin's
+    `lev run -- sh -c 'echo soak; exit 3'` unanswered for 180 s, its agent
+    `running` with 2 tasks minutes later and no record after its start):
+    the user's running agents, and for each its scope, the state and kernel
+    wait of its processes and the daemon's records of it."""
+    rows = bed.run(f"lev ps --all | awk '$2 == \"{user}\" && $4 == \"running\"'",
+                   check=False).stdout
+    out = [rows]
+    for line in rows.splitlines()[:4]:
+        agent_id = line.split()[0]
+        out.append(stuck_state(bed, user, agent_id))
+        out.append(bed.run(
+            f"for p in $(cat /sys/fs/cgroup/*/leviath.slice/*{agent_id}*.scope/cgroup.procs "
+            "2>/dev/null | sort -u); do echo \"$p $(cat /proc/$p/wchan) "
+            "$(tr '\\0' ' ' < /proc/$p/cmdline) $(grep State /proc/$p/status)\"; done",
+            check=False).stdout)
+    return "\n".join(out)
+
+
 def start_agent(bed: Testbed, user: str) -> LoopAgent:
     h = bed.users[user].home
     out = bed.run(["lev", "run", "--detach", f"{h}/sbp"], user=user, cwd=f"{h}/sw",
@@ -205,6 +225,7 @@ def main() -> int:
                     took[(user, "run")].append(time.monotonic() - t)
                 except subprocess.TimeoutExpired:
                     fail(f"{user} run: no answer within 180 s")
+                    print(attached_state(bed, user), flush=True)
                     continue
                 if r.returncode != 3:
                     fail(f"{user} run: {r.returncode} {r.stderr.strip()}")
