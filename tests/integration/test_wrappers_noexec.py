@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import config_written
 from loop_agent import LoopAgent, lay_out
 from test_cli_credentials import BLUEPRINT, CONFIG, FAKE_GH, HASH, TOKEN
 from testbed import Testbed
@@ -87,12 +88,12 @@ def test_gh_on_the_sandboxs_path_runs_and_gets_the_token_through_the_broker(
 def test_a_kind_none_agents_gh_runs_from_its_folder_too(bed: Testbed) -> None:
     """No fence: the wrapper is run from /run/leviath/agents/ID/bin on the
     host, in the daemon's mount namespace, which the agent inherits."""
-    bed.write_file("/etc/leviath/config.toml", CONFIG.replace('"namespace"', '"none"'))
-    bed.run(["systemctl", "reload", "leviathd"])
+    # Written and waited for: `systemctl reload` only sends SIGHUP, and an
+    # agent started before the daemon read the file again is a namespace one.
+    config_written(bed, "/etc/leviath/config.toml", CONFIG.replace('"namespace"', '"none"'))
     try:
         where, got = _gh(bed, on_host=True)
     finally:
-        bed.write_file("/etc/leviath/config.toml", CONFIG)
-        bed.run(["systemctl", "reload", "leviathd"])
+        config_written(bed, "/etc/leviath/config.toml", CONFIG)
     assert re.fullmatch(r"/run/leviath/agents/[0-9a-f]{8}/bin/gh", where), got
     assert "args: api user" in got and f"token: yes {HASH}" in got, got

@@ -367,8 +367,13 @@ command = ["gh"]
 token_env = "GH_TOKEN"
 secret_file = "/etc/leviath/vm-gh.token"
 EOF9
+# Waited for, not slept on: the daemon's record of having read the file again.
+since=$(date +@%s.%N)
 systemctl reload leviathd
-sleep 2
+for _ in $(seq 600); do
+    [ -n "$(journalctl -u leviathd --no-pager -o cat --since "$since" LEVIATH_EVENT=reload)" ] && break
+    sleep 0.1
+done
 step wrapper_noexec as alice "lev run -- sh -c 'command -v gh; gh api user'"
 rm -f /etc/leviath/config.toml /etc/leviath/vm-gh.token /usr/local/bin/gh
 systemctl reload leviathd
