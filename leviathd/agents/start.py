@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
 import os
 import secrets
 import socket
@@ -35,6 +36,13 @@ from leviathd.sandbox import fencehold, launchers, loopfs, scratch, supervisor
 from leviathd.sandbox.spec import DEFAULT_SCRATCH_DIR, SandboxSpec
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdError
+
+# What a start can run out of for a while, by errno: said by name, as a
+# passing shortage, not as a fault of the daemon.
+_EXHAUSTED = {
+    errno.EMFILE: "open files for leviathd", errno.ENFILE: "open files",
+    errno.EAGAIN: "processes", errno.ENOMEM: "memory",
+}
 
 
 @dataclasses.dataclass
@@ -101,11 +109,24 @@ class Starting(Planning):
             if self.config_problem:
                 raise ConfigError(self.config_problem)
             return await self._run(who, req, stdio)
+        except TimeoutError as exc:
+            # A wait of the start that ran out (the held child's workdir
+            # check, the planning thread's wait for polkit): a machine too
+            # busy to start the agent now. The steps taken are undone; the
+            # caller reads that, not "internal error" (seen once in a soak
+            # under load 15-20).
+            raise Unavailable(
+                "the machine is too busy to start the agent now (a step of its start ran out "
+                "of time); nothing of it was started, try again") from exc
         except OSError as exc:
             # The scratch folder or a record that did not fit: the caller is
             # told where space is missing, not "internal error".
             if exc.errno in FULL:
                 raise NoSpace(str(self._store.dir.parent), exc.strerror or "") from None
+            if exc.errno in _EXHAUSTED:
+                raise Unavailable(
+                    f"the machine is short of {_EXHAUSTED[exc.errno]} ({exc.strerror}); "
+                    "nothing of the agent was started, try again") from exc
             raise
         finally:
             # The supervisor has its own copies; ours must not leak.

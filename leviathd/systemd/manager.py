@@ -4,6 +4,7 @@ for agents, stopping them, and reading what systemd knows about them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
 from leviathd import safetext
-from leviathd.errors import LeviathError
+from leviathd.errors import LeviathError, Unavailable
 
 SYSTEMD = "org.freedesktop.systemd1"
 MANAGER_PATH = "/org/freedesktop/systemd1"
@@ -19,6 +20,14 @@ MANAGER_IFACE = "org.freedesktop.systemd1.Manager"
 UNIT_IFACE = "org.freedesktop.systemd1.Unit"
 SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
 UINT64_MAX = 2**64 - 1
+# A scope's job: looked after in JOB_LOOK slices (its JobRemoved may never
+# come), given up on after JOB_PATIENCE (seen under load 15-20: 30 s was not
+# always enough, and the start failed as an "internal error").
+JOB_LOOK = 5.0
+JOB_PATIENCE = 120.0
+# What the bus says of a job path systemd no longer has.
+_JOB_GONE = ("org.freedesktop.DBus.Error.UnknownObject", "org.freedesktop.DBus.Error.UnknownMethod",
+             "org.freedesktop.systemd1.NoSuchJob")
 
 
 class SystemdError(LeviathError):
@@ -203,14 +212,49 @@ class SystemdManager:
                 self._oom_policy = False
         result = self._job_results.pop(job, None)
         if result is None:
-            waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-            self._job_waiters[job] = waiter
-            try:
-                result = await asyncio.wait_for(waiter, timeout=30)
-            finally:
-                self._job_waiters.pop(job, None)
+            result = await self._job_result(job, name)
         if result != "done":
             raise SystemdError(f"starting {name} ended with result {result!r}")
+
+    async def _job_result(self, job: str, name: str) -> str:
+        """The result of the scope's job: from its JobRemoved signal, or,
+        where that signal does not come within a look (a slow PID 1 under
+        load, or a signal the bus dropped), from systemd itself: a job it no
+        longer has is over, and the unit's state tells how. A job still
+        there after JOB_PATIENCE is an error the caller can read, never a
+        bare timeout (an "internal error" on the bus)."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[str] = loop.create_future()
+        self._job_waiters[job] = waiter
+        deadline = loop.time() + JOB_PATIENCE
+        try:
+            while True:
+                left = deadline - loop.time()
+                with contextlib.suppress(TimeoutError):
+                    return await asyncio.wait_for(asyncio.shield(waiter),
+                                                  timeout=max(0.0, min(JOB_LOOK, left)))
+                if not await self._job_exists(job):
+                    if waiter.done():
+                        return waiter.result()
+                    state = await self.unit_state(name)
+                    return "done" if state is not None and state.active_state in (
+                        "active", "reloading") else "failed"
+                if left <= JOB_LOOK:
+                    raise Unavailable(
+                        f"systemd has not started {name} after {JOB_PATIENCE:.0f} s (the "
+                        "machine is busy); nothing of the agent was started, try again")
+        finally:
+            self._job_waiters.pop(job, None)
+
+    async def _job_exists(self, job: str) -> bool:
+        try:
+            await self._call(job, "org.freedesktop.DBus.Properties", "Get", "ss",
+                             ["org.freedesktop.systemd1.Job", "State"])
+        except SystemdError as exc:
+            if len(exc.args) > 1 and exc.args[1] in _JOB_GONE:
+                return False
+            raise
+        return True
 
     async def stop_unit(self, name: str) -> None:
         if not _ours(name):

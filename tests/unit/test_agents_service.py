@@ -8,6 +8,7 @@ test_log_readers.py); these stand-ins exist only here."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from leviathd.agents.request import RunInput
 from leviathd.agents.service import MAX_WAITING_PER_UID, Agents
 from leviathd.audit.readers import Readers
 from leviathd.authority import Caller, Right
-from leviathd.errors import AccessDenied, Busy, ConfigError, NotFound
+from leviathd.errors import AccessDenied, Busy, ConfigError, NotFound, Unavailable
 from leviathd.records import AgentRecord, AgentState, RecordStore
 from leviathd.sandbox import container, supervisor
 from leviathd.systemd.manager import ScopeLimits, SystemdManager, UnitState
@@ -319,3 +320,42 @@ def test_a_log_reader_ends_when_its_caller_leaves() -> None:
         return await asyncio.wait_for(reader.proc.wait(), 5)
 
     assert asyncio.run(scenario()) == -15
+
+
+class WornOutSystemd(StandInSystemd):
+    """A systemd whose scope job fails with `error`, as a wait of the start
+    that ran out (TimeoutError) or a shortage (EMFILE) would."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    async def start_scope(
+        self, name: str, *, pids: list[int], slice_name: str, description: str,
+        limits: ScopeLimits,
+    ) -> None:
+        self.started.append(name)
+        raise self.error
+
+
+@pytest.mark.parametrize(("error", "said"), [
+    (TimeoutError(), "too busy to start the agent now"),
+    (OSError(errno.EMFILE, "Too many open files"), "short of open files for leviathd"),
+])
+def test_a_start_that_runs_out_of_time_or_descriptors_says_so_and_leaves_nothing(
+    tmp_path: Path, error: BaseException, said: str,
+) -> None:
+    # Under load a wait of the start can run out, or the daemon can be short
+    # of descriptors for a moment: the caller hears that by name (any other
+    # exception reaches it as "internal error in leviathd"), and nothing of
+    # the agent stays.
+    systemd = WornOutSystemd(error)
+    runner = Caller(":1.12", os.getuid(), 4244)
+    agents = make_agents(tmp_path, StandInAuthority({runner.uid: {Right.RUN}}), systemd)
+    agents._namespace_probe = None
+    req = RunInput(command=["true"], workdir=str(tmp_path))
+    with pytest.raises(Unavailable, match=said):
+        asyncio.run(agents.run(runner, req, _stdio()))
+    assert systemd.started and systemd.stopped == systemd.started
+    assert agents.records == {}
+    assert [p.name for p in agents._store.dir.iterdir() if p.suffix == ".json"] == []
