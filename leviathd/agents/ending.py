@@ -25,6 +25,10 @@ from leviathd.records import AgentRecord, AgentState
 from leviathd.sandbox import container, scratch, supervisor
 from leviathd.systemd import journal
 
+# Seconds between tries to watch a process the kernel would not give a
+# pidfd for (EMFILE, ENOMEM).
+WATCH_RETRY = 2.0
+
 
 class Ending(Queries):
     """An agent's end, recovery, retention."""
@@ -104,6 +108,14 @@ class Ending(Queries):
         except ProcessLookupError:
             asyncio.get_running_loop().create_task(self._finalize(rec.id))
             return
+        except OSError as exc:
+            # Out of descriptors or memory for a while: an agent nobody
+            # watches would stay "running" and its attached caller wait for
+            # ever, so the watch is tried again until it holds.
+            log.warning("agent %s: cannot watch pid %d yet (%s); trying again in %.0f s",
+                        rec.id, rec.supervisor_pid, exc.strerror, WATCH_RETRY)
+            asyncio.get_running_loop().call_later(WATCH_RETRY, self._watch_again, rec)
+            return
         if not _supervisor_alive(rec):
             # A handed-over PID 1 that ended (and whose pid is reused):
             # the pidfd is pinned now, so this check holds.
@@ -112,6 +124,10 @@ class Ending(Queries):
             return
         self._watches[rec.id] = pidfd
         asyncio.get_running_loop().add_reader(pidfd, self._supervisor_ended, rec.id)
+
+    def _watch_again(self, rec: AgentRecord) -> None:
+        if rec.running and rec.id not in self._watches and self.records.get(rec.id) is rec:
+            self._watch(rec)
 
     def _supervisor_ended(self, agent_id: str) -> None:
         pidfd = self._watches.pop(agent_id, None)
@@ -130,7 +146,8 @@ class Ending(Queries):
             if copy is not None:
                 # Its last lines reach the journal and the caller before the
                 # end is announced.
-                await copy.finish()
+                with _logged(f"agent {agent_id}: copying its last output"):
+                    await copy.finish()
             with contextlib.suppress(ChildProcessError):
                 if os.waitpid(rec.supervisor_pid, os.WNOHANG) == (0, 0):
                     # A supervisor that said ENDED and is still leaving.
@@ -147,7 +164,11 @@ class Ending(Queries):
             else:
                 rec.state = AgentState.EXITED
             if rec.scratch:
-                scratch.remove(rec.scratch)
+                # A scratch that cannot go now is the sweep's (maintain):
+                # the end is recorded and announced whatever happens here, or
+                # the agent would stay "running" and its caller wait for ever.
+                with _logged(f"agent {agent_id}: removing its scratch"):
+                    scratch.remove(rec.scratch)
             saved = self._save(rec)
             # The record is final and the scratch gone: whoever waits for the
             # end (an attached `lev run`) may go on while the slower clean-up

@@ -21,8 +21,8 @@ UNIT_IFACE = "org.freedesktop.systemd1.Unit"
 SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
 UINT64_MAX = 2**64 - 1
 # A scope's job: looked after in JOB_LOOK slices (its JobRemoved may never
-# come), given up on after JOB_PATIENCE (seen under load 15-20: 30 s was not
-# always enough, and the start failed as an "internal error").
+# come), given up on after JOB_PATIENCE, by name. One bare 30 s wait ended a
+# start as "internal error in leviathd" when it ran out.
 JOB_LOOK = 5.0
 JOB_PATIENCE = 120.0
 # What the bus says of a job path systemd no longer has.

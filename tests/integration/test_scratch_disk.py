@@ -7,10 +7,12 @@ message says how)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
+from journal_wait import journal_with
 from testbed import Testbed
 
 SCRATCH = "/var/lib/leviath/scratch"
@@ -92,8 +94,12 @@ def running_scratch(bed: Testbed, script: str, user: str = "alice") -> tuple[str
     return agent_id, device, backing
 
 
+def daemon_pid(bed: Testbed) -> str:
+    return bed.run(["systemctl", "show", "-P", "MainPID", "leviathd"]).stdout.strip()
+
+
 def daemon_files(bed: Testbed) -> str:
-    pid = bed.run(["systemctl", "show", "-P", "MainPID", "leviathd"]).stdout.strip()
+    pid = daemon_pid(bed)
     return bed.run(["sh", "-c", f"ls -l /proc/{pid}/fd/ 2>/dev/null"], check=False).stdout
 
 
@@ -189,3 +195,47 @@ def test_nothing_of_the_scratch_stays_when_the_agent_ends_while_the_daemon_is_do
         bed.run(["systemctl", "start", "leviathd"])
     wait_ended(bed, agent_id)
     assert_all_gone(bed, agent_id, device, backing)
+
+
+def test_an_agent_whose_scratch_cannot_be_removed_still_ends_for_its_caller(
+    bed: Testbed,
+) -> None:
+    # The removal of the scratch folder is part of an agent's end; when it
+    # fails (here: a mount an admin left on the folder), the end must still
+    # be recorded and told, or the agent stays "running" for ever and an
+    # attached `lev run` never returns (before: it waited out its timeout).
+    before = set(bed.run(["ls", SCRATCH]).stdout.split())
+    cwd = f"{bed.users['alice'].home}/work"
+    attached = subprocess.Popen(
+        bed.command(["lev", "run", "--", "sh", "-c", "sleep 4; echo done; exit 3"],
+                    user="alice", cwd=cwd),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mounted = ""
+    try:
+        def new_folder() -> bool:
+            nonlocal mounted
+            fresh = set(bed.run(["ls", SCRATCH]).stdout.split()) - before
+            mounted = next(iter(fresh), "")
+            return bool(mounted)
+        wait_until("the agent's scratch folder", new_folder)
+        # In the daemon's own mount namespace (the unit's sandboxing gives it
+        # one): a mount on the host's side would not be its to see.
+        bed.run(["nsenter", "-t", daemon_pid(bed), "-m", "mount", "-t", "tmpfs", "-o",
+                 "size=1M", "pinned", f"{SCRATCH}/{mounted}"])
+        out, err = attached.communicate(timeout=90)
+        assert attached.returncode == 3 and "done" in out, (out, err)
+        rows = json.loads(lev(bed, "ps", "--all", "--json").stdout)
+        states = [r["state"] for r in rows if r["id"] == mounted]
+        assert states == ["exited"], (rows, bed.journal("leviathd")[-3000:])
+        logged = journal_with(bed, ["-u", "leviathd", "-o", "cat"],
+                              f"agent {mounted}: removing its scratch failed",
+                              f"scratch folder {mounted} is still mounted here")
+        assert f"scratch folder {mounted} is still mounted here" in logged, logged[-2000:]
+    finally:
+        if attached.poll() is None:
+            attached.kill()
+            attached.wait()
+        if mounted:
+            bed.run(["nsenter", "-t", daemon_pid(bed), "-m", "umount", f"{SCRATCH}/{mounted}"],
+                    check=False)
+            bed.run(["rmdir", f"{SCRATCH}/{mounted}"], check=False)
