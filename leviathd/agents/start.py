@@ -302,7 +302,11 @@ class Starting(Planning):
             s.real_workdir = detail
             # Again as resolved: a link in the user's home may lead to /etc.
             refuse_system_workdir(s.real_workdir, user.home)
-            s.holding = s.hold is not None and _labelled_workdir(held)
+            # The mark is read through the user's workdir, which may be a
+            # FUSE mount of the user's that never answers: in the caller's
+            # planning lane, never on the loop every user shares.
+            s.holding = s.hold is not None and await self._in_worker(
+                s.who.uid, _labelled_workdir, held)
             # Specs look at the user's workdir (a worktree's git folders...).
             s.steps = await self._in_worker(
                 s.who.uid, self._specs, s.p.plan, s.p.kinds, user, s.req, s.real_workdir,
