@@ -16,7 +16,7 @@ import syslog
 import time
 from collections.abc import Awaitable, Callable
 
-from leviathd import resource_defaults, safetext
+from leviathd import fdclose, resource_defaults, safetext
 from leviathd.agents import feature as feature_calls
 from leviathd.agents import output
 from leviathd.agents.base import AUTH_PATIENCE, MAX_WAITING_PER_UID, SLICE, _logged, unit_name
@@ -129,10 +129,9 @@ class Starting(Planning):
                     "nothing of the agent was started, try again") from exc
             raise
         finally:
-            # The supervisor has its own copies; ours must not leak.
-            for fd in stdio.fds():
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            # The supervisor has its own copies; ours must not leak. The
+            # caller's files: closed off the loop (fdclose.py).
+            fdclose.discard_all(stdio.fds())
 
     async def _authorize(self, who: Caller, req: RunInput) -> int:
         """The rights this request needs; the polkit time in microseconds."""

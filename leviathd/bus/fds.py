@@ -11,13 +11,12 @@ may since have reused."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import os
 from typing import Any
 
 from dbus_fast import Message, MessageType
 
+from leviathd import fdclose
 from leviathd.bus.names import MANAGER_IFACE, OBJECT_PATH
 
 _TAKES_FDS = ("RunAttached", "a{sv}hhh", 3)
@@ -53,6 +52,6 @@ def owned_only(msg: Message) -> None:
         keep.add(i)
     for n, fd in enumerate(fds):
         if n not in keep and fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            # Off the loop: a FUSE file's close waits on its server (fdclose.py).
+            fdclose.discard(fd)
             fds[n] = -1

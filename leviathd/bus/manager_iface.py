@@ -4,8 +4,6 @@ method is handed its caller, from the bus, and an Authority limited to the
 rights it declares, which is the one `Agents` asks (bus/method.py)."""
 
 import asyncio
-import contextlib
-import os
 from typing import Annotated, Any
 
 from dbus_fast import Variant
@@ -13,7 +11,7 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.constants import PropertyAccess
 from dbus_fast.service import ServiceInterface
 
-from leviathd import __version__, listing
+from leviathd import __version__, fdclose, listing
 from leviathd.agents.request import RunInput
 from leviathd.agents.service import Agents
 from leviathd.authority import Call, Right
@@ -101,8 +99,8 @@ def _record_variants(rec: AgentRecord) -> dict[str, Variant]:
 
 
 def _close_quietly(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
+    # A caller's descriptor: off the loop (fdclose.py).
+    fdclose.discard(fd)
 
 
 def _parse_request(request: dict[str, Any]) -> RunInput:

@@ -24,11 +24,9 @@ declaration, and the declared rights to the polkit policy file."""
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import inspect
-import os
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from dbus_fast.aio import MessageBus
 
+from leviathd import fdclose
 from leviathd.authority import Authority, Call, Caller, Limited, Right, UndeclaredRight
 from leviathd.bus import caller, polkit
 from leviathd.bus.compat import DBusSignature, dbus_method
@@ -131,8 +130,7 @@ def bus_method(
                 # fds.py); refused before the body, they are closed here.
                 for i in descriptors:
                     if i < len(args) and isinstance(args[i], int) and args[i] >= 0:
-                        with contextlib.suppress(OSError):
-                            os.close(args[i])
+                        fdclose.discard(args[i])
                 raise
             token = _served.set(authority)
             try:

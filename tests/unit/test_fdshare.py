@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from leviathd import fdshare
+from leviathd import fdclose, fdshare
 from leviathd.proxy import server
 
 
@@ -51,6 +51,8 @@ def test_refuse_fds_closes_every_descriptor_that_came() -> None:
         for _ in range(20):
             socket.send_fds(a, [b"x"], [null] * 200)
             assert fdshare.refuse_fds(b, 16) == b"x"
+        # Closed off the caller's thread (fdclose.py), at once.
+        assert fdclose.wait_closed()
         assert _open_fds() == before
     finally:
         os.close(null)
@@ -79,6 +81,7 @@ def test_the_proxy_handshake_keeps_none_of_a_clients_non_socket_descriptors(
                     pass
                 a.close()
                 b.close()
+            assert fdclose.wait_closed()
             assert _open_fds() == before
         finally:
             os.close(null)
@@ -97,6 +100,7 @@ def test_the_proxy_handshake_takes_a_handed_tcp_socket_and_nothing_more() -> Non
             socket.send_fds(a, [b"\0"], [tcp.fileno(), null, null])
             first, got = await server._handed(b)
             assert first == b"" and got.family == socket.AF_INET
+            assert fdclose.wait_closed()
             assert _open_fds() == before + 1  # the TCP socket, and only it
             got.close()
         finally:

@@ -60,6 +60,7 @@ PARTS: dict[str, str] = {
     "budget": "Ground",
     "hosts": "Ground",
     "fdshare": "Ground",
+    "fdclose": "Ground",
     "parseshare": "Ground",
     "__init__": "Ground",
 }
