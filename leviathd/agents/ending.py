@@ -12,6 +12,7 @@ import syslog
 import time
 from collections import Counter
 
+from leviathd import reaping
 from leviathd.agents import feature as feature_calls
 from leviathd.agents import orphans, output
 from leviathd.agents.base import SLICE, _logged, log
@@ -98,7 +99,7 @@ class Ending(Queries):
 
     def _reap_later(self, pid: int) -> None:
         """Our held child, which is leaving: reap it when it has."""
-        output.reap_when_gone(pid)
+        reaping.reap_when_gone(pid)
 
     def _watch(self, rec: AgentRecord) -> None:
         """Learn of the supervisor's end through a pidfd, which works whether

@@ -37,6 +37,7 @@ import struct
 import syslog
 
 from leviathd import safetext
+from leviathd.reaping import reap_when_gone
 from leviathd.systemd import journal
 
 log = logging.getLogger(__name__)
@@ -494,28 +495,6 @@ class OutputCopy:
         if self._zombie is not None:
             pid, self._zombie = self._zombie, None
             reap_when_gone(pid)
-
-
-def reap_when_gone(pid: int) -> None:
-    """Reap our child `pid` now if it has exited, else once it has (its
-    pidfd turns readable): a held child may still be on its way out (it
-    tells the daemon PID 1's pid, then exits) when a short agent's output
-    is already copied, and a WNOHANG alone would leave its zombie for good."""
-    try:
-        if os.waitpid(pid, os.WNOHANG) != (0, 0):
-            return
-        loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(pid)
-    except (ChildProcessError, RuntimeError, OSError):
-        return  # not ours, or no loop left (the daemon's shutdown)
-
-    def ended() -> None:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-
-    loop.add_reader(pidfd, ended)
 
 
 def _unreaped(pidfd: int) -> bool:

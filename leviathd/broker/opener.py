@@ -36,6 +36,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from leviathd import reaping
 from leviathd.broker import opener_worker as wire
 from leviathd.errors import Unavailable
 from leviathd.sandbox.privileges import join_new_session_keyring
@@ -240,9 +241,12 @@ class Opener:
             self._proc.send_signal(signal.SIGKILL)
 
     def close(self) -> None:
+        """The worker is done: killed (it holds nothing of value) and reaped
+        once gone, never waited for here. This runs on the daemon's loop,
+        and a worker held in the kernel (its user's FUSE server not
+        answering the close of a file it opened, which not even SIGKILL
+        ends) held the loop, and every user, with it (before: a wait of up
+        to 5 s, then one without end)."""
         self._sock.close()
-        try:
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._kill()
-            self._proc.wait()
+        self._kill()
+        reaping.reap_when_gone(self._proc.pid)

@@ -19,6 +19,7 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface
 from session_bus import bus_address
 
+from leviathd import fdclose
 from leviathd.bus.compat import DBusSignature, dbus_method, many_fds
 from leviathd.bus.names import MANAGER_IFACE, OBJECT_PATH
 
@@ -93,7 +94,9 @@ def _written(r: int) -> bytes:
 
 def _held_elsewhere(made: list[tuple[int, int]]) -> list[int]:
     """Closes the client's own write ends; the pipes (by index) whose write
-    end is still open somewhere, i.e. in the daemon."""
+    end is still open somewhere, i.e. in the daemon. The daemon closes
+    them in its closer thread (fdclose.py), which is waited for first."""
+    assert fdclose.wait_closed()
     held = []
     for k, (r, w) in enumerate(made):
         try:

@@ -61,6 +61,7 @@ PARTS: dict[str, str] = {
     "hosts": "Ground",
     "fdshare": "Ground",
     "fdclose": "Ground",
+    "reaping": "Ground",
     "parseshare": "Ground",
     "__init__": "Ground",
 }
