@@ -24,7 +24,7 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,15 @@ class _Closers:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        # closer thread id -> (the FUSE connection of what it closes, or
-        # None; when it began), while it closes something.
+        # closer thread id (or minus a thread's id in `watched`) -> (the
+        # FUSE connection of what it closes, or None; when it began), while
+        # it closes something.
         self._busy: dict[int, tuple[str | None, float]] = {}
         self._threads = 0
         self._idle = 0
-        self._aborted: set[str] = set()
+        # The held calls (their key and start) whose connection was aborted
+        # once: a device number comes back with a later mount.
+        self._aborted: set[tuple[int, float]] = set()
         self._watching = False
         # Descriptors given and not closed yet.
         self._pending = 0
@@ -55,10 +58,28 @@ class _Closers:
         with self._lock:
             if self._idle == 0 and self._threads == 0:
                 self._start_closer()
-            if not self._watching:
-                self._watching = True
-                threading.Thread(target=self._watch, name="leviath-fdclose-watch",
-                                 daemon=True).start()
+            self._start_watch()
+
+    def _start_watch(self) -> None:
+        """With the lock held."""
+        if not self._watching:
+            self._watching = True
+            threading.Thread(target=self._watch, name="leviath-fdclose-watch",
+                             daemon=True).start()
+
+    @contextlib.contextmanager
+    def watched(self, conn: str) -> Iterator[None]:
+        """Blocking calls on a file of FUSE connection `conn` in this thread,
+        cut off (the connection aborted) when held past PATIENCE."""
+        key = -threading.get_ident()  # apart from the closers' own entries
+        with self._lock:
+            self._busy[key] = (conn, time.monotonic())
+            self._start_watch()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy.pop(key, None)
 
     def _start_closer(self) -> None:
         self._threads += 1
@@ -93,13 +114,14 @@ class _Closers:
             time.sleep(PATIENCE / 4)
             now = time.monotonic()
             with self._lock:
-                held = [(conn, since) for conn, since in self._busy.values()
+                held = [(key, conn, since) for key, (conn, since) in self._busy.items()
                         if now - since > PATIENCE]
                 stuck = len(held)
                 idle = self._idle
-            for conn, _since in held:
-                if conn is not None and conn not in self._aborted:
-                    self._aborted.add(conn)
+                self._aborted &= {(key, since) for key, (_conn, since) in self._busy.items()}
+            for key, conn, since in held:
+                if conn is not None and (key, since) not in self._aborted:
+                    self._aborted.add((key, since))
                     abort(conn)
             if stuck and idle == 0 and not self._queue.empty():
                 with self._lock:
@@ -122,6 +144,20 @@ def discard(fd: int) -> None:
 def discard_all(fds: Iterable[int]) -> None:
     for fd in fds:
         discard(fd)
+
+
+@contextlib.contextmanager
+def cut_off_if_held(fd: int) -> Iterator[None]:
+    """Around blocking calls on `fd`, a file a client handed the daemon, in
+    a worker thread: a FUSE server that holds them past PATIENCE has its
+    connection aborted, and they fail (ENOTCONN) instead of holding the
+    thread for ever (a shared pool's threads would run out, one call each)."""
+    conn = fuse_connection(fd)
+    if conn is None:
+        yield
+        return
+    with _CLOSERS.watched(conn):
+        yield
 
 
 def wait_closed(timeout: float = 10.0) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from leviathd import fdclose
 from leviathd.broker.opener import Opener
 from leviathd.broker.tools import MAX_READ, read_all
 from leviathd.domain.credentials import SAFE_PATH, CredentialSpec
@@ -221,9 +222,18 @@ async def read_secret(
         except OSError as exc:
             raise NotFound(f"cannot read the credential's secret file: {exc.strerror}") from None
         try:
-            secret = (await asyncio.to_thread(read_all, fd)).decode().strip()
+            secret = (await asyncio.to_thread(_read_held, fd)).decode().strip()
         finally:
-            os.close(fd)
+            # A user's secret file may be on her own FUSE mount, whose server
+            # decides when a close returns: never on the loop (fdclose.py).
+            fdclose.discard(fd)
     if len(secret.encode()) > MAX_SECRET:
         raise InvalidArgument(f"the credential's secret is larger than {MAX_SECRET} bytes")
     return secret
+
+
+def _read_held(fd: int) -> bytes:
+    """read_all of a secret file a user named: cut off if her FUSE server
+    holds the read (fdclose.cut_off_if_held)."""
+    with fdclose.cut_off_if_held(fd):
+        return read_all(fd)
