@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from leviathd import fdclose
 from leviathd.agents.orphans import unknown_record
 from leviathd.agents.request import RunInput
 from leviathd.agents.service import MAX_WAITING_PER_UID, Agents
@@ -265,7 +266,10 @@ def test_a_granted_callers_start_over_its_queue_is_busy_without_asking_polkit(
         asyncio.run(agents.run(ALICE, RunInput(command=["true"], workdir=str(tmp_path)), stdio))
     assert authority.asked == []
     assert systemd.started == []
-    for fd in stdio.fds():  # the caller's descriptors are closed as on any refusal
+    # The caller's descriptors are closed as on any refusal, by the closer
+    # thread (fdclose.py), which is waited for first.
+    assert fdclose.wait_closed()
+    for fd in stdio.fds():
         with pytest.raises(OSError):
             os.fstat(fd)
 
