@@ -91,7 +91,37 @@ def _agents_end(bed: Testbed, user: str) -> None:
         if not rows:
             return
         time.sleep(0.3)
-    raise AssertionError(f"{user}'s agents still running: {rows}")
+    try:
+        # What each one's processes are doing, for a hang seen once in a
+        # whole run (CI4 of 2026-12-02): its bed is gone by the time anyone looks.
+        state = "\n".join(_processes(bed, row["unit"]) for row in rows)
+        # Then stopped: the tests after this one must not fail for its leftover.
+        for row in rows:
+            bed.run(["lev", "stop", row["id"]], user=user, check=False, timeout=30)
+    except Exception as exc:  # the diagnosis must not hide the failure
+        state = f"(could not read the processes: {exc!r})"
+    raise AssertionError(f"{user}'s agents still running: {rows}\n{state}")
+
+
+PROCESSES = r"""
+for f in /sys/fs/cgroup/systemd/leviath.slice/"$1"/cgroup.procs \
+         /sys/fs/cgroup/unified/leviath.slice/"$1"/cgroup.procs; do
+  [ -r "$f" ] || continue
+  for p in $(cat "$f"); do
+    echo "pid $p: $(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-120)"
+    grep -E '^(State|PPid|NSpid|Threads):' /proc/$p/status 2>/dev/null | tr '\n' ' '
+    echo "wchan=$(cat /proc/$p/wchan 2>/dev/null)"
+    cat /proc/$p/stack 2>/dev/null | head -8
+  done
+  break
+done
+"""
+
+
+def _processes(bed: Testbed, unit: str) -> str:
+    """The unit's processes: cmdline, state, kernel wait and stack."""
+    r = bed.run(["sh", "-c", PROCESSES, "procs", unit], check=False, timeout=30)
+    return f"{unit}:\n{r.stdout}{r.stderr}"
 
 
 @pytest.mark.parametrize("user", ["alice", "carol"])
