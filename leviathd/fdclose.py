@@ -116,7 +116,9 @@ class _Closers:
             with self._lock:
                 held = [(key, conn, since) for key, (conn, since) in self._busy.items()
                         if now - since > PATIENCE]
-                stuck = len(held)
+                # Only a held closer holds up the queue (a `watched` read
+                # holds its own thread).
+                stuck = sum(1 for key, _conn, _since in held if key > 0)
                 idle = self._idle
                 self._aborted &= {(key, since) for key, (_conn, since) in self._busy.items()}
             for key, conn, since in held:

@@ -11,7 +11,9 @@ until alice's server did."""
 
 from __future__ import annotations
 
+import queue
 import subprocess
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -44,6 +46,26 @@ asyncio.run(main())
 """
 
 
+_LINES: dict[int, queue.Queue[str]] = {}
+
+
+def _line(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    """The next line `proc` prints, "" if none comes within `timeout` (the
+    assertion then fails at once, not at the test's time limit). A thread
+    reads its output: a select on a buffered pipe misses lines read ahead."""
+    lines = _LINES.get(proc.pid)
+    if lines is None:
+        lines = _LINES[proc.pid] = queue.Queue()
+        out = proc.stdout
+        assert out is not None
+        threading.Thread(target=lambda: [lines.put(line.strip()) for line in out],
+                         daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        return ""
+
+
 @pytest.fixture
 def bed(testbed: Testbed) -> Iterator[Testbed]:
     testbed.start_service("leviathd.service")
@@ -68,15 +90,13 @@ def test_a_fuse_file_sent_to_the_daemon_does_not_stop_it_for_others(bed: Testbed
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sender: subprocess.Popen[str] | None = None
     try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready", \
-            server.stderr.read() if server.stderr else ""
+        assert _line(server) == "ready", "the FUSE server did not mount"
         sender = subprocess.Popen(
             bed.command([VENV_PY, "/tmp/fuse_send.py", f"{where}/f"], user="alice"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert sender.stdout is not None and sender.stdout.readline().strip() == "sent", \
-            sender.stderr.read() if sender.stderr else ""
+        assert _line(sender) == "sent", "the bus call was not sent"
         # The daemon's close reached alice's server, which holds it.
-        held = server.stdout.readline().strip()
+        held = _line(server)
         assert held.startswith("held "), held
         # bob is served meanwhile (before the fix: no answer, the bound ran out).
         r = bed.run(["lev", "ps"], user="bob", timeout=60, check=False)

@@ -207,7 +207,8 @@ def test_an_agent_whose_scratch_cannot_be_removed_still_ends_for_its_caller(
     before = set(bed.run(["ls", SCRATCH]).stdout.split())
     cwd = f"{bed.users['alice'].home}/work"
     attached = subprocess.Popen(
-        bed.command(["lev", "run", "--", "sh", "-c", "sleep 4; echo done; exit 3"],
+        bed.command(["lev", "run", "--", "sh", "-c",
+                     "until [ -e go ]; do sleep 0.1; done; echo done; exit 3"],
                     user="alice", cwd=cwd),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     mounted = ""
@@ -222,6 +223,9 @@ def test_an_agent_whose_scratch_cannot_be_removed_still_ends_for_its_caller(
         # one): a mount on the host's side would not be its to see.
         bed.run(["nsenter", "-t", daemon_pid(bed), "-m", "mount", "-t", "tmpfs", "-o",
                  "size=1M", "pinned", f"{SCRATCH}/{mounted}"])
+        # The agent ends only now: its folder is surely mounted over by then
+        # (a fixed sleep in the agent could end first on a loaded machine).
+        bed.run(["touch", f"{cwd}/go"], user="alice")
         out, err = attached.communicate(timeout=90)
         assert attached.returncode == 3 and "done" in out, (out, err)
         rows = json.loads(lev(bed, "ps", "--all", "--json").stdout)
@@ -235,6 +239,7 @@ def test_an_agent_whose_scratch_cannot_be_removed_still_ends_for_its_caller(
         if attached.poll() is None:
             attached.kill()
             attached.wait()
+        bed.run(["rm", "-f", f"{cwd}/go"], check=False)
         if mounted:
             bed.run(["nsenter", "-t", daemon_pid(bed), "-m", "umount", f"{SCRATCH}/{mounted}"],
                     check=False)
