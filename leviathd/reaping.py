@@ -9,6 +9,8 @@ import contextlib
 import os
 import threading
 
+from leviathd import loopfd
+
 
 def reap_when_gone(pid: int) -> None:
     """Reap our child `pid` now if it has exited, else once it has (its
@@ -36,7 +38,7 @@ def reap_when_gone(pid: int) -> None:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
 
-    loop.add_reader(pidfd, ended)
+    loopfd.add_fresh_reader(loop, pidfd, ended)
 
 
 def _wait(pid: int) -> None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import syslog
 import time
 from collections import Counter
 
-from leviathd import reaping
+from leviathd import loopfd, reaping
 from leviathd.agents import feature as feature_calls
 from leviathd.agents import orphans, output
 from leviathd.agents.base import SLICE, _logged, log
@@ -75,7 +76,7 @@ class Ending(Queries):
             if supervising:
                 self._hear_end(rec.id, held.status_r)
 
-        loop.add_reader(held.status_r, readable)
+        loopfd.add_fresh_reader(loop, held.status_r, readable)
 
     def _hear_end(self, agent_id: str, status_r: int) -> None:
         """A supervisor says ENDED once the exit record is written and the
@@ -95,7 +96,7 @@ class Ending(Queries):
             if agent_id in self._watches:
                 self._supervisor_ended(agent_id)
 
-        loop.add_reader(status_r, readable)
+        loopfd.add_fresh_reader(loop, status_r, readable)
 
     def _reap_later(self, pid: int) -> None:
         """Our held child, which is leaving: reap it when it has."""
@@ -124,7 +125,8 @@ class Ending(Queries):
             asyncio.get_running_loop().create_task(self._finalize(rec.id))
             return
         self._watches[rec.id] = pidfd
-        asyncio.get_running_loop().add_reader(pidfd, self._supervisor_ended, rec.id)
+        loopfd.add_fresh_reader(asyncio.get_running_loop(), pidfd,
+                                self._supervisor_ended, rec.id)
 
     def _watch_again(self, rec: AgentRecord) -> None:
         if rec.running and rec.id not in self._watches and self.records.get(rec.id) is rec:
@@ -362,6 +364,7 @@ class Ending(Queries):
         while True:
             await asyncio.sleep(every)
             try:
+                self._unheard_ends()
                 if self.unsaved:
                     self.write_unsaved()
                 if any(r.state is AgentState.UNKNOWN for r in self.records.values()):
@@ -371,6 +374,23 @@ class Ending(Queries):
                     self.apply_retention()
             except Exception:
                 log.exception("record maintenance failed; trying again later")
+
+    def _unheard_ends(self) -> None:
+        """Each watched supervisor's pidfd asked again, without the loop: an
+        end the loop never delivered (a registration lost to a bug, such as
+        CI4's stale descriptor number, loopfd.py) is then taken within one
+        maintenance period, not never, and said, so that it is looked into."""
+        if not self._watches:
+            return
+        poller = select.poll()
+        ids = {pidfd: agent_id for agent_id, pidfd in self._watches.items()}
+        for pidfd in ids:
+            poller.register(pidfd, select.POLLIN)
+        for pidfd, _events in poller.poll(0):
+            agent_id = ids[pidfd]
+            log.error("agent %s: its end was not heard from the event loop; ending it now",
+                      agent_id)
+            self._supervisor_ended(agent_id)
 
     def _scratch_dirs(self) -> list[str]:
         dirs = {self._scratch_default}

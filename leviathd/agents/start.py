@@ -16,7 +16,7 @@ import syslog
 import time
 from collections.abc import Awaitable, Callable
 
-from leviathd import fdclose, resource_defaults, safetext
+from leviathd import fdclose, loopfd, resource_defaults, safetext
 from leviathd.agents import feature as feature_calls
 from leviathd.agents import output
 from leviathd.agents.base import AUTH_PATIENCE, MAX_WAITING_PER_UID, SLICE, _logged, unit_name
@@ -597,7 +597,7 @@ async def _read_status(held: supervisor.Held) -> tuple[bool, str]:
         if not fut.done():
             fut.set_result(None)
 
-    loop.add_reader(held.status_r, readable)
+    loopfd.add_fresh_reader(loop, held.status_r, readable)
     try:
         await asyncio.wait_for(fut, timeout=30)
     finally:

@@ -303,8 +303,19 @@ class ProxyServer:
             if acceptor is not None:
                 acceptor.cancel()
         self._acceptor = self._tcp_acceptor = self._host_acceptor = None
+        loop = asyncio.get_running_loop()
         for listener in (self._listener, self._tcp_listener, self._host_listener):
             if listener is not None:
+                # The acceptor's wait in sock_accept is cancelled, but asyncio
+                # drops its registration only a loop turn later: closed first,
+                # the loop's map kept this number, and the next descriptor
+                # opened under it (a pidfd watching an agent's PID 1) was
+                # never put in epoll, its readiness never heard
+                # (tests/unit/test_proxy_close.py). Removing the reader here
+                # also cancels that late removal, which would otherwise take
+                # the new descriptor's registration with it.
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(listener.fileno())
                 listener.close()
         self._listener = self._tcp_listener = self._host_listener = None
         for task in list(self._tasks):

@@ -104,17 +104,15 @@ def _agents_end(bed: Testbed, user: str) -> None:
 
 
 PROCESSES = r"""
-for f in /sys/fs/cgroup/systemd/leviath.slice/"$1"/cgroup.procs \
-         /sys/fs/cgroup/unified/leviath.slice/"$1"/cgroup.procs; do
-  [ -r "$f" ] || continue
+f=$(find /sys/fs/cgroup -type d -name "$1" 2>/dev/null | head -1)/cgroup.procs
+if [ ! -r "$f" ]; then echo "(its scope is gone)"; else
   for p in $(cat "$f"); do
     echo "pid $p: $(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-120)"
     grep -E '^(State|PPid|NSpid|Threads):' /proc/$p/status 2>/dev/null | tr '\n' ' '
     echo "wchan=$(cat /proc/$p/wchan 2>/dev/null)"
     cat /proc/$p/stack 2>/dev/null | head -8
   done
-  break
-done
+fi
 """
 
 

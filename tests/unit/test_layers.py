@@ -62,6 +62,7 @@ PARTS: dict[str, str] = {
     "fdshare": "Ground",
     "fdclose": "Ground",
     "reaping": "Ground",
+    "loopfd": "Ground",
     "parseshare": "Ground",
     "__init__": "Ground",
 }
