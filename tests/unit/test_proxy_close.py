@@ -48,7 +48,12 @@ async def _heard(loop: asyncio.AbstractEventLoop, want: int) -> bool:
                 break
             assert len(held) < 64, "the closed number never came back"
         fut: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(want, lambda: fut.done() or fut.set_result(None))
+
+        def readable() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        loop.add_reader(want, readable)
         try:
             await asyncio.wait_for(fut, 5)
             return True
