@@ -92,6 +92,8 @@ class AgentsBase:
         self.machine_config = Config()
         self.records: dict[str, AgentRecord] = {}
         self._watches: dict[str, int] = {}
+        # Agents whose pidfd the last recheck found ended (ending._unheard_ends).
+        self._seen_ended: set[str] = set()
         # Attached agents whose output the daemon copies (agents/output.py).
         self._copies: dict[str, output.OutputCopy] = {}
         # List's memory and tasks figures, from memory (issue 18).

@@ -378,16 +378,21 @@ class Ending(Queries):
     def _unheard_ends(self) -> None:
         """Each watched supervisor's pidfd asked again, without the loop: an
         end the loop never delivered (a registration lost to a bug, such as
-        CI4's stale descriptor number, loopfd.py) is then taken within one
-        maintenance period, not never, and said, so that it is looked into."""
-        if not self._watches:
-            return
-        poller = select.poll()
-        ids = {pidfd: agent_id for agent_id, pidfd in self._watches.items()}
-        for pidfd in ids:
-            poller.register(pidfd, select.POLLIN)
-        for pidfd, _events in poller.poll(0):
-            agent_id = ids[pidfd]
+        CI4's stale descriptor number, loopfd.py) is then taken within two
+        maintenance periods, not never, and said, so that it is looked into.
+        Only a pidfd found ended at two checks in a row is taken: at one, the
+        process may have just exited, its end still on its way through the
+        loop (the loop would take it at its next turn)."""
+        readable: set[str] = set()
+        if self._watches:
+            poller = select.poll()
+            ids = {pidfd: agent_id for agent_id, pidfd in self._watches.items()}
+            for pidfd in ids:
+                poller.register(pidfd, select.POLLIN)
+            readable = {ids[pidfd] for pidfd, _events in poller.poll(0)}
+        lost, self._seen_ended = readable & self._seen_ended, readable
+        for agent_id in lost:
+            self._seen_ended.discard(agent_id)
             log.error("agent %s: its end was not heard from the event loop; ending it now",
                       agent_id)
             self._supervisor_ended(agent_id)

@@ -91,3 +91,31 @@ def test_an_end_the_loop_lost_is_taken_by_maintenance(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_end_the_loop_is_about_to_deliver_is_left_to_the_loop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The recheck may run in the moment between PID 1's exit and the loop's
+    next look at epoll: that end is not lost, and taking it there said
+    "not heard" for nothing (a bed run's journal, 2026-12-03)."""
+    proc = subprocess.Popen(["sleep", "60"])
+
+    async def main() -> tuple[bool, bool]:
+        agents, rec = _running(tmp_path, proc)
+        agents._watch(rec)
+        proc.kill()
+        proc.wait()  # the pidfd is readable; the loop has not turned since
+        agents._unheard_ends()
+        taken = rec.id not in agents._watches
+        return taken, await _ended(agents, rec.id)
+
+    try:
+        with caplog.at_level("ERROR"):
+            taken, ended = asyncio.run(main())
+        assert ended
+        assert not taken, "the recheck took an end the loop was about to deliver"
+        assert "not heard" not in caplog.text
+    finally:
+        proc.kill()
+        proc.wait()
