@@ -323,8 +323,9 @@ def _empty(top: int, dev: int) -> None:
                     if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                         raise
                 if len(stack) >= _MAX_DEPTH:
-                    os.rename(entry, f".rm.{secrets.token_hex(8)}",
-                              src_dir_fd=fd, dst_dir_fd=top)
+                    # Too deep to descend: the folder moves up to `top`,
+                    # descriptor to descriptor, one name, never followed.
+                    rename_at(fd, entry, top, f".rm.{secrets.token_hex(8)}")
                     continue
                 child = os.open(entry, DIR_FLAGS, dir_fd=fd)
                 if os.fstat(child).st_ino != est.st_ino:
