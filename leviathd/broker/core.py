@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import syslog
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -102,8 +103,17 @@ class Broker:
         tool_runner: ArgvRunner | None = None,
         stage: Callable[[], str] | None = None,
         lane: Lane | None = None,
+        fence: Callable[[], int | None] | None = None,
     ) -> None:
         self.agent_id = agent_id
+        # A pidfd on PID 1 of the agent's running fence (sandbox/join.py), or
+        # None for an agent without one (sandbox none: the host's view is its
+        # view). Blocking; raises Unavailable between two steps.
+        self._fence = fence
+        # The file tools' worker, in that fence's mounts (issue 43): made
+        # and replaced in the agent's pool threads, hence the lock.
+        self._view: Opener | None = None
+        self._view_lock = threading.Lock()
         # Where this user's rules take their turns (broker/rulelane.py): the
         # daemon gives all brokers of one user the same lane.
         self._lane = lane or Lanes().lane(user.uid)
@@ -197,9 +207,37 @@ class Broker:
         if self._opener is not None:
             self._opener.close()
             self._opener = None
+        self._drop_view()
+
+    def _drop_view(self) -> None:
+        with self._view_lock:
+            if self._view is not None:
+                self._view.close()
+                self._view = None
+
+    def files_opener(self) -> Opener:
+        """The opener the file tools (and a blueprint tool's path arguments)
+        decide and act through: one whose worker entered the agent's own
+        mount namespace, so they see what the agent sees and no more (issue
+        43); the host's for an agent without a fence of its own. Blocking
+        (run in the agent's pool); `start` has run."""
+        with self._view_lock:
+            if self._view is not None and self._view.stale():
+                self._view.close()  # that fence ended: a new step's is looked up
+                self._view = None
+            if self._view is None and self._fence is not None:
+                pidfd = self._fence()
+                if pidfd is not None:
+                    self._view = Opener(uid=self.user.uid, gid=self.user.gid,
+                                        groups=self.user.groups, cgroup=self.scope_cgroup,
+                                        max_data=self.limits.request_max_bytes, fence=pidfd)
+            if self._view is not None:
+                return self._view
+        assert self._opener is not None
+        return self._opener
 
     def close(self) -> None:
-        """The agent ended (or the daemon stops): its worker and its threads go."""
+        """The agent ended (or the daemon stops): its workers and its threads go."""
         self.write_watch.close()
         self._drop_opener()
         if self._pool is not None:
@@ -313,8 +351,9 @@ class Broker:
                 self.start()
                 assert self._opener is not None
                 try:
-                    return await self.in_pool(resolve.file_call, call, self._opener,
-                                              self.policy.grant, write=kind is ToolKind.WRITE)
+                    return await self.in_pool(
+                        lambda: resolve.file_call(call, self.files_opener(), self.policy.grant,
+                                                  write=kind is ToolKind.WRITE))
                 except Unavailable:
                     self._drop_opener()  # its user can kill it: a new one, once
                     if attempt == 2:
@@ -323,8 +362,8 @@ class Broker:
         if own is not None and call.paths:
             self.start()
             assert self._opener is not None
-            return await self.in_pool(resolve.blueprint_paths, call, self._opener,
-                                      self.policy.grant)
+            return await self.in_pool(
+                lambda: resolve.blueprint_paths(call, self.files_opener(), self.policy.grant))
         return call
 
     async def _dialled(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
@@ -586,7 +625,8 @@ class Broker:
                 files.decided = frozenset(call.paths)
                 try:
                     result = await self.in_pool(
-                        _file_call, files, tool, args, workdir, self._budget()
+                        _file_call, files, tool, args, workdir, self._budget(),
+                        self.files_opener,
                     )
                 except RealPathRefused as exc:
                     raise ToolRefused(str(exc), "real-path-not-granted") from None
@@ -723,8 +763,11 @@ class Broker:
 
 
 def _file_call(
-    files: FileTools, tool: str, args: Mapping[str, Any], workdir: str, budget: int
+    files: FileTools, tool: str, args: Mapping[str, Any], workdir: str, budget: int,
+    opener: Callable[[], Opener],
 ) -> RawJSON:
+    files.opener = opener()
+
     def path(p: object) -> str:
         return os.path.join(workdir, str(p))
 

@@ -17,6 +17,15 @@ counts against the agent's MemoryMax and TasksMax and it is the agent that
 runs out, not the daemon (root, outside every agent's limits). The daemon
 only decides and relays replies bounded by the budget it sets per request.
 
+In the agent's view (issue 43): given `fence`, a pidfd on PID 1 of the
+agent's running fence, the worker enters that mount namespace before its
+first request (opener_worker.enter), so the file tools act on what the
+agent's fence shows, by construction: what the fence binds read-only
+(protected git files, a read-only workdir) or hides is read-only or absent
+to them too, and a throwaway workdir's writes land in its layer. The
+namespace is entered once per worker, never per call; a worker whose PID 1
+has ended (a new stage's fence) is `stale` and replaced by the broker.
+
 It takes no decision: every descriptor it opens comes back to the broker,
 which decides on the real path of that descriptor (readlink
 /proc/self/fd/N) before handing it back for reading or editing.
@@ -28,6 +37,7 @@ import contextlib
 import json
 import os
 import posixpath
+import select
 import signal
 import socket
 import subprocess
@@ -39,7 +49,7 @@ from typing import Any
 from leviathd import reaping
 from leviathd.broker import opener_worker as wire
 from leviathd.errors import Unavailable
-from leviathd.sandbox.privileges import join_new_session_keyring
+from leviathd.sandbox.privileges import KEYCTL_SYSCALL, join_new_session_keyring
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "opener_worker.py")
 # A worker stopped or stuck (the agent's user can SIGSTOP it, a file can sit
@@ -95,11 +105,27 @@ class Opener:
 
     def __init__(
         self, *, uid: int, gid: int, groups: Sequence[int], cgroup: str | None = None,
-        max_data: int = 1 << 20,
+        max_data: int = 1 << 20, fence: int | None = None,
     ) -> None:
+        """`fence`: a pidfd on PID 1 of the agent's fence, now the Opener's
+        (closed with it): the worker opens inside its mount namespace."""
+        self._fence = fence
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         kwargs: dict[str, object] = {}
-        if os.geteuid() == 0:
+        argv = [sys.executable, "-I", "-S", _WORKER, str(child.fileno()), str(max_data + 4096)]
+        keep = [child.fileno()]
+        if fence is not None:
+            if os.geteuid() != 0:
+                parent.close()
+                child.close()
+                os.close(fence)
+                raise Unavailable("the broker must run as root to enter an agent's mounts")
+            # Started as root: it enters the namespace, then drops to the
+            # user itself (entering needs root's rights, opener_worker.enter).
+            argv.append(json.dumps({"join": fence, "uid": uid, "gid": gid,
+                                    "groups": list(groups), "keyctl": KEYCTL_SYSCALL}))
+            keep.append(fence)
+        elif os.geteuid() == 0:
             # The keyring is joined after subprocess's switch to the user, so
             # it is hers: nothing of the daemon's session keyring stays in
             # reach of a process running with her uid.
@@ -109,17 +135,24 @@ class Opener:
             raise Unavailable("the broker must run as root to act for another user")
         # What the broker sends at most (edit texts); the worker refuses more.
         self.max_data = max_data
-        self._proc: subprocess.Popen[bytes] = subprocess.Popen(
-            # Run as a plain script under -I -S: nothing from the user's
-            # environment or site-packages is imported into a process that
-            # holds the user's credentials and talks to root.
-            [sys.executable, "-I", "-S", _WORKER, str(child.fileno()), str(max_data + 4096)],
-            pass_fds=[child.fileno()],
-            stdin=subprocess.DEVNULL,
-            env={"PATH": "/usr/bin:/bin"},
-            cwd="/",
-            **kwargs,  # type: ignore[call-overload]
-        )
+        try:
+            self._proc: subprocess.Popen[bytes] = subprocess.Popen(
+                # Run as a plain script under -I -S: nothing from the user's
+                # environment or site-packages is imported into a process that
+                # holds the user's credentials and talks to root.
+                argv,
+                pass_fds=keep,
+                stdin=subprocess.DEVNULL,
+                env={"PATH": "/usr/bin:/bin"},
+                cwd="/",
+                **kwargs,  # type: ignore[call-overload]
+            )
+        except BaseException:
+            parent.close()
+            child.close()
+            if fence is not None:
+                os.close(fence)
+            raise
         child.close()
         self._sock = parent
         self._sock.settimeout(TIMEOUT)
@@ -236,6 +269,20 @@ class Opener:
     def pid(self) -> int:
         return self._proc.pid
 
+    @property
+    def fenced(self) -> bool:
+        """It opens in an agent's mount namespace."""
+        return self._fence is not None
+
+    def stale(self) -> bool:
+        """The fence it entered has ended (its PID 1 exited: the agent moved
+        to another step, or is ending): its view is no longer the agent's."""
+        if self._fence is None:
+            return False
+        poller = select.poll()
+        poller.register(self._fence, select.POLLIN)
+        return bool(poller.poll(0))
+
     def _kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self._proc.send_signal(signal.SIGKILL)
@@ -248,5 +295,8 @@ class Opener:
         ends) held the loop, and every user, with it (before: a wait of up
         to 5 s, then one without end)."""
         self._sock.close()
+        if self._fence is not None:
+            os.close(self._fence)
+            self._fence = None
         self._kill()
         reaping.reap_when_gone(self._proc.pid)

@@ -8,12 +8,21 @@ It takes no decision: every descriptor it opens goes to the daemon, which
 checks the descriptor's real path and only then hands it back for reading.
 Its replies are bounded by the budget the daemon gives with each request.
 
+In the agent's view (issue 43): given a pidfd on PID 1 of the agent's fence
+(argv[3], with the user's ids), it starts as root, enters that process's
+mount namespace, and only then drops to the user, for good. From then on
+every path it opens is resolved as the agent's own processes resolve it: a
+file the fence binds read-only is read-only here, a hidden one is not
+there, and under a read-only or throwaway workdir the host's tree is not
+reachable. The namespace is joined once, before the first request.
+
 Wire format (SOCK_SEQPACKET): a message is one JSON header packet, with
 any descriptors, then `header["data"]` bytes in packets of at most CHUNK.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -291,16 +300,54 @@ def serve(sock: socket.socket, max_data: int) -> None:
                 os.close(fd)
 
 
+_CLONE_NEWNS = 0x00020000
+_PR_SET_NO_NEW_PRIVS = 38
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
 def _not_dumpable() -> None:
     # Other processes of the same user may not ptrace this one (or read its
     # memory): it talks to root and holds descriptors for it.
-    import ctypes
-
     pr_set_dumpable = 4
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(pr_set_dumpable, 0, 0, 0, 0)
 
 
+def enter(spec: dict[str, Any]) -> None:
+    """Into the agent's mount namespace, then the user's ids for good (the
+    order matters: entering needs root's CAP_SYS_ADMIN). Any failure ends
+    the process: it never serves from the host's view by mistake."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fence = int(spec["join"])
+    if libc.setns(fence, _CLONE_NEWNS) != 0:
+        err = ctypes.get_errno()
+        sys.stderr.write(f"file worker: cannot enter the agent's mounts: {os.strerror(err)}\n")
+        os._exit(1)
+    os.close(fence)
+    # The root is the agent's now: nothing more may be imported (a module
+    # planted in a folder the agent writes must never be loaded here).
+    sys.path[:] = []
+    sys.path_importer_cache.clear()
+    uid, gid = int(spec["uid"]), int(spec["gid"])
+    os.setgroups([int(g) for g in spec["groups"]])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        os._exit(1)
+    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    keyctl = spec.get("keyctl")
+    if isinstance(keyctl, int):
+        # A keyring of its own, the user's: nothing of the daemon's session
+        # keyring stays in reach (as opener.py does for the host's worker).
+        name = f"leviath-files-{os.getpid()}-{os.urandom(8).hex()}".encode()
+        if libc.syscall(keyctl, _KEYCTL_JOIN_SESSION_KEYRING, ctypes.c_char_p(name),
+                        0, 0, 0) < 0 and ctypes.get_errno() != errno.ENOSYS:
+            sys.stderr.write("file worker: cannot join a keyring of its own\n")
+            os._exit(1)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 3:
+        enter(json.loads(sys.argv[3]))
     _not_dumpable()
     serve(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]))

@@ -114,7 +114,7 @@ class ManagerInterface(ServiceInterface):
         self._agents = agents
         self._reloads = reloads
 
-    @bus_method(asks=(Right.RUN, Right.RUN_UNSANDBOXED))
+    @bus_method(asks=(Right.RUN, Right.RUN_UNSANDBOXED), control="start an agent")
     async def Run(self, call: Call, request: VarDict) -> IdAndUnit:
         """Start an agent as the caller, detached. Keys: command (as),
         blueprint (s, the blueprint.toml text), blueprint_source (s), workdir (s),
@@ -122,7 +122,7 @@ class ManagerInterface(ServiceInterface):
         rec = await self._agents.run(call.who, _parse_request(request), Stdio())
         return [rec.id, rec.unit]
 
-    @bus_method(asks=(Right.RUN, Right.RUN_UNSANDBOXED))
+    @bus_method(asks=(Right.RUN, Right.RUN_UNSANDBOXED), control="start an agent")
     async def RunAttached(
         self, call: Call, request: VarDict, stdin: Fd, stdout: Fd, stderr: Fd
     ) -> IdAndUnit:
@@ -140,7 +140,7 @@ class ManagerInterface(ServiceInterface):
         rec = await self._agents.run(call.who, req, stdio)
         return [rec.id, rec.unit]
 
-    @bus_method(asks=(Right.RUN, Right.MANAGE_ANY))
+    @bus_method(asks=(Right.RUN, Right.MANAGE_ANY), control="stop an agent")
     async def Stop(self, call: Call, agent_id: Str) -> None:
         agent_id = bounds.agent_id(agent_id)
         await self._agents.stop(call.who, agent_id)
@@ -212,7 +212,8 @@ class ManagerInterface(ServiceInterface):
         asyncio.get_running_loop().call_later(30, _close_quietly, fd)
         return fd
 
-    @bus_method(needs=Right.CONFIG_MANAGE, what="reload the configuration")
+    @bus_method(needs=Right.CONFIG_MANAGE, what="reload the configuration",
+                control="reload the configuration")
     async def Reload(self, call: Call) -> None:
         """Re-read /etc/leviath/config.toml (org.leviath.config.manage)."""
         self._reloads.reload(Cause.BUS, by_uid=call.who.uid)

@@ -36,7 +36,7 @@ from dbus_fast.aio import MessageBus
 
 from leviathd import fdclose
 from leviathd.authority import Authority, Call, Caller, Limited, Right, UndeclaredRight
-from leviathd.bus import caller, polkit
+from leviathd.bus import caller, outside, polkit
 from leviathd.bus.compat import DBusSignature, dbus_method
 from leviathd.bus.errors import translated
 
@@ -109,7 +109,7 @@ def _descriptor_positions(fn: Callable[..., Any]) -> tuple[int, ...]:
 
 def bus_method(
     *, needs: Right | None = None, what: str = "", asks: tuple[Right, ...] = (),
-    name: str | None = None,
+    name: str | None = None, control: str = "",
 ) -> Callable[[F], F]:
     if needs is not None and not what:
         raise ValueError("a method that needs a right says what it does (for the refusal)")
@@ -122,6 +122,8 @@ def bus_method(
         async def guarded(self: OnBus, *args: Any) -> Any:
             try:
                 who = await caller.current(self._bus)
+                if control:
+                    await outside.require_outside(self._bus, who.sender, control)
                 authority = Limited(polkit.PolkitAuthority(self._bus), who, declared.rights)
                 if needs is not None:
                     await authority.require(who, needs, what)

@@ -72,7 +72,7 @@ class PolicyInterface(ServiceInterface):
         return [request_to_variants(r, self._user(r.agent_id))
                 for r in await self._answers.pending(call)]
 
-    @bus_method(asks=(Right.ANSWER_ANY,))
+    @bus_method(asks=(Right.ANSWER_ANY,), control="answer a held call")
     async def Answer(self, call: Call, request_id: Str, answer: Str) -> None:
         """Answer a held call: once, session or deny. The agent's owner may;
         anyone else needs org.leviath.approval.answer-any (without it the
@@ -81,7 +81,8 @@ class PolicyInterface(ServiceInterface):
         answer = bounds.text(answer, 16, "answer")
         await self._answers.answer(call, request_id, answer)
 
-    @bus_method(needs=Right.CONFIG_MANAGE, what="change the machine-wide tool policy")
+    @bus_method(needs=Right.CONFIG_MANAGE, what="change the machine-wide tool policy",
+                control="change the machine-wide tool policy")
     async def PolicyAdd(self, call: Call, tool: Str, target: Str, max_sensitivity: Str) -> Str:
         """Append an [[allowlist]] rule to the machine config (needs
         org.leviath.config.manage). The file is parsed before it atomically
@@ -91,7 +92,8 @@ class PolicyInterface(ServiceInterface):
         max_sensitivity = bounds.text(max_sensitivity, 32, "sensitivity")
         return str(await self._machine.add_allow(call, tool, target, max_sensitivity))
 
-    @bus_method(needs=Right.CONFIG_MANAGE, what="change the machine-wide tool policy")
+    @bus_method(needs=Right.CONFIG_MANAGE, what="change the machine-wide tool policy",
+                control="change the machine-wide tool policy")
     async def RuleAdd(self, call: Call, name: Str, when: Str, decision: Str, reason: Str) -> Str:
         """Append a machine [[rules]] policy rule to
         /etc/leviath/rules.d/50-lev-policy-add.toml (needs

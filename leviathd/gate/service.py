@@ -253,7 +253,7 @@ class GateService(Feature):
             audit=lambda record: self._audit(rec.id, record), shell=self.run_shell,
             credential=self.run_credential, agent_facts=_agent_facts(rec, user, settings),
             tool_runner=self.run_tool, stage=lambda: self.stage_of(rec.id),
-            lane=self._lanes.lane(rec.uid),
+            lane=self._lanes.lane(rec.uid), fence=lambda: self.fence_of(rec.id),
         )
         for hook in self.broker_hooks:
             hook(rec.id, broker)
@@ -405,6 +405,20 @@ class GateService(Feature):
             raise Unavailable(f"agent {agent_id}: the step it runs now is not recorded, so "
                               "the fence to run this in is not known")
         return live, _recorded(agent_id, here["spec"])
+
+    def fence_of(self, agent_id: str) -> int | None:
+        """A pidfd on PID 1 of the agent's running fence, for the file tools'
+        worker to enter its mounts (broker/opener.py); None for a sandbox
+        without a fence to join (kind none: the host's view is the agent's).
+        Found as the shell tool finds it (sandbox/join.py), from the anchor
+        process the daemon recorded. Blocking: the broker's pool calls it."""
+        live, spec = self._agent_spec(agent_id)
+        if launcher(spec.kind).join is None:
+            return None
+        from leviathd.sandbox import join
+
+        now = self._agents.records.get(live.rec.id, live.rec)
+        return join.find_pid1(now.supervisor_pid, now.unit)
 
     async def run_shell(self, req: ShellRequest) -> Mapping[str, Any]:
         """Run the command in the agent's own scope and sandbox: a child of

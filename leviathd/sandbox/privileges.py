@@ -41,6 +41,8 @@ _SYS_CAPSET = 126
 # Looked up once here: the keyring is joined in forked children (preexec_fn),
 # where the less done the better.
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219}.get(platform.machine())
+# For a process that joins a keyring itself (broker/opener_worker.py).
+KEYCTL_SYSCALL = _SYS_KEYCTL
 _KEYCTL_JOIN_SESSION_KEYRING = 1
 
 
