@@ -83,8 +83,9 @@ async def _credentials(bus: MessageBus, sender: str) -> tuple[int, int]:
         pid = int(creds["ProcessID"].value)
         held = creds.get("ProcessFD")
         index = held.value if held is not None else None
-        from_bus = isinstance(index, int) and 0 <= index < len(fds)
-        return pid, fds.pop(index) if from_bus else _opened(pid)
+        if isinstance(index, int) and 0 <= index < len(fds):
+            return pid, fds.pop(index)
+        return pid, _opened(pid)
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):
