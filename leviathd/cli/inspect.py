@@ -138,6 +138,29 @@ def _scratch_fs(spec: SandboxSpec) -> str:
             "devices or no mkfs.ext4)")
 
 
+def acting_for_it(spec: SandboxSpec) -> list[str]:
+    """Who else acts for the agent, and in which view (issue 43): one
+    short line each."""
+    if spec.kind == SandboxKind.NAMESPACE:
+        files = "in this view: the broker's worker enters the fence's mounts"
+    elif spec.kind == SandboxKind.CONTAINER:
+        files = "the host's view as you, within the grants (not the container's mounts yet)"
+    else:
+        files = "the host's view as you, within the grants (no fence)"
+    lines = [
+        f"  {'file tools':<23} {files}",
+        f"  {'shell, blueprint tools':<23} "
+        + ("in this fence" if spec.kind == SandboxKind.NAMESPACE else "not in this sandbox kind"
+           if spec.kind == SandboxKind.CONTAINER else "as you, no fence"),
+        f"  {'credentials':<23} read outside the fence, as you (files it cannot see)",
+    ]
+    if "DOCKER_HOST" in spec.env:
+        lines.append(f"  {'container engine':<23} as you, in this agent's scope "
+                     "(docs/containers.md: what it sees)")
+    lines.append(f"  {'approvals, stop, policy':<23} only from outside every agent")
+    return lines
+
+
 def render(spec: SandboxSpec) -> str:
     lines = [
         f"sandbox     {spec.kind}",
@@ -178,6 +201,8 @@ def render(spec: SandboxSpec) -> str:
             lines.append(f"  {what:<40} {how:<10} {m.why}")
     lines += ["", "never visible:"]
     lines += [f"  {h}" for h in spec.hidden]
+    lines += ["", "acting for it:"]
+    lines += acting_for_it(spec)
     lines += ["", "environment:"]
     lines += [f"  {k}={v}" for k, v in sorted(spec.env.items())]
     if spec.notes:

@@ -419,3 +419,21 @@ def test_lev_inspect_says_whether_the_scratch_is_on_disk_or_in_memory() -> None:
     memory = dataclasses.replace(disk, scratch_fs="tmpfs", scratch_size=48 << 20)
     line = next(ln for ln in render(memory).splitlines() if ln.startswith("scratch "))
     assert "in memory, a tmpfs of 48 MiB charged to memory_max" in line
+
+
+def test_lev_inspect_says_who_acts_for_the_agent_and_in_which_view() -> None:
+    """Issue 43 item 5: the file tools act in the fence's view (namespace),
+    the host's otherwise; answers come only from outside every agent."""
+    import dataclasses
+
+    from leviathd.cli.inspect import render
+
+    text = render(spec_for())
+    part = text[text.index("acting for it:"):].splitlines()
+    files = next(ln for ln in part if ln.strip().startswith("file tools"))
+    assert "in this view" in files and "fence's mounts" in files
+    assert any("only from outside every agent" in ln for ln in part)
+    none = render(dataclasses.replace(spec_for(), kind=SandboxKind.NONE))
+    files = next(ln for ln in none[none.index("acting for it:"):].splitlines()
+                 if ln.strip().startswith("file tools"))
+    assert "the host's view" in files
