@@ -7,8 +7,8 @@ build's RUN step), reach the system bus as the agent's user: without this,
 the agent could approve its own held calls.
 
 Where the caller runs comes from the kernel: the bus names the connection's
-process (its pid, and on buses that give one, a pidfd: dbus-broker, dbus
-1.15.7+); the cgroup is read from /proc and then checked to belong to that
+process (its pid, and on buses that give one, a pidfd: dbus-broker, recent
+dbus-daemon); the cgroup is read from /proc and then checked to belong to that
 very process, alive (the pidfd still names it), so a recycled pid cannot
 stand in for it. Without a pidfd from the bus one is opened on the pid;
 a caller whose process is gone, or that the bus cannot name, is refused."""
