@@ -353,7 +353,8 @@ class Broker:
                 try:
                     return await self.in_pool(
                         lambda: resolve.file_call(call, self.files_opener(), self.policy.grant,
-                                                  write=kind is ToolKind.WRITE))
+                                                  write=kind is ToolKind.WRITE,
+                                                  outside=self._opener))
                 except Unavailable:
                     self._drop_opener()  # its user can kill it: a new one, once
                     if attempt == 2:
@@ -363,7 +364,8 @@ class Broker:
             self.start()
             assert self._opener is not None
             return await self.in_pool(
-                lambda: resolve.blueprint_paths(call, self.files_opener(), self.policy.grant))
+                lambda: resolve.blueprint_paths(call, self.files_opener(), self.policy.grant,
+                                                outside=self._opener))
         return call
 
     async def _dialled(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
@@ -766,6 +768,8 @@ def _file_call(
     files: FileTools, tool: str, args: Mapping[str, Any], workdir: str, budget: int,
     opener: Callable[[], Opener],
 ) -> RawJSON:
+    # The host's opener it was made with: for granted reads beyond the workdir.
+    files.outside = files.opener
     files.opener = opener()
 
     def path(p: object) -> str:

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from leviathd.broker import net
 from leviathd.broker.opener import Opener, OpenFailed
 from leviathd.broker.schema import port_of
+from leviathd.broker.tools import reader
 from leviathd.errors import InvalidArgument
 from leviathd.hosts import canonical_host
 from leviathd.policy.decision import Call, normalise
@@ -55,12 +56,15 @@ def _opened_real(opener: Opener, path: str, flags: int) -> str | None:
         os.close(fd)
 
 
-def real_read_path(opener: Opener, index: GrantIndex, path: str, *, directory: bool) -> str:
+def real_read_path(opener: Opener, index: GrantIndex, path: str, *, directory: bool,
+                   outside: Opener | None = None) -> str:
+    """`outside`: for granted read paths outside the workdir (tools.reader)."""
     if not index.may_read(path):
         # Outside what the agent may read as written: the gate refuses it on
         # these words, as before, and nothing there is opened first (a
         # device's open can do things).
         return path
+    opener = reader(opener, outside, index.workdir, path)
     real = _opened_real(opener, path, READ_FLAGS | (os.O_DIRECTORY if directory else 0))
     if real is None:
         return path
@@ -81,13 +85,14 @@ def real_write_path(opener: Opener, index: GrantIndex, path: str) -> str:
     return os.path.join(real, name) if index.may_write(real) else path
 
 
-def file_call(call: Call, opener: Opener, index: GrantIndex, *, write: bool) -> Call:
+def file_call(call: Call, opener: Opener, index: GrantIndex, *, write: bool,
+              outside: Opener | None = None) -> Call:
     """`call` with the real paths of what it reads or writes. Blocking."""
     if write:
         reals = tuple(real_write_path(opener, index, p) for p in call.paths)
     else:
         directory = call.tool == "list_dir"
-        reals = tuple(real_read_path(opener, index, p, directory=directory)
+        reals = tuple(real_read_path(opener, index, p, directory=directory, outside=outside)
                       for p in call.paths)
     return replace(call, target=" ".join(reals), paths=reals)
 
@@ -116,9 +121,11 @@ def blueprint_call(own: ToolDef, args: Mapping[str, Any], workdir: str) -> Call:
                 requested=" ".join(declared(own, checked, "path")))
 
 
-def blueprint_paths(call: Call, opener: Opener, index: GrantIndex) -> Call:
+def blueprint_paths(call: Call, opener: Opener, index: GrantIndex,
+                    outside: Opener | None = None) -> Call:
     """The real paths of its declared path arguments. Blocking."""
-    reals = tuple(real_read_path(opener, index, p, directory=False) for p in call.paths)
+    reals = tuple(real_read_path(opener, index, p, directory=False, outside=outside)
+                  for p in call.paths)
     return replace(call, paths=reals)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import stat
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded
 from leviathd.policy import filelabels
 from leviathd.policy.readgrant import GrantIndex
+from leviathd.readpatterns import is_inside
 
 MAX_READ = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK  # NONBLOCK: a FIFO cannot hang us
@@ -78,6 +80,19 @@ def fd_real_path(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
+def reader(view: Opener, outside: Opener | None, workdir: str, path: str) -> Opener:
+    """Writes, and reads in the workdir, go through `view`, the agent's own
+    view (its fence's mounts: its read-only binds, its throwaway layer, its
+    masks). A granted read path outside the workdir is the broker's own
+    channel beyond the fence (docs/security-model.md, "Reads outside the
+    workdir": the agent's home in its fence is an empty scratch): it goes
+    through `outside`, the user's view of the host, and is decided on by
+    the grants, which never take a hidden path."""
+    if outside is None or is_inside(posixpath.normpath(path), workdir):
+        return view
+    return outside
+
+
 def shown(path: str) -> str:
     """An agent-given path, bounded for echoing back in a message."""
     return path if len(path) <= _SHOWN else path[:_SHOWN] + "…"
@@ -107,6 +122,14 @@ class FileTools:
         # The real paths the gate decided on (resolve.py): a descriptor with
         # another real path (a link swapped since) is refused. None: any.
         self.decided: frozenset[str] | None = None
+        # Where granted read paths outside the workdir are opened (the host's
+        # view, as the user), when `opener` is the agent's own view: see
+        # `reader`. None: `opener` for everything.
+        self.outside: Opener | None = None
+
+    def reader(self, path: str) -> Opener:
+        """The opener a read of `path` goes through (resolve.reader)."""
+        return reader(self.opener, self.outside, self.index.workdir, path)
 
     def _check_decided(self, path: str, real: str) -> None:
         if self.decided is not None and real not in self.decided:
@@ -134,11 +157,12 @@ class FileTools:
         the content the worker read with the open, if any."""
         flags = _READ_FLAGS | (os.O_DIRECTORY if directory else 0)
         content = None
+        opener = self.reader(path)
         try:
             if ahead is None:
-                fd = self.opener.open(path, flags)
+                fd = opener.open(path, flags)
             else:
-                fd, content = self.opener.open_read(path, flags, *ahead)
+                fd, content = opener.open_read(path, flags, *ahead)
         except OpenFailed as exc:
             raise self._failed(exc, path, "read") from None
         try:
@@ -272,12 +296,16 @@ class FileTools:
         ~), stopping at the first folder of another owner (/home, a team
         folder's root-owned parent): another user's agents are not marked.
         Climbed by '..' from a descriptor, as the user; a folder the user
-        cannot open, or a file system refusing the attribute, ends it."""
+        cannot open, or a file system refusing the attribute, ends it. In the
+        host's view (`outside`, when the file was written in the agent's):
+        the marks are for later agents, and above the workdir the agent's
+        view holds only its scratch; a folder only in a throwaway layer is
+        not on the host, and nothing there is marked."""
+        opener = self.outside or self.opener
         try:
-            top = os.fstat(fd := self.opener.open(self.index.workdir,
-                                                  os.O_RDONLY | os.O_DIRECTORY))
+            top = os.fstat(fd := opener.open(self.index.workdir, os.O_RDONLY | os.O_DIRECTORY))
             os.close(fd)
-            dfd = self.opener.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+            dfd = opener.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         except (OpenFailed, OSError):
             return
         rel = os.path.relpath(folder, self.index.workdir)
@@ -299,7 +327,7 @@ class FileTools:
                 if (here.st_dev, here.st_ino) == (top.st_dev, top.st_ino):
                     above = True
                 try:
-                    up = self.opener.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+                    up = opener.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
                 except OpenFailed:
                     return
                 os.close(dfd)
