@@ -1,184 +1,187 @@
-"""Files and folders that git settings name, for protected.py: a setting in a
-protected config (`.git/config`, the user's `~/.gitconfig`) that points into
-the workdir hands the agent a way to run code at the user's next `git` on
-the host, unless what it points at is read-only too (issue 31: husky's
-`core.hooksPath = .husky`, an `include.path` to a workdir file).
+"""Files and folders that git settings name, for protected.py (issues 31, 48):
+a setting that points into a folder the agent may write hands it a way to
+run code at the user's next `git` on the host, unless what it points at is
+read-only too (husky's `core.hooksPath`, an `include.path` to a workdir file,
+a `!` alias running `./x.sh`).
 
-Covered (docs/sandbox.md, "Protected paths"):
-- `core.hooksPath`: the folder (relative: to the working tree's top);
-- `include.path`, `includeIf.<cond>.path`: the file (relative: to the
-  including file's folder), and the settings in it, read in turn;
-- commands: `core.fsmonitor` (unless a boolean), `core.sshCommand`,
-  `core.editor`, `sequence.editor`, `core.pager`, `core.askPass`,
-  `diff.external`, `gpg.program`, `gpg.<format>.program`,
-  `credential.helper` and `credential.<url>.helper`,
-  `filter.<d>.clean|smudge|process`, `diff.<d>.textconv|command`,
-  `merge.<d>.driver`, `alias.<name>` (a `!` shell alias), `pager.<cmd>`:
-  every word of the command line that names a path (has a `/`);
-- `core.attributesFile` (which picks filters for paths), `core.excludesFile`
-  is not (it runs nothing).
+The settings are git's own answer (sandbox/gitask.py); each key is
+classified by the table in sandbox/gitkeys.py. What a value names is
+resolved by git's rules:
+- every file git read settings from (an include in the workdir, a
+  `~/.gitconfig` that links into a dotfiles folder) and every file an
+  include names, whether its condition holds now or not;
+- a folder key (`core.hooksPath`, `init.templateDir`): the folder, a
+  relative one against the working tree's top;
+- a command key: every word of the command line the shell could run or
+  read as a file: a word with a `/` (relative: to the working tree's top,
+  where git runs hooks, aliases and drivers), or a bare word that is a file
+  at the top (`sh x.sh`; a bare word naming a folder, `make test`, is
+  not). A word the shell would expand (`$VAR`, a glob, `$(...)`) cannot be
+  read safely: the deepest folder it surely lies in is protected
+  whole (`$HOME` and `~` are the user's home).
 
-Pure: the caller reads the files (as the user); a parse is bounded in size,
-includes and depth.
+Pure: the caller asked git, and answers whether a path is a regular file.
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
-import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-MAX_INCLUDES = 16
-MAX_DEPTH = 5
-MAX_TEXT = 1 << 20
-MAX_SETTINGS = 4096
+from leviathd.sandbox import gitkeys
+from leviathd.sandbox.gitask import GitView, include_target
 
-_SECTION = re.compile(r'^\s*\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\]|\\.)*)")?\s*\]\s*(.*)$')
-_KEY = re.compile(r"^\s*([A-Za-z][A-Za-z0-9-]*)\s*(?:=\s*(.*))?$")
+MAX_WORDS = 128
 _FALSE_TRUE = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0", ""})
-
-# (section, key) of command settings; "*" a subsection (a driver's or url's name).
-_COMMANDS = frozenset({
-    ("core", "fsmonitor"), ("core", "sshcommand"), ("core", "editor"), ("sequence", "editor"),
-    ("core", "pager"), ("core", "askpass"), ("diff", "external"), ("gpg", "program"),
-    ("gpg.*", "program"), ("credential", "helper"), ("credential.*", "helper"),
-    ("filter.*", "clean"), ("filter.*", "smudge"), ("filter.*", "process"),
-    ("diff.*", "textconv"), ("diff.*", "command"), ("merge.*", "driver"),
-})
-_COMMAND_SECTIONS = frozenset({"alias", "pager"})
+_OPERATORS = frozenset(";&|(){}<>`\n")
+_UNSAFE = frozenset("$*?[`")
 
 
 @dataclass(frozen=True)
 class Named:
-    """A path a setting names: `folder` for a hooks folder, `why` the setting."""
+    """A path a setting names: `folder` when it is a folder, `why` the setting."""
 
     path: str
     folder: bool
     why: str
 
 
-def parse(text: str) -> list[tuple[str, str, str]]:
-    """(section[.subsection], key, value) of a git config text, keys lower
-    case, values unquoted; what cannot be read is skipped (git would refuse
-    the file, so it sets nothing)."""
-    out: list[tuple[str, str, str]] = []
-    section = ""
-    lines = text[:MAX_TEXT].split("\n")
+def shell_words(command: str, home: str) -> list[tuple[str, bool]]:
+    """(word, readable) for each word of a shell command line: quotes
+    removed, split at blanks and the shell's operators; `readable` is False
+    when the shell would expand something in it that we cannot know
+    (`$VAR` but `$HOME`, `${HOME}`; an unquoted glob; a command
+    substitution), the word then cut just before that."""
+    words: list[tuple[str, bool]] = []
+    cur: list[str] = []
+    readable = True
+    quote = ""
     i = 0
-    while i < len(lines) and len(out) < MAX_SETTINGS:
-        line = lines[i]
-        i += 1
-        while line.endswith("\\") and i < len(lines):
-            line = line[:-1] + lines[i]
+
+    def end() -> None:
+        nonlocal cur, readable
+        if cur or not readable:
+            words.append(("".join(cur), readable))
+        cur, readable = [], True
+
+    text = command
+    while i < len(text) and len(words) < MAX_WORDS:
+        c = text[i]
+        if quote == "'":
+            if c == "'":
+                quote = ""
+            elif readable:
+                cur.append(c)
+        elif c == "\\" and i + 1 < len(text):
             i += 1
-        m = _SECTION.match(line)
-        if m is not None:
-            name, sub, rest = m.group(1).lower(), m.group(2), m.group(3)
-            section = f"{name}.{sub.replace(chr(92), '')}" if sub is not None else name
-            line = rest
-            if not line.strip():
-                continue
-        stripped = line.strip()
-        if not stripped or stripped[0] in "#;":
+            if readable:
+                cur.append(text[i])
+        elif c == '"':
+            quote = "" if quote == '"' else '"'
+        elif c == "'" and not quote:
+            quote = "'"
+        elif c == "$":
+            for name in ("${HOME}", "$HOME"):
+                if text.startswith(name, i) and not (
+                    name == "$HOME" and text[i + 5 : i + 6].isalnum()
+                ):
+                    if readable:
+                        cur.append(home)
+                    i += len(name)
+                    break
+            else:
+                readable = False
+                i += 1
             continue
-        k = _KEY.match(line)
-        if k is None or not section:
-            continue
-        out.append((section, k.group(1).lower(), _value(k.group(2) or "")))
-    return out
+        elif not quote and (c.isspace() or c in _OPERATORS):
+            end()
+            if c == "`":
+                readable = True
+        elif not quote and c in _UNSAFE:
+            readable = False
+        elif c == "~" and not quote and not cur and readable \
+                and text[i + 1 : i + 2] in ("/", ""):  # fmt: skip
+            cur.append(home)
+        elif readable:
+            cur.append(c)
+        i += 1
+    end()
+    return words
 
 
-def _value(raw: str) -> str:
-    """A value as git reads it: quotes removed, escapes applied, a comment
-    (# or ; outside quotes) cut."""
-    out: list[str] = []
-    quoted = False
-    j = 0
-    while j < len(raw):
-        c = raw[j]
-        if c == '"':
-            quoted = not quoted
-        elif c == "\\" and j + 1 < len(raw):
-            j += 1
-            out.append({"n": "\n", "t": "\t", "b": "\b"}.get(raw[j], raw[j]))
-        elif c in "#;" and not quoted:
-            break
-        else:
-            out.append(c)
-        j += 1
-    return "".join(out).strip()
+def _resolve(word: str, bases: Iterable[str]) -> list[str]:
+    if word.startswith("/"):
+        return [posixpath.normpath(word)]
+    return [posixpath.normpath(posixpath.join(b, word)) for b in bases]
 
 
-def _expand(value: str, home: str, base: str) -> str:
-    if value.startswith("~/"):
-        return posixpath.normpath(posixpath.join(home, value[2:]))
-    return posixpath.normpath(posixpath.join(base, value))
-
-
-def _command_paths(command: str, home: str, top: str) -> list[str]:
-    """The words of a command line that name paths (have a '/'; an alias's
-    leading '!' removed), resolved against the working tree's top."""
+def command_paths(
+    command: str, *, home: str, bases: list[str], is_file: Callable[[str], bool],
+) -> list[Named]:
+    """What the words of a command line could run or read (see the module's
+    doc); `bases` the folders a relative word is relative to."""
     text = command[1:] if command.startswith("!") else command
-    try:
-        words = shlex.split(text)
-    except ValueError:
-        words = text.split()
-    out = []
-    for word in words[:64]:
-        for part in word.split("=", 1)[-1:]:  # --opt=./x names ./x
-            if "/" in part and not part.startswith("-") and "://" not in part:
-                out.append(_expand(part, home, top))
+    out: list[Named] = []
+    words = shell_words(text, home)
+    # a quoted script given to a shell (`sh -c "./a b"`): its words too
+    words += [w for word, ok in words if ok and " " in word for w in shell_words(word, home)]
+    for word, readable in words[:MAX_WORDS]:
+        if "://" in word:
+            continue  # a URL
+        # `--opt=./x`, `VAR=./x`, `PATH=./bin:$PATH` name ./x, ./bin
+        parts = word.replace("=", ":").split(":")
+        for n, part in enumerate(parts):
+            if not readable and n == len(parts) - 1:
+                # cut before an expansion: the folder it surely lies in, whole
+                folder = part.rsplit("/", 1)[0] if "/" in part else ""
+                if folder:
+                    out += [Named(p, True, "") for p in _resolve(folder, bases)]
+            elif "/" in part:
+                out += [Named(p, False, "") for p in _resolve(part, bases)]
+            elif part and not part.startswith("-"):
+                out += [Named(p, False, "") for p in _resolve(part, bases[:1]) if is_file(p)]
     return out
 
 
-def _is_command(section: str, key: str) -> bool:
-    if section in _COMMAND_SECTIONS:
-        return True
-    if (section, key) in _COMMANDS:
-        return True
-    head = section.split(".", 1)[0]
-    return "." in section and (f"{head}.*", key) in _COMMANDS
+def _common_base(view: GitView) -> list[str]:
+    # git runs hooks, aliases and its drivers at the working tree's top
+    return [view.top or view.asked]
 
 
 def named_paths(
-    configs: Iterable[str], *, home: str, top: str, read_text: Callable[[str], str | None],
+    views: Iterable[GitView], *, home: str, is_file: Callable[[str], bool],
 ) -> list[Named]:
-    """What the settings of these config files (and the files they include)
-    name, as absolute paths; `top` is the working tree's top folder."""
+    """What the settings git reads for these folders name, as absolute paths."""
     found: list[Named] = []
-    todo = [(c, 0) for c in configs]
-    seen: set[str] = set()
-    includes = 0
-    while todo:
-        path, depth = todo.pop(0)
-        if path in seen:
-            continue
-        seen.add(path)
-        text = read_text(path)
-        if text is None:
-            continue
-        for section, key, value in parse(text):
-            if not value:
+    for view in views:
+        bases = _common_base(view)
+        for s in view.settings:
+            if s.origin is not None:
+                found.append(Named(s.origin, False, "git: reads its settings"))
+            target = include_target(s, home)
+            if target is not None:
+                found.append(Named(target, False, f"git: {s.key} names it"))
                 continue
-            name = f"{section}.{key}"
-            if (section == "include" or section.startswith("includeif.")) and key == "path":
-                target = _expand(value, home, posixpath.dirname(path))
-                found.append(Named(target, False, f"git: {name} names it"))
-                includes += 1
-                if depth < MAX_DEPTH and includes <= MAX_INCLUDES:
-                    todo.append((target, depth + 1))
-            elif section == "core" and key == "hookspath":
-                found.append(Named(_expand(value, home, top), True, f"git: {name} names it"))
-            elif section == "core" and key == "attributesfile":
-                found.append(Named(_expand(value, home, top), False, f"git: {name} names it"))
-            elif _is_command(section, key):
-                if section == "core" and key == "fsmonitor" and value.lower() in _FALSE_TRUE:
+            if not s.value:
+                continue
+            kind = gitkeys.classify(s.key)
+            why = f"git: {s.key[:200]} names it"
+            if kind in ("path", "folder"):
+                value = s.value
+                base = bases
+                if s.key.lower().startswith("submodule.") and view.common_dir:
+                    base = [posixpath.join(view.common_dir, "modules")]
+                if value.startswith("~/"):
+                    value = posixpath.join(home, value[2:])
+                for p in _resolve(value, base):
+                    found.append(Named(p, kind == "folder", why))
+                    if kind == "folder" and posixpath.basename(p) == "_":
+                        # husky 9: `_/<hook>` runs `../<hook>`, the files it keeps
+                        found.append(Named(posixpath.dirname(p), True, why))
+            elif kind == "command":
+                if s.key.lower() == "core.fsmonitor" and s.value.lower() in _FALSE_TRUE:
                     continue
-                if section in _COMMAND_SECTIONS and section == "alias" \
-                        and not value.startswith("!"):
-                    continue
-                for p in _command_paths(value, home, top):
-                    found.append(Named(p, False, f"git: {name} runs it"))
-    return found
+                for n in command_paths(s.value, home=home, bases=bases, is_file=is_file):
+                    found.append(Named(n.path, n.folder, f"git: {s.key[:200]} runs it"))
+    return list({(n.path, n.folder): n for n in found}.values())

@@ -30,14 +30,38 @@ from dataclasses import dataclass
 from leviathd.domain.protectedpaths import check_config_path, expand_config_path
 from leviathd.errors import InvalidArgument
 from leviathd.sandbox import gitsettings
+from leviathd.sandbox.gitask import GitView
 
 # In every git folder the workdir uses (its own, a worktree's, the common one,
 # each submodule's). A trailing "/" marks a folder. `commondir` is read in any
 # git folder, a worktree's or not, and would send git to another folder's config.
 GIT_FOLDER: tuple[str, ...] = ("config", "config.worktree", "hooks/", "info/", "commondir")
 
-# In the home, relative to it: hooks, MCP servers, notify and plugin commands.
+# In every linked worktree's admin folder (`<common>/worktrees/<name>`): what
+# sends git to another git folder, or adds settings (issue 48).
+WORKTREE_ADMIN: tuple[str, ...] = ("commondir", "gitdir", "config.worktree")
+
+# Tracked files that tools run without being asked (issue 48), at each
+# repository's top and the workdir: (any of these there, then all of them).
+# husky 9 runs `.husky/<hook>` through `.husky/_`; lefthook merges
+# `lefthook-local.yml` in; direnv runs `.envrc`; editors run tasks.
+TRACKED_HOOKS: tuple[tuple[str, ...], ...] = (
+    (".husky/",),
+    ("lefthook.yml", ".lefthook.yml", "lefthook.yaml", ".lefthook.yaml", "lefthook-local.yml",
+     ".lefthook-local.yml", ".lefthook/"),
+    (".pre-commit-config.yaml",),
+    (".simple-git-hooks.json", ".simple-git-hooks.js", ".simple-git-hooks.cjs",
+     "simple-git-hooks.json", "simple-git-hooks.js", "simple-git-hooks.cjs"),
+    (".envrc",),
+    (".vscode/tasks.json",),
+    (".devcontainer/",),
+)
+
+# In the home, relative to it: hooks, MCP servers, notify and plugin commands;
+# git's global configs (a grant of ~/.config must leave them read-only).
 HOME: tuple[str, ...] = (
+    ".gitconfig",
+    ".config/git/config",
     ".claude/settings.json",
     ".claude/settings.local.json",
     ".claude/plugins/",
@@ -62,7 +86,7 @@ WORKDIR_TOOLS: tuple[tuple[tuple[str, ...], str, tuple[str, ...]], ...] = (
 )
 
 # How many paths git settings may name (each is a mount or more).
-MAX_GIT_NAMED = 64
+MAX_GIT_NAMED = 256
 
 # How many submodules are looked at, and how deep (a .gitmodules is the agent's text).
 MAX_SUBMODULES = 64
@@ -174,17 +198,36 @@ def entries(
     git: tuple[Sequence[str], Sequence[str]],
     extra: Iterable[str],
     exists: Callable[[str], bool],
-    read_text: Callable[[str], str | None] | None = None,
+    views: Sequence[GitView] = (),
+    is_file: Callable[[str], bool] = lambda _p: False,
 ) -> list[Protected]:
     """Every protected path for this run, before the check that it lies in a
-    writable mount (see `build`). `git` is (git folders, `.git` files).
-    With `read_text` (the host's files, read as the user), what the git
-    configs' settings name too (gitsettings.py: a hooksPath, an include, a
-    command's script)."""
+    writable mount (see `build`). `git` is (git folders, `.git` files);
+    `views` what git says about the workdir and the repositories that hold or
+    share it (gitask.py): what their settings name (gitsettings.py), their
+    git folders and every linked worktree's admin folder, and the tracked
+    files that hook managers run at each repository's top."""
     out: list[Protected] = []
     folders, files = git
-    if read_text is not None:
-        out += _git_named(folders, home=home, workdir=workdir, read_text=read_text)
+    folders = list(folders)
+    out += _git_named(views, home=home, workdir=workdir, is_file=is_file)
+    tops = [workdir]
+    for view in views:
+        folders += [f for f in (view.git_dir, view.common_dir) if f and f not in folders]
+        if view.top and view.top not in tops:
+            tops.append(view.top)
+        for admin in view.worktree_admins:
+            out.append(Protected(admin, True, True, "a worktree's git folder (pinned)"))
+            for name in WORKTREE_ADMIN:
+                out.append(Protected(posixpath.join(admin, name), False, False,
+                                     "git: names the git folder"))  # fmt: skip
+    for top in tops:
+        for group in TRACKED_HOOKS:
+            if not any(exists(posixpath.join(top, r.rstrip("/"))) for r in group):
+                continue
+            for rel in group:
+                out.append(Protected(posixpath.join(top, rel.rstrip("/")), rel.endswith("/"),
+                                     False, "a hook manager runs it"))  # fmt: skip
     for git_dir in folders:
         out.append(Protected(git_dir, True, True, "git folder (pinned)"))
         for name in GIT_FOLDER:
@@ -211,13 +254,10 @@ def entries(
 
 
 def _git_named(
-    folders: Sequence[str], *, home: str, workdir: str,
-    read_text: Callable[[str], str | None],
+    views: Sequence[GitView], *, home: str, workdir: str, is_file: Callable[[str], bool],
 ) -> list[Protected]:
-    configs = [posixpath.join(g, n) for g in folders for n in ("config", "config.worktree")]
-    configs += [posixpath.join(home, ".gitconfig"), posixpath.join(home, ".config/git/config")]
     out = []
-    found = gitsettings.named_paths(configs, home=home, top=workdir, read_text=read_text)
+    found = gitsettings.named_paths(views, home=home, is_file=is_file)
     for named in found[:MAX_GIT_NAMED]:
         # Never the workdir or a folder above it (`hooksPath = .`): the agent
         # must keep writing its work; such a setting is named in the docs' limits.
@@ -249,7 +289,15 @@ def build(
     empty folder (nothing can be created beneath it); a pin of something
     missing is dropped (nothing to pin)."""
     chosen: dict[str, Protected] = {}
+    every: list[Protected] = []
     for entry in candidates:
+        # by its name and where its links lead: a `~/.gitconfig` that links
+        # into a dotfiles folder the agent may write (issue 48)
+        every.append(entry)
+        real = resolve(posixpath.normpath(entry.path))
+        if real != posixpath.normpath(entry.path) and not entry.pin:
+            every.append(Protected(real, entry.folder, False, entry.why))
+    for entry in every:
         path = posixpath.normpath(entry.path)
         # (a file bound on its own, ~/.aider.conf.yml, is its own mount: covered too)
         owner = max((w for w in writable if _inside(path, w) and not (entry.pin and path == w)),

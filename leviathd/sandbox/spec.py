@@ -34,8 +34,9 @@ from leviathd.domain.workdir import WORKDIR_MODES, WorkdirMode, refuse_system_wo
 from leviathd.errors import InvalidArgument
 from leviathd.hidden import HIDDEN_ABSOLUTE, HIDDEN_IN_HOME
 from leviathd.identity import UserInfo
-from leviathd.sandbox import loopfs, protected
+from leviathd.sandbox import gitask, loopfs, protected
 from leviathd.sandbox.environment import build_environment, parse_git_identity
+from leviathd.sandbox.gitask import GitView
 
 MountKind = Literal["bind", "tmpfs", "overlay", "proc", "dev", "symlink", "mask", "protect"]
 
@@ -495,6 +496,8 @@ class _Plan:
     workdir: str
     b: _Builder
     git_dirs: list[str] = field(default_factory=list)
+    ask_git: Callable[[str], Sequence[GitView]] = lambda _w: ()
+    is_file: Callable[[str], bool] = lambda _p: False
 
 
 def _system(p: _Plan) -> None:
@@ -649,7 +652,8 @@ def _protected(p: _Plan) -> None:
         git=protected.git_folders(p.workdir, p.git_dirs, p.read_text, p.exists, p.resolve),
         extra=protected.refuse_bad(p.effective.protected_paths),
         exists=p.exists,
-        read_text=p.read_text,
+        views=p.ask_git(p.workdir),
+        is_file=p.is_file,
     )
     if p.effective.kind == SandboxKind.NONE:
         return
@@ -755,6 +759,8 @@ def build_spec(
     links: Mapping[str, str] | None = None,
     git_identity: Mapping[str, str] | None = None,
     other_homes: Iterable[str] = (),
+    ask_git: Callable[[str], Sequence[GitView]] | None = None,
+    is_file: Callable[[str], bool] | None = None,
 ) -> SandboxSpec:
     """Compute what the agent will see.
 
@@ -764,6 +770,10 @@ def build_spec(
     links: the system's top-level links, e.g. {"/bin": "usr/bin"}.
     git_identity: {"name", "email"} from the user's ~/.gitconfig.
     other_homes: other accounts' home folders, hidden too.
+    ask_git: what git says about a folder and the repositories that hold or
+      share it (gitask.py), as the user.
+    is_file: whether a host path is a regular file (a bare word of a git
+      command that names one).
     """
     if not _EXECUTION_ID.match(execution_id):
         raise InvalidArgument(f"execution id {execution_id!r} is not a plain name")
@@ -793,6 +803,7 @@ def build_spec(
         home=home, scratch=posixpath.join(scratch_dir, execution_id),
         workdir=expand(request.workdir, home),
         b=_Builder(user=user, home=home, exists=exists, resolve=resolve_fn, hidden=list(hidden)),
+        ask_git=ask_git or (lambda _w: ()), is_file=is_file or (lambda _p: False),
     )
     for _name, step in _STEPS:
         step(plan)
@@ -840,6 +851,40 @@ def host_read_text_as(uid: int, gid: int) -> Callable[[str], str | None]:
     return read
 
 
+def host_git_views(user: UserInfo) -> Callable[[str], list[GitView]]:
+    """What git, run as `user`, says about a workdir: its repository (one
+    that holds it, a monorepo's top above a package) and every linked
+    worktree sharing that repository's git folder (issue 48)."""
+    runner = gitask.Runner(user.uid, user.gid, tuple(user.groups), user.home)
+
+    def ask(workdir: str) -> list[GitView]:
+        first = gitask.ask(runner, workdir)
+        views = [first]
+        for wt in first.worktrees[:MAX_WORKTREE_VIEWS]:
+            if wt not in (first.top, workdir):
+                views.append(gitask.ask(runner, wt))
+        return views
+
+    return ask
+
+
+# How many linked worktrees of the workdir's repository git is asked about.
+MAX_WORKTREE_VIEWS = 8
+
+
+def host_is_file_as(uid: int, gid: int) -> Callable[[str], bool]:
+    from leviathd import fsids
+
+    def is_file(path: str) -> bool:
+        with fsids.as_user(uid, gid):
+            try:
+                return stat.S_ISREG(os.lstat(path).st_mode)
+            except OSError:
+                return False
+
+    return is_file
+
+
 def host_links() -> dict[str, str]:
     links: dict[str, str] = {}
     for path in SYSTEM_LINK_DIRS:
@@ -882,6 +927,8 @@ def build_spec_on_host(
         links=host_links(),
         git_identity=parse_git_identity(gitconfig) if gitconfig else None,
         other_homes=host_other_homes(user) if other_homes is None else other_homes,
+        ask_git=host_git_views(user),
+        is_file=host_is_file_as(user.uid, user.gid),
     )
     if spec.kind == SandboxKind.NAMESPACE:
         spec = replace(spec, scratch_fs=loopfs.backing())

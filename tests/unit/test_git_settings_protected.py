@@ -1,91 +1,203 @@
-"""Issue 31 §5: what git settings in a protected config name inside the
-workdir is read-only too (pure: the spec with every host answer passed in;
-the bed side is tests/integration/test_git_settings_bed.py). Before
-sandbox/gitsettings.py none of these targets was protected (seen failing)."""
+"""Issues 31 §5 and 48 §1: what git settings name in a folder the agent may
+write is read-only too, found by asking the real git (sandbox/gitask.py) and
+resolved by git's rules (sandbox/gitsettings.py). The bed side, from inside
+an agent: tests/integration/test_git_settings_bed.py.
+
+Each repository here is a real one, made with the real git in a temporary
+folder; the settings are git's own answer. Seen failing on the old reader
+(sandbox/gitsettings.py before issue 48): the enclosing repository of a
+subfolder workdir, a config over 64 KiB, a linked ~/.gitconfig, the
+`!f() { ./x.sh; }; f` alias, a `$HOME/...` word, and the command keys it did
+not list named nothing."""
 
 from __future__ import annotations
 
+import os
+import posixpath
+import subprocess
+from pathlib import Path
+
 from test_protected import protected
-from test_sandbox_spec import HOME, WORKDIR, spec_for
+from test_sandbox_spec import ALICE, HOME, WORKDIR, everything_exists
 
-from leviathd.sandbox.gitsettings import named_paths, parse
-
-CONFIG = f"""
-[core]
-\trepositoryformatversion = 0
-\thooksPath = .husky
-\tfsmonitor = "tools/fsmon.sh"   ; a comment
-\tsshCommand = ssh -F ./ssh/config
-\teditor = true
-[include]
-\tpath = ../shared.gitconfig
-[includeIf "gitdir:{WORKDIR}/"]
-\tpath = {WORKDIR}/conf/more.gitconfig
-[filter "lfs"]
-\tsmudge = ./bin/smudge %f
-[diff "img"]
-\ttextconv = scripts/tc
-[merge "ours"]
-\tdriver = ./bin/merge %O %A %B
-[alias]
-\tst = status
-\tx = "!./bin/alias-x"
-[sequence]
-\teditor = ./bin/seq-editor
-"""
-
-MORE = """
-[core]
-\tpager = ./bin/pager
-"""
+from leviathd.config.merge import Effective
+from leviathd.config.models import SandboxKind
+from leviathd.sandbox import gitask
+from leviathd.sandbox.gitask import GitView, Setting
+from leviathd.sandbox.gitsettings import command_paths, named_paths
+from leviathd.sandbox.spec import RunRequest, build_spec
 
 
-def test_the_parser_reads_sections_subsections_quotes_and_comments() -> None:
-    got = parse(CONFIG)
-    assert ("core", "hookspath", ".husky") in got
-    assert ("core", "fsmonitor", "tools/fsmon.sh") in got
-    assert ("filter.lfs", "smudge", "./bin/smudge %f") in got
-    assert ("alias", "x", "!./bin/alias-x") in got
-    assert ("includeif.gitdir:" + WORKDIR + "/", "path", f"{WORKDIR}/conf/more.gitconfig") in got
+def _git(cwd: Path, *args: str, home: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
 
 
-def test_every_covered_setting_names_its_target() -> None:
-    files = {f"{WORKDIR}/.git/config": CONFIG, f"{WORKDIR}/conf/more.gitconfig": MORE}
-    named = {n.path: n for n in named_paths([f"{WORKDIR}/.git/config"], home=HOME,
-                                            top=WORKDIR, read_text=files.get)}
-    for rel in ("tools/fsmon.sh", "ssh/config", "bin/smudge", "scripts/tc", "bin/merge",
-                "bin/alias-x", "bin/seq-editor", "conf/more.gitconfig", "bin/pager"):
-        assert f"{WORKDIR}/{rel}" in named, rel
-    assert named[f"{WORKDIR}/.husky"].folder
-    assert f"{WORKDIR}/shared.gitconfig" in named  # relative to the including file (.git/)
-    assert not any(p.endswith("/status") or p.endswith("/true") for p in named)
+def _runner(home: Path) -> gitask.Runner:
+    return gitask.Runner(os.getuid(), os.getgid(), (), str(home))
 
 
-def test_a_husky_hooks_folder_and_what_the_config_names_are_read_only_in_the_spec() -> None:
-    p = protected(spec_for(files={f"{WORKDIR}/.git/config": CONFIG,
-                                  f"{WORKDIR}/conf/more.gitconfig": MORE}))
+def _named(view: GitView, home: Path) -> dict[str, bool]:
+    return {n.path: n.folder for n in named_paths([view], home=str(home),
+                                                   is_file=os.path.isfile)}
+
+
+def test_a_subfolder_workdir_gets_what_the_enclosing_repository_names(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mono = tmp_path / "mono"
+    (mono / "frontend" / ".husky" / "_").mkdir(parents=True)
+    _git(mono, "init", "-q", home=home)
+    _git(mono, "config", "core.hooksPath", "frontend/.husky/_", home=home)
+    view = gitask.ask(_runner(home), str(mono / "frontend"))
+    assert view.top == str(mono)
+    named = _named(view, home)
+    assert named[f"{mono}/frontend/.husky/_"] is True
+    assert named[f"{mono}/frontend/.husky"] is True  # husky 9 runs .husky/<hook>
+
+
+def test_includes_and_any_size_are_read_by_git(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", home=home)
+    with open(repo / ".git" / "config", "a") as f:
+        f.write("[alias]\n" + "".join(f"\ta{i} = log --oneline -n {i}\n" for i in range(4000)))
+        f.write("[include]\n\tpath = ../conf/extra.gitconfig\n")
+        f.write('[includeIf "onbranch:release"]\n\tpath = ../conf/release.gitconfig\n')
+    assert os.path.getsize(repo / ".git" / "config") > 65536
+    (repo / "conf").mkdir()
+    (repo / "conf" / "extra.gitconfig").write_text("[core]\n\tfsmonitor = tools/fsmon\n")
+    (repo / "conf" / "release.gitconfig").write_text("[remote \"o\"]\n\tuploadpack = ./up\n")
+    named = _named(gitask.ask(_runner(home), str(repo)), home)
+    assert f"{repo}/conf/extra.gitconfig" in named
+    assert f"{repo}/tools/fsmon" in named
+    assert f"{repo}/conf/release.gitconfig" in named  # its condition does not hold now
+    assert f"{repo}/up" in named  # ... but what it names counts
+
+
+def test_a_linked_global_config_is_followed(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "dotfiles").mkdir(parents=True)
+    (home / "dotfiles" / "gitconfig").write_text(
+        "[difftool \"x\"]\n\tcmd = ~/dotfiles/bin/dt \"$LOCAL\"\n"
+        "[core]\n\tgitProxy = $HOME/proxy.sh\n"
+    )
+    (home / ".gitconfig").symlink_to("dotfiles/gitconfig")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", home=home)
+    named = _named(gitask.ask(_runner(home), str(repo)), home)
+    assert f"{home}/dotfiles/bin/dt" in named
+    assert f"{home}/proxy.sh" in named
+    assert f"{home}/.gitconfig" in named
+
+
+def test_linked_worktrees_admin_folders_are_listed(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main", home=home)
+    _git(repo, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty",
+         "-m", "one", home=home)
+    _git(repo, "worktree", "add", "-q", "-b", "other", str(tmp_path / "wt"), home=home)
+    view = gitask.ask(_runner(home), str(repo))
+    assert view.worktree_admins == (f"{repo}/.git/worktrees/wt",)
+    assert str(tmp_path / "wt") in view.worktrees
+    linked = gitask.ask(_runner(home), str(tmp_path / "wt"))
+    assert linked.common_dir == f"{repo}/.git"
+    assert linked.git_dir == f"{repo}/.git/worktrees/wt"
+
+
+def test_shell_words_are_read_like_the_shell_would() -> None:
+    def paths(cmd: str) -> dict[str, bool]:
+        return {n.path: n.folder for n in command_paths(
+            cmd, home="/h", bases=["/t"], is_file=lambda p: p == "/t/run.sh")}
+
+    assert paths("!f() { ./x.sh; }; f") == {"/t/x.sh": False}
+    assert paths("$HOME/bin/x --opt=./y") == {"/h/bin/x": False, "/t/y": False}
+    assert paths("./scripts/$X.sh") == {"/t/scripts": True}  # the whole folder
+    assert paths("sh -c './a b' && sh run.sh") == {"/t/a b": False, "/t/a": False,
+                                                   "/t/run.sh": False}
+    assert paths("PATH=./bin:$PATH make") == {"/t/bin": False}
+    assert paths("git -c core.pager=./pg log") == {"/t/pg": False}
+
+
+def _view(settings: list[tuple[str, str]], **kw: object) -> GitView:
+    origin = f"{WORKDIR}/.git/config"
+    return GitView(WORKDIR, top=WORKDIR, git_dir=f"{WORKDIR}/.git",
+                   common_dir=f"{WORKDIR}/.git",
+                   settings=tuple(Setting("local", origin, k, v) for k, v in settings),
+                   **kw)  # type: ignore[arg-type]
+
+
+def _spec(views: list[GitView], effective: Effective | None = None,
+          existing: object = everything_exists) -> dict[str, tuple[bool, str]]:
+    return protected(build_spec(
+        effective or Effective(kind=SandboxKind.NAMESPACE), ALICE,
+        RunRequest(("claude",), WORKDIR, "rw", {}), "0123abcd",
+        existing=existing,  # type: ignore[arg-type]
+        read_text=lambda _p: None, ask_git=lambda _w: views,
+    ))
+
+
+def test_every_command_key_of_the_issue_names_its_script() -> None:
+    keys = ["remote.origin.uploadpack", "difftool.x.cmd", "mergetool.y.cmd", "core.gitProxy",
+            "trailer.sign.command", "gpg.ssh.defaultKeyCommand", "core.alternateRefsCommand",
+            "core.fsmonitor", "core.sshCommand", "filter.lfs.process", "diff.img.textconv",
+            "credential.helper", "sequence.editor", "core.editor", "core.pager", "pager.log",
+            "alias.st", "uploadpack.packObjectsHook", "gc.recentObjectsHook"]
+    p = _spec([_view([(k, f"./bin/{i}") for i, k in enumerate(keys)])])
+    for i, k in enumerate(keys):
+        assert p.get(f"{WORKDIR}/bin/{i}") == (True, "file"), k
+
+
+def test_worktree_admin_folders_husky_and_the_global_config_in_a_grant() -> None:
+    admin = f"{WORKDIR}/.git/worktrees/other"
+    views = [_view([("core.hookspath", ".husky/_")], worktree_admins=(admin,))]
+    from leviathd.domain.mounts import MountRequest
+    eff = Effective(kind=SandboxKind.NAMESPACE,
+                    mounts=[MountRequest(path="~/.config", access="write")])  # type: ignore[arg-type]
+    p = _spec(views, eff)
+    assert p[admin] == (False, "dir")
+    for name in ("commondir", "gitdir", "config.worktree"):
+        assert p[posixpath.join(admin, name)] == (True, "file"), name
     assert p[f"{WORKDIR}/.husky"] == (True, "dir")
-    for rel in ("tools/fsmon.sh", "bin/smudge", "bin/merge", "conf/more.gitconfig",
-                "bin/pager"):
-        assert p[f"{WORKDIR}/{rel}"] == (True, "file"), rel
+    assert p[f"{WORKDIR}/.husky/_"] == (True, "dir")
+    assert p[f"{HOME}/.config/git/config"] == (True, "file")
 
 
-def test_the_users_gitconfig_counts_too_but_never_the_workdir_itself() -> None:
-    home_config = "[core]\n\thooksPath = .\n[core]\n\tfsmonitor = ./watch\n"
-    p = protected(spec_for(files={f"{HOME}/.gitconfig": home_config}))
+def test_tracked_hook_managers_files_are_read_only_where_they_exist() -> None:
+    there = {f"{WORKDIR}/lefthook.yml", f"{WORKDIR}/.envrc", f"{WORKDIR}/.devcontainer"}
+
+    def exists(path: str) -> bool:
+        return not path.startswith(WORKDIR + "/") or path in there or path.startswith(
+            f"{WORKDIR}/.git")
+
+    p = _spec([_view([])], existing=exists)
+    assert p[f"{WORKDIR}/lefthook.yml"] == (True, "file")
+    assert p[f"{WORKDIR}/lefthook-local.yml"] == (True, "file")  # merged in by lefthook
+    assert p[f"{WORKDIR}/.envrc"] == (True, "file")
+    assert p[f"{WORKDIR}/.devcontainer"] == (True, "dir")
+    assert f"{WORKDIR}/.pre-commit-config.yaml" not in p  # none: no empty file made
+
+
+def test_the_workdir_and_home_themselves_are_never_protected() -> None:
+    p = _spec([_view([("core.hookspath", "."), ("core.fsmonitor", "./watch")])])
     assert WORKDIR not in p or p[WORKDIR][0] is False
     assert p[f"{WORKDIR}/watch"] == (True, "file")
 
 
 def test_a_boolean_fsmonitor_names_nothing() -> None:
-    named = named_paths(["c"], home=HOME, top=WORKDIR,
-                        read_text={"c": "[core]\n\tfsmonitor = true\n"}.get)
-    assert named == []
+    named = named_paths([_view([("core.fsmonitor", "true")])], home=HOME,
+                        is_file=lambda _p: True)
+    assert [n.path for n in named] == [f"{WORKDIR}/.git/config"]
 
 
 def test_the_folders_above_a_named_target_are_pinned_up_to_the_workdir() -> None:
-    config = "[core]\n\thooksPath = tools/git/hooks\n"
-    p = protected(spec_for(files={f"{WORKDIR}/.git/config": config}))
+    p = _spec([_view([("core.hookspath", "tools/git/hooks")])])
     assert p[f"{WORKDIR}/tools/git/hooks"] == (True, "dir")
     assert p[f"{WORKDIR}/tools/git"] == (False, "dir")
     assert p[f"{WORKDIR}/tools"] == (False, "dir")
