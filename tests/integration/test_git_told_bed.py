@@ -107,7 +107,8 @@ def _t() -> str:
     return """
 t() {
   name=$1; shift
-  if out=$( ("$@") 2>&1 ); then echo "$name ok"; else echo "$name refused"; echo "$name: $out" >&2; fi
+  if out=$( ("$@") 2>&1 ); then echo "$name ok"
+  else echo "$name refused"; echo "$name: $out" >&2; fi
 }
 """
 
