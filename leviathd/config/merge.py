@@ -228,6 +228,7 @@ class Effective:
     env_withhold: list[str] = field(default_factory=list)
     hidden_paths: list[str] = field(default_factory=list)
     protected_paths: list[str] = field(default_factory=list)
+    hook_files_writable: list[str] = field(default_factory=list)
     taint: TaintSettings = field(default_factory=TaintSettings)
     allowlist: list[AllowRule] = field(default_factory=list)
     rules: list[RuleSpec] = field(default_factory=list)
@@ -664,6 +665,7 @@ def _config_layer(
     network_defaulted = ms.network is None
     mounts = list(ms.mounts or [])
     protected_paths = list(ms.protected_paths or [])
+    hook_files_writable = list(ms.hook_files_writable or [])
     default_mounts = True if ms.default_mounts is None else ms.default_mounts
     on_unavailable = ms.on_unavailable or DEFAULT_ON_UNAVAILABLE
     allow_io_uring = bool(ms.allow_io_uring)
@@ -758,6 +760,9 @@ def _config_layer(
         resources = _tighten_resources(resources, user.resources, w, out)
         # More protected paths only take rights away: any layer may add some.
         protected_paths += [p for p in us.protected_paths or [] if p not in protected_paths]
+        # The user's own repositories: she may give their hook files to her agents.
+        hook_files_writable += [p for p in us.hook_files_writable or []
+                                if p not in hook_files_writable]
 
         uperms = _perm_table(user, agent)
         for tool, level in uperms.items():
@@ -843,6 +848,7 @@ def _config_layer(
         env_withhold=env_withhold,
         hidden_paths=hidden,
         protected_paths=protected_paths,
+        hook_files_writable=hook_files_writable,
         taint=taint,
         allowlist=allowlist,
         rules=rules,
@@ -962,6 +968,13 @@ def _apply_sandbox(
     if sb.containers is not None:
         got["containers"] = _tighten_containers(
             e.containers, sb.containers, where("containers"), out
+        )
+    if sb.hook_files_writable:
+        out.add(
+            "warn",
+            "hook-files-ignored",
+            f"{where('hook_files_writable')} hook_files_writable is ignored: only the machine "
+            "and user configs give hook files to agents",
         )
     if sb.protected_paths:
         got["protected_paths"] = e.protected_paths + [
@@ -1097,6 +1110,7 @@ def resolve(
             env_withhold=list(fenced.env_withhold),
             hidden_paths=list(fenced.hidden_paths),
             protected_paths=list(fenced.protected_paths),
+            hook_files_writable=list(fenced.hook_files_writable),
             allowlist=list(fenced.allowlist),
             rules=[*fenced.rules, *blueprint_rules],
             credentials=dict(fenced.credentials),

@@ -279,6 +279,10 @@ class SandboxConfig(_Model):
     containers: ContainersConfig | None = None
     # Added to the built-in list (leviathd/sandbox/protected.py), never removed from it.
     protected_paths: list[ProtectedPath] | None = None
+    # Repositories (their folders) whose tracked hook managers' files (husky's
+    # .husky/, lefthook.yml, .envrc, ...) agents may write: read-only elsewhere.
+    # Machine and user configs only (a blueprint's is ignored).
+    hook_files_writable: list[MountPath] | None = None
 
 
 class Resources(_Model):

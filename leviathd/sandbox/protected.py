@@ -200,13 +200,15 @@ def entries(
     exists: Callable[[str], bool],
     views: Sequence[GitView] = (),
     is_file: Callable[[str], bool] = lambda _p: False,
+    hook_files_given: Sequence[str] = (),
 ) -> list[Protected]:
     """Every protected path for this run, before the check that it lies in a
     writable mount (see `build`). `git` is (git folders, `.git` files);
     `views` what git says about the workdir and the repositories that hold or
     share it (gitask.py): what their settings name (gitsettings.py), their
     git folders and every linked worktree's admin folder, and the tracked
-    files that hook managers run at each repository's top."""
+    files that hook managers run at each repository's top (but in the
+    repositories of `hook_files_given`, `[sandbox] hook_files_writable`)."""
     out: list[Protected] = []
     folders, files = git
     folders = list(folders)
@@ -222,6 +224,8 @@ def entries(
                 out.append(Protected(posixpath.join(admin, name), False, False,
                                      "git: names the git folder"))  # fmt: skip
     for top in tops:
+        if any(_inside(top, r) or _inside(workdir, r) for r in hook_files_given):
+            continue
         for group in TRACKED_HOOKS:
             if not any(exists(posixpath.join(top, r.rstrip("/"))) for r in group):
                 continue

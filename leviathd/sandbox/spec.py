@@ -654,6 +654,8 @@ def _protected(p: _Plan) -> None:
         exists=p.exists,
         views=p.ask_git(p.workdir),
         is_file=p.is_file,
+        hook_files_given=[expand(r, p.home)
+                          for r in getattr(p.effective, "hook_files_writable", ())],
     )
     if p.effective.kind == SandboxKind.NONE:
         return

@@ -201,3 +201,31 @@ def test_the_folders_above_a_named_target_are_pinned_up_to_the_workdir() -> None
     assert p[f"{WORKDIR}/tools/git/hooks"] == (True, "dir")
     assert p[f"{WORKDIR}/tools/git"] == (False, "dir")
     assert p[f"{WORKDIR}/tools"] == (False, "dir")
+
+
+def test_a_repository_given_in_hook_files_writable_keeps_its_hook_files_writable() -> None:
+    there = {f"{WORKDIR}/.husky", f"{WORKDIR}/.envrc"}
+
+    def exists(path: str) -> bool:
+        return not path.startswith(WORKDIR + "/") or path in there or path.startswith(
+            f"{WORKDIR}/.git")
+
+    given = Effective(kind=SandboxKind.NAMESPACE, hook_files_writable=["~/src/app"])
+    p = _spec([_view([])], given, existing=exists)
+    assert f"{WORKDIR}/.husky" not in p and f"{WORKDIR}/.envrc" not in p
+    assert p[f"{WORKDIR}/.git/config"] == (True, "file")  # untracked config: always
+    other = Effective(kind=SandboxKind.NAMESPACE, hook_files_writable=["~/src/other"])
+    assert _spec([_view([])], other, existing=exists)[f"{WORKDIR}/.husky"] == (True, "dir")
+
+
+def test_hook_files_writable_comes_from_the_machine_and_user_configs_not_a_blueprint() -> None:
+    from leviathd.config.load import parse_blueprint, parse_config
+    from leviathd.config.merge import resolve
+
+    machine = parse_config('[sandbox]\nhook_files_writable = ["/srv/m"]\n', "m.toml")
+    user = parse_config('[sandbox]\nhook_files_writable = ["~/src/app"]\n', "u.toml")
+    bp = parse_blueprint('[agent]\nname = "b"\ncommand = ["x"]\n'
+                         '[sandbox]\nhook_files_writable = ["~/evil"]\n', "b.toml")
+    got = resolve(machine, user, bp, "b")
+    assert got.agent.hook_files_writable == ["/srv/m", "~/src/app"]
+    assert any(f.code == "hook-files-ignored" for f in got.findings)
