@@ -134,12 +134,19 @@ def _view(settings: list[tuple[str, str]], **kw: object) -> GitView:
 
 
 def _spec(views: list[GitView], effective: Effective | None = None,
-          existing: object = everything_exists) -> dict[str, tuple[bool, str]]:
+          existing: object = everything_exists,
+          links: dict[str, str] | None = None) -> dict[str, tuple[bool, str]]:
+    def resolve(path: str) -> str:
+        for name, to in (links or {}).items():
+            if path == name or path.startswith(name + "/"):
+                return to + path[len(name):]
+        return path
+
     return protected(build_spec(
         effective or Effective(kind=SandboxKind.NAMESPACE), ALICE,
         RunRequest(("claude",), WORKDIR, "rw", {}), "0123abcd",
         existing=existing,  # type: ignore[arg-type]
-        read_text=lambda _p: None, ask_git=lambda _w: views,
+        resolve=resolve, read_text=lambda _p: None, ask_git=lambda _w: views,
     ))
 
 
@@ -229,3 +236,10 @@ def test_hook_files_writable_comes_from_the_machine_and_user_configs_not_a_bluep
     got = resolve(machine, user, bp, "b")
     assert got.agent.hook_files_writable == ["/srv/m", "~/src/app"]
     assert any(f.code == "hook-files-ignored" for f in got.findings)
+
+
+def test_a_named_path_that_links_into_the_workdir_is_protected_where_it_leads() -> None:
+    # ~/githooks (not writable: the home is scratch) links to the workdir's tools/hooks
+    p = _spec([_view([("core.hookspath", f"{HOME}/githooks")])],
+              links={f"{HOME}/githooks": f"{WORKDIR}/tools/hooks"})
+    assert p[f"{WORKDIR}/tools/hooks"] == (True, "dir")
