@@ -95,7 +95,7 @@ def canonical_host(host: str) -> str | None:
 def address_facts(address: str) -> dict[str, bool]:
     """What kind of address `address` is (all false for ""): the map rules
     see as `call.ip`. An IPv6 form carrying an IPv4 address is judged by the
-    IPv4 address inside."""
+    IPv4 address inside; an unspecified one is loopback too."""
     facts = {"loopback": False, "private": False, "link_local": False, "global": False,
              "multicast": False, "unspecified": False}
     if not address:
@@ -106,7 +106,10 @@ def address_facts(address: str) -> dict[str, bool]:
         return facts
     if isinstance(addr, ipaddress.IPv6Address):
         addr = embedded_ipv4(addr) or addr
-    facts.update(loopback=addr.is_loopback, private=addr.is_private and not addr.is_loopback
+    # Dialling 0.0.0.0 or :: reaches the host itself, as loopback does (issue
+    # 48): `0`, `0x0`, `[::ffff:0.0.0.0]` and names resolving to it included.
+    itself = addr.is_loopback or addr.is_unspecified
+    facts.update(loopback=itself, private=addr.is_private and not addr.is_loopback
                  and not addr.is_link_local, link_local=addr.is_link_local,
                  multicast=addr.is_multicast, unspecified=addr.is_unspecified,
                  **{"global": addr.is_global})

@@ -239,3 +239,20 @@ def test_a_long_first_argument_does_not_hide_the_destination(
     assert bed.run(["test", "-e", f"{agent.workdir}/sent.txt"], check=False).returncode != 0
     rc, out, err = agent.call(f"lev tool send {note} good.example")
     assert rc == 0, err
+
+
+def test_the_unspecified_addresses_are_judged_as_the_host(bed: Testbed, agent: Agent) -> None:
+    """Issue 48 §4: dialling 0.0.0.0 (or ::) reaches the host's own
+    services, so every spelling of it, and a name resolving to it, is
+    `call.ip.loopback` (before: each reached the bed's server past the
+    address rule; seen failing)."""
+    bed.run(["rm", "-f", "/root/fhits.log"])
+    bed.run("grep -q 'facts-zero.test' /etc/hosts || "
+            "echo '0.0.0.0 facts-zero.test' >> /etc/hosts")
+    for spelling in ("0.0.0.0", "0", "0x0", "[::]", "[::ffff:0.0.0.0]", "facts-zero.test"):
+        for tool, body in (("http_get", ""), ("http_post", " body")):
+            url = f"http://{spelling}:{PORT}/zero-{tool}"
+            rc, out, err = agent.call(f"lev tool {tool} '{url}'{body}")
+            assert rc != 0 and "hello" not in out, (spelling, tool, out, err)
+            assert "rule:machine:no-loopback-address" in err, (spelling, tool, err)
+    assert hits(bed) == []
