@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from leviathd import fsids
+from leviathd.errors import Unavailable
 from leviathd.sandbox import privileges
 
 GIT = "/usr/bin/git"
@@ -79,8 +80,19 @@ class Runner:
         }
 
     def run(self, args: Sequence[str]) -> bytes | None:
-        """git's standard output, or None when it failed, took too long or
-        said too much."""
+        """See `call`: the output of a git that said yes, else None."""
+        got = self.call(args)
+        return got[1] if got is not None and got[0] == 0 else None
+
+    def call(self, args: Sequence[str]) -> tuple[int, bytes] | None:
+        """git's exit status and standard output (git saying no: not a
+        repository, a config git itself refuses, which the user's git on the
+        host refuses too), or None when git is not installed (nothing on the
+        host runs git). Raises Unavailable when git could not answer (it could not be
+        started as the user, took too long or said too much): what its
+        settings name would go unprotected, so the start is refused."""
+        if not os.path.exists(GIT):
+            return None
         argv = [GIT, "--no-pager", "-c", "safe.directory=*", *args]
         preexec: Callable[[], None] | None = None
         if os.geteuid() == 0:
@@ -91,12 +103,12 @@ class Runner:
                 stderr=subprocess.DEVNULL, env=self.env(), cwd="/", close_fds=True,
                 preexec_fn=preexec, start_new_session=True,
             )
-        except OSError:
-            return None
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise Unavailable(f"cannot ask git for the settings it reads: {exc}") from None
         return _bounded_output(proc)
 
 
-def _bounded_output(proc: subprocess.Popen[bytes]) -> bytes | None:
+def _bounded_output(proc: subprocess.Popen[bytes]) -> tuple[int, bytes]:
     assert proc.stdout is not None
     out = bytearray()
     deadline = time.monotonic() + TIMEOUT
@@ -122,8 +134,11 @@ def _bounded_output(proc: subprocess.Popen[bytes]) -> bytes | None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        return None
-    return bytes(out) if ok and code == 0 else None
+        ok = False
+    if not ok:
+        raise Unavailable(f"git did not say which settings it reads within {TIMEOUT:.0f} s "
+                          f"and {MAX_OUTPUT >> 20} MiB")
+    return code, bytes(out)
 
 
 def parse_list(raw: bytes, base: str) -> list[Setting]:
@@ -150,13 +165,15 @@ def _lines(raw: bytes | None) -> list[str]:
 
 def ask(runner: Runner, folder: str) -> GitView:
     """What git says about `folder`: its repository, settings and worktrees."""
-    where = _lines(runner.run(["-C", folder, "rev-parse", "--path-format=absolute",
-                               "--absolute-git-dir", "--git-common-dir"]))
-    git_dir = where[0] if len(where) == 2 else None
-    common = where[1] if len(where) == 2 else None
-    top_lines = _lines(runner.run(["-C", folder, "rev-parse", "--show-toplevel"])) \
-        if git_dir else []
-    top = top_lines[0] if len(top_lines) == 1 else None
+    # (a bare repository prints its folders, then fails on the top it has not)
+    said = runner.call(["-C", folder, "rev-parse", "--path-format=absolute",
+                        "--absolute-git-dir", "--git-common-dir", "--show-toplevel"])
+    where = _lines(said[1]) if said is not None else []
+    if said is not None and said[0] != 0:
+        where = where[:2] if len(where) >= 2 else []
+    git_dir = where[0] if len(where) >= 2 else None
+    common = where[1] if len(where) >= 2 else None
+    top = where[2] if len(where) == 3 else None
     raw = runner.run(["-C", folder, "config", "--list", "--show-scope", "--show-origin", "-z"])
     notes: list[str] = []
     if raw is None:
@@ -167,12 +184,30 @@ def ask(runner: Runner, folder: str) -> GitView:
     worktrees: list[str] = []
     if common is not None:
         admins = _admin_folders(runner, common)
-        listing = runner.run(["-C", folder, "worktree", "list", "--porcelain", "-z"]) or b""
-        for rec in listing.decode("utf-8", "surrogateescape").split("\0"):
-            if rec.startswith("worktree "):
-                worktrees.append(rec[len("worktree "):])
+        worktrees = _worktree_tops(runner, admins)
     return GitView(folder, top, git_dir, common, tuple(settings), tuple(admins),
-                   tuple(worktrees[:MAX_WORKTREES]), tuple(notes))
+                   tuple(worktrees), tuple(notes))
+
+
+def _worktree_tops(runner: Runner, admins: Sequence[str]) -> list[str]:
+    """Where each linked worktree is: its admin folder's `gitdir` file names
+    the worktree's `.git` file (read with the user's rights)."""
+    tops = []
+    for admin in admins:
+        try:
+            with fsids.as_user(runner.uid, runner.gid):
+                fd = os.open(posixpath.join(admin, "gitdir"),
+                             os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                try:
+                    text = os.read(fd, 4096).decode("utf-8", "surrogateescape")
+                finally:
+                    os.close(fd)
+        except OSError:
+            continue
+        line = text.strip().splitlines()[0] if text.strip() else ""
+        if line.startswith("/") and line.endswith("/.git"):
+            tops.append(posixpath.dirname(posixpath.normpath(line)))
+    return tops
 
 
 def include_target(s: Setting, home: str) -> str | None:

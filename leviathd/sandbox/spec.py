@@ -855,16 +855,21 @@ def host_read_text_as(uid: int, gid: int) -> Callable[[str], str | None]:
 
 def host_git_views(user: UserInfo) -> Callable[[str], list[GitView]]:
     """What git, run as `user`, says about a workdir: its repository (one
-    that holds it, a monorepo's top above a package) and every linked
-    worktree sharing that repository's git folder (issue 48)."""
+    that holds it, a monorepo's top above a package), and the linked
+    worktrees sharing that repository's git folder that lie in the workdir
+    (issue 48)."""
     runner = gitask.Runner(user.uid, user.gid, tuple(user.groups), user.home)
 
     def ask(workdir: str) -> list[GitView]:
         first = gitask.ask(runner, workdir)
         views = [first]
-        for wt in first.worktrees[:MAX_WORKTREE_VIEWS]:
-            if wt not in (first.top, workdir):
-                views.append(gitask.ask(runner, wt))
+        # Another worktree's settings name paths relative to its own top:
+        # writable only where that top lies in the workdir (`.worktrees/x`
+        # in the main one); the admin folders of all are protected anyway.
+        inside = [wt for wt in first.worktrees
+                  if is_within(wt, workdir) and wt not in (first.top, workdir)]
+        for wt in inside[:MAX_WORKTREE_VIEWS]:
+            views.append(gitask.ask(runner, wt))
         return views
 
     return ask

@@ -243,3 +243,25 @@ def test_a_named_path_that_links_into_the_workdir_is_protected_where_it_leads() 
     p = _spec([_view([("core.hookspath", f"{HOME}/githooks")])],
               links={f"{HOME}/githooks": f"{WORKDIR}/tools/hooks"})
     assert p[f"{WORKDIR}/tools/hooks"] == (True, "dir")
+
+
+def test_a_git_that_cannot_answer_refuses_the_start(tmp_path: Path, monkeypatch: object) -> None:
+    import pytest
+
+    from leviathd.errors import Unavailable
+
+    mp: pytest.MonkeyPatch = monkeypatch  # type: ignore[assignment]
+    slow = tmp_path / "slow-git"
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    chatty = tmp_path / "chatty-git"
+    chatty.write_text("#!/bin/sh\nexec yes\n")
+    chatty.chmod(0o755)
+    mp.setattr(gitask, "TIMEOUT", 0.5)
+    mp.setattr(gitask, "MAX_OUTPUT", 1 << 16)
+    for fake in (slow, chatty):
+        mp.setattr(gitask, "GIT", str(fake))
+        with pytest.raises(Unavailable):
+            gitask.ask(_runner(tmp_path), str(tmp_path))
+    mp.setattr(gitask, "GIT", str(tmp_path / "no-git-here"))
+    assert gitask.ask(_runner(tmp_path), str(tmp_path)).settings == ()  # no git: nothing runs
