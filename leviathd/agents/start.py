@@ -33,7 +33,7 @@ from leviathd.events import Event
 from leviathd.policy import filelabels
 from leviathd.records import FULL, AgentRecord
 from leviathd.sandbox import fencehold, launchers, loopfs, scratch, supervisor
-from leviathd.sandbox.spec import DEFAULT_SCRATCH_DIR, SandboxSpec
+from leviathd.sandbox.spec import DEFAULT_SCRATCH_DIR, DEFAULT_SCRATCH_SIZE, SandboxSpec
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdError
 
@@ -243,7 +243,11 @@ class Starting(Planning):
         if launchers.held_needs(s.p.kinds).scratch_image:
             s.image = self._scratch_image(s.p.merged.agent)
             if s.image is not None:
-                undo.callback(os.close, s.image)  # nothing was written to it yet
+                undo.callback(os.close, s.image)
+                # Made here, off the loop, so that a scratch that cannot be
+                # made refuses the start with the reason (issue 48).
+                size = s.p.merged.agent.scratch_size or DEFAULT_SCRATCH_SIZE
+                await self._in_worker(s.who.uid, loopfs.prepare, s.image, size)
 
     async def _fork_held(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
         user = s.p.user

@@ -172,6 +172,25 @@ def _attach(image: int) -> tuple[int, str]:
     raise Unavailable("no free loop device for the scratch")
 
 
+def prepare(image: int, size: int) -> None:
+    """Size and format `image` as the agent's ext4, in the daemon before the
+    agent is started (issue 48): a scratch that cannot be made (the disk
+    under `scratch_dir` full, mkfs missing or failing) refuses the start with
+    the reason, instead of an agent that ends with status 127 and no word.
+    Raises Unavailable."""
+    try:
+        os.ftruncate(image, max(image_size(size), MIN_SIZE))
+        _mkfs(image)
+    except OSError as exc:
+        raise Unavailable(
+            f"cannot make the agent's scratch filesystem ({size} bytes) in scratch_dir: "
+            f"{exc.strerror or exc}") from exc
+
+
+def image_size(size: int) -> int:
+    return max(size, MIN_SIZE)
+
+
 def make(dir_fd: int, size: int, image: int | None = None) -> tuple[int, str]:
     """An ext4 of `size` bytes on an unnamed file in `dir_fd` (or on `image`,
     an empty one the daemon made, which this closes), on a loop device: (the
@@ -182,8 +201,9 @@ def make(dir_fd: int, size: int, image: int | None = None) -> tuple[int, str]:
     if image is None:
         image = unnamed_file(dir_fd)
     try:
-        os.ftruncate(image, max(size, MIN_SIZE))
-        _mkfs(image)
+        if os.fstat(image).st_size == 0:  # not made by the daemon (prepare)
+            os.ftruncate(image, image_size(size))
+            _mkfs(image)
         return _attach(image)
     except OSError as exc:
         raise Unavailable(f"cannot make the scratch filesystem: {exc.strerror or exc}") from exc

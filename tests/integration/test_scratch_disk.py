@@ -244,3 +244,26 @@ def test_an_agent_whose_scratch_cannot_be_removed_still_ends_for_its_caller(
             bed.run(["nsenter", "-t", daemon_pid(bed), "-m", "umount", f"{SCRATCH}/{mounted}"],
                     check=False)
             bed.run(["rmdir", f"{SCRATCH}/{mounted}"], check=False)
+
+
+TINY = "/var/lib/leviath/scratch-tiny"
+
+
+def test_a_scratch_that_cannot_be_made_refuses_the_start_with_the_reason(bed: Testbed) -> None:
+    """Issue 48 §5: `scratch_dir`'s filesystem full (here a 4 KiB tmpfs,
+    as another user's agents may leave it): the start is refused and says
+    why, instead of an agent that dies with status 127 and no word (seen
+    so before: exit 127, nothing on stderr about the scratch)."""
+    bed.run(f"mkdir -p {TINY} && mount -t tmpfs -o size=4k,mode=0700 tmpfs {TINY}")
+    try:
+        configure(bed, f'scratch_dir = "{TINY}"\nscratch_size = "64M"')
+        bed.run(["systemctl", "restart", "leviathd"])  # its mount namespace sees the tmpfs
+        r = lev(bed, "run", "--", "echo", "ran", user="bob", check=False)
+        assert r.returncode != 0 and r.returncode != 127, (r.returncode, r.stdout, r.stderr)
+        assert "ran" not in r.stdout
+        assert "scratch" in r.stderr and "No space left on device" in r.stderr, r.stderr
+        rows = json.loads(lev(bed, "ps", "--all", "--json", user="bob").stdout)
+        assert not any(row.get("command") == ["echo", "ran"] for row in rows), rows
+    finally:
+        configure(bed)
+        bed.run(["umount", TINY], check=False)
