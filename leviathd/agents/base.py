@@ -87,6 +87,9 @@ class AgentsBase:
         # Each running namespace agent's scratch file, a copy kept by us
         # (sandbox/loopfs.py): closed once the agent has ended.
         self._images: dict[str, int] = {}
+        # (uid, scratch_size) of each agent whose scratch is made or being
+        # made: what each user's agents may take of scratch_dir's disk.
+        self._scratch_sizes: dict[str, tuple[int, int]] = {}
         self._on_started = on_started
         self._on_ended = on_ended
         self.machine_config = Config()

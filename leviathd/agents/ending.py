@@ -187,6 +187,7 @@ class Ending(Queries):
             )
             self._tell_ended(rec)
             image = self._images.pop(agent_id, None)
+            self._scratch_sizes.pop(agent_id, None)
             if image is not None:
                 # The last copy of the scratch's file, closed in a worker:
                 # freeing its blocks (with the host's discards) is slow disk

@@ -245,9 +245,16 @@ class Starting(Planning):
             if s.image is not None:
                 undo.callback(os.close, s.image)
                 # Made here, off the loop, so that a scratch that cannot be
-                # made refuses the start with the reason (issue 48).
-                size = s.p.merged.agent.scratch_size or DEFAULT_SCRATCH_SIZE
-                await self._in_worker(s.who.uid, loopfs.prepare, s.image, size)
+                # made, or would take more of scratch_dir's disk than one user
+                # may, refuses the start with the reason (issue 48).
+                eff = s.p.merged.agent
+                size = eff.scratch_size or DEFAULT_SCRATCH_SIZE
+                uid = s.p.user.uid
+                mine = sum(n for u, n in self._scratch_sizes.values() if u == uid)
+                self._scratch_sizes[s.agent_id] = (uid, size)
+                undo.callback(self._scratch_sizes.pop, s.agent_id, None)
+                await self._in_worker(s.who.uid, loopfs.prepare, s.image, size,
+                                      mine, eff.scratch_user_max)
 
     async def _fork_held(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
         user = s.p.user

@@ -218,6 +218,7 @@ class Effective:
     on_unavailable: OnUnavailable = DEFAULT_ON_UNAVAILABLE
     scratch_dir: str | None = None
     scratch_size: int | None = None
+    scratch_user_max: str = "50%"
     allow_io_uring: bool = False
     resources: Resources = field(default_factory=Resources)
     permissions: dict[str, Permission] = field(default_factory=dict)
@@ -746,11 +747,13 @@ def _config_layer(
             network_defaulted = False
         default_mounts = bool(narrowed.get("default_mounts", default_mounts))
         on_unavailable = narrowed.get("on_unavailable", on_unavailable)  # type: ignore[assignment]
-        if us.scratch_dir is not None or us.scratch_size is not None:
+        if us.scratch_dir is not None or us.scratch_size is not None \
+                or us.scratch_user_max is not None:  # fmt: skip
             out.add(
                 "warn",
                 "scratch-dir-ignored",
-                f"{w} [sandbox] scratch_dir and scratch_size are ignored: only the machine "
+                f"{w} [sandbox] scratch_dir, scratch_size and scratch_user_max are ignored: "
+                "only the machine "
                 "config sets them",
             )
         if us.allow_io_uring is not None:
@@ -841,6 +844,7 @@ def _config_layer(
         on_unavailable=on_unavailable,
         scratch_dir=ms.scratch_dir,
         scratch_size=ms.scratch_size,
+        scratch_user_max=ms.scratch_user_max or "50%",
         allow_io_uring=allow_io_uring,
         resources=resources,
         permissions=perms,
@@ -953,7 +957,8 @@ def _apply_sandbox(
             got["mounts"] = _narrow_mounts(list(sb.mounts), e.mounts, where("mounts"), out)
     got.update(_narrow_axes(("network", "default_mounts", "on_unavailable"), sb, upper,
                             _BELOW_CONFIGS, where, out))
-    if sb.scratch_dir is not None or sb.scratch_size is not None:
+    if sb.scratch_dir is not None or sb.scratch_size is not None \
+            or sb.scratch_user_max is not None:  # fmt: skip
         out.add(
             "warn",
             "scratch-dir-ignored",

@@ -172,6 +172,25 @@ def parse_size(value: object) -> int | None:
     )
 
 
+def _scratch_share(value: object) -> str | None:
+    """`scratch_user_max`: "NN%" (1-100) of scratch_dir's filesystem, or a
+    size ("20G"), kept as "NN%" or a number of bytes."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            n = int(value.strip()[:-1])
+        except ValueError:
+            n = 0
+        if not 1 <= n <= 100:
+            raise ValueError(f'must be a share from "1%" to "100%", or a size; got {value!r}')
+        return f"{n}%"
+    size = parse_size(value)
+    if size is None:
+        return None
+    return str(size)
+
+
 def parse_count(value: object) -> int | None:
     """A positive count, or "infinity" (None)."""
     if value is None:
@@ -274,6 +293,9 @@ class SandboxConfig(_Model):
     on_unavailable: OnUnavailable | None = None
     scratch_dir: AbsolutePath | None = None
     scratch_size: Annotated[int | None, BeforeValidator(parse_size)] = None
+    # What one user's agents' scratch may take of scratch_dir's filesystem,
+    # "NN%" of it or a size (machine config only); default DEFAULT_SCRATCH_USER_MAX.
+    scratch_user_max: Annotated[str | None, BeforeValidator(_scratch_share)] = None
     # io_uring is refused in every sandbox unless the machine config allows it.
     allow_io_uring: StrictBool | None = None
     containers: ContainersConfig | None = None

@@ -172,12 +172,33 @@ def _attach(image: int) -> tuple[int, str]:
     raise Unavailable("no free loop device for the scratch")
 
 
-def prepare(image: int, size: int) -> None:
+def user_bound(share: str, total: int) -> int:
+    """What one user's agents' scratch may take of a filesystem of `total`
+    bytes: `share` is "NN%" of it or a size in bytes."""
+    if share.endswith("%"):
+        return total * int(share[:-1]) // 100
+    return int(share)
+
+
+def prepare(image: int, size: int, mine: int = 0, share: str | None = None) -> None:
     """Size and format `image` as the agent's ext4, in the daemon before the
     agent is started (issue 48): a scratch that cannot be made (the disk
-    under `scratch_dir` full, mkfs missing or failing) refuses the start with
-    the reason, instead of an agent that ends with status 127 and no word.
+    under `scratch_dir` full, mkfs missing or failing), or that would make
+    the user's agents' scratch (`mine`, the scratch_size of their other
+    agents) take more than `share` of scratch_dir's filesystem, refuses the
+    start with the reason, instead of an agent that ends with status 127 and
+    no word, or one user filling the disk under everyone's agents.
     Raises Unavailable."""
+    if share is not None:
+        st = os.fstatvfs(image)
+        bound = user_bound(share, st.f_blocks * st.f_frsize)
+        if mine + image_size(size) > bound:
+            raise Unavailable(
+                f"this agent's scratch ({image_size(size) >> 20} MiB) and the "
+                f"{mine >> 20} MiB of your running agents' would take more than the "
+                f"{bound >> 20} MiB of scratch_dir's filesystem one user's agents may "
+                f"([sandbox] scratch_user_max = \"{share}\"): end one of them, or ask "
+                "the admin for a smaller scratch_size")
     try:
         os.ftruncate(image, max(image_size(size), MIN_SIZE))
         _mkfs(image)

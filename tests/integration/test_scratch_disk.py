@@ -256,7 +256,9 @@ def test_a_scratch_that_cannot_be_made_refuses_the_start_with_the_reason(bed: Te
     so before: exit 127, nothing on stderr about the scratch)."""
     bed.run(f"mkdir -p {TINY} && mount -t tmpfs -o size=4k,mode=0700 tmpfs {TINY}")
     try:
-        configure(bed, f'scratch_dir = "{TINY}"\nscratch_size = "64M"')
+        # (a bound by size: this disk is too small for any share of it)
+        configure(bed, f'scratch_dir = "{TINY}"\nscratch_size = "64M"\n'
+                       'scratch_user_max = "1T"')
         bed.run(["systemctl", "restart", "leviathd"])  # its mount namespace sees the tmpfs
         r = lev(bed, "run", "--", "echo", "ran", user="bob", check=False)
         assert r.returncode != 0 and r.returncode != 127, (r.returncode, r.stdout, r.stderr)
@@ -267,3 +269,45 @@ def test_a_scratch_that_cannot_be_made_refuses_the_start_with_the_reason(bed: Te
     finally:
         configure(bed)
         bed.run(["umount", TINY], check=False)
+
+
+SMALL = "/var/lib/leviath/scratch-small"
+
+
+def test_one_users_agents_cannot_fill_the_scratch_disk_under_anothers(bed: Testbed) -> None:
+    """Issue 48 §5: each user's agents may take at most `scratch_user_max`
+    of scratch_dir's filesystem (here 50% of a 256 MiB one, 64 MiB each):
+    alice's third agent is refused with the reason, her first two fill their
+    whole scratch, and bob's running agent and his new one keep writing
+    (before: alice filled the disk within her limits and bob's writes
+    failed, his scratch remounted read-only)."""
+    bed.run(f"mkdir -p {SMALL} && mount -t tmpfs -o size=256m,mode=0700 tmpfs {SMALL}")
+    started: list[tuple[str, str]] = []
+    try:
+        configure(bed, f'scratch_dir = "{SMALL}"\nscratch_size = "64M"\n'
+                       'scratch_user_max = "50%"')
+        bed.run(["systemctl", "restart", "leviathd"])  # its mount namespace sees the tmpfs
+        fill = "dd if=/dev/zero of=/tmp/fill bs=1M count=80 2>/dev/null; echo filled; sleep 600"
+        for _ in range(2):
+            started.append(("alice", start(bed, "sh", "-c", fill)))
+        r = lev(bed, "run", "--", "echo", "third", check=False)
+        assert r.returncode != 0 and "scratch_user_max" in r.stderr, (r.stdout, r.stderr)
+        keep = ("i=0; while [ $i -lt 40 ]; do dd if=/dev/zero of=/tmp/w$i bs=1M count=1 "
+                "2>/dev/null || exit 9; i=$((i+1)); done; echo wrote; sleep 600")
+        started.append(("bob", start(bed, "sh", "-c", keep, user="bob")))
+        for who, agent_id in started:
+            word = "filled" if who == "alice" else "wrote"
+            wait_until(f"{who}'s {agent_id} {word}", lambda a=agent_id, w=who, x=word:
+                       x in lev(bed, "logs", a, user=w).stdout)
+            assert info(bed, agent_id, user=who)["state"] == "running", who
+        r = lev(bed, "run", "--", "sh", "-c", "dd if=/dev/zero of=/tmp/x bs=1M count=40 "
+                "2>/dev/null && echo new-ok", user="bob", check=False)
+        assert r.returncode == 0 and "new-ok" in r.stdout, (r.stdout, r.stderr)
+    finally:
+        for who, agent_id in started:
+            lev(bed, "stop", agent_id, user=who, check=False)
+        for who, agent_id in started:
+            wait_ended(bed, agent_id, who)
+        configure(bed)
+        bed.run(["systemctl", "restart", "leviathd"])
+        bed.run(["umount", SMALL], check=False)
