@@ -646,19 +646,20 @@ def _protected(p: _Plan) -> None:
         m for m in b.mounts
         if m.kind == "bind" and not m.readonly and not is_within(m.source, p.scratch)
     ]  # fmt: skip
+    extra = protected.refuse_bad(p.effective.protected_paths)
+    if p.effective.kind == SandboxKind.NONE or not writable_mounts:
+        return  # (nothing to protect: git is not asked)
     candidates = protected.entries(
         home=p.home,
         workdir=p.workdir,
         git=protected.git_folders(p.workdir, p.git_dirs, p.read_text, p.exists, p.resolve),
-        extra=protected.refuse_bad(p.effective.protected_paths),
+        extra=extra,
         exists=p.exists,
         views=p.ask_git(p.workdir),
         is_file=p.is_file,
         hook_files_given=[expand(r, p.home)
                           for r in getattr(p.effective, "hook_files_writable", ())],
     )
-    if p.effective.kind == SandboxKind.NONE:
-        return
     for entry in protected.build(
         candidates, writable=[m.target for m in writable_mounts], exists=p.exists,
         hidden=b.hidden_hit, resolve=p.resolve, sources=[m.source for m in writable_mounts],
