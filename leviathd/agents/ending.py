@@ -24,7 +24,7 @@ from leviathd.errors import NotFound
 from leviathd.events import Event
 from leviathd.identity import user_info
 from leviathd.records import AgentRecord, AgentState
-from leviathd.sandbox import container, scratch, supervisor
+from leviathd.sandbox import claudestate, container, scratch, supervisor
 from leviathd.systemd import journal
 
 # Seconds between tries to watch a process the kernel would not give a
@@ -172,6 +172,11 @@ class Ending(Queries):
                 # the agent would stay "running" and its caller wait for ever.
                 with _logged(f"agent {agent_id}: removing its scratch"):
                     scratch.remove(rec.scratch)
+            # Before the end is announced: whoever waits for it (`lev run`)
+            # then finds the session state on the host. (Only a fenced step
+            # made a copy; without one this is a few failed opens.)
+            with _logged(f"agent {agent_id}: merging back its ~/.claude.json"):
+                await asyncio.to_thread(_merge_claude_config, rec)
             saved = self._save(rec)
             # The record is final and the scratch gone: whoever waits for the
             # end (an attached `lev run`) may go on while the slower clean-up
@@ -404,6 +409,18 @@ class Ending(Queries):
         if configured:
             dirs.add(str(configured))
         return sorted(dirs)
+
+
+def _merge_claude_config(rec: AgentRecord) -> None:
+    """The session keys of the agent's copy of ~/.claude.json back into the
+    host's (sandbox/claudestate.py); a worker thread's work."""
+    user = user_info(rec.uid)
+
+    def note(line: str) -> None:
+        journal.record(line, priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,
+                       LEVIATH_USER=rec.user)
+
+    claudestate.merge_back(user.uid, user.gid, user.home, rec.id, rec.workdir, note)
 
 
 def _handed_over_pid1(rec: AgentRecord) -> int | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import posixpath
 import syslog
 from collections.abc import Callable
 from typing import TypeVar
@@ -24,7 +25,7 @@ from leviathd.domain.sandbox import SandboxKind
 from leviathd.errors import Busy, InvalidArgument, Unavailable
 from leviathd.events import Event
 from leviathd.identity import UserInfo, user_info
-from leviathd.sandbox import launchers, toolstate
+from leviathd.sandbox import claudestate, launchers, toolstate
 from leviathd.sandbox.spec import (
     DEFAULT_SCRATCH_DIR,
     RunRequest,
@@ -32,6 +33,7 @@ from leviathd.sandbox.spec import (
     build_spec_on_host,
     hidden_paths,
     host_other_homes,
+    is_within,
 )
 from leviathd.systemd import journal
 
@@ -137,7 +139,7 @@ class Planning(Ending):
         req: RunInput, workdir: str, agent_id: str, other_homes: list[str] | None = None,
         authorized: Callable[[], None] = lambda: None,
     ) -> list[tuple[str, SandboxSpec]]:
-        self._tool_state(plan, kinds, user, other_homes or [], authorized)
+        self._tool_state(plan, kinds, user, other_homes or [], authorized, agent_id)
         return [
             (label, self._spec(step_eff, kind, user, req, argv, workdir, agent_id, other_homes))
             for (label, step_eff, argv), kind in zip(plan, kinds, strict=True)
@@ -146,7 +148,7 @@ class Planning(Ending):
     def _tool_state(
         self, plan: list[tuple[str, Effective, list[str]]], kinds: list[SandboxKind],
         user: UserInfo,
-        other_homes: list[str], authorized: Callable[[], None],
+        other_homes: list[str], authorized: Callable[[], None], agent_id: str = "",
     ) -> None:
         """The agent tools' state missing on the host is made, as the user,
         before the specs bind what exists (sandbox/toolstate.py). Only for a
@@ -160,6 +162,13 @@ class Planning(Ending):
             other_homes=other_homes)})
         notes = toolstate.prepare(user.uid, user.gid, user.home,
                                   [argv for _eff, argv in fenced], hidden, authorized)
+        if agent_id and not any(is_within(posixpath.join(user.home, claudestate.CONFIG), h)
+                                for h in hidden):
+            # The fence binds this copy at ~/.claude.json (spec._claude_config);
+            # made once polkit allowed the start, as toolstate's entries are.
+            authorized()
+            note = claudestate.make_copy(user.uid, user.gid, user.home, agent_id)
+            notes += [note] if note else []
         for note in notes:
             journal.record(f"agent tools' state for {user.name}: {note}",
                            priority=syslog.LOG_WARNING)

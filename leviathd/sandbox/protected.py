@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from leviathd.domain.protectedpaths import check_config_path, expand_config_path
 from leviathd.errors import InvalidArgument
-from leviathd.sandbox import gitsettings
+from leviathd.sandbox import gitsettings, toolsettings
 from leviathd.sandbox.gitask import GitView
 
 # In every git folder the workdir uses (its own, a worktree's, the common one,
@@ -58,15 +58,45 @@ TRACKED_HOOKS: tuple[tuple[str, ...], ...] = (
 )
 
 # In the home, relative to it: hooks, MCP servers, notify and plugin commands;
-# git's global configs (a grant of ~/.config must leave them read-only).
+# git's global configs (a grant of ~/.config must leave them read-only); custom
+# agents, commands, skills, rules and instructions the agent CLIs obey, and
+# variables they load (issue 45: from the tools' real formats, docs/sandbox.md's
+# table). ~/.claude.json is a copy instead (claudestate.py).
 HOME: tuple[str, ...] = (
     ".gitconfig",
     ".config/git/config",
     ".claude/settings.json",
     ".claude/settings.local.json",
     ".claude/plugins/",
+    ".claude/agents/",
+    ".claude/commands/",
+    ".claude/skills/",
+    ".claude/rules/",
+    ".claude/hooks/",
+    ".claude/output-styles/",
+    ".claude/workflows/",
+    ".claude/CLAUDE.md",
+    ".claude/AGENTS.md",
     ".codex/config.toml",
+    ".codex/hooks.json",
+    ".codex/.env",
+    ".codex/prompts/",
+    ".codex/rules/",
+    ".codex/skills/",
+    ".codex/agents/",
+    ".codex/hooks/",
+    ".codex/AGENTS.md",
+    ".codex/AGENTS.override.md",
     ".gemini/settings.json",
+    ".gemini/.env",
+    ".gemini/trustedFolders.json",
+    ".gemini/commands/",
+    ".gemini/extensions/",
+    ".gemini/skills/",
+    ".gemini/agents/",
+    ".gemini/policies/",
+    ".gemini/hooks/",
+    ".gemini/GEMINI.md",
     ".config/opencode/opencode.json",
     ".config/opencode/opencode.jsonc",
     ".config/opencode/plugin/",
@@ -201,9 +231,12 @@ def entries(
     views: Sequence[GitView] = (),
     is_file: Callable[[str], bool] = lambda _p: False,
     hook_files_given: Sequence[str] = (),
+    read_text: Callable[[str], str | None] | None = None,
 ) -> list[Protected]:
     """Every protected path for this run, before the check that it lies in a
-    writable mount (see `build`). `git` is (git folders, `.git` files);
+    writable mount (see `build`). With `read_text` (the host's files, read as
+    the user), what the agent tools' settings name to run too
+    (toolsettings.py). `git` is (git folders, `.git` files);
     `views` what git says about the workdir and the repositories that hold or
     share it (gitask.py): what their settings name (gitsettings.py), their
     git folders and every linked worktree's admin folder, and the tracked
@@ -242,6 +275,8 @@ def entries(
     for rel in HOME:
         out.append(Protected(posixpath.join(home, rel.rstrip("/")), rel.endswith("/"), False,
                              "agent tool: hooks and commands"))  # fmt: skip
+    if read_text is not None:
+        out += _tool_named(home, workdir, read_text)
     for in_home, in_workdir, rels in WORKDIR_TOOLS:
         mine = [posixpath.join(workdir, p) for p in ((in_workdir,) if in_workdir else rels)]
         if not any(exists(p) for p in [posixpath.join(home, h) for h in in_home] + mine):
@@ -254,6 +289,22 @@ def entries(
     for value in extra:
         path, folder = expand_config_path(value, home, workdir)
         out.append(Protected(path, folder, False, "[sandbox] protected_paths"))
+    return out
+
+
+def _tool_named(home: str, workdir: str,
+                read_text: Callable[[str], str | None]) -> list[Protected]:
+    """What the tools' settings name to run, inside their state folders
+    (toolsettings.py), and the folders between it and the state folder,
+    pinned: renaming `hooks` away and making a new one would sidestep the
+    mount of the script."""
+    out = []
+    for path in toolsettings.named_paths(home, workdir, read_text):
+        out.append(Protected(path, False, False, "named by an agent tool's settings: runs"))
+        up = posixpath.dirname(path)
+        while posixpath.dirname(up) != home and up != home and _inside(up, home):
+            out.append(Protected(up, True, True, "holds what a tool setting names (pinned)"))
+            up = posixpath.dirname(up)
     return out
 
 

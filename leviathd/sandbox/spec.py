@@ -34,7 +34,7 @@ from leviathd.domain.workdir import WORKDIR_MODES, WorkdirMode, refuse_system_wo
 from leviathd.errors import InvalidArgument
 from leviathd.hidden import HIDDEN_ABSOLUTE, HIDDEN_IN_HOME
 from leviathd.identity import UserInfo
-from leviathd.sandbox import gitask, loopfs, protected
+from leviathd.sandbox import claudestate, gitask, loopfs, protected
 from leviathd.sandbox.environment import build_environment, parse_git_identity
 from leviathd.sandbox.gitask import GitView
 
@@ -575,7 +575,9 @@ def _home_entries(p: _Plan) -> None:
     b, home, exists = p.b, p.home, p.exists
     for rel in AGENT_STATE:
         path = posixpath.join(home, rel)
-        if exists(path):
+        if rel == claudestate.CONFIG and exists(path):
+            _claude_config(p, path)
+        elif exists(path):
             b.user_bind(path, readonly=False, why="agent tool state", refuse=False)
     if p.effective.default_mounts:
         for rel in TOOLCHAINS:
@@ -595,6 +597,20 @@ def _home_entries(p: _Plan) -> None:
             b.add(Mount("bind", known_hosts, real, readonly=True, exact=True, why="known_hosts"))
         else:
             b.notes.append(f"{known_hosts}: leads into hidden {leads}, not mounted")
+
+
+def _claude_config(p: _Plan, path: str) -> None:
+    """~/.claude.json holds MCP server commands next to session state: the
+    agent gets the copy made for it (claudestate.py), merged back at its
+    end through an allow-list; with no copy (kind none, `lev inspect`, a
+    copy that could not be made), the host's file read-only."""
+    copy = claudestate.copy_path(p.home, p.execution_id)
+    if p.effective.kind != SandboxKind.NONE and p.exists(copy):
+        p.b.add(Mount("bind", path, p.resolve(copy), exact=True,
+                      why="Claude Code's config: a copy, only session state merged back"))
+    else:
+        p.b.user_bind(path, readonly=True, refuse=False,
+                      why="Claude Code's config (read-only: an agent gets a copy)")
 
 
 def _config_mounts(p: _Plan) -> None:
@@ -659,6 +675,7 @@ def _protected(p: _Plan) -> None:
         is_file=p.is_file,
         hook_files_given=[expand(r, p.home)
                           for r in getattr(p.effective, "hook_files_writable", ())],
+        read_text=p.read_text,
     )
     for entry in protected.build(
         candidates, writable=[m.target for m in writable_mounts], exists=p.exists,
