@@ -41,12 +41,17 @@ _AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 # Top-level keys that come back: counters, onboarding and tips, caches, the
 # account record (no secret: the tokens live in ~/.claude/.credentials.json).
+# (Read from Claude Code 2.1.332's defaults and what it writes at a first
+# start.) Migration markers (`migrationVersion`, `*MigrationComplete`) do not:
+# a migration inside could not rewrite the read-only settings, so the host's
+# Claude Code runs it itself.
 TOP_KEYS = frozenset({
-    "numStartups", "firstStartTime", "userID", "tipsHistory", "oauthAccount",
-    "changelogLastFetched", "subscriptionNoticeCount", "fallbackAvailableWarningThreshold",
+    "numStartups", "firstStartTime", "firstStartVersion", "userID", "machineID",
+    "tipsHistory", "oauthAccount", "changelogLastFetched", "seenNotifications",
+    "pluginUsage", "fallbackAvailableWarningThreshold",
 })
-TOP_PREFIXES = ("cached", "has", "last", "num")
-TOP_SUFFIXES = ("Count",)
+TOP_PREFIXES = ("cached", "hasSeen", "hasUsed", "hasCompleted", "hasOpened", "last", "num")
+TOP_SUFFIXES = ("Count", "BeenShown")
 # A per-project entry: only for the agent's workdir (or a folder inside it).
 PROJECT_KEYS = frozenset({
     "hasTrustDialogAccepted", "projectOnboardingSeenCount", "hasCompletedProjectOnboarding",
@@ -55,8 +60,8 @@ PROJECT_KEYS = frozenset({
 })
 PROJECT_PREFIXES = ("last",)
 # Never, whatever the name looks like: approvals and permissions.
-_NEVER = re.compile(r"accept|approv|allow|permi|bypass|danger|trust|mcp|hook|command|env",
-                    re.IGNORECASE)
+_NEVER = re.compile(r"accept|approv|allow|permi|bypass|danger|trust|mcp|hook|command|env|"
+                    r"optin|automode|migration", re.IGNORECASE)
 
 
 def _top_allowed(key: str) -> bool:

@@ -184,7 +184,8 @@ write("claude skill", home + "/.claude/skills/evil/SKILL.md", "evil\n")
 write("claude memory", home + "/.claude/CLAUDE.md", "evil\n")
 write("claude plugin", home + "/.claude/plugins/known_marketplaces.json", "{}")
 write("claude settings", home + "/.claude/settings.json", "{}")
-write("codex notify script", home + "/.codex/notify.sh", "touch ~/PWNED\n")
+write("codex notify script", home + "/.codex/bin/notify.sh", "touch ~/PWNED\n")
+rename("codex notify folder", home + "/.codex/bin", home + "/.codex/bin.old")
 write("codex config", home + "/.codex/config.toml", "notify = ['sh']\n")
 write("codex prompt", home + "/.codex/prompts/evil.md", "evil\n")
 write("codex rules", home + "/.codex/rules/evil.rules", "evil\n")
@@ -208,16 +209,18 @@ def test_an_agent_cannot_reprogram_the_clis_on_the_host(bed: Testbed) -> None:
     work = f"{home}/{WORK}"
     # The user's own settings, written on the host: a hook, Codex's notify and
     # a Gemini MCP server, each naming a script in the tool's state folder.
-    bed.run("mkdir -p ~/.claude/hooks ~/.codex ~/.gemini && "
-            "printf '#!/bin/sh\\ntrue\\n' > ~/.claude/hooks/start.sh && "
-            "printf '#!/bin/sh\\ntrue\\n' > ~/.codex/notify.sh && "
-            "printf '#!/bin/sh\\ntrue\\n' > ~/.gemini/mcp.sh && "
-            "chmod 755 ~/.claude/hooks/start.sh ~/.codex/notify.sh ~/.gemini/mcp.sh", user=USER)
-    bed.run(f"cat > ~/.claude/settings.json && printf 'notify = [\"{home}/.codex/notify.sh\"]\\n' "
-            f"> ~/.codex/config.toml && printf '{{\"mcpServers\": {{\"s\": {{\"command\": "
-            f"\"{home}/.gemini/mcp.sh\"}}}}}}' > ~/.gemini/settings.json", user=USER,
-            input=json.dumps({"hooks": {"SessionStart": [{"hooks": [
-                {"type": "command", "command": "~/.claude/hooks/start.sh"}]}]}}))
+    hook = {"hooks": {"SessionStart": [{"hooks": [
+        {"type": "command", "command": "~/.claude/hooks/start.sh"}]}]}}
+    for path, text in (
+        ("~/.claude/hooks/start.sh", "#!/bin/sh\ntrue\n"),
+        ("~/.codex/bin/notify.sh", "#!/bin/sh\ntrue\n"),
+        ("~/.gemini/mcp.sh", "#!/bin/sh\ntrue\n"),
+        ("~/.claude/settings.json", json.dumps(hook)),
+        ("~/.codex/config.toml", f'notify = ["{home}/.codex/bin/notify.sh"]\n'),
+        ("~/.gemini/settings.json",
+         json.dumps({"mcpServers": {"s": {"command": f"{home}/.gemini/mcp.sh"}}})),
+    ):
+        bed.run(f'mkdir -p "$(dirname {path})" && cat > {path}', user=USER, input=text)
     if bed.run(["test", "-s", f"{home}/.claude.json"], check=False).returncode != 0:
         bed.run("echo '{\"numStartups\": 1}' > ~/.claude.json", user=USER)
     before = json.loads(bed.read_file(f"{home}/.claude.json"))
@@ -233,11 +236,11 @@ def test_an_agent_cannot_reprogram_the_clis_on_the_host(bed: Testbed) -> None:
         assert result in ("Read-only file system", "Device or resource busy"), (what, out)
 
     # On the host: none of it.
-    for path in ("~/.claude/hooks/start.sh", "~/.codex/notify.sh", "~/.gemini/mcp.sh",
+    for path in ("~/.claude/hooks/start.sh", "~/.codex/bin/notify.sh", "~/.gemini/mcp.sh",
                  "~/.claude/settings.json", "~/.codex/config.toml", "~/.gemini/settings.json"):
         text = bed.run(f"cat {path}", user=USER).stdout
         assert "PWNED" not in text and text.strip() not in ("{}", "notify = ['sh']"), (path, text)
-    found = bed.run("find ~/.claude ~/.codex ~/.gemini -name 'evil*' -o -name hooks.old",
+    found = bed.run("find ~/.claude ~/.codex ~/.gemini -name 'evil*' -o -name '*.old'",
                     user=USER).stdout
     assert found == "", found
     for path in ("~/.claude/CLAUDE.md", "~/.codex/AGENTS.md", "~/.codex/.env", "~/.gemini/.env"):
