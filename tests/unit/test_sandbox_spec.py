@@ -115,6 +115,16 @@ def test_parents_are_mounted_before_what_lies_inside_them() -> None:
         seen.append(m.target)
 
 
+def test_claude_json_is_the_agents_copy_or_else_read_only() -> None:
+    """Issue 45: the host's ~/.claude.json (MCP server commands) is never
+    bound writable: the agent's copy is, when the start made one."""
+    copy = f"{HOME}/.local/state/leviath/claude/0123abcd.json"
+    mounted = binds(spec_for())[f"{HOME}/.claude.json"]
+    assert mounted.source == copy and not mounted.readonly and mounted.exact
+    no_copy = binds(spec_for(existing=lambda p: p != copy))[f"{HOME}/.claude.json"]
+    assert no_copy.source == f"{HOME}/.claude.json" and no_copy.readonly
+
+
 def test_agent_state_is_writable_toolchains_read_only_and_caches_writable() -> None:
     table = binds(spec_for())
     assert not table[f"{HOME}/.claude"].readonly
