@@ -224,12 +224,12 @@ def merge_back(uid: int, gid: int, home: str, agent_id: str, workdir: str,
                     raw = fsat.read_at(copies, name, MAX_SIZE)
                 except FileNotFoundError:
                     return
-                finally_note = _merge_into_host(home_fd, raw, workdir)
+                note = _merge_into_host(home_fd, raw, workdir)
                 fsat.unlink_at(copies, name)
             finally:
                 os.close(copies)
-            if finally_note:
-                log(f"agent {agent_id}: ~/{CONFIG}: {finally_note}")
+            if note:
+                log(f"agent {agent_id}: ~/{CONFIG}: {note}")
         except (OSError, ValueError) as exc:
             why = getattr(exc, "strerror", None) or str(exc)
             log(f"agent {agent_id}: ~/{CONFIG}: its copy not merged back: {why}")
