@@ -59,6 +59,23 @@ PROJECT_KEYS = frozenset({
     "history",
 })
 PROJECT_PREFIXES = ("last",)
+# Keys Claude Code 2.1.332 knows (its defaults) that are left out on purpose:
+# preferences set with /config (the host's stay as they are) and what runs
+# or is obeyed. tests/unit/test_claudestate_keys.py fails when the installed
+# Claude Code knows a key that is neither here nor allowed above.
+LEFT_OUT = frozenset({
+    "installMethod", "autoUpdates", "theme", "preferredNotifChannel", "verbose", "editorMode",
+    "autoCompactEnabled", "autoScrollEnabled", "showTurnDuration", "externalEditorContext",
+    "showMessageTimestamps", "queuedCommandUpHintCount", "diffTool", "customApiKeyResponses",
+    "env", "todoFeatureEnabled", "showExpandedTodos", "briefTranscript",
+    "messageIdleNotifThresholdMs", "autoConnectIde", "autoInstallIdeExtension",
+    "fileCheckpointingEnabled", "terminalProgressBarEnabled", "respectGitignore",
+    "copyFullResponse", "mcpServers",
+})
+PROJECT_LEFT_OUT = frozenset({
+    "allowedTools", "mcpContextUris", "mcpServers", "enabledMcpjsonServers",
+    "disabledMcpjsonServers", "hasClaudeMdExternalIncludesApproved",
+})
 # Never, whatever the name looks like: approvals and permissions.
 _NEVER = re.compile(r"accept|approv|allow|permi|bypass|danger|trust|mcp|hook|command|env|"
                     r"optin|automode|migration", re.IGNORECASE)
