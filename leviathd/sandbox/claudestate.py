@@ -269,7 +269,9 @@ def _merge_into_host(home_fd: int, raw: bytes, workdir: str) -> str:
         with contextlib.suppress(OSError):
             st = os.stat(CONFIG, dir_fd=home_fd, follow_symlinks=False)
             mode = stat.S_IMODE(st.st_mode)
-        data = json.dumps(merged.result, indent=2, ensure_ascii=False).encode() + b"\n"
+        # Compact: Python's indenting encoder is pure Python (seconds for a
+        # file of some MB); Claude Code indents it again at its next save.
+        data = json.dumps(merged.result, ensure_ascii=False).encode() + b"\n"
         fsat.atomic_write_at(home_fd, CONFIG, data, mode=mode)
     if merged.dropped:
         shown = ", ".join(merged.dropped[:20])
