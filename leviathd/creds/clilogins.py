@@ -1,0 +1,189 @@
+"""The agent CLIs' own logins, read on the host and turned into placeholders
+of the same shape (issue 45 item 1, first part: NOT wired yet).
+
+What is here: for Claude Code, Codex and Gemini CLI, the login file in the
+user's state folder is read by the daemon as the user (her file-system ids,
+by descriptor from her home, no link followed, at most MAX_SIZE bytes), and
+`placeholders` makes the file an agent would see instead: the same JSON,
+each secret string (an access, refresh or ID token, an API key) replaced by
+a per-agent random value of the same shape (its vendor prefix kept, a JWT's
+header and claims kept with a random signature), with the table from each
+placeholder to the real value for the egress to swap back toward the
+provider's hosts only.
+
+What is not here yet (a follow-up, after the proxy's HTTP handling is
+rewritten, branch http44): binding the placeholder file over the real one
+in the fence, the egress injection toward `Login.hosts`, answering the CLI's
+token refresh, an API key from the user's environment. Until then the fence
+binds the state folders as before: a placeholder sent to a provider unswapped
+would only log the CLI out inside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from leviathd import fsat, fsids
+
+MAX_SIZE = 64 << 10
+MAX_DEPTH = 8
+MAX_SECRETS = 32
+# At least this many random characters in a placeholder, whatever the shape.
+MIN_RANDOM = 32
+
+
+@dataclass(frozen=True)
+class LoginFile:
+    tool: str
+    rel: tuple[str, ...]  # under the home, one component each
+    hosts: tuple[str, ...]  # where the real token may be sent
+
+
+# From the vendors' files as their CLIs write them (Claude Code's
+# `claudeAiOauth`, Codex's `auth.json` with `OPENAI_API_KEY` and `tokens`,
+# Gemini CLI's Google OAuth `oauth_creds.json`).
+LOGIN_FILES: tuple[LoginFile, ...] = (
+    LoginFile("Claude Code", (".claude", ".credentials.json"),
+              ("api.anthropic.com", "console.anthropic.com")),
+    LoginFile("Codex", (".codex", "auth.json"),
+              ("api.openai.com", "chatgpt.com", "auth.openai.com")),
+    LoginFile("Gemini CLI", (".gemini", "oauth_creds.json"),
+              ("cloudcode-pa.googleapis.com", "generativelanguage.googleapis.com",
+               "oauth2.googleapis.com")),
+)
+
+# A key whose string value is a secret (`token_type` is "Bearer").
+_SECRET_KEY = re.compile(r"token|key|secret|password", re.IGNORECASE)
+_NOT_SECRET = frozenset({"token_type", "tokenType"})
+_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+_JWT = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
+# Vendor prefixes kept (the longest that matches): nothing of the secret
+# after them, even where it has a `-` of its own.
+PREFIXES: tuple[str, ...] = (
+    "sk-ant-oat01-", "sk-ant-ort01-", "sk-ant-api03-", "sk-ant-", "sk-proj-", "sk-svcacct-",
+    "sk-", "ya29.", "1//", "AIza",
+)
+
+
+@dataclass
+class Login:
+    tool: str
+    hosts: tuple[str, ...]
+    placeholder: bytes  # the file an agent would see
+    # placeholder -> real value; never logged, never written anywhere.
+    real: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+def _random(n: int, rand: Callable[[int], str]) -> str:
+    return rand(max(n, MIN_RANDOM))
+
+
+def _default_rand(n: int) -> str:
+    return "".join(secrets.choice(_ALPHABET) for _ in range(n))
+
+
+def placeholder_for(value: str, rand: Callable[[int], str] = _default_rand) -> str:
+    """A value of the same shape as `value` that shares none of its secret:
+    a JWT keeps its header and claims (not secret; the CLI reads them) with a
+    random signature; anything else keeps its vendor prefix, the rest
+    random, at least MIN_RANDOM characters."""
+    if _JWT.match(value):
+        head, claims, sig = value.split(".")
+        return f"{head}.{claims}.{_random(len(sig), rand)}"
+    prefix = max((p for p in PREFIXES if value.startswith(p) and len(p) < len(value)),
+                 key=len, default="")
+    return prefix + _random(len(value) - len(prefix), rand)
+
+
+def placeholders(tool: str, hosts: tuple[str, ...], data: bytes,
+                 rand: Callable[[int], str] = _default_rand) -> Login | None:
+    """The login file with every secret replaced; None when it is not a JSON
+    object (nothing then to stand in for)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    login = Login(tool, hosts, b"")
+
+    def walk(value: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH or not isinstance(value, dict):
+            return value
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            if (isinstance(sub, str) and sub and _SECRET_KEY.search(key)
+                    and key not in _NOT_SECRET):
+                if len(login.real) >= MAX_SECRETS:
+                    raise ValueError("too many secrets in one login file")
+                stand_in = placeholder_for(sub, rand)
+                login.real[stand_in] = sub
+                out[key] = stand_in
+            else:
+                out[key] = walk(sub, depth + 1)
+        return out
+
+    try:
+        shown = walk(doc, 0)
+    except ValueError:
+        return None
+    login.placeholder = json.dumps(shown, indent=2).encode() + b"\n"
+    return login
+
+
+def read_logins(uid: int, gid: int, home: str,
+                rand: Callable[[int], str] = _default_rand) -> tuple[list[Login], list[str]]:
+    """The user's logins with their placeholders, read as the user (in a
+    worker thread: it does I/O), and notes on what could not be read."""
+    logins: list[Login] = []
+    notes: list[str] = []
+    with fsids.as_user(uid, gid):
+        try:
+            home_fd = fsat.open_dir(home)
+        except OSError as exc:
+            return [], [f"{home}: {exc.strerror}"]
+        try:
+            if os.fstat(home_fd).st_uid != uid:
+                return [], [f"{home}: not the user's own folder"]
+            for login_file in LOGIN_FILES:
+                data = _read(home_fd, login_file.rel, notes)
+                if data is None:
+                    continue
+                login = placeholders(login_file.tool, login_file.hosts, data, rand)
+                if login is None:
+                    notes.append(f"~/{'/'.join(login_file.rel)}: not a JSON object")
+                elif login.real:
+                    logins.append(login)
+        finally:
+            os.close(home_fd)
+    return logins, notes
+
+
+def _read(home_fd: int, rel: tuple[str, ...], notes: list[str]) -> bytes | None:
+    fd = os.dup(home_fd)
+    try:
+        for part in rel[:-1]:
+            nxt = fsat.open_dir_at(fd, part)
+            os.close(fd)
+            fd = nxt
+        st = fsat.lstat_at(fd, rel[-1])
+        if st is None:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            notes.append(f"~/{'/'.join(rel)}: not a regular file")
+            return None
+        return fsat.read_at(fd, rel[-1], MAX_SIZE)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        notes.append(f"~/{'/'.join(rel)}: {getattr(exc, 'strerror', None) or exc}")
+        return None
+    finally:
+        os.close(fd)
