@@ -414,7 +414,10 @@ class Ending(Queries):
 def _merge_claude_config(rec: AgentRecord) -> None:
     """The session keys of the agent's copy of ~/.claude.json back into the
     host's (sandbox/claudestate.py); a worker thread's work."""
-    user = user_info(rec.uid)
+    try:
+        user = user_info(rec.uid)
+    except NotFound:
+        return  # (an account deleted meanwhile: no home to merge into)
 
     def note(line: str) -> None:
         journal.record(line, priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,

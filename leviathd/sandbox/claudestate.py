@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from leviathd import fsat, fsids
+from leviathd import fsat, fsids, safetext
 
 CONFIG = ".claude.json"
 # Under the home, one component at a time; made 0700 as the user.
@@ -274,7 +274,9 @@ def _merge_into_host(home_fd: int, raw: bytes, workdir: str) -> str:
         data = json.dumps(merged.result, ensure_ascii=False).encode() + b"\n"
         fsat.atomic_write_at(home_fd, CONFIG, data, mode=mode)
     if merged.dropped:
-        shown = ", ".join(merged.dropped[:20])
+        # The agent chose these names: each escaped and cut (journal.record
+        # bounds the whole line too).
+        shown = ", ".join(safetext.escape(d, 120) for d in merged.dropped[:20])
         more = f" and {len(merged.dropped) - 20} more" if len(merged.dropped) > 20 else ""
         return f"left out what the agent wrote to {shown}{more} (only session state comes back)"
     return ""

@@ -5,6 +5,8 @@ settings name are found (sandbox/claudestate.py, sandbox/toolsettings.py)."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +112,17 @@ def test_what_the_settings_name_is_protected_and_its_folders_pinned() -> None:
     named = [(e.path, e.pin) for e in got if "tool setting" in e.why or "settings: runs" in e.why]
     assert named == [(f"{HOME}/.codex/bin/x/n.sh", False), (f"{HOME}/.codex/bin/x", True),
                      (f"{HOME}/.codex/bin", True)]
+
+
+def test_the_names_the_agent_chose_are_escaped_in_the_journal_line(tmp_path: Path) -> None:
+    home = tmp_path
+    (home / ".claude.json").write_text("{}")
+    copies = home.joinpath(*claudestate.COPIES)
+    copies.mkdir(parents=True)
+    (copies / "a1.json").write_text(json.dumps({"evil\nFAKE=1\x1b[2J" + "k" * 500: 1}))
+    lines: list[str] = []
+    claudestate.merge_back(os.getuid(), os.getgid(), str(home), "a1", WORK, lines.append)
+    assert len(lines) == 1 and "\n" not in lines[0] and "\x1b" not in lines[0], lines
+    assert "evil\\nFAKE=1\\x1b[2J" in lines[0] and len(lines[0]) < 400, lines
+    assert json.loads((home / ".claude.json").read_text()) == {}
+    assert not (copies / "a1.json").exists()
