@@ -166,8 +166,7 @@ class Planning(Ending):
                                 for h in hidden):
             # The fence binds this copy at ~/.claude.json (spec._claude_config);
             # made once polkit allowed the start, as toolstate's entries are.
-            authorized()
-            note = claudestate.make_copy(user.uid, user.gid, user.home, agent_id)
+            note = claudestate.make_copy(user.uid, user.gid, user.home, agent_id, authorized)
             notes += [note] if note else []
         for note in notes:
             journal.record(f"agent tools' state for {user.name}: {note}",

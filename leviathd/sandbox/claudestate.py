@@ -182,19 +182,25 @@ def _read_config(home_fd: int) -> bytes | None:
         return None
 
 
-def make_copy(uid: int, gid: int, home: str, agent_id: str) -> str | None:
-    """Copy the host's ~/.claude.json for this agent, as the user. Returns a
-    note when it could not be made (the fence then binds the host's file
-    read-only); None when done or when there is no file to copy."""
+def make_copy(uid: int, gid: int, home: str, agent_id: str,
+              authorized: Callable[[], None] = lambda: None) -> str | None:
+    """Copy the host's ~/.claude.json for this agent, as the user, once
+    `authorized` returned (it raises for a refused caller: nothing is made;
+    it is asked only when there is a file to copy, outside the switch of
+    file-system ids). Returns a note when the copy could not be made (the
+    fence then binds the host's file read-only); None when done or when
+    there is no file to copy."""
     name = copy_name(agent_id)
+    with fsids.as_user(uid, gid):
+        if not _has_config(home, uid):
+            return None
+    authorized()
     with fsids.as_user(uid, gid):
         try:
             home_fd = _open_home(home, uid)
         except OSError as exc:
             return f"{home}: {exc.strerror}: no copy of ~/{CONFIG} made"
         try:
-            if fsat.lstat_at(home_fd, CONFIG) is None:
-                return None
             data = _read_config(home_fd) or b"{}\n"
             copies = _open_copies(home_fd, create=True)
             try:
@@ -207,6 +213,17 @@ def make_copy(uid: int, gid: int, home: str, agent_id: str) -> str | None:
         finally:
             os.close(home_fd)
     return None
+
+
+def _has_config(home: str, uid: int) -> bool:
+    try:
+        home_fd = _open_home(home, uid)
+    except OSError:
+        return True  # (said by the copy's own attempt)
+    try:
+        return fsat.lstat_at(home_fd, CONFIG) is not None
+    finally:
+        os.close(home_fd)
 
 
 def _decode(data: bytes) -> dict[str, Any] | None:

@@ -126,3 +126,22 @@ def test_the_names_the_agent_chose_are_escaped_in_the_journal_line(tmp_path: Pat
     assert "evil\\nFAKE=1\\x1b[2J" in lines[0] and len(lines[0]) < 400, lines
     assert json.loads((home / ".claude.json").read_text()) == {}
     assert not (copies / "a1.json").exists()
+
+
+def test_a_refused_caller_gets_no_copy_and_one_without_a_file_is_not_asked(
+        tmp_path: Path) -> None:
+    asked: list[int] = []
+
+    def refuse() -> None:
+        asked.append(1)
+        raise PermissionError("polkit said no")
+
+    uid, gid = os.getuid(), os.getgid()
+    assert claudestate.make_copy(uid, gid, str(tmp_path), "a1", refuse) is None
+    assert asked == []  # no ~/.claude.json: nothing to copy, polkit not waited for
+    (tmp_path / ".claude.json").write_text('{"numStartups": 1}')
+    with pytest.raises(PermissionError):
+        claudestate.make_copy(uid, gid, str(tmp_path), "a1", refuse)
+    assert not (tmp_path / ".local").exists()
+    assert claudestate.make_copy(uid, gid, str(tmp_path), "a1") is None
+    assert Path(claudestate.copy_path(str(tmp_path), "a1")).read_text() == '{"numStartups": 1}'
