@@ -1,0 +1,175 @@
+"""The agent's container engine sees what the agent sees (issue 43, items 1
+and 2), from the attacker's side: from inside alice's agent, with the docker
+CLI on $DOCKER_HOST. A build's RUN step that climbs out of buildah's cache
+folder (`--mount=type=cache,id=../..`, CVE-2024-9675 in the buildah Debian
+ships) or binds `/` (`--mount=type=bind,source=/`) gets the engine's root:
+before, the machine's (alice's hidden ~/.ssh key, her home, bob's 0600 file,
+her /run/user folder); now the agent's own view. A container's bind of the
+workdir carries the fence's read-only `.git/config`, and `docker cp` into a
+container cannot write its bind of the read-only ~/.local/bin. buildah's
+shared /var/tmp/buildah-cache is the agent's own /tmp now: bob's build runs
+nothing alice planted there. After `lev stop`, no process of alice's is left,
+nor anything she made in /var/tmp.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import pytest
+from test_engine_rootless import IMAGE, TARBALL, bed  # noqa: F401
+from test_engine_socket_cli import BED_RUN, DOCKER, DOCKER_DIR
+from testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+WORK = "view-work"
+
+# {probe} is replaced per run: what a RUN step tries to read from the root it got.
+DOCKERFILE = f"""FROM {IMAGE}
+RUN --mount=type=cache,id=../../../../../../../../..,target=/host,uid=0 sh -c 'R=/host; {{probe}}; echo cache-probe-done'
+RUN --mount=type=bind,source=/,target=/host sh -c 'R=/host; {{probe}}; echo bind-probe-done'
+RUN --mount=type=cache,id=pipcache,target=/c,uid=0 sh -c 'chmod 777 /c; echo "echo ALICE-CODE-RAN" > /c/run.sh; chmod 777 /c/run.sh; echo planted'
+"""  # noqa: E501
+BOB_DOCKERFILE = f"""FROM {IMAGE}
+RUN --mount=type=cache,id=pipcache,target=/c,uid=0 sh -c 'ls -la /c; [ ! -f /c/run.sh ] || sh /c/run.sh; echo bob-build-done'
+"""  # noqa: E501
+
+
+@pytest.fixture(scope="module")
+def view(bed: Testbed) -> Testbed:  # noqa: F811
+    docker = f"{DOCKER_DIR}/bin/docker"
+    if not os.access(docker, os.X_OK):
+        pytest.skip(f"no docker CLI in {DOCKER_DIR} (scripts/setup fetches it)")
+    bed.run(["install", "-D", "-m", "0755", docker, DOCKER])
+    for user in ("alice", "bob"):
+        home = bed.users[user].home
+        work = f"{home}/{WORK}"
+        bed.run(["mkdir", "-p", f"{work}/ctx"], user=user)
+        bed.run(["cp", f"{home}/rootless-work/{TARBALL}", f"{work}/{TARBALL}"])
+        bed.run(["git", "init", "-q", work], user=user)
+        bed.run(["mkdir", "-p", f"{home}/.local/bin"], user=user)
+        bed.run(["chown", "-R", f"{user}:", work])
+    return bed
+
+
+def _secrets(tb: Testbed) -> dict[str, str]:
+    """What alice's agent cannot read, planted on the host: name -> text."""
+    alice, bob = tb.users["alice"], tb.users["bob"]
+    found = {}
+    for name, path, owner in (
+        ("ssh key", f"{alice.home}/.ssh/id_rsa", alice),
+        ("home marker", f"{alice.home}/leviath-marker-outside", alice),
+        ("bob's file", f"{bob.home}/leviath-secret-view", bob),
+        ("runtime marker", f"/run/user/{alice.uid}/leviath-marker", alice),
+    ):
+        text = f"{name.replace(' ', '-')}-{os.urandom(6).hex()}"
+        tb.run(["mkdir", "-p", os.path.dirname(path)])
+        tb.write_file(path, text + "\n", mode=0o600)
+        tb.run(["chown", f"{owner.name}:", path])
+        found[name] = text
+    tb.run(["chown", "alice:", f"{alice.home}/.ssh", f"/run/user/{alice.uid}"])
+    tb.run(["chmod", "700", f"{alice.home}/.ssh", f"/run/user/{alice.uid}"])
+    return found
+
+
+def _probe(tb: Testbed) -> str:
+    alice, bob = tb.users["alice"], tb.users["bob"]
+    reads = [f"{alice.home}/.ssh/id_rsa", f"{alice.home}/leviath-marker-outside",
+             f"{bob.home}/leviath-secret-view", f"/run/user/{alice.uid}/leviath-marker"]
+    # `$R` is the root the step got; every read is tried, whatever fails.
+    return "for f in " + " ".join(reads) + "; do cat $R$f; done 2>/dev/null; true"
+
+
+def _var_tmp(tb: Testbed) -> set[str]:
+    return set(tb.run(["ls", "-A", "/var/tmp"]).stdout.split())
+
+
+def _sha(tb: Testbed, path: str) -> str:
+    return hashlib.sha256(tb.run(["cat", path]).stdout.encode()).hexdigest()
+
+
+def test_builds_and_binds_reach_only_what_the_agent_sees_and_nothing_outlives_it(
+        view: Testbed) -> None:
+    alice = view.users["alice"]
+    work = f"{alice.home}/{WORK}"
+    secrets = _secrets(view)
+    probe = _probe(view)
+    view.write_file(f"{work}/ctx/Dockerfile", DOCKERFILE.replace("{probe}", probe))
+    view.write_file(f"{work}/evil.cfg", "[core]\n\thooksPath = /tmp/evil\n")
+    view.run(["chown", "-R", "alice:", work])
+    config = f"{work}/.git/config"
+    config_before = _sha(view, config)
+    var_tmp_before = _var_tmp(view)
+    done = f"{work}/probes.done"
+    view.run(["rm", "-f", done, f"{work}/probes.out"])
+    script = f"""exec > probes.out 2>&1
+D={DOCKER}
+$D import {TARBALL} {IMAGE} >/dev/null && echo import-ok
+DOCKER_BUILDKIT=0 $D build --no-cache --network none -t localhost/view-probe:1 ctx \\
+    && echo build-ok
+$D run --rm {BED_RUN} -v "$PWD:/w" {IMAGE} sh -c \\
+    'echo "[core] hooksPath = /tmp/evil" >> /w/.git/config && echo container-wrote-config'
+$D create --name cpc {BED_RUN} -v "$HOME/.local/bin:/lb" {IMAGE} true >/dev/null \\
+    && echo created
+$D cp evil.cfg cpc:/lb/evil-tool && echo cp-wrote-tool
+$D rm cpc >/dev/null
+$D run -d {BED_RUN} {IMAGE} sleep 3171 >/dev/null && echo left-running
+touch probes.done
+sleep 600
+"""
+    r = view.run(["lev", "run", "--detach", "--", "sh", "-c", script], user="alice",
+                 cwd=work, check=False, timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    agent_id = r.stdout.strip()
+    try:
+        deadline = time.monotonic() + 400
+        while view.run(["test", "-e", done], check=False).returncode != 0:
+            assert time.monotonic() < deadline, view.run(["cat", f"{work}/probes.out"],
+                                                         check=False).stdout
+            time.sleep(0.5)
+        out = view.run(["cat", f"{work}/probes.out"]).stdout
+        # The steps ran (a build that failed early would show nothing either).
+        for word in ("import-ok", "cache-probe-done", "bind-probe-done", "build-ok",
+                     "created", "left-running"):
+            assert word in out, (word, out)
+        for name, text in secrets.items():
+            assert text not in out, f"a RUN step read {name}: {out}"
+        # The fence's read-only .git/config stays so in a bind, and to docker cp.
+        assert "container-wrote-config" not in out, out
+        assert "cp-wrote-tool" not in out, out
+        assert _sha(view, config) == config_before
+        assert view.run(["test", "-e", f"{alice.home}/.local/bin/evil-tool"],
+                        check=False).returncode != 0
+    finally:
+        view.run(["lev", "stop", agent_id], user="alice", check=False)
+    # Nothing of alice's runs after the stop: not the engine, not the
+    # container left running, not a unit of hers.
+    deadline = time.monotonic() + 90
+    while True:
+        left = view.run(["ps", "-u", str(alice.uid), "-o", "pid=,args="],
+                        check=False).stdout.strip()
+        if not left:
+            break
+        assert time.monotonic() < deadline, f"alice's processes outlived lev stop: {left}"
+        time.sleep(0.5)
+    # Nothing the build or the import made stays in the machine's /var/tmp.
+    assert _var_tmp(view) - var_tmp_before == set()
+
+
+def test_bobs_build_runs_nothing_alice_planted_in_buildahs_cache(view: Testbed) -> None:
+    bob = view.users["bob"]
+    work = f"{bob.home}/{WORK}"
+    view.write_file(f"{work}/ctx/Dockerfile", BOB_DOCKERFILE)
+    view.run(["chown", "-R", "bob:", work])
+    script = f"""set -e
+{DOCKER} import {TARBALL} {IMAGE} >/dev/null
+DOCKER_BUILDKIT=0 {DOCKER} build --no-cache --network none ctx 2>&1
+"""
+    r = view.run(["lev", "run", "--", "sh", "-c", script], user="bob", cwd=work,
+                 check=False, timeout=300)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "bob-build-done" in r.stdout, r.stdout
+    assert "ALICE-CODE-RAN" not in r.stdout, r.stdout
