@@ -179,6 +179,12 @@ class AgentProxy:
     async def bind(self, path: str, writable: bool) -> tuple[str, bool]:
         try:
             real, readonly = await asyncio.to_thread(self.view.resolve, path, writable)
+            if self.rootless:
+                # The engine runs in the agent's view (enginesock/engineroot.py):
+                # it binds what the agent sees there, the fence's read-only
+                # mounts inside included; a link swapped in later leads
+                # nowhere the agent cannot go itself.
+                return self.view.seen_as(real), readonly
             return await asyncio.to_thread(self._pin, real), readonly
         except BindRefused as exc:
             raise rules.Refused(str(exc)) from None

@@ -35,16 +35,18 @@ import shutil
 import socket
 import stat
 import sys
+import syslog
 from dataclasses import dataclass
 
 from leviathd import fsat
 from leviathd.broker.server import cgroup_of
-from leviathd.enginesock import engine
+from leviathd.enginesock import engine, engineroot
+from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.paths import runtime_dir
 from leviathd.sandbox.container.cgroups import cgroup_procs_files
+from leviathd.systemd import journal
 
-START_TIMEOUT = 30.0
 MIN_SUBIDS = 65536
 SUBID_FILES = ("/etc/subuid", "/etc/subgid")
 MAX_SUBID_FILE = 4 << 20
@@ -151,27 +153,29 @@ def bind(agent_id: str) -> socket.socket:
     return sock
 
 
-def service_argv(podman: str, p: Places) -> list[str]:
-    """Every place named on the command line: podman passes them on to the
-    cleanup processes conmon runs (--exit-command-arg), and flags beat
-    whatever the user's own containers.conf/storage.conf say.
+def service_argv(podman: str) -> list[str]:
+    """Every place named on the command line, as the engine's own root shows
+    them (enginesock/engineroot.py): podman passes them on to the cleanup
+    processes conmon runs (--exit-command-arg), and flags beat whatever a
+    containers.conf/storage.conf says.
 
     cgroupfs: on a v1 (hybrid) host rootless podman makes no cgroups at all,
     so conmon, the runtime and the container's processes stay where the
     service is, the agent's scope, under its limits (measured in the bed:
     the container's sleep in memory, pids, cpu, devices and name=systemd of
     the scope)."""
-    return [podman, "--root", os.path.join(p.storage, "storage"),
-            "--runroot", os.path.join(p.runtime, "containers"),
-            "--tmpdir", os.path.join(p.runtime, "libpod", "tmp"),
-            "--volumepath", os.path.join(p.storage, "volumes"),
+    return [podman, "--root", os.path.join(engineroot.STORAGE, "storage"),
+            "--runroot", os.path.join(engineroot.RUN, "containers"),
+            "--tmpdir", os.path.join(engineroot.RUN, "libpod", "tmp"),
+            "--volumepath", os.path.join(engineroot.STORAGE, "volumes"),
             "--cgroup-manager", "cgroupfs", "system", "service", "--time=0"]
 
 
-def attach(supervisor_pid: int, unit: str, pid: int) -> None:
+def attach(supervisor_pid: int, unit: str, pid: int) -> str:
     """Moves `pid` into the agent's scope in every hierarchy (as the tool
     gate does for its shells): the scope is read from the agent's
-    supervisor, which lives in it for the agent's whole life."""
+    supervisor, which lives in it until the agent is released. Returns one
+    of the scope's cgroup.procs files."""
     cgroup = cgroup_of(supervisor_pid)
     if unit not in cgroup.split("/"):
         raise OSError(f"the agent's supervisor is not in {unit}")
@@ -182,14 +186,21 @@ def attach(supervisor_pid: int, unit: str, pid: int) -> None:
     for path in files:
         with open(path, "w", encoding="ascii") as f:
             f.write(str(pid))
+    return files[0]
 
 
 async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
                 state_dir: str, *, host_network: bool) -> str:
-    """The agent's service, running and answering; its socket's path.
+    """Starts the agent's service; its socket's path. The service itself
+    runs once the agent's fence does (enginesock/rootless_exec.py: it sees
+    what the fence shows), after the daemon has released the agent: until
+    then a client's connection waits in the socket's backlog, and if the
+    service never comes, the socket closes with the launcher's end.
     `host_network` false: the service gets a network namespace of its own
-    with only lo (rootless_exec.own_namespaces)."""
+    with only lo."""
     podman = await asyncio.to_thread(preflight, user)
+    mappers = [os.path.realpath(shutil.which(t, path=ENGINE_PATH) or t) for t in
+               ("newuidmap", "newgidmap")]
     p = await asyncio.to_thread(prepare, agent_id, state_dir, user)
     sock = await asyncio.to_thread(bind, agent_id)
     fd = sock.fileno()
@@ -197,7 +208,7 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "leviathd.enginesock.rootless_exec",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, start_new_session=True, pass_fds=(fd,),
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, pass_fds=(fd,),
             env={"PATH": ENGINE_PATH},
         )
     finally:
@@ -205,13 +216,17 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
     assert proc.stdin is not None
     try:
         # Into the scope before it does anything: all it forks is the agent's.
-        await asyncio.to_thread(attach, supervisor_pid, unit, proc.pid)
-        env = {"PATH": ENGINE_PATH, "HOME": user.home, "USER": user.name,
-               "LOGNAME": user.name, "XDG_RUNTIME_DIR": p.runtime, "LISTEN_FDNAMES": "api"}
+        procs = await asyncio.to_thread(attach, supervisor_pid, unit, proc.pid)
+        # HOME is the engine's own folder: a containers.conf the agent writes
+        # into its home is never the engine's (nor its cleanup processes').
+        env = {"PATH": ENGINE_PATH, "HOME": engineroot.RUN, "USER": user.name,
+               "LOGNAME": user.name, "XDG_RUNTIME_DIR": engineroot.RUN, "TMPDIR": "/tmp",
+               "LISTEN_FDNAMES": "api"}
         orders = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups), "fd": fd,
-                  "argv": service_argv(podman, p), "env": env, "cwd": p.runtime,
-                  "log": os.path.join(p.runtime, "podman.log"),
-                  "private_network": not host_network}
+                  "argv": service_argv(podman), "env": env, "cwd": engineroot.RUN,
+                  "log": os.path.join(engineroot.RUN, "podman.log"),
+                  "private_network": not host_network, "supervisor": supervisor_pid,
+                  "procs": procs, "run": p.runtime, "storage": p.storage, "mappers": mappers}
         proc.stdin.write(json.dumps(orders).encode() + b"\n")
         await proc.stdin.drain()
         proc.stdin.close()
@@ -220,23 +235,28 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
             proc.kill()
         await proc.wait()
         raise
-    waiter = asyncio.ensure_future(proc.wait())
-    try:
-        ping = asyncio.ensure_future(engine.reachable(p.socket))
-        done, _ = await asyncio.wait({waiter, ping}, timeout=START_TIMEOUT,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if ping in done and ping.result():
-            return p.socket
-        ping.cancel()
-        if waiter in done:
-            raise OSError(f"rootless podman's API service ended at once (status "
-                          f"{waiter.result()}): see {p.runtime}/podman.log")
-        raise OSError("rootless podman's API service did not answer")
-    finally:
-        # The service is the scope's now; the daemon does not wait for it
-        # (it ends with the scope, also across a daemon restart).
-        if not waiter.done():
-            waiter.cancel()
+    # The launcher is the scope's now; the daemon does not wait for it (it
+    # ends with the scope, also across a daemon restart), but journals what
+    # it says (an engine that could not start).
+    task = asyncio.get_running_loop().create_task(_said(agent_id, proc))
+    _LISTENERS.add(task)
+    task.add_done_callback(_LISTENERS.discard)
+    return p.socket
+
+
+_LISTENERS: set[asyncio.Task[None]] = set()
+MAX_SAID = 4096
+
+
+async def _said(agent_id: str, proc: asyncio.subprocess.Process) -> None:
+    assert proc.stderr is not None
+    with contextlib.suppress(OSError):
+        said = await proc.stderr.read(MAX_SAID)
+        if said.strip():
+            journal.record(f"agent {agent_id}: its container engine: "
+                           f"{said.decode(errors='replace').strip()}",
+                           priority=syslog.LOG_WARNING, LEVIATH_AGENT=agent_id,
+                           LEVIATH_EVENT=Event.ENGINE_SERVICE)
 
 
 def remove(agent_id: str, state_dir: str) -> None:

@@ -120,6 +120,16 @@ class View:
         return real, readonly
 
 
+    def seen_as(self, real: str) -> str:
+        """The agent's own path for the host path `real` that `resolve` gave:
+        where the sandbox shows it (a rootless engine sees the agent's view,
+        and binds from it, with the fence's read-only mounts inside)."""
+        held = self._source_entry(real)
+        if held is None:
+            raise BindRefused(f"{real[:200]} is not in the agent's sandbox")
+        return _join(held.target, _rest(real, held.source))
+
+
 def _rest(path: str, base: str) -> str:
     if base == "/":
         return path.lstrip("/")

@@ -23,13 +23,12 @@ def test_preflight_refuses_root() -> None:
 
 
 def test_every_place_is_on_the_command_line() -> None:
-    p = rootless.Places("/run/leviath/engine/a.sock", "/run/leviath/engine-user/a",
-                        "/var/lib/leviath/engine-storage/a")
-    argv = rootless.service_argv("/usr/bin/podman", p)
+    # As the engine's own root shows them (enginesock/engineroot.py).
+    argv = rootless.service_argv("/usr/bin/podman")
     flags = dict(zip(argv[1:-3:2], argv[2:-3:2], strict=True))
-    assert flags == {"--root": "/var/lib/leviath/engine-storage/a/storage",
-                     "--runroot": "/run/leviath/engine-user/a/containers",
-                     "--tmpdir": "/run/leviath/engine-user/a/libpod/tmp",
-                     "--volumepath": "/var/lib/leviath/engine-storage/a/volumes",
+    assert flags == {"--root": "/.leviath-engine/storage/storage",
+                     "--runroot": "/.leviath-engine/run/containers",
+                     "--tmpdir": "/.leviath-engine/run/libpod/tmp",
+                     "--volumepath": "/.leviath-engine/storage/volumes",
                      "--cgroup-manager": "cgroupfs"}
     assert argv[-3:] == ["system", "service", "--time=0"]
