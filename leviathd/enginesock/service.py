@@ -162,13 +162,6 @@ class EngineSockService(Feature):
         """The user's own podman for this agent, then its proxy. No cgroup
         parent: the containers are the service's children in the scope."""
         try:
-            # Before the engine copies the machine's mounts: the pins of its
-            # binds are mounted later and must reach it.
-            await asyncio.to_thread(pins.share_root)
-        except pins.PinError as exc:
-            raise Unavailable(f"the agent's container engine: its bind pins cannot reach "
-                              f"it: {exc}") from None
-        try:
             sock = await rootless.start(rec.id, rec.unit, rec.supervisor_pid, user,
                                         self._state_dir, host_network=eff.network is True)
         except rootless.RootlessUnavailable as exc:

@@ -30,9 +30,12 @@ WORK = "view-work"
 # {probe} is replaced per run: what a RUN step tries to read from the root it got.
 DOCKERFILE = f"""FROM {IMAGE}
 RUN --mount=type=cache,id=../../../../../../../../..,target=/host,uid=0 sh -c 'R=/host; {{probe}}; echo cache-probe-done'
-RUN --mount=type=bind,source=/,target=/host sh -c 'R=/host; {{probe}}; echo bind-probe-done'
 RUN --mount=type=cache,id=pipcache,target=/c,uid=0 sh -c 'chmod 777 /c; echo "echo ALICE-CODE-RAN" > /c/run.sh; chmod 777 /c/run.sh; echo planted'
 """  # noqa: E501
+# The engine may refuse this one (a bind of its whole root): it must leak nothing either way.
+BIND_DOCKERFILE = f"""FROM {IMAGE}
+RUN --mount=type=bind,source=/,target=/host sh -c 'R=/host; {{probe}}; echo bind-probe-done'
+"""
 BOB_DOCKERFILE = f"""FROM {IMAGE}
 RUN --mount=type=cache,id=pipcache,target=/c,uid=0 sh -c 'ls -la /c; [ ! -f /c/run.sh ] || sh /c/run.sh; echo bob-build-done'
 """  # noqa: E501
@@ -47,7 +50,7 @@ def view(bed: Testbed) -> Testbed:  # noqa: F811
     for user in ("alice", "bob"):
         home = bed.users[user].home
         work = f"{home}/{WORK}"
-        bed.run(["mkdir", "-p", f"{work}/ctx"], user=user)
+        bed.run(["mkdir", "-p", f"{work}/ctx", f"{work}/ctx-bind"], user=user)
         bed.run(["cp", f"{home}/rootless-work/{TARBALL}", f"{work}/{TARBALL}"])
         bed.run(["git", "init", "-q", work], user=user)
         bed.run(["mkdir", "-p", f"{home}/.local/bin"], user=user)
@@ -84,7 +87,11 @@ def _probe(tb: Testbed) -> str:
 
 
 def _var_tmp(tb: Testbed) -> set[str]:
-    return set(tb.run(["ls", "-A", "/var/tmp"]).stdout.split())
+    """alice's entries in the machine's /var/tmp, and buildah's and podman's
+    (the bed's /var/tmp also shows the host's, where others come and go)."""
+    return set(tb.run(["find", "/var/tmp", "-mindepth", "1", "-maxdepth", "1", "(", "-user",
+                       "alice", "-o", "-name", "buildah-cache*", "-o", "-name", "api_load.tar*",
+                       ")"]).stdout.split())
 
 
 def _sha(tb: Testbed, path: str) -> str:
@@ -98,6 +105,7 @@ def test_builds_and_binds_reach_only_what_the_agent_sees_and_nothing_outlives_it
     secrets = _secrets(view)
     probe = _probe(view)
     view.write_file(f"{work}/ctx/Dockerfile", DOCKERFILE.replace("{probe}", probe))
+    view.write_file(f"{work}/ctx-bind/Dockerfile", BIND_DOCKERFILE.replace("{probe}", probe))
     view.write_file(f"{work}/evil.cfg", "[core]\n\thooksPath = /tmp/evil\n")
     view.run(["chown", "-R", "alice:", work])
     config = f"{work}/.git/config"
@@ -110,6 +118,7 @@ D={DOCKER}
 $D import {TARBALL} {IMAGE} >/dev/null && echo import-ok
 DOCKER_BUILDKIT=0 $D build --no-cache --network none -t localhost/view-probe:1 ctx \\
     && echo build-ok
+DOCKER_BUILDKIT=0 $D build --no-cache --network none ctx-bind
 $D run --rm {BED_RUN} -v "$PWD:/w" {IMAGE} sh -c \\
     'echo "[core] hooksPath = /tmp/evil" >> /w/.git/config && echo container-wrote-config'
 $D create --name cpc {BED_RUN} -v "$HOME/.local/bin:/lb" {IMAGE} true >/dev/null \\
@@ -132,8 +141,7 @@ sleep 600
             time.sleep(0.5)
         out = view.run(["cat", f"{work}/probes.out"]).stdout
         # The steps ran (a build that failed early would show nothing either).
-        for word in ("import-ok", "cache-probe-done", "bind-probe-done", "build-ok",
-                     "created", "left-running"):
+        for word in ("import-ok", "cache-probe-done", "build-ok", "created", "left-running"):
             assert word in out, (word, out)
         for name, text in secrets.items():
             assert text not in out, f"a RUN step read {name}: {out}"
