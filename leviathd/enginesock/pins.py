@@ -17,12 +17,12 @@ reach its pins, while the names are no secret from other users
 (/proc/1/mountinfo lists them), so others must not pass. Without ACLs on /run
 (a tmpfs built without them) the folder is root:<the user's group> 0710.
 
-A rootless engine runs in a mount namespace of its own, a slave copy of the
-machine's made when the agent starts (enginesock/rootless_exec.py). A pin
-mounted later reaches it only if the folder it is under is a shared mount:
-`share_root` makes /run/leviath/engine-binds a mount point with a peer group
-of its own before each rootless engine starts (systemd makes / shared at
-boot, but not every host, the test bed among them, keeps it so).
+The agent's own rootless engine takes no pins (issue 43): it runs in the
+agent's view (enginesock/engineroot.py) and gets the agent's own path, so a
+link swapped in after the check leads nowhere the agent cannot go itself,
+and the fence's read-only mounts inside the folder come along. `share_root`
+(a shared mount point for the pins, for an engine that copies the machine's
+mounts) is kept for such an engine, but none does now.
 
 The mounting is done by a short-lived helper process (`python -m
 leviathd.enginesock.pins`): joining another mount namespace needs a process

@@ -125,8 +125,9 @@ class EngineSockService(Feature):
             note = ("container engine: ROOT ON THE HOST ([sandbox.containers] host_root_engine "
                     "= true): a container the filter lets through holds root's rights")
         else:
-            note = ("container engine: the user's own rootless podman, in the agent's scope, "
-                    "with storage of its own that goes when the agent ends")
+            note = ("container engine: the user's own rootless podman, in the agent's scope and "
+                    "in the agent's own view (what this sandbox shows, nothing else of the "
+                    "host's), with storage of its own that goes when the agent ends")
         # Planning runs in worker threads; one entry per agent, the first step's.
         # A start that fails before the hooks leaves its entry: keep few.
         while len(self._pending) >= MAX_PENDING:

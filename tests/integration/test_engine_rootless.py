@@ -165,6 +165,14 @@ def _wait_file(bed: Testbed, path: str, entries: int, seconds: float = 120) -> l
         time.sleep(0.3)
 
 
+def _host_pid(bed: Testbed, cmdline: str) -> int:
+    """The machine's pid of the one process running `cmdline`: the engine
+    reports pids as its own PID namespace numbers them (issue 43)."""
+    pids = bed.run(["pgrep", "-xf", cmdline]).stdout.split()
+    assert len(pids) == 1, pids
+    return int(pids[0])
+
+
 def _alive(bed: Testbed, pid: int) -> bool:
     return bed.run(["test", "-e", f"/proc/{pid}"], check=False).returncode == 0
 
@@ -186,7 +194,8 @@ def test_a_containers_processes_are_the_agents_user_in_its_scope_and_end_with_it
         assert imported[0] == 200, imported
         assert create[0] == 201, create
         assert start[0] == 204, start
-        pid = int(inspect[1]["State"]["Pid"])  # type: ignore[index]
+        assert inspect[1]["State"]["Running"], inspect  # type: ignore[index]
+        pid = _host_pid(bed, "sleep 3171")
         # Read while the agent holds the container alive (its client sleeps).
         status = bed.run(["cat", f"/proc/{pid}/status"]).stdout
         cgroups = bed.run(["cat", f"/proc/{pid}/cgroup"]).stdout
@@ -380,7 +389,8 @@ def test_the_engine_outlives_a_daemon_restart_and_an_end_while_away_is_swept(
     try:
         _imported, create, start, inspect = _wait_file(bed, out, 5)
         assert create[0] == 201 and start[0] == 204, (create, start)
-        pid = int(inspect[1]["State"]["Pid"])  # type: ignore[index]
+        engine_pid = inspect[1]["State"]["Pid"]  # type: ignore[index]
+        pid = _host_pid(bed, "sleep 3172")
         cgroups = bed.run(["cat", f"/proc/{pid}/cgroup"]).stdout
         unit = next(part for part in cgroups.split("/") if part.endswith(".scope\n")
                     or part.endswith(".scope")).strip()
@@ -389,7 +399,8 @@ def test_the_engine_outlives_a_daemon_restart_and_an_end_while_away_is_swept(
         bed.run(["touch", go], user="alice")
         after = _wait_file(bed, out, 6)[-1]
         # The same engine, with the same container, through the new daemon's proxy.
-        assert after[0] == 200 and after[1]["State"]["Pid"] == pid, after  # type: ignore[index]
+        assert after[0] == 200 and after[1]["State"]["Pid"] == engine_pid, after  # type: ignore[index]
+        assert _alive(bed, pid)
         # The agent ends while the daemon is away: the next daemon sweeps its engine.
         bed.run(["systemctl", "stop", "leviathd"])
         bed.run(["systemctl", "stop", unit])
@@ -467,7 +478,8 @@ def test_an_agent_killed_outright_leaves_no_engine_behind(bed: Testbed) -> None:
     assert isinstance(agent_id, str)
     _imported, _create_reply, start, inspect = _wait_file(bed, out, 5)
     assert start[0] == 204, start
-    pid = int(inspect[1]["State"]["Pid"])  # type: ignore[index]
+    assert inspect[1]["State"]["Running"], inspect  # type: ignore[index]
+    pid = _host_pid(bed, "sleep 3173")
     storage = f"/var/lib/leviath/engine-storage/{agent_id}"
     # The user's engine, with storage of the agent's own (root's, before issue 29).
     status = bed.run(["cat", f"/proc/{pid}/status"]).stdout

@@ -181,3 +181,57 @@ DOCKER_BUILDKIT=0 {DOCKER} build --no-cache --network none ctx 2>&1
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert "bob-build-done" in r.stdout, r.stdout
     assert "ALICE-CODE-RAN" not in r.stdout, r.stdout
+
+
+def _fence_pid1(tb: Testbed, uid: int) -> int:
+    """The agent's fence's PID 1: alice's process that is PID 1 of a PID
+    namespace one level below the bed's, and not the container's sleep."""
+    out = tb.run(["sh", "-c", f"for p in $(ps -u {uid} -o pid=); do "
+                  "echo $p $(grep NSpid /proc/$p/status) $(tr '\\0' ' ' </proc/$p/cmdline);"
+                  " done"], check=False).stdout
+    found = [int(f[0]) for f in (ln.split() for ln in out.splitlines())
+             if len(f) >= 4 and f[1] == "NSpid:" and f[3] == "1" and f[4:6] != ["sleep", "3174"]]
+    assert len(found) == 1, out
+    return found[0]
+
+
+def test_an_agent_whose_pid1_is_killed_while_the_daemon_is_down_leaves_no_engine(
+        view: Testbed) -> None:
+    # Nobody stops the scope then: the engine itself must end with the fence.
+    alice = view.users["alice"]
+    work = f"{alice.home}/{WORK}"
+    done = f"{work}/killed.done"
+    view.run(["rm", "-f", done])
+    script = f"""{DOCKER} import {TARBALL} {IMAGE} >/dev/null
+{DOCKER} run -d {BED_RUN} {IMAGE} sleep 3174 >/dev/null && touch killed.done
+sleep 600
+"""
+    r = view.run(["lev", "run", "--detach", "--", "sh", "-c", script], user="alice",
+                 cwd=work, check=False, timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    agent_id = r.stdout.strip()
+    storage = f"/var/lib/leviath/engine-storage/{agent_id}"
+    try:
+        deadline = time.monotonic() + 300
+        while view.run(["test", "-e", done], check=False).returncode != 0:
+            assert time.monotonic() < deadline, "the agent never ran its container"
+            time.sleep(0.5)
+        pid1 = _fence_pid1(view, alice.uid)
+        view.run(["systemctl", "stop", "leviathd"])
+        view.run(["kill", "-KILL", str(pid1)])
+        deadline = time.monotonic() + 60
+        while True:
+            left = view.run(["ps", "-u", str(alice.uid), "-o", "pid=,args="],
+                            check=False).stdout.strip()
+            if not left:
+                break
+            assert time.monotonic() < deadline, f"alice's engine outlived her fence: {left}"
+            time.sleep(0.5)
+    finally:
+        view.run(["systemctl", "start", "leviathd"], check=False)
+        view.run(["lev", "stop", agent_id], user="alice", check=False)
+    # The next daemon sweeps what is left: files only.
+    deadline = time.monotonic() + 60
+    while view.run(["test", "-e", storage], check=False).returncode == 0:
+        assert time.monotonic() < deadline, "the restarted daemon never swept the storage"
+        time.sleep(0.5)

@@ -84,6 +84,18 @@ def test_binds_follow_the_sandbox_view(tmp_path: Path) -> None:
             v.resolve(path, True)
 
 
+def test_a_rootless_engine_gets_the_agents_own_path(tmp_path: Path) -> None:
+    # The engine runs in the agent's view (issue 43): the host path the check
+    # resolved is given back as the agent sees it, links already followed.
+    v = _view(tmp_path)
+    (tmp_path / "scratch" / "home" / "cache").mkdir()
+    assert v.seen_as(v.resolve("/home/a/work/sub", True)[0]) == "/home/a/work/sub"
+    assert v.seen_as(v.resolve("/home/a/cache", True)[0]) == "/home/a/cache"
+    assert v.seen_as(v.resolve("/home/a/work/to-etc", True)[0]) == "/etc"
+    with pytest.raises(BindRefused, match="not in the agent's sandbox"):
+        v.seen_as("/usr")
+
+
 def test_a_bind_that_would_uncover_a_mask_is_refused(tmp_path: Path) -> None:
     v = _view(tmp_path, mask=True)
     # The sandbox covers work/sub: binding work/.. or work itself shows it again.
