@@ -245,8 +245,9 @@ def main() -> int:
                 os.write(2, f"leviathd engine: {exc}\n".encode())
         finally:
             os._exit(code)
+    # The socket is the engine's alone: once it ends, a client is refused.
     parts.close()
-    for fd in watched:
+    for fd in (*watched, LISTEN_FD):
         os.close(fd)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(init, signal.SIGTERM))
     while True:
