@@ -108,17 +108,33 @@ class MachineParts:
     mappers: dict[str, int]  # the path of newuidmap/newgidmap -> its clone
     dev: dict[str, int]
     cgroup: int | None
+    # A container agent's fence is its image: the engine's programs are the
+    # machine's (top-level name -> its clone, or a link's target).
+    system: dict[str, int | str]
 
     def close(self) -> None:
         for fd in (self.run, self.storage, *self.mappers.values(), *self.dev.values(),
-                   *([] if self.cgroup is None else [self.cgroup])):
+                   *([] if self.cgroup is None else [self.cgroup]),
+                   *(x for x in self.system.values() if isinstance(x, int))):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
 
-def machine_parts(run: str, storage: str, mappers: list[str]) -> MachineParts:
+def machine_parts(run: str, storage: str, mappers: list[str],
+                  system: list[str]) -> MachineParts:
     """Clones of the engine's folders, the id mappers and the device nodes,
-    taken in the machine's view (before the launcher enters the agent's)."""
+    and of the `system` folders (top-level, read-only), taken in the
+    machine's view (before the launcher enters the agent's)."""
+    taken: dict[str, int | str] = {}
+    for path in system:
+        name = path.strip("/")
+        if "/" in name or not name:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.islink(path):
+                taken[name] = os.readlink(path)
+            else:
+                taken[name] = clone(path)
     dev: dict[str, int] = {}
     for name in (*DEV_NODES, *DEV_EXTRA):
         path = f"/dev/{name}"
@@ -129,7 +145,7 @@ def machine_parts(run: str, storage: str, mappers: list[str]) -> MachineParts:
     with contextlib.suppress(OSError):
         cgroup = clone(CGROUP)
     return MachineParts(clone(run), clone(storage),
-                        {p: clone(p, recursive=False) for p in mappers}, dev, cgroup)
+                        {p: clone(p, recursive=False) for p in mappers}, dev, cgroup, taken)
 
 
 def _place(src_is_dir: bool, target: str) -> None:
@@ -165,8 +181,9 @@ def build(parts: MachineParts) -> None:
     the engine's root, as the module's docstring says, made the root."""
     mount(None, "/", None, MS_REC | MS_SLAVE, None)
     entries: list[tuple[str, int | str, bool]] = []  # name, clone or link, is a folder
+    entries += [(name, what, True) for name, what in parts.system.items()]
     for entry in os.scandir("/"):
-        if entry.name in OWN_TOP:
+        if entry.name in OWN_TOP or entry.name in parts.system:
             continue
         if entry.is_symlink():
             entries.append((entry.name, os.readlink(entry.path), False))
@@ -183,7 +200,8 @@ def build(parts: MachineParts) -> None:
             continue
         _place(is_dir, target)
         attach(what, target)
-        os.close(what)
+        if name not in parts.system:
+            os.close(what)
     for path, fd in parts.mappers.items():
         # Only over the fence's own copy (the system it shows); nothing new.
         if os.path.exists(new + path):

@@ -45,6 +45,7 @@ from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.paths import runtime_dir
 from leviathd.sandbox.container.cgroups import cgroup_procs_files
+from leviathd.sandbox.spec import SYSTEM_DIRS, SYSTEM_LINK_DIRS
 from leviathd.systemd import journal
 
 MIN_SUBIDS = 65536
@@ -190,14 +191,16 @@ def attach(supervisor_pid: int, unit: str, pid: int) -> str:
 
 
 async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
-                state_dir: str, *, host_network: bool) -> str:
+                state_dir: str, *, host_network: bool, image: bool = False) -> str:
     """Starts the agent's service; its socket's path. The service itself
     runs once the agent's fence does (enginesock/rootless_exec.py: it sees
     what the fence shows), after the daemon has released the agent: until
     then a client's connection waits in the socket's backlog, and if the
     service never comes, the socket closes with the launcher's end.
     `host_network` false: the service gets a network namespace of its own
-    with only lo."""
+    with only lo. `image`: the agent's fence is a container of an image
+    (the container kind), which has no podman: the engine's system folders
+    are the machine's, read-only, the rest the container's."""
     podman = await asyncio.to_thread(preflight, user)
     mappers = [os.path.realpath(shutil.which(t, path=ENGINE_PATH) or t) for t in
                ("newuidmap", "newgidmap")]
@@ -226,7 +229,8 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
                   "argv": service_argv(podman), "env": env, "cwd": engineroot.RUN,
                   "log": os.path.join(engineroot.RUN, "podman.log"),
                   "private_network": not host_network, "supervisor": supervisor_pid,
-                  "procs": procs, "run": p.runtime, "storage": p.storage, "mappers": mappers}
+                  "procs": procs, "run": p.runtime, "storage": p.storage, "mappers": mappers,
+                  "system": list(SYSTEM_DIRS + SYSTEM_LINK_DIRS) if image else []}
         proc.stdin.write(json.dumps(orders).encode() + b"\n")
         await proc.stdin.drain()
         proc.stdin.close()

@@ -167,6 +167,9 @@ def _init(orders: dict[str, object], parts: engineroot.MachineParts, watched: li
             for fd in (wake_r, wake_w, *watched):
                 os.close(fd)
             _service(orders)
+        except BaseException as exc:  # into podman's log, or the daemon's journal
+            with contextlib.suppress(OSError):
+                os.write(2, f"leviathd engine: {exc}\n".encode())
         finally:
             os._exit(2)
     poller = select.poll()
@@ -220,7 +223,8 @@ def main() -> int:
     finally:
         os.close(ns)
     parts = engineroot.machine_parts(str(orders["run"]), str(orders["storage"]),
-                                     [str(p) for p in orders["mappers"]])
+                                     [str(p) for p in orders["mappers"]],
+                                     [str(p) for p in orders.get("system", [])])
     fence = find_fence(str(orders["procs"]), time.monotonic() + FENCE_WAIT)
     watched.append(fence)
     # Nothing is imported from here on: the root becomes the agent's.

@@ -33,6 +33,7 @@ from leviathd.agents.feature import Feature
 from leviathd.agents.service import Agents
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.config.models import Publish
+from leviathd.domain.sandbox import SandboxKind
 from leviathd.enginesock import engine, pins, rootless
 from leviathd.enginesock.proxy import SOCKET_NAME, AgentProxy, Settings
 from leviathd.enginesock.view import View, _Entry
@@ -164,7 +165,8 @@ class EngineSockService(Feature):
         parent: the containers are the service's children in the scope."""
         try:
             sock = await rootless.start(rec.id, rec.unit, rec.supervisor_pid, user,
-                                        self._state_dir, host_network=eff.network is True)
+                                        self._state_dir, host_network=eff.network is True,
+                                        image=rec.sandbox == SandboxKind.CONTAINER)
         except rootless.RootlessUnavailable as exc:
             await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
             raise Unavailable(f"the agent's container engine (rootless podman as "

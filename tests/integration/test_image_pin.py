@@ -9,6 +9,7 @@ until root reloads.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -165,11 +166,17 @@ def test_a_container_kind_agent_gets_its_users_own_engine_too(bed: Testbed) -> N
         assert r.returncode == 0, (r.stdout, r.stderr)
         agent_id = r.stdout.strip()
         try:
-            # Its engine: bob's rootless podman, in bob's agent's scope.
-            found = bed.run(["sh", "-c", "for p in $(pgrep -f 'podman .*system service'); do "
-                             "echo $(stat -c %u /proc/$p) $(grep name=systemd /proc/$p/cgroup "
-                             "|| grep ^0:: /proc/$p/cgroup); done"]).stdout
-            mine = [ln for ln in found.splitlines() if agent_id in ln]
+            # Its engine: bob's rootless podman, in bob's agent's scope (it
+            # starts once the agent's container runs: waited for).
+            deadline = time.monotonic() + 60
+            while True:
+                found = bed.run(["sh", "-c", "for p in $(pgrep -f 'podman .*system service'); "
+                                 "do echo $(stat -c %u /proc/$p) $(grep name=systemd "
+                                 "/proc/$p/cgroup || grep ^0:: /proc/$p/cgroup); done"]).stdout
+                mine = [ln for ln in found.splitlines() if agent_id in ln]
+                if mine or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
             assert mine and all(ln.split()[0] == str(bob.uid) for ln in mine), found
         finally:
             bed.run(["lev", "stop", agent_id], user="bob", check=False)
