@@ -155,8 +155,8 @@ def acting_for_it(spec: SandboxSpec) -> list[str]:
         f"  {'credentials':<23} read outside the fence, as you (files it cannot see)",
     ]
     if "DOCKER_HOST" in spec.env:
-        lines.append(f"  {'container engine':<23} as you, in this agent's scope "
-                     "(docs/containers.md: what it sees)")
+        lines.append(f"  {'container engine':<23} as you, in this agent's scope and in this "
+                     "view (docs/containers.md: what it sees)")
     lines.append(f"  {'approvals, stop, policy':<23} only from outside every agent")
     return lines
 
