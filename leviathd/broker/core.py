@@ -363,9 +363,12 @@ class Broker:
         if own is not None and call.paths:
             self.start()
             assert self._opener is not None
-            return await self.in_pool(
-                lambda: resolve.blueprint_paths(call, self.files_opener(), self.policy.grant,
-                                                outside=self._opener))
+            try:
+                return await self.in_pool(
+                    lambda: resolve.blueprint_paths(call, self.files_opener(),
+                                                    self.policy.grant, outside=self._opener))
+            except RealPathRefused as exc:
+                raise ToolRefused(str(exc), "real-path-not-granted") from None
         return call
 
     async def _dialled(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from leviathd.broker import net
 from leviathd.broker.opener import Opener, OpenFailed
 from leviathd.broker.schema import port_of
-from leviathd.broker.tools import reader
+from leviathd.broker.tools import reader, refuse_several_names
 from leviathd.errors import InvalidArgument
 from leviathd.hosts import canonical_host
 from leviathd.policy.decision import Call, normalise
@@ -44,33 +44,46 @@ def _real(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
-def _opened_real(opener: Opener, path: str, flags: int) -> str | None:
-    """The real path of what `path` opens as the user, None if it does not open."""
+def _opened(opener: Opener, path: str, flags: int) -> tuple[str, os.stat_result] | None:
+    """The real path and status of what `path` opens as the user, None if
+    it does not open."""
     try:
         fd = opener.open(path, flags)
     except OpenFailed:
         return None
     try:
-        return _real(fd)
+        return _real(fd), os.fstat(fd)
     finally:
         os.close(fd)
 
 
+def _opened_real(opener: Opener, path: str, flags: int) -> str | None:
+    got = _opened(opener, path, flags)
+    return None if got is None else got[0]
+
+
 def real_read_path(opener: Opener, index: GrantIndex, path: str, *, directory: bool,
-                   outside: Opener | None = None) -> str:
-    """`outside`: for granted read paths outside the workdir (tools.reader)."""
+                   outside: Opener | None = None, one_name: bool = False) -> str:
+    """`outside`: for granted read paths outside the workdir (tools.reader).
+    `one_name`: refuse a file with several names (a blueprint tool's path,
+    which no later descriptor check of ours guards: tools.refuse_several_names)."""
     if not index.may_read(path):
         # Outside what the agent may read as written: the gate refuses it on
         # these words, as before, and nothing there is opened first (a
         # device's open can do things).
         return path
     opener = reader(opener, outside, index.workdir, path)
-    real = _opened_real(opener, path, READ_FLAGS | (os.O_DIRECTORY if directory else 0))
-    if real is None:
+    got = _opened(opener, path, READ_FLAGS | (os.O_DIRECTORY if directory else 0))
+    if got is None:
         return path
+    real, st = got
     # Where the agent may not read, the run refuses with the one message
     # that tells nothing of what lies behind: the gate sees the lexical path.
-    return real if index.may_read(real) else path
+    if not index.may_read(real):
+        return path
+    if one_name:
+        refuse_several_names(st, path)
+    return real
 
 
 def real_write_path(opener: Opener, index: GrantIndex, path: str) -> str:
@@ -124,7 +137,8 @@ def blueprint_call(own: ToolDef, args: Mapping[str, Any], workdir: str) -> Call:
 def blueprint_paths(call: Call, opener: Opener, index: GrantIndex,
                     outside: Opener | None = None) -> Call:
     """The real paths of its declared path arguments. Blocking."""
-    reals = tuple(real_read_path(opener, index, p, directory=False, outside=outside)
+    reals = tuple(real_read_path(opener, index, p, directory=False, outside=outside,
+                                 one_name=True)
                   for p in call.paths)
     return replace(call, paths=reals)
 

@@ -93,6 +93,16 @@ def reader(view: Opener, outside: Opener | None, workdir: str, path: str) -> Ope
     return outside
 
 
+def refuse_several_names(st: os.stat_result, path: str) -> None:
+    """Grants and rules judge a file by one of its names; a hard link gives
+    it another (`ln keys/server.pem notes.txt`, made before the call or
+    during it). Decided on the opened descriptor's link count, a fact of
+    the file whatever name it was opened by (issue 48 §4)."""
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        raise RealPathRefused(f"{shown(path)}: has several names (hard links), and rules and "
+                              "grants judge one name; refused")
+
+
 def shown(path: str) -> str:
     """An agent-given path, bounded for echoing back in a message."""
     return path if len(path) <= _SHOWN else path[:_SHOWN] + "…"
@@ -173,6 +183,8 @@ class FileTools:
             st = os.fstat(fd)
             if not directory and not stat.S_ISREG(st.st_mode):
                 raise InvalidArgument(f"{shown(path)}: not a regular file")
+            if not directory:
+                refuse_several_names(st, path)
             kept = filelabels.read_label(fd)
         except BaseException:
             os.close(fd)

@@ -19,7 +19,6 @@ probe script; the bed's machine config holds `.pem` rules).
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Iterator
 

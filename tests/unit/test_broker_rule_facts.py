@@ -136,6 +136,46 @@ def test_a_link_swapped_after_the_decision_is_refused(
     assert "changed meanwhile" in str(reply)
 
 
+
+def test_a_hard_link_to_a_pem_file_is_refused_for_its_several_names(
+    broker: Running, tree: dict[str, Path],
+) -> None:
+    """Issue 48 §4: `hard.txt` is server.pem by another name; the rule sees
+    hard.txt, so a file with several names is refused on the descriptor's
+    link count (before: PEMKEY came back)."""
+    os.link(tree["work"] / "server.pem", tree["work"] / "hard.txt")
+    for tool, args in (("read_file", {"path": "hard.txt"}),
+                       ("read_files", {"paths": ["small.txt", "hard.txt"]})):
+        reply = call(broker.path, tool, args)
+        assert reply["ok"] is False and "PEMKEY" not in str(reply), reply
+        assert "several names" in str(reply), reply
+    ok = call(broker.path, "read_file", {"path": "small.txt"})
+    assert ok["ok"], ok
+
+
+def test_a_hard_link_made_after_the_decision_is_refused(
+    broker: Running, tree: dict[str, Path],
+) -> None:
+    """The gate decided on a one-name file; the link made before the run
+    opens it is seen on the opened descriptor."""
+    from leviathd.broker import tools
+
+    (tree["work"] / "later.txt").write_text("LATER")
+    real_open = tools.FileTools._open_read
+
+    def linking(self: tools.FileTools, path: str, **kw: object) -> object:
+        os.link(tree["work"] / "later.txt", tree["tmp"] / "elsewhere.txt")
+        return real_open(self, path, **kw)  # type: ignore[arg-type]
+
+    tools.FileTools._open_read = linking  # type: ignore[assignment,method-assign]
+    try:
+        reply = call(broker.path, "read_file", {"path": "later.txt"})
+    finally:
+        tools.FileTools._open_read = real_open  # type: ignore[method-assign]
+    assert reply["ok"] is False and "LATER" not in str(reply), reply
+    assert "several names" in str(reply), reply
+
+
 # ------------------------------------------------------------- web: the address
 
 WEB_RULES = (
@@ -222,6 +262,11 @@ def test_a_blueprint_tools_declared_path_is_judged_as_a_read_of_the_real_file(
     with running_broker(home=str(tree["home"]), workdir=str(tree["work"]), settings=settings,
                         socket_path=str(tree["tmp"] / "bp.sock")) as b:
         _denied(call(b.path, "show", {"path": "notes.txt"}), "rule:machine:no-pem")
+        # Issue 48 §4: the key by another name is refused for its names.
+        os.link(tree["work"] / "server.pem", tree["work"] / "hard.txt")
+        hard = call(b.path, "show", {"path": "hard.txt"})
+        _denied(hard, "real-path-not-granted")
+        assert "several names" in str(hard), hard
         reply = call(b.path, "show", {"path": "small.txt"})
     # Allowed by the rules: it fails only for want of the daemon's fence here.
     assert "blueprint tools need the daemon's fence" in str(reply), reply
