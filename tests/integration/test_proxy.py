@@ -405,8 +405,8 @@ def test_laundering_through_a_subfolder_a_rename_and_a_hard_link_stays_private(
     bed: Testbed, agent: Agent
 ) -> None:
     """The attacker's side: the agent's own shell writes the granted data
-    deep in a subfolder and links it elsewhere, evicts, then renames it:
-    the label is the inode's, whatever its name."""
+    deep in a subfolder and links it elsewhere, evicts, then renames it and
+    drops the link: the label is the inode's, whatever its name."""
     home = bed.users["alice"].home
     evict_private(agent)
     rc, _out, err = agent.call(
@@ -416,8 +416,11 @@ def test_laundering_through_a_subfolder_a_rename_and_a_hard_link_stays_private(
     assert rc == 0, err
     evict_private(agent)
     assert agent.call("mv deep/er/a.json moved.json")[0] == 0
+    # While it has two names the broker reads it under neither (issue 48 §4).
+    rc, out, err = agent.call("lev tool read_file linked.json")
+    assert rc != 0 and "several names" in err, (out, err)
+    assert agent.call("rm linked.json")[0] == 0
     assert read_back(agent, "moved.json") == "private"
-    assert read_back(agent, "linked.json") == "private"
 
 
 MAPPED = """
