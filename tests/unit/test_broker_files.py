@@ -52,6 +52,18 @@ def test_a_granted_read_succeeds_and_raises_taint_to_private(
     assert (reply["label"], reply["taint"]) == ("private", "private")
 
 
+def test_a_granted_name_of_a_hidden_file_is_not_read(
+    broker: Running, tree: dict[str, Path]
+) -> None:
+    """Issue 48 §4: a hard link in a granted folder (made by the user, or
+    by anything of hers) gives ~/.ssh's key a granted name; the file has
+    several names, so it is refused whichever name the grant sees."""
+    os.link(tree["ssh"] / "id_ed25519", tree["notes"] / "key.md")
+    reply = call(broker.path, "read_file", {"path": str(tree["notes"] / "key.md")})
+    assert not reply["ok"] and "PRIVATE KEY" not in str(reply), reply
+    assert "several names" in str(reply), reply
+
+
 def test_a_read_outside_the_workdir_without_a_grant_is_refused(
     broker: Running, tree: dict[str, Path]
 ) -> None:
