@@ -115,6 +115,8 @@ class AgentsBase:
         self._plan_waiting: dict[int, int] = {}
         # Per uid: starts holding a fork and a scope before polkit answered.
         self._unanswered: dict[int, int] = {}
+        # Per uid: starts under way, from the request to its answer.
+        self._starting: dict[int, int] = {}
         # Uids polkit last said yes to (to RUN, since the daemon started):
         # only their starts fork and start a scope before the answer.
         self._granted: set[int] = set()
@@ -154,6 +156,14 @@ class AgentsBase:
         ms = self.machine_config.sandbox
         image_pins.reload({(str(ms.engine or DEFAULT_ENGINE), ms.image)}
                           if ms is not None and ms.image else set())
+
+    def _running_of(self, uid: int) -> int:
+        """The uid's running agents (ended ones leave `records`)."""
+        return sum(1 for rec in self.records.values() if rec.uid == uid)
+
+    def _agent_cap(self) -> int | None:
+        """The machine's cap on one user's running agents ([limits])."""
+        return self.machine_config.limits.agents_per_user
 
     def user_config(self, user: UserInfo) -> Config | None:
         path = os.path.join(user.home, ".config", "leviath", "config.toml")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from leviathd import safetext
+from leviathd.agents import admission
 from leviathd.agents import feature as feature_calls
 from leviathd.agents.base import _UNPROBED, MAX_WAITING_PER_UID, NAMESPACE_STAND_IN
 from leviathd.agents.ending import Ending
@@ -130,6 +131,13 @@ class Planning(Ending):
             elif kind != SandboxKind.NONE and step_eff.network is not True:
                 step_marks = [*step_marks, "net:none"]
             marks += [m for m in step_marks if m not in marks]
+        # Before the start is accepted: what would make its agent end at once
+        # (agents/admission.py). The starts under way include this one.
+        admission.check_keys(user.name, admission.key_use(uid), self._starting.get(uid, 1))
+        if any(kind != SandboxKind.NONE and eff.containers.enabled
+               and not eff.containers.host_root
+               for (_l, eff, _a), kind in zip(plan, kinds, strict=True)):
+            admission.check_rootless_engine(user)
         other_homes = host_other_homes(user)
         return _Prepared(user, merged, command, agent_name, plan, kinds, marks, other_homes)
 

@@ -17,8 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from leviathd import fdclose, loopfd, resource_defaults, safetext
+from leviathd.agents import admission, output
 from leviathd.agents import feature as feature_calls
-from leviathd.agents import output
 from leviathd.agents.base import AUTH_PATIENCE, MAX_WAITING_PER_UID, SLICE, _logged, unit_name
 from leviathd.agents.feature import AgentFeature
 from leviathd.agents.planning import Planning, _Prepared
@@ -164,6 +164,9 @@ class Starting(Planning):
                        "try again later")
         auth = asyncio.ensure_future(self._authorize(who, req))
         auth.add_done_callback(lambda done: self._heard(who.uid, done))
+        # Starts under way per uid: each is charged a keyring and a place
+        # under the cap before it holds them (agents/admission.py).
+        self._starting[who.uid] = self._starting.get(who.uid, 0) + 1
         try:
             return await self._start(who, req, stdio, auth)
         except asyncio.CancelledError:
@@ -174,6 +177,12 @@ class Starting(Planning):
             # a caller polkit refuses learns nothing more of the request.
             await _refusal_first(auth, exc)
             raise
+        finally:
+            left = self._starting[who.uid] - 1
+            if left:
+                self._starting[who.uid] = left
+            else:
+                del self._starting[who.uid]
 
     async def _start(
         self, who: Caller, req: RunInput, stdio: supervisor.Stdio, auth: asyncio.Future[int]
@@ -183,6 +192,10 @@ class Starting(Planning):
         auth.add_done_callback(lambda done: _settle(granted, done))
         p = await self._in_worker(who.uid, self._prepare, who.uid, req,
                                   lambda: granted.result(timeout=AUTH_PATIENCE))  # fmt: skip
+        # Counted on the loop, which alone changes the records: the other
+        # starts under way are already running or counted in _starting.
+        admission.check_cap(p.user.name, self._running_of(who.uid),
+                            self._starting.get(who.uid, 1), self._agent_cap())
         if auth.done():
             auth.result()  # refused already: no fork, no scope
         elif (who.uid not in self._granted

@@ -1,4 +1,4 @@
-"""`lev folder add|list` ([[folders]] in the user config: a folder for one
+"""`lev folder add|remove|list` ([[folders]] in the user config: a folder for one
 agent, or for every agent in one repository) and `lev restart ID` (stop an
 agent and start it again with the same workdir, mode and command, so that a
 folder added meanwhile takes effect)."""
@@ -31,6 +31,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help="for agents whose workdir is this folder or inside it")
     add.add_argument("--write", action="store_true", help="writable (default: read-only)")
     add.set_defaults(func=add_main)
+    rm = verbs.add_parser("remove", help="remove a folder from your config")
+    rm.add_argument("path", help="the folder, as added (absolute or ~/...)")
+    rm.add_argument("--agent", help="only its entry for this agent")
+    rm.add_argument("--repository", "-r", metavar="DIR",
+                    help="only its entry for agents in this repository")
+    rm.set_defaults(func=remove_main)
     ls = verbs.add_parser("list", help="list the folders of your and the machine's config")
     ls.set_defaults(func=list_main)
 
@@ -110,6 +116,35 @@ def add_main(args: argparse.Namespace) -> int:
     for agent_id, name in _running_concerned(args.agent, repository):
         print(f"agent {name} ({agent_id}) is running: the folder takes effect at its next "
               f"start (lev restart {agent_id})")
+    return 0
+
+
+def remove_main(args: argparse.Namespace) -> int:
+    from leviathd.config.edit import atomic_write, remove_folders
+    from leviathd.config.load import load_configs, user_config_path
+
+    path = _home_form(args.path)
+    repository = _home_form(args.repository) if args.repository is not None else None
+    config = user_config_path()
+    try:
+        new, gone = remove_folders(config, path, args.agent, repository)
+    except FileNotFoundError:
+        new, gone = "", []
+    if not gone:
+        machine, _user = load_configs()
+        if any(f.path == path for f in machine.folders):
+            raise InvalidArgument(f"{path} is a folder of the machine's config "
+                                  "(/etc/leviath/config.toml): only its admin removes it")
+        raise NotFound(f"no folder {path} in {config} (lev folder list)")
+    atomic_write(config, new)
+    for grant in gone:
+        access = "read-write" if str(grant.access) == "write" else "read-only"
+        who = " in ".join(x for x in (f"agent {grant.agent}" if grant.agent else "every agent",
+                                      grant.repository or "") if x)
+        print(f"{grant.path} ({access}) for {who}: removed from {config}")
+        for agent_id, name in _running_concerned(grant.agent, grant.repository):
+            print(f"agent {name} ({agent_id}) is running: it keeps the folder until its next "
+                  f"start (lev restart {agent_id})")
     return 0
 
 

@@ -25,6 +25,7 @@ from leviathd.config.load import (
     parse_config,
     parse_rules_file,
 )
+from leviathd.config.models import FolderGrant
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import InvalidArgument
 
@@ -176,3 +177,49 @@ def add_machine_rule(config_path: Path, name: str, when: str, decision: str,
     finally:
         os.close(dfd)
     return folder / ADDED_RULES_FILE
+
+
+def _table_spans(text: str) -> list[tuple[int, int, str]]:
+    """Each table of `text` as (first line, end line, header), by lines: a
+    table runs from its header to the next header. A header is a line that
+    starts with `[` outside a multi-line string; the caller checks the result
+    by parsing it, so a layout this misreads is refused, never half-edited."""
+    lines = text.splitlines(keepends=True)
+    heads = [(0, "")]
+    for n, line in enumerate(lines):
+        if line.lstrip().startswith("["):
+            heads.append((n, line.strip()))
+    spans = []
+    for i, (start, head) in enumerate(heads):
+        end = heads[i + 1][0] if i + 1 < len(heads) else len(lines)
+        if end > start or i == 0:
+            spans.append((start, end, head))
+    return spans
+
+
+def remove_folders(path: Path, folder: str, agent: str | None,
+                   repository: str | None) -> tuple[str, list[FolderGrant]]:
+    """The text of `path` without its [[folders]] tables for `folder`
+    (narrowed to `agent` and `repository` when given), and the tables
+    taken out. The other tables, comments and layout stay as they were;
+    the result must load, with exactly those folders gone."""
+    text = path.read_text(encoding="utf-8")
+    before = parse_config(text, str(path)).folders
+    lines = text.splitlines(keepends=True)
+    kept: list[str] = []
+    gone: list[FolderGrant] = []
+    for start, end, head in _table_spans(text):
+        chunk = "".join(lines[start:end])
+        if head.split("#", 1)[0].replace(" ", "").replace("\t", "") == "[[folders]]":
+            grant = parse_config(chunk, str(path)).folders[0]
+            if (grant.path == folder and (agent is None or grant.agent == agent)
+                    and (repository is None or grant.repository == repository)):
+                gone.append(grant)
+                continue
+        kept.append(chunk)
+    new = "".join(kept)
+    after = parse_config(new, str(path)).folders
+    if len(after) != len(before) - len(gone) or any(f not in before for f in after):
+        raise InvalidArgument(f"{path}: its layout is not one this edit can follow; remove the "
+                              "[[folders]] table by hand")
+    return new, gone

@@ -575,6 +575,13 @@ class RecordsConfig(_Model):
     max_per_user: Annotated[StrictInt, Field(ge=0, le=1_000_000)] = 1000
 
 
+class LimitsConfig(_Model):
+    """`[limits]` (machine config only): what one user may hold at once.
+    None = no cap but the kernel's (its key quota, agents/admission.py)."""
+
+    agents_per_user: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = None
+
+
 class FolderGrant(_Model):
     """`[[folders]]`: a folder shown to one installed agent (`agent`), to every
     agent whose workdir is in one repository (`repository`), or to that agent
@@ -611,6 +618,7 @@ class Config(_Model):
     credentials: dict[Name, CredentialConfig] = Field(default_factory=dict)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     records: RecordsConfig = Field(default_factory=RecordsConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     folders: Annotated[list[FolderGrant], Field(max_length=MAX_FOLDERS)] = Field(
         default_factory=list)

@@ -117,6 +117,14 @@ def test_a_folder_added_while_the_agent_runs_takes_effect_after_lev_restart(
         bed.run("lev add ~/bp/c", user=USER)
         listed = bed.run("lev list", user=USER).stdout
         assert "folder ~/extra (read-write) when in ~/r" in listed, listed
+        # And taken out again: the running agent keeps it until its next start.
+        r = bed.run("lev folder remove ~/extra --agent c", user=USER)
+        assert "~/extra (read-write) for agent c in ~/r: removed" in r.stdout, r.stdout
+        assert f"agent c ({new}) is running: it keeps the folder" in r.stdout, r.stdout
+        folders = bed.run("lev folder list", user=USER).stdout
+        assert "~/extra" not in folders and "~/specs" in folders, folders
+        again = bed.run("lev folder remove ~/extra", user=USER, check=False)
+        assert again.returncode != 0 and "no folder ~/extra" in again.stderr, again
     finally:
         for agent_id in (old, new):
             if agent_id:
