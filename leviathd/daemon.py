@@ -39,6 +39,7 @@ from leviathd.errors import ConfigError, LeviathError
 from leviathd.events import Event
 from leviathd.gate.answers import Answers
 from leviathd.gate.service import GateService
+from leviathd.metricsfile import MetricsFile
 from leviathd.paths import machine_config_path, state_dir
 from leviathd.proxy.service import ProxyService
 from leviathd.records import RecordStore
@@ -180,6 +181,8 @@ async def serve() -> int:
     # seconds to start, and is not in the way of READY.
     recoveries = await features.recover(agents.features)
     maintenance = asyncio.get_running_loop().create_task(agents.maintain())
+    figures = MetricsFile(agents.metric_families, lambda: (
+        agents.machine_config.metrics.file, agents.machine_config.metrics.interval))
 
     if not await own_name(bus):
         log.error("could not own %s: is another leviathd running?", BUS_NAME)
@@ -190,6 +193,7 @@ async def serve() -> int:
     else:
         notify.ready(f"serving; {running} agents running")
     journal.record(f"leviathd ready, {running} agents adopted", LEVIATH_EVENT=Event.READY)
+    metrics_writer = asyncio.get_running_loop().create_task(figures.run())
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -222,6 +226,7 @@ async def serve() -> int:
         )
     notify.stopping()
     maintenance.cancel()
+    metrics_writer.cancel()
     watcher.close()
     rules_watcher.close()
     for recovery in recoveries:

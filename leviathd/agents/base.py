@@ -13,7 +13,7 @@ import os
 import syslog
 from collections.abc import Callable, Iterator, Sequence
 
-from leviathd import safetext
+from leviathd import metrics, safetext
 from leviathd.agents import output
 from leviathd.agents.feature import AgentFeature
 from leviathd.agents.usage import UsageCache
@@ -156,6 +156,12 @@ class AgentsBase:
         ms = self.machine_config.sandbox
         image_pins.reload({(str(ms.engine or DEFAULT_ENGINE), ms.image)}
                           if ms is not None and ms.image else set())
+
+    def metric_families(self) -> list[metrics.Family]:
+        """The figures as they are now (metrics.py), gathered on the loop:
+        the counters' copy and the running agents by user and kind."""
+        return [*metrics.REGISTRY.snapshot(), metrics.running_family(
+            (rec.user, rec.sandbox) for rec in self.records.values() if rec.running)]
 
     def _running_of(self, uid: int) -> int:
         """The uid's running agents (ended ones leave `records`)."""

@@ -16,7 +16,7 @@ import syslog
 import time
 from collections.abc import Awaitable, Callable
 
-from leviathd import fdclose, loopfd, resource_defaults, safetext
+from leviathd import fdclose, loopfd, metrics, resource_defaults, safetext
 from leviathd.agents import admission, output
 from leviathd.agents import feature as feature_calls
 from leviathd.agents.base import AUTH_PATIENCE, MAX_WAITING_PER_UID, SLICE, _logged, unit_name
@@ -105,6 +105,16 @@ class Starting(Planning):
     # --- start -------------------------------------------------------------
 
     async def run(self, who: Caller, req: RunInput, stdio: supervisor.Stdio) -> AgentRecord:
+        try:
+            rec = await self._counted_run(who, req, stdio)
+        except BaseException as exc:
+            _count_failure(exc)
+            raise
+        metrics.STARTS.inc()
+        return rec
+
+    async def _counted_run(self, who: Caller, req: RunInput,
+                           stdio: supervisor.Stdio) -> AgentRecord:
         try:
             if self.config_problem:
                 raise ConfigError(self.config_problem)
@@ -672,3 +682,22 @@ async def _teardown(agent_id: str, kind: SandboxKind) -> None:
     if teardown is not None:
         with _logged(f"agent {agent_id}: removing its {kind} after a failed start"):
             await teardown(agent_id)
+
+
+# The errors whose refusal is a layer's (metrics.LAYERS), by class.
+_REFUSING_LAYERS: tuple[tuple[type[BaseException], str], ...] = (
+    (AccessDenied, "polkit"), (admission.Refused, "admission"), (Busy, "busy"),
+)
+
+
+def _count_failure(exc: BaseException) -> None:
+    """A start that did not hold, in the figures (metrics.py): by its error's
+    class (a fixed set of names, never the message) and, for a refusal, by
+    the layer that refused."""
+    if isinstance(exc, asyncio.CancelledError):
+        return
+    metrics.START_FAILURES.inc(type(exc).__name__)
+    for cls, layer in _REFUSING_LAYERS:
+        if isinstance(exc, cls):
+            metrics.refused(layer)
+            return

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from leviathd import metrics
 from leviathd.budget import Bucket
 from leviathd.events import Event
 from leviathd.safetext import escape
@@ -134,6 +135,7 @@ class AuditWriter:
 
     def tool(self, record: AuditRecord, *, taint_after: str = "-") -> None:
         """One decision: written, or counted for the next summary."""
+        metrics.tool_decision(record.tool, record.outcome)
         state = self._agents.get(record.agent)
         if state is None:
             state = self._agents[record.agent] = _Agent({}, record.user)

@@ -11,7 +11,7 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.constants import PropertyAccess
 from dbus_fast.service import ServiceInterface
 
-from leviathd import __version__, fdclose, listing
+from leviathd import __version__, fdclose, listing, metrics
 from leviathd.agents.request import RunInput
 from leviathd.agents.service import Agents
 from leviathd.authority import Call, Right
@@ -211,6 +211,17 @@ class ManagerInterface(ServiceInterface):
         fd = await self._agents.audit(call.who, agent_id, follow)
         asyncio.get_running_loop().call_later(30, _close_quietly, fd)
         return fd
+
+    @bus_method(needs=Right.MANAGE_ANY, what="read the daemon's figures")
+    async def Stats(self, call: Call) -> Str:
+        """The daemon's figures (agents running per user and kind, starts,
+        refusals by layer, approvals waiting, proxy bytes and connections,
+        injected requests per credential name, broker calls, descriptors and
+        memory) as OpenMetrics text, the metrics file's (leviathd/metrics.py).
+        Everyone's: org.leviath.agent.manage-any."""
+        families = self._agents.metric_families()
+        return await asyncio.to_thread(
+            lambda: metrics.render([*families, *metrics.process_families()]))
 
     @bus_method(needs=Right.CONFIG_MANAGE, what="reload the configuration",
                 control="reload the configuration")

@@ -24,6 +24,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ps.add_argument("--all", "-a", action="store_true", help="include agents that ended")
     ps.add_argument("--json", action="store_true", help="machine-readable output")
     ps.set_defaults(func=ps_main)
+    stats = sub.add_parser("stats", help="the daemon's figures (needs manage-any)",
+                           description="The figures of the metrics file, now: OpenMetrics "
+                           "text, or one JSON object per sample with --json.")
+    stats.add_argument("--json", action="store_true", help="machine-readable output")
+    stats.set_defaults(func=stats_main)
     stop = sub.add_parser("stop", help="stop an agent")
     stop.add_argument("id", metavar="ID", help="the agent's id (eight hex digits, from lev ps)")
     stop.set_defaults(func=stop_main)
@@ -130,6 +135,40 @@ def ps_main(args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     return 0
+
+
+def stats_main(args: argparse.Namespace) -> int:
+    client = SyncClient()
+    try:
+        (text,) = client.call("Stats", "", [])
+    finally:
+        client.close()
+    if not args.json:
+        sys.stdout.write(str(text))
+        return 0
+    import json
+
+    print(json.dumps(samples(str(text)), indent=2))
+    return 0
+
+
+def samples(text: str) -> list[dict[str, Any]]:
+    """The sample lines of the daemon's OpenMetrics text as {"name",
+    "labels", "value"} (label values unescaped: \\n, \\" and \\\\)."""
+    import re
+
+    def unescape(value: str) -> str:
+        return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _sep, value = line.rpartition(" ")
+        name, _brace, rest = head.partition("{")
+        labels = {k: unescape(v) for k, v in re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', rest)}
+        out.append({"name": name, "labels": labels, "value": float(value)})
+    return out
 
 
 def stop_main(args: argparse.Namespace) -> int:

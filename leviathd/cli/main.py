@@ -41,6 +41,7 @@ COMMAND_MODULES: dict[str, str] = {
     "run": "leviathd.cli.run",
     "ps": "leviathd.cli.control",
     "stop": "leviathd.cli.control",
+    "stats": "leviathd.cli.control",
     "logs": "leviathd.cli.control",
     "inspect": "leviathd.cli.inspect",
     "tool": "leviathd.cli.tool",
@@ -57,7 +58,7 @@ COMMAND_MODULES: dict[str, str] = {
 
 # How `lev --help` lists the commands; one missing here shows under "other".
 GROUPS: dict[str, tuple[str, ...]] = {
-    "running agents": ("run", "ps", "stop", "restart", "logs", "inspect"),
+    "running agents": ("run", "ps", "stop", "restart", "logs", "inspect", "stats"),
     "agent store": ("add", "list", "validate", "folder"),
     "policy": ("policy", "approvals", "approve", "audit"),
     "inside an agent": ("tool", "mcp", "connect"),

@@ -582,6 +582,19 @@ class LimitsConfig(_Model):
     agents_per_user: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = None
 
 
+def _metrics_file(value: str) -> str:
+    return value if value == "" else _absolute_path(value)
+
+
+class MetricsConfig(_Model):
+    """`[metrics]` (machine config only): the OpenMetrics file for node
+    exporter's textfile collector (leviathd/metricsfile.py); "" = none."""
+
+    file: Annotated[str, AfterValidator(_metrics_file)] = (
+        "/var/lib/prometheus/node-exporter/leviathd.prom")
+    interval: Annotated[StrictInt, Field(ge=5, le=3600)] = 30
+
+
 class FolderGrant(_Model):
     """`[[folders]]`: a folder shown to one installed agent (`agent`), to every
     agent whose workdir is in one repository (`repository`), or to that agent
@@ -619,6 +632,7 @@ class Config(_Model):
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     records: RecordsConfig = Field(default_factory=RecordsConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     folders: Annotated[list[FolderGrant], Field(max_length=MAX_FOLDERS)] = Field(
         default_factory=list)

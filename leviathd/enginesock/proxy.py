@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from leviathd import fdshare, fsat, parseshare
+from leviathd import fdshare, fsat, metrics, parseshare
 from leviathd.broker.server import identify
 from leviathd.enginesock import engine, pins, rules, wire
 from leviathd.enginesock.view import BindRefused, View
@@ -327,6 +327,8 @@ class AgentProxy:
         writer.write(wire.error_reply(413, f"leviathd: {message}"))
 
     def _audit(self, what: str, *, allowed: bool) -> None:
+        if not allowed:
+            metrics.refused("engine")
         journal.record(
             f"agent {self.agent_id}: engine socket {'allowed' if allowed else 'refused'} {what}",
             priority=syslog.LOG_INFO if allowed else syslog.LOG_WARNING,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from leviathd import metrics
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, InvalidArgument, LimitExceeded, NotFound
 from leviathd.policy.decision import ApprovalView, AskKind
@@ -156,14 +157,16 @@ class ApprovalQueue:
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         held = _Held(request, future)
         self._held[request.id] = held
-        if self._on_request is not None:
-            self._on_request(request)
+        metrics.approvals_waiting(+1)
         try:
+            if self._on_request is not None:
+                self._on_request(request)
             answer = await asyncio.wait_for(asyncio.shield(future), self.timeout)
         except TimeoutError:
             answer = Answer.DENY
         finally:
             self._held.pop(request.id, None)
+            metrics.approvals_waiting(-1)
         if answer is Answer.SESSION:
             if kind == "permission":
                 self.session.tools.add(tool)

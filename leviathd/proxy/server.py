@@ -37,7 +37,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from leviathd import fdshare, fsat, parseshare
+from leviathd import fdshare, fsat, metrics, parseshare
 from leviathd.broker.core import AuditRecord
 from leviathd.broker.limits import descriptor_budget
 from leviathd.broker.server import identify
@@ -381,6 +381,8 @@ class ProxyServer:
         if (self._open >= self.settings.max_connections or _open_total >= total_budget()
                 or _open_by_uid[uid] >= user_budget()
                 or not fdshare.LEDGER.take(uid, FDS_PER_CONNECTION)):
+            metrics.PROXY_CONNECTIONS.inc("refused")
+            metrics.refused("proxy")
             self._record(_Conn(), "deny", "max_connections",
                          f"{self._open} connections open (limit max_connections = "
                          f"{self.settings.max_connections}; this user's agents "
@@ -424,6 +426,8 @@ class ProxyServer:
                 self._only_covered(conn, head)
             up = await self._connect(conn)
         except Refused as exc:
+            metrics.PROXY_CONNECTIONS.inc("refused")
+            metrics.refused("proxy")
             self._record(conn, "deny", exc.rule, str(exc))
             if socks:
                 await _socks_reply(writer, exc.socks)
@@ -449,6 +453,9 @@ class ProxyServer:
             pass
         finally:
             up.close()
+            metrics.PROXY_CONNECTIONS.inc("allowed")
+            metrics.PROXY_BYTES.inc("sent", by=conn.sent)
+            metrics.PROXY_BYTES.inc("received", by=conn.received)
             d = conn.decision
             self._record(conn, "allow", d.rule if d else "allowed",
                          f"sent {conn.sent} bytes, received {conn.received} bytes")
@@ -537,6 +544,8 @@ class ProxyServer:
         conn.sent += out.sent
         conn.received += out.received
         what = f"{out.method} {out.path}" + (f" refs {', '.join(out.refs)}" if out.refs else "")
+        for name in out.used:
+            metrics.INJECTED.inc(name)  # the credential's name, never its value
         if out.used:
             self._record(conn, "allow", "credential " + ",".join(out.used),
                          f"{what}; {'answered by leviathd' if out.answered else 'injected'}; "
