@@ -113,6 +113,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"lev {__version__}")
+    # Taken before parsing (cli/remote.py); here for --help and the man page.
+    parser.add_argument("-H", "--host", metavar="[USER@]HOST", default=argparse.SUPPRESS,
+                        help="the leviathd of another machine, over ssh to its system bus "
+                        "(as systemctl -H; ps, stop and stats only)")
+    parser.add_argument("-M", "--machine", metavar="MACHINE", default=argparse.SUPPRESS,
+                        help="the leviathd of a local container (as systemctl -M; ps, stop "
+                        "and stats only)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 title="commands", help="one of the commands listed below")
     wanted = COMMAND_MODULES.get(command or "")
@@ -202,6 +209,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from leviathd.cli.text import EscapingStream
     from leviathd.errors import LeviathError
 
+    if argv[:1] and argv[0].split("=", 1)[0] in ("-H", "--host", "-M", "--machine"):
+        from leviathd.cli import remote, wire
+
+        try:
+            argv, wire.BRIDGE, wire.BRIDGE_TARGET = remote.split(argv)
+        except remote.RemoteError as exc:
+            print(f"lev: {text.field(str(exc))}", file=sys.stderr)
+            return 2
     args = parse(argv)
     if args.command not in _UNFILTERED and isinstance(sys.stdout, io.TextIOWrapper):
         # Whatever a command prints may hold strings an agent chose.
