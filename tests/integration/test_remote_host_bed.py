@@ -88,6 +88,13 @@ def test_lev_h_shows_what_lev_ps_shows_and_polkit_decides_as_locally(bed: Testbe
         assert agent_id in {r["id"] for r in remote}
         table = bed.run(["lev", "--host=alice@localhost", "ps"], user="alice").stdout
         assert agent_id in table and "sleep" in table, table
+        # -M: systemd's name for this machine's own system bus, reached as a
+        # container's is (the bridge enters its namespaces: root, as
+        # systemctl -M on systemd 252).
+        machine = bed.run(["lev", "-M", ".host", "ps", "--json"])
+        assert steady(json.loads(machine.stdout)) == steady(
+            json.loads(bed.run(["lev", "ps", "--json"]).stdout)), machine
+        assert agent_id in machine.stdout
 
         # bob, as himself over ssh: refused as locally, and alice's agent runs on.
         here = bed.run(["lev", "stop", agent_id], user="bob", check=False)
