@@ -44,7 +44,7 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     host_key = bed.run(["cat", "/root/sshtest-h/host.pub"]).stdout.split()
     for user in USERS:
         home = bed.users[user].home
-        bed.run(f"mkdir -p ~/.ssh ~/remotew && chmod 700 ~/.ssh && rm -f ~/.ssh/lev_h* && "
+        bed.run("mkdir -p ~/.ssh ~/remotew && chmod 700 ~/.ssh && rm -f ~/.ssh/lev_h* && "
                 "ssh-keygen -q -t ed25519 -N '' -f ~/.ssh/lev_h && cat > ~/.ssh/config",
                 user=user, input=ssh_config(home))
         bed.write_file(f"{home}/.ssh/lev_h_known", f"localhost {host_key[0]} {host_key[1]}\n")
