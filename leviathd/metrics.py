@@ -150,6 +150,19 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def rows(families: Iterable[Family]) -> list[dict[str, object]]:
+    """The same samples as `render`, one object each ({"name", "labels",
+    "value"}), for `lev stats --json`: no reader of the text needed."""
+    out: list[dict[str, object]] = []
+    for fam in families:
+        name = PREFIX + fam.name + (f"_{fam.unit}" if fam.unit else "")
+        sample = name + ("_total" if fam.kind == "counter" else "")
+        for key in sorted(fam.values):
+            out.append({"name": sample, "labels": dict(zip(fam.labels, key, strict=True)),
+                        "value": fam.values[key]})
+    return out
+
+
 def render(families: Iterable[Family]) -> str:
     """The OpenMetrics text of `families`, ending with `# EOF`."""
     out: list[str] = []

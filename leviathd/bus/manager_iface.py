@@ -31,6 +31,7 @@ Bool = Annotated[bool, DBusSignature("b")]
 Fd = Annotated[int, DBusSignature("h")]
 IdAndUnit = Annotated[list[str], DBusSignature("ss")]
 RowsAndCursor = Annotated[list[Any], DBusSignature("aa{sv}s")]
+TextAndJson = Annotated[list[str], DBusSignature("ss")]
 _OPTIONS = frozenset({"all", "cursor", "limit"})
 
 
@@ -213,15 +214,21 @@ class ManagerInterface(ServiceInterface):
         return fd
 
     @bus_method(needs=Right.MANAGE_ANY, what="read the daemon's figures")
-    async def Stats(self, call: Call) -> Str:
+    async def Stats(self, call: Call) -> TextAndJson:
         """The daemon's figures (agents running per user and kind, starts,
         refusals by layer, approvals waiting, proxy bytes and connections,
         injected requests per credential name, broker calls, descriptors and
-        memory) as OpenMetrics text, the metrics file's (leviathd/metrics.py).
-        Everyone's: org.leviath.agent.manage-any."""
+        memory): the OpenMetrics text of the metrics file (leviathd/metrics.py)
+        and the same samples as JSON. Everyone's: org.leviath.agent.manage-any."""
         families = self._agents.metric_families()
-        return await asyncio.to_thread(
-            lambda: metrics.render([*families, *metrics.process_families()]))
+
+        def both() -> list[str]:
+            import json
+
+            every = [*families, *metrics.process_families()]
+            return [metrics.render(every), json.dumps(metrics.rows(every))]
+
+        return await asyncio.to_thread(both)
 
     @bus_method(needs=Right.CONFIG_MANAGE, what="reload the configuration",
                 control="reload the configuration")

@@ -140,7 +140,7 @@ def ps_main(args: argparse.Namespace) -> int:
 def stats_main(args: argparse.Namespace) -> int:
     client = SyncClient()
     try:
-        (text,) = client.call("Stats", "", [])
+        text, as_json = client.call("Stats", "", [])
     finally:
         client.close()
     if not args.json:
@@ -148,27 +148,8 @@ def stats_main(args: argparse.Namespace) -> int:
         return 0
     import json
 
-    print(json.dumps(samples(str(text)), indent=2))
+    print(json.dumps(json.loads(str(as_json)), indent=2))
     return 0
-
-
-def samples(text: str) -> list[dict[str, Any]]:
-    """The sample lines of the daemon's OpenMetrics text as {"name",
-    "labels", "value"} (label values unescaped: \\n, \\" and \\\\)."""
-    import re
-
-    def unescape(value: str) -> str:
-        return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
-
-    out: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _sep, value = line.rpartition(" ")
-        name, _brace, rest = head.partition("{")
-        labels = {k: unescape(v) for k, v in re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', rest)}
-        out.append({"name": name, "labels": labels, "value": float(value)})
-    return out
 
 
 def stop_main(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ gives the same figures to an admin and nothing to a plain user."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -102,6 +103,9 @@ def test_the_metrics_file_moves_with_agents_and_node_exporter_reads_it(bed: Test
         assert plain.returncode != 0 and "leviathd_" not in plain.stdout, plain
         admin = parsed(bed.run(["lev", "stats"], user="dave").stdout)
         assert running(admin, "alice") == alice_before + 1, admin
+        rows = json.loads(bed.run(["lev", "stats", "--json"], user="dave").stdout)
+        assert sum(r["value"] for r in rows if r["name"] == "leviathd_agents_running"
+                   and r["labels"]["user"] == "alice") == alice_before + 1, rows
 
         # Debian's node exporter, its textfile collector on the default folder.
         exporter = subprocess.Popen(bed.command([

@@ -14,7 +14,6 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from leviathd import metrics, metricsfile
-from leviathd.cli.control import samples
 
 
 def _parsed(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -55,8 +54,9 @@ def test_label_values_users_choose_are_escaped_and_cut() -> None:
     assert len(text.splitlines()) == 4  # TYPE, HELP, one sample, EOF: no line the value made
     (labels,) = _parsed(text)["leviathd_injected_requests_total"]
     assert dict(labels)["credential"] == odd[:metrics.MAX_LABEL_VALUE]
-    (row,) = samples(text)  # `lev stats --json` reads it back the same
-    assert row["labels"]["credential"] == odd[:metrics.MAX_LABEL_VALUE] and row["value"] == 1
+    (row,) = metrics.rows(reg.snapshot())  # `lev stats --json`: the same sample
+    assert row == {"name": "leviathd_injected_requests_total",
+                   "labels": {"credential": odd[:metrics.MAX_LABEL_VALUE]}, "value": 1}
 
 
 def test_label_sets_are_bounded_and_the_total_kept() -> None:
