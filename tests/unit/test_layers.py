@@ -64,6 +64,8 @@ PARTS: dict[str, str] = {
     "reaping": "Ground",
     "loopfd": "Ground",
     "parseshare": "Ground",
+    "metrics": "Ground",
+    "metricsfile": "Ground",
     "__init__": "Ground",
 }
 
