@@ -592,7 +592,7 @@ class MetricsConfig(_Model):
 
     file: Annotated[str, AfterValidator(_metrics_file)] = (
         "/var/lib/prometheus/node-exporter/leviathd.prom")
-    interval: Annotated[StrictInt, Field(ge=5, le=3600)] = 30
+    interval: Annotated[StrictInt, Field(ge=1, le=3600)] = 30
 
 
 class FolderGrant(_Model):

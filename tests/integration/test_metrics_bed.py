@@ -41,7 +41,7 @@ def read_file(bed: Testbed) -> Figures:
 
 def wait_for(what: str, probe: Callable[[], Figures], ok: Callable[[Figures], bool],
              bound: float = 60) -> Figures:
-    # The file is rewritten every `interval` (5 s here): waited for, bounded.
+    # The file is rewritten every `interval` (1 s here): waited for, bounded.
     deadline = time.monotonic() + bound
     while True:
         got = probe()
@@ -66,7 +66,7 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     old = testbed.run(["cat", "/etc/leviath/config.toml"], check=False)
     testbed.run(["mkdir", "-p", "metricsw"], user="alice")
     # Every other setting at its default: the file's place too.
-    testbed.write_file("/etc/leviath/config.toml", "[metrics]\ninterval = 5\n")
+    testbed.write_file("/etc/leviath/config.toml", "[metrics]\ninterval = 1\n")
     testbed.run(["systemctl", "restart", "leviathd"])
     yield testbed
     if old.returncode == 0:
