@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
 from leviathd.broker import gitcreds, resolve, schema
@@ -279,16 +279,19 @@ class Broker:
             )
         )
 
-    async def decide(self, tool: str, args: Mapping[str, Any]) -> Decision:
+    async def decide(self, tool: str, args: Mapping[str, Any],
+                     ahead: _Ahead | None = None) -> Decision:
         """Gate a call, holding it for a person when policy says ask.
 
         A call that dials a host is decided twice: first without its address,
         and only a call that would then go ahead is resolved (its name never
         reaches a resolver for a call the gate refuses or a person has not
         allowed yet: a host name can carry data out), then decided again with
-        the address it will dial, the approvals given so far still holding."""
-        call = await self._touched(tool, args, self._call_for(tool, args))
-        d, view = await self._settle(tool, args, call, self.approvals.session)
+        the address it will dial, the approvals given so far still holding.
+        `ahead`: where a read_file's content read with its resolve is kept
+        for the run (_touched), dropped if the call waits for a person."""
+        call = await self._touched(tool, args, self._call_for(tool, args), ahead)
+        d, view = await self._settle(tool, args, call, self.approvals.session, ahead)
         if d.outcome != "allow" or not self._dials(tool, call):
             return d
         call = await self._dialled(tool, args, call)
@@ -300,6 +303,7 @@ class Broker:
 
     async def _settle(
         self, tool: str, args: Mapping[str, Any], call: Call, view: ApprovalView,
+        ahead: _Ahead | None = None,
     ) -> tuple[Decision, ApprovalView]:
         """The decision, holding the call for a person as often as policy
         asks (at most a permission ask and a taint ask), and the approvals
@@ -313,6 +317,9 @@ class Broker:
             if d.outcome != "ask":
                 return d, view
             assert d.ask_kind is not None
+            if ahead is not None:
+                # What a person allows is read after the answer, not before.
+                ahead.result = None
             self._record(call, taint, d.clearance, d.rule, "ask")
             answer = await self.approvals.ask(
                 kind=d.ask_kind, tool=tool, target=call.target, taint=taint,
@@ -342,15 +349,21 @@ class Broker:
         views = rule_views(policy, call, taint, facts)
         return (await self._lane.evaluate(concern, views),)
 
-    async def _touched(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
+    async def _touched(self, tool: str, args: Mapping[str, Any], call: Call,
+                       ahead: _Ahead | None = None) -> Call:
         """The call with the real paths of the files it will touch
-        (broker/resolve.py); its address comes later (`_dialled`)."""
+        (broker/resolve.py); its address comes later (`_dialled`). A
+        read_file's file is read with that open when `ahead` is given."""
         kind = TOOLS.kind_of(tool)
         if kind in (ToolKind.READ, ToolKind.WRITE):
             for attempt in (1, 2):
                 self.start()
                 assert self._opener is not None
                 try:
+                    if ahead is not None and tool == "read_file":
+                        got = await self._read_ahead(args, call, ahead)
+                        if got is not None:
+                            return got
                     return await self.in_pool(
                         lambda: resolve.file_call(call, self.files_opener(), self.policy.grant,
                                                   write=kind is ToolKind.WRITE,
@@ -370,6 +383,28 @@ class Broker:
             except RealPathRefused as exc:
                 raise ToolRefused(str(exc), "real-path-not-granted") from None
         return call
+
+    async def _read_ahead(self, args: Mapping[str, Any], call: Call, ahead: _Ahead
+                          ) -> Call | None:
+        """resolve.file_call for a read_file, with its content read by the
+        same open (one pool hop and one worker round trip less per read);
+        None when the path the run would open is not the one resolved."""
+        path = os.path.join(self.policy.workdir, str(args["path"]))
+        if call.paths != (path,):
+            return None  # normalised lexically ("a/../f"): resolve and run as before
+        assert self._opener is not None
+        files = FileTools(self._opener, self.policy.grant, self.limits)
+        budget = self._budget()
+
+        def work() -> tuple[str, RawJSON | None]:
+            files.outside = files.opener
+            files.opener = self.files_opener()
+            return files.read_ahead(path, args.get("max_bytes"), budget)
+
+        real, result = await self.in_pool(work)
+        if result is not None:
+            ahead.files, ahead.result, ahead.real, ahead.budget = files, result, real, budget
+        return replace(call, target=real, paths=(real,))
 
     async def _dialled(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
         """The call with the address it will dial (broker/resolve.py)."""
@@ -411,8 +446,9 @@ class Broker:
 
     async def call(self, tool: str, args: Mapping[str, Any]) -> dict[str, Any]:
         """Run one tool call; returns the JSON-able reply (ok or error)."""
+        ahead = _Ahead()
         try:
-            d = await self.decide(tool, args)
+            d = await self.decide(tool, args, ahead)
         except ToolRefused as exc:
             self._record(Call(tool, ""), self.ledger.taint, None, exc.rule, "deny", str(exc))
             return _error("denied", str(exc), exc.rule)
@@ -433,7 +469,7 @@ class Broker:
             self._record(call, d.taint, d.clearance, d.rule, "deny", detail)
             return _error("denied", _why(d), d.rule)
         try:
-            result, label = await self._run(tool, args, d.label, call)
+            result, label = await self._run(tool, args, d.label, call, ahead)
         except ToolRefused as exc:
             self._record(call, d.taint, d.clearance, exc.rule, "deny", str(exc))
             return _error("denied", str(exc), exc.rule)
@@ -617,9 +653,15 @@ class Broker:
 
     async def _run(
         self, tool: str, args: Mapping[str, Any], predicted: Sensitivity, call: Call,
+        ahead: _Ahead | None = None,
     ) -> tuple[Any, Sensitivity]:
         settings = self.policy.settings
         kind = TOOLS.kind_of(tool)
+        if (ahead is not None and ahead.result is not None and ahead.files is not None
+                and call.paths == (ahead.real,) and ahead.budget == self._budget()):
+            # Read with the open the gate decided on (its real path is the
+            # decided one by construction), on an allowed call only.
+            return ahead.result, self._settle_label(ahead.files, predicted)
         if kind in (ToolKind.READ, ToolKind.WRITE):
             workdir = self.policy.workdir
             for attempt in (1, 2):
@@ -765,6 +807,17 @@ class Broker:
                 for e in self.ledger.entries()
             ],
         }
+
+
+@dataclass
+class _Ahead:
+    """A read_file's reply read with the open that found its real path,
+    kept for the run of the same call (Broker._read_ahead)."""
+
+    files: FileTools | None = None
+    result: RawJSON | None = None
+    real: str = ""
+    budget: int = 0
 
 
 def _file_call(

@@ -29,6 +29,9 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK  # NONBLOCK: a FIFO cann
 # Room left in a reply, per path still to come, for a short error entry.
 _ENTRY_RESERVE = 400
 _SHOWN = 200
+# A read_file read with the open that finds its real path (read_ahead) keeps
+# at most this much content across the decision: more is read again after it.
+AHEAD_MAX = 64 << 10
 # Folders above a written file that keep its mark, at most.
 _MAX_MARK_DEPTH = 256
 
@@ -212,6 +215,47 @@ class FileTools:
             raise too_large("reply_max_bytes", limit, "no room left in the reply for this file")
         content, truncated = got
         return [head, content, b', "truncated": true}' if truncated else b', "truncated": false}']
+
+    def read_ahead(self, path: str, max_bytes: int | None, budget: int
+                   ) -> tuple[str, RawJSON | None]:
+        """What the gate decides a read_file of `path` on (its real path, as
+        resolve.real_read_path gives it) and, for a small regular file, the
+        reply `read_file` would give, from one open through the worker
+        instead of two (issue 47). Blocking. The reply is the broker's to
+        hand over only once the gate allowed this real path; nothing is
+        opened where the agent may not read as written, and a real path it
+        may not read is given back lexical, as resolve does (the run then
+        refuses it), with no content. The descriptor is closed here: none is
+        held while the gate decides."""
+        if not self.index.may_read(path):
+            return path, None
+        limit = self._max(max_bytes)
+        tail = len(b', "truncated": false}')
+        guess = budget - len(_enc({"path": path})) - len(b', "content": ') - tail - 16
+        ahead = (min(limit, AHEAD_MAX), min(guess, AHEAD_MAX))
+        try:
+            fd, got = self.reader(path).open_read(path, _READ_FLAGS, *ahead)
+        except OpenFailed:
+            return path, None
+        try:
+            real = fd_real_path(fd)
+            if not self.index.may_read(real):
+                return path, None
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or got is None or guess < 2:
+                return real, None
+            content, truncated = got
+            if truncated and ahead != (limit, guess):
+                return real, None  # cut by AHEAD_MAX, not by what was asked
+            head = _enc({"path": real})[:-1] + b', "content": '
+            if len(content) > budget - len(head) - tail:
+                return real, None
+            kept = filelabels.read_label(fd)
+        finally:
+            os.close(fd)
+        self.reads.append((real, (st.st_dev, st.st_ino), kept))
+        return real, RawJSON([head, content, b', "truncated": true}' if truncated
+                              else b', "truncated": false}'])
 
     def _max(self, max_bytes: int | None) -> int:
         limit = self.limits.read_max_bytes

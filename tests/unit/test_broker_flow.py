@@ -49,6 +49,23 @@ def test_an_asked_tool_waits_for_its_owner(tmp_path: Path, answer: Answer, ok: b
         assert [r.outcome for r in b.audit] == ["ask", "allow" if ok else "deny"]
 
 
+def test_an_asked_read_gives_the_file_as_it_is_after_the_answer(tmp_path: Path) -> None:
+    """Issue 47: a read_file is read with the open that resolves it, before
+    the gate decides; one that waits for a person is read again after the
+    answer, never handed what the file held before it was allowed."""
+    home, work = _dirs(tmp_path)
+    settings = PolicySettings(permissions={"read_file": "ask"})
+    with running_broker(home=home, workdir=work, settings=settings,
+                        socket_path=str(tmp_path / "b.sock")) as b, ThreadPoolExecutor() as ex:
+        pending = ex.submit(call, b.path, "read_file", {"path": "f.txt"})
+        rid = _wait_for_request(b)
+        (Path(work) / "f.txt").write_text("after the answer")
+        b.run(lambda: b.broker.approvals.answer(rid, Answer.ONCE, by_uid=b.broker.user.uid))
+        reply = pending.result(5)
+        assert reply["ok"], reply
+        assert reply["result"]["content"] == "after the answer", reply
+
+
 def test_an_asked_tool_is_refused_after_the_timeout(tmp_path: Path) -> None:
     home, work = _dirs(tmp_path)
     settings = PolicySettings(permissions={"read_file": "ask"}, approval_timeout=0.2)

@@ -115,7 +115,8 @@ def test_a_link_swapped_after_the_decision_is_refused(
     broker: Running, tree: dict[str, Path],
 ) -> None:
     """The gate decided on small.txt; when the run opens the path it leads to
-    server.pem: refused by the decided-path check, never read."""
+    server.pem: refused by the decided-path check, never read. (read_files:
+    a small read_file is read by the open the gate decided on, below.)"""
     from leviathd.broker import tools
 
     link = tree["work"] / "swap.txt"
@@ -129,10 +130,10 @@ def test_a_link_swapped_after_the_decision_is_refused(
 
     tools.FileTools._open_read = swapping  # type: ignore[assignment,method-assign]
     try:
-        reply = call(broker.path, "read_file", {"path": "swap.txt"})
+        reply = call(broker.path, "read_files", {"paths": ["swap.txt"]})
     finally:
         tools.FileTools._open_read = real_open  # type: ignore[method-assign]
-    assert reply["ok"] is False and "PEMKEY" not in str(reply), reply
+    assert "PEMKEY" not in str(reply), reply
     assert "changed meanwhile" in str(reply)
 
 
@@ -174,6 +175,34 @@ def test_a_hard_link_made_after_the_decision_is_refused(
         tools.FileTools._open_read = real_open  # type: ignore[method-assign]
     assert reply["ok"] is False and "LATER" not in str(reply), reply
     assert "several names" in str(reply), reply
+def test_a_read_file_gives_what_the_decided_open_read(
+    broker: Running, tree: dict[str, Path],
+) -> None:
+    """Issue 47: a small read_file is read with the open that found the real
+    path the gate decides on; a link swapped after that open changes
+    nothing: the content is the decided file's, the run opens nothing else."""
+    from leviathd.broker import tools
+
+    link = tree["work"] / "swap2.txt"
+    os.symlink("small.txt", link)
+    real_ahead = tools.FileTools.read_ahead
+
+    def swapping(self: tools.FileTools, path: str, *a: object) -> object:
+        got = real_ahead(self, path, *a)  # type: ignore[arg-type]
+        os.unlink(link)
+        os.symlink("server.pem", link)
+        return got
+
+    tools.FileTools.read_ahead = swapping  # type: ignore[assignment,method-assign]
+    try:
+        reply = call(broker.path, "read_file", {"path": "swap2.txt"})
+    finally:
+        tools.FileTools.read_ahead = real_ahead  # type: ignore[method-assign]
+    assert reply["ok"] is True and "PEMKEY" not in str(reply), reply
+    assert reply["result"]["path"].endswith("/small.txt"), reply
+    assert reply["result"]["content"] == (tree["work"] / "small.txt").read_text()
+    rec = [r for r in broker.audit if r.tool == "read_file"][-1]
+    assert rec.target.endswith("/small.txt") and rec.outcome == "allow"
 
 
 # ------------------------------------------------------------- web: the address
