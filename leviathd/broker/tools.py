@@ -250,10 +250,10 @@ class FileTools:
             head = _enc({"path": real})[:-1] + b', "content": '
             if len(content) > budget - len(head) - tail:
                 return real, None
-            kept = filelabels.read_label(fd)
+            label = filelabels.read_label(fd)
         finally:
             os.close(fd)
-        self.reads.append((real, (st.st_dev, st.st_ino), kept))
+        self.reads.append((real, (st.st_dev, st.st_ino), label))
         return real, RawJSON([head, content, b', "truncated": true}' if truncated
                               else b', "truncated": false}'])
 

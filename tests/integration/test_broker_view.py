@@ -177,6 +177,7 @@ def test_file_tools_write_a_throwaway_workdirs_layer_never_the_host(bed: Testbed
         _tool("write_file", "w:new", path="new.txt", content="layer\n"),
         _tool("read_file", "r:new", path="new.txt"),
         _tool("edit_file", "e:file", path="file.txt", old="one", new="agent"),
+        _tool("read_file", "r:file", path="file.txt"),
         "printf 'shell %s %s\\n' 0 \"$(cat new.txt file.txt | tr '\\n' ' ')\"\n",
         _tool("write_file", "w:hook", path=".git/hooks/pre-commit", content=EVIL),
     ])
@@ -184,6 +185,8 @@ def test_file_tools_write_a_throwaway_workdirs_layer_never_the_host(bed: Testbed
     # The agent's own view: what the tools wrote is what its processes read.
     assert "layer" in _ok(probes, "r:new")
     _ok(probes, "e:file")
+    # Read with the open that resolved it (issue 47): the layer's, not the host's.
+    assert "agent" in _ok(probes, "r:file"), probes["r:file"]
     assert probes["shell"][1].split() == ["layer", "agent"], probes["shell"]
     # The host's tree is as it was.
     assert bed.run(["test", "-e", f"{proj}/new.txt"], check=False).returncode != 0

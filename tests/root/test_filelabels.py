@@ -113,3 +113,26 @@ def test_the_folders_mark_only_goes_up(work: Path) -> None:
         assert filelabels.dir_mark(fd) == PRIVATE
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("tool", ["read_file", "read_files"])
+def test_a_brokered_read_carries_the_label_kept_with_the_file(work: Path, tool: str) -> None:
+    """Issue 47: read_file reads with the open that resolves it (read_ahead),
+    read_files with the run's own open; both label the read with what the
+    file keeps, whichever open read it."""
+    from unit.broker_harness import call, running_broker
+
+    from leviathd.policy.settings import PolicySettings
+
+    (work / "home").mkdir()
+    (work / "w").mkdir()
+    _write(work / "w" / "kept.txt", PRIVATE, whole=True)
+    (work / "w" / "kept.txt").write_text("secret-ish\n")
+    settings = PolicySettings(permissions={"read_file": "allow", "read_files": "allow"})
+    with running_broker(home=str(work / "home"), workdir=str(work / "w"), settings=settings,
+                        socket_path=str(work / "b.sock")) as b:
+        args = {"path": "kept.txt"} if tool == "read_file" else {"paths": ["kept.txt"]}
+        reply = call(b.path, tool, args)
+    assert reply["ok"], reply
+    assert "secret-ish" in str(reply["result"])
+    assert reply["label"] == "private" and reply["taint"] == "private", reply
