@@ -158,7 +158,9 @@ def test_a_hard_link_made_after_the_decision_is_refused(
     broker: Running, tree: dict[str, Path],
 ) -> None:
     """The gate decided on a one-name file; the link made before the run
-    opens it is seen on the opened descriptor."""
+    opens it is seen on the opened descriptor. read_files opens at the run
+    (a small read_file is read with the open the decision is made on, issue
+    47, so there a link made later names a file already read with one name)."""
     from leviathd.broker import tools
 
     (tree["work"] / "later.txt").write_text("LATER")
@@ -170,11 +172,13 @@ def test_a_hard_link_made_after_the_decision_is_refused(
 
     tools.FileTools._open_read = linking  # type: ignore[assignment,method-assign]
     try:
-        reply = call(broker.path, "read_file", {"path": "later.txt"})
+        reply = call(broker.path, "read_files", {"paths": ["later.txt"]})
     finally:
         tools.FileTools._open_read = real_open  # type: ignore[method-assign]
     assert reply["ok"] is False and "LATER" not in str(reply), reply
     assert "several names" in str(reply), reply
+
+
 def test_a_read_file_gives_what_the_decided_open_read(
     broker: Running, tree: dict[str, Path],
 ) -> None:
