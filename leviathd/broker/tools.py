@@ -242,7 +242,9 @@ class FileTools:
             if not self.index.may_read(real):
                 return path, None
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or got is None or guess < 2:
+            # A file of several names is left to the run, which refuses it
+            # (refuse_several_names): the read ahead must never hand it over.
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or got is None or guess < 2:
                 return real, None
             content, truncated = got
             if truncated and ahead != (limit, guess):
