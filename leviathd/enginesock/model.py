@@ -4,8 +4,11 @@ agent sent into that model and returns a NEW value holding only the model's
 fields, each of its declared type and bounded. What the engine receives is
 serialised from that value, never from the agent's bytes, so a field the
 rules do not read (`Config.Volumes` turned into binds by podman's compat
-layer, a new field of the next engine release) cannot reach the engine:
-a field the model does not know is refused with its name.
+layer, a new field of the next engine release) cannot reach the engine.
+A field the model does not know is dropped when its value is a zero (null,
+false, 0, "", [], {}, or lists and objects of zeros: what a newer client
+sends for a setting its user did not touch), and refused with its name
+otherwise.
 
 Fields the docker CLI and compose always send, but whose only harmless value
 is their zero (`Devices: []`, `OomKillDisable: false`, Windows' `CpuCount`),
@@ -134,8 +137,15 @@ def rebuild(value: Any, spec: Spec, where: str = "") -> Any:
         path = f"{where}.{k}" if where else str(k)
         sub = spec.fields.get(k)
         if sub is None:
-            raise Refused(f"{path[:120]} is not a field the filtered socket knows, so the "
-                          "request is refused", 400)
+            if is_zero(v):
+                # Each client release adds fields it sends at their zero
+                # (docker 28's EndpointsConfig.*.GwPriority): the engine reads
+                # an absent field as that zero, and the rebuilt request never
+                # carries it, so dropping it changes nothing.
+                continue
+            raise Refused(f"{path[:120]} is not a field the filtered socket knows, and its "
+                          f"value is not the zero that would change nothing, so the request "
+                          "is refused", 400)
         item = rebuild(v, sub, path)
         if item is not None:
             made[k] = item

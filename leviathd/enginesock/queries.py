@@ -202,6 +202,12 @@ ALLOWED: dict[str, dict[str, Check]] = {
     # that use the image, another agent's among them.
     "images/delete": {"noprune": flag},
     "events": {"since": TIME, "until": TIME, "filters": filters},
+    # podman --remote ps and images (libpod). `external` lists containers of
+    # other tools in the storage (buildah's), which carry no labels.
+    "libpod/containers/json": {"all": flag, "external": empty("false", "0"), "filters": filters,
+                               "last": number, "limit": number, "namespace": flag,
+                               "pod": flag, "size": flag, "sync": flag},
+    "libpod/images/json": {"all": flag, "filters": filters},
 }
 
 # Parameters dropped rather than refused: the CLIs send them, and the request

@@ -276,6 +276,12 @@ async def check_create(body: dict[str, Any], c: Checks) -> dict[str, Any]:
         raise Refused("annotations are not allowed: they change how the runtime builds the "
                       "container")
     _check_log_config(host.get("LogConfig"))
+    if c.podman and not (host.get("LogConfig") or {}).get("Type"):
+        # Podman's own default is journald where it was built with systemd,
+        # and reading it back dlopens libsystemd-journal, which Debian 13 no
+        # longer ships: `docker logs` answered 500 there (issue 49). Its
+        # file driver works everywhere, and the file is the engine's own.
+        host["LogConfig"] = {**(host.get("LogConfig") or {}), "Type": "k8s-file"}
     if host.get("VolumeDriver") not in (None, "", "local"):
         raise Refused("volume drivers other than local are not allowed")
     if isinstance(host.get("OomScoreAdj"), int) and host["OomScoreAdj"] < 0:
@@ -661,8 +667,7 @@ async def decide(method: str, path: str, query: str, body: bytes | None, c: Chec
         raise Refused(f"the path {rest[:120]!r} is not in its plain form", 400)
     q = _qs(query)
     if rest.startswith("/libpod/"):
-        raise Refused("podman's own API (libpod) is not filtered, so it is refused: use the "
-                      "Docker-compatible API (DOCKER_HOST)")
+        return _libpod(method, prefix, rest, q, c)
     if method in ("GET", "HEAD") and rest in ("/_ping", "/version", "/info"):
         return Decision(_target(prefix, rest, queries.rebuild("info", q)))
     if rest == "/containers/json" and method == "GET":
@@ -709,6 +714,26 @@ async def decide(method: str, path: str, query: str, body: bytes | None, c: Chec
             raise Refused(f"{name} are not allowed: they act for the whole machine's engine")
     raise Refused(f"{method} {rest[:120]} is not an endpoint the filtered socket knows, so it "
                   "is refused")
+
+
+def _libpod(method: str, prefix: str, rest: str, q: list[tuple[str, str]],
+            c: Checks) -> Decision:
+    """`podman --remote`: its ping and its lists pass (the same allow-lists,
+    the agent's label added); everything else of libpod is refused. Its
+    container create takes podman's SpecGenerator, a body of other fields
+    and namespaces than the Docker API's, which no model here rebuilds."""
+    if not c.podman:
+        raise Refused("podman's own API (libpod) is refused: the engine is not podman")
+    if method in ("GET", "HEAD") and rest == "/libpod/_ping":
+        return Decision(_target(prefix, rest, queries.rebuild("info", q)))
+    if method == "GET" and rest == "/libpod/containers/json":
+        q = queries.rebuild("libpod/containers/json", q)
+        return Decision(_target(prefix, rest, with_label_filter(q, c.agent_id)))
+    if method == "GET" and rest == "/libpod/images/json":
+        return Decision(_target(prefix, rest, queries.rebuild("libpod/images/json", q)))
+    raise Refused(f"{method} {rest[:120]} of podman's own API (libpod) is not filtered, so it "
+                  "is refused: podman --remote can list (ps, images); to run, build or pull, "
+                  "use the docker CLI or compose on the Docker-compatible API ($DOCKER_HOST)")
 
 
 async def _container_op(

@@ -80,7 +80,7 @@ def test_volume_mounts_reach_the_engine_as_checked_bind_strings() -> None:
                                  "Propagation": "shared"}]}}, "HostConfig.Mounts[0].Propagation"),
     ({"HostConfig": {"CgroupnsMode": "private", "NewEngineField": True}},
      "HostConfig.NewEngineField"),
-    ({"Spec": {"process": {}}}, "Spec"),
+    ({"Spec": {"process": {"args": ["sh"]}}}, "Spec"),
     ({"HostConfig": {"LogConfig": {"Type": "json-file", "Path": "/etc/x"}}},
      "HostConfig.LogConfig.Path"),
 ])
@@ -308,7 +308,8 @@ def test_the_engine_receives_a_new_head_and_body_not_the_agents(tmp_path: Path) 
     reply, got = _proxy(tmp_path, raw)
     assert reply.startswith(b"HTTP/1.1 201 "), reply
     create = [g for g in got if b"/containers/create" in g]
-    want_body = (b'{"Image":"x","Cmd":["true"],"HostConfig":{"Privileged":false},'
+    want_body = (b'{"Image":"x","Cmd":["true"],"HostConfig":{"Privileged":false,'
+                 b'"LogConfig":{"Type":"k8s-file"}},'
                  b'"Labels":{"org.leviath.engine-agent":"aaaa1111",'
                  b'"org.leviath.engine-daemon":"d"}}')
     assert create == [b"POST /v1.41/containers/create?name=c1 HTTP/1.1\r\n"

@@ -1,0 +1,200 @@
+"""Issue 49, item 2: a field the filtered socket's model does not know is
+dropped when its value is a zero (what a newer client sends for a setting
+its user did not touch: docker 28's `GwPriority: 0`), and refused with its
+name otherwise. From the attacker's side: the body is what an agent could
+send on $DOCKER_HOST, and what is checked is the body the engine would get.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_enginesock import _decide
+from test_enginesock_rebuild import CLI_RUN
+
+from leviathd.enginesock import model, rules
+
+# Where an unknown field goes: objects of the model in the docker CLI's own
+# create body (a new release adds its fields anywhere).
+_PLACES: list[tuple[str, ...]] = [
+    (), ("HostConfig",), ("HostConfig", "LogConfig"), ("HostConfig", "RestartPolicy"),
+    ("NetworkingConfig",), ("NetworkingConfig", "EndpointsConfig", "default"),
+    ("Healthcheck",), ("HostConfig", "Mounts", 0), ("HostConfig", "Mounts", 0, "TmpfsOptions"),
+    ("HostConfig", "Ulimits", 0),
+]
+
+# "Xx" starts no field of the model, in any case (the spelling check would
+# refuse a key the engine reads as a known one).
+_NAMES = st.from_regex(r"\AXx[A-Za-z0-9]{0,12}\Z")
+# Keys inside a value: none the engine could read as a field's spelling.
+_KEYS = st.from_regex(r"\Azz[a-z0-9]{0,5}\Z")
+_ZERO_LEAF = st.sampled_from([None, False, 0, 0.0, "", [], {}])
+_ZEROS = st.recursive(_ZERO_LEAF, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=3)),
+    max_leaves=8)
+_ANY = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.text(max_size=8)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(_KEYS, inner, max_size=3)),
+    max_leaves=8)
+_NOT_ZERO = _ANY.filter(lambda v: not model.is_zero(v))
+
+
+def _base() -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(CLI_RUN)
+    body["Healthcheck"] = {"Test": ["CMD", "true"], "Interval": 30_000_000_000}
+    body["HostConfig"]["Mounts"] = [{"Type": "tmpfs", "Target": "/t",
+                                     "TmpfsOptions": {"SizeBytes": 4096}}]
+    body["HostConfig"]["Ulimits"] = [{"Name": "nofile", "Soft": 1024, "Hard": 1024}]
+    return body
+
+
+def _with(place: tuple[str, ...], name: str, value: Any) -> dict[str, Any]:
+    body = _base()
+    at: Any = body
+    for step in place:
+        at = at[step]
+    at[name] = copy.deepcopy(value)
+    return body
+
+
+def _keys(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+def _where(place: tuple[str, ...], name: str) -> str:
+    out = ""
+    for step in (*place, name):
+        if isinstance(step, int):
+            out += f"[{step}]"
+        elif place[-2:-1] == ("EndpointsConfig",) and step == place[-1]:
+            out += f"[{step!r}]"
+        else:
+            out += f".{step}" if out else step
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(place=st.sampled_from(_PLACES), name=_NAMES, value=_ZEROS)
+def test_an_unknown_field_at_its_zero_is_accepted_and_never_forwarded(
+        place: tuple[str, ...], name: str, value: Any) -> None:
+    d = _decide("POST", "/v1.41/containers/create", _with(place, name, value))
+    assert d.body is not None
+    assert name not in _keys(json.loads(d.body)), (place, name, value)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(place=st.sampled_from(_PLACES), name=_NAMES, value=_NOT_ZERO)
+def test_an_unknown_field_with_another_value_is_refused_by_name(
+        place: tuple[str, ...], name: str, value: Any) -> None:
+    with pytest.raises(rules.Refused) as info:
+        _decide("POST", "/v1.41/containers/create", _with(place, name, value))
+    assert info.value.status == 400
+    assert info.value.message.startswith(_where(place, name) + " is not a field the filtered "
+                                         "socket knows"), info.value.message
+
+
+# `docker run --rm img true` of the docker CLI 28.2.2 (the machine's `docker`),
+# as captured at the socket: its EndpointsConfig adds GwPriority.
+CLI_28_ENDPOINT = (
+    '{"IPAMConfig":null,"Links":null,"Aliases":null,"DriverOpts":null,"GwPriority":0,'
+    '"NetworkID":"","EndpointID":"","Gateway":"","IPAddress":"","MacAddress":"",'
+    '"IPPrefixLen":0,"IPv6Gateway":"","GlobalIPv6Address":"","GlobalIPv6PrefixLen":0,'
+    '"DNSNames":null}')
+
+
+def test_docker_28s_gw_priority_at_zero_passes_and_another_is_refused() -> None:
+    body = json.loads(CLI_RUN)
+    body["NetworkingConfig"]["EndpointsConfig"]["default"] = json.loads(CLI_28_ENDPOINT)
+    d = _decide("POST", "/v1.41/containers/create", body)
+    assert d.body is not None and b"GwPriority" not in d.body
+    body["NetworkingConfig"]["EndpointsConfig"]["default"]["GwPriority"] = 10
+    with pytest.raises(rules.Refused) as info:
+        _decide("POST", "/v1.41/containers/create", body)
+    assert "NetworkingConfig.EndpointsConfig['default'].GwPriority is not a field" in \
+        info.value.message
+
+
+@pytest.mark.parametrize(("path", "body", "name"), [
+    ("/containers/mine/exec", {"Cmd": ["true"], "XxNew": 0}, "XxNew"),
+    ("/networks/create", {"Name": "n", "XxNew": ""}, "XxNew"),
+    ("/volumes/create", {"Name": "v", "XxNew": None}, "XxNew"),
+    ("/networks/create", {"Name": "n", "XxNew": {"A": [False]}}, "XxNew"),
+])
+def test_other_bodies_drop_an_unknown_zero_too(path: str, body: dict[str, Any],
+                                               name: str) -> None:
+    d = _decide("POST", path, body)
+    assert d.body is not None and name.encode() not in d.body
+    body[name] = 1
+    with pytest.raises(rules.Refused):
+        _decide("POST", path, body)
+
+
+# ------------------------------------------------ podman --remote (libpod)
+
+
+def _label_filter(target: str) -> list[str]:
+    from urllib.parse import parse_qs, urlsplit
+    return list(json.loads(parse_qs(urlsplit(target).query)["filters"][0])["label"])
+
+
+def test_podman_remotes_ping_and_lists_pass_with_the_agents_label() -> None:
+    assert _decide("GET", "/v4.3.1/libpod/_ping").target == "/v4.3.1/libpod/_ping"
+    assert _decide("HEAD", "/v5.4.2/libpod/_ping").target == "/v5.4.2/libpod/_ping"
+    d = _decide("GET", "/v4.3.1/libpod/containers/json?all=false&external=false&filters=%7B%7D"
+                "&last=-1&namespace=false&size=false&sync=false")
+    assert _label_filter(d.target) == ["org.leviath.engine-agent=aaaa1111"]
+    d = _decide("GET", "/v4.3.1/libpod/containers/json?all=true&filters="
+                + '{"label":["org.leviath.engine-agent=other"]}')
+    assert _label_filter(d.target) == ["org.leviath.engine-agent=other",
+                                       "org.leviath.engine-agent=aaaa1111"]
+    d = _decide("GET", "/v4.3.1/libpod/images/json?all=false&filters=%7B%7D")
+    assert d.target.startswith("/v4.3.1/libpod/images/json?")
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/v4.3.1/libpod/containers/create"),
+    ("POST", "/v4.3.1/libpod/images/pull?reference=x"),
+    ("GET", "/v4.3.1/libpod/containers/json?external=true"),
+    ("GET", "/v4.3.1/libpod/info"),
+    ("POST", "/v4.3.1/libpod/containers/abc/start"),
+])
+def test_the_rest_of_libpod_is_refused_saying_why(method: str, path: str) -> None:
+    with pytest.raises(rules.Refused) as info:
+        _decide(method, path, {"image": "x", "privileged": True} if "create" in path else None)
+    says = info.value.message
+    assert "external" in says or "podman's own API (libpod) is not filtered" in says, says
+
+
+def test_libpod_is_refused_when_the_engine_is_not_podman() -> None:
+    from test_enginesock import _Checks
+
+    class Docker(_Checks):
+        podman = False
+
+    with pytest.raises(rules.Refused) as info:
+        _decide("GET", "/v4.3.1/libpod/_ping", checks=Docker())
+    assert "not podman" in info.value.message
+
+
+# ------------------------------------------------ logs on Debian 13 (item 6)
+
+
+def test_a_container_without_a_log_driver_gets_podmans_file_driver() -> None:
+    d = _decide("POST", "/v1.41/containers/create", json.loads(CLI_RUN))
+    assert d.body is not None
+    assert json.loads(d.body)["HostConfig"]["LogConfig"]["Type"] == "k8s-file"
+    body = json.loads(CLI_RUN)
+    body["HostConfig"]["LogConfig"] = {"Type": "json-file", "Config": {"max-size": "1m"}}
+    d = _decide("POST", "/v1.41/containers/create", body)
+    assert d.body is not None
+    assert json.loads(d.body)["HostConfig"]["LogConfig"] == body["HostConfig"]["LogConfig"]
