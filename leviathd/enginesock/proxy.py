@@ -57,6 +57,9 @@ class Settings:
     # The engine is the agent's user's own rootless podman (enginesock/rootless.py):
     # a container's root is that user on the host.
     rootless: bool = False
+    # The engine's network namespace has only lo (rootless, the agent's
+    # network not true): rules.Checks.engine_offline.
+    engine_offline: bool = False
     # [sandbox.containers] upload_max: bytes of streamed request bodies over
     # the agent's life (config.merge.UPLOAD_MAX_DEFAULT when unset).
     upload_max: int = 4 << 30
@@ -82,6 +85,7 @@ class AgentProxy:
         self.daemon = settings.daemon
         self.cgroup_parent = settings.cgroup
         self.rootless = settings.rootless
+        self.engine_offline = settings.engine_offline
         self._server: asyncio.AbstractServer | None = None
         self._own: dict[str, dict[str, Any]] = {}
         self._connections = 0

@@ -52,6 +52,10 @@ class Checks(Protocol):
     daemon: str  # this daemon's instance (leviathd.sandbox.container.daemon_instance)
     cgroup_parent: str  # the agent's scope's control group, "" when not placed
     rootless: bool  # the engine is the user's rootless podman: container root is the user
+    # The engine runs in a network namespace with only lo (the agent's network
+    # is not `true`): a container's network could reach nothing, and podman
+    # fails to set one up there.
+    engine_offline: bool
 
     def parent_controllers(self) -> frozenset[str] | None:
         """What cgroup_parent passes to its children (cgroup v2), None: all."""
@@ -254,6 +258,8 @@ async def check_create(body: dict[str, Any], c: Checks) -> dict[str, Any]:
         elif key in ("UsernsMode", "Cgroup") and mode:
             raise Refused(f"{flag}={mode[:100]} is not allowed")
     await _check_network_mode(host, c)
+    if c.engine_offline:
+        _offline_network(host, body)
     _check_security_opts(host.get("SecurityOpt") or [])
     if host.get("CgroupParent"):
         raise Refused("--cgroup-parent is not allowed: the daemon places containers")
@@ -366,6 +372,33 @@ async def _check_network_mode(host: dict[str, Any], c: Checks) -> None:
         raise Refused(f"--network {mode[:100]} is not allowed")
     else:
         await c.network(mode)
+
+
+_NO_ENGINE_NETWORK = ("the agent's container engine has no network: it runs in a network "
+                      "namespace with only lo, since the agent's [sandbox] network is not true")
+
+
+def _offline_network(host: dict[str, Any], body: dict[str, Any]) -> None:
+    """On an engine without a network, a container on the default network
+    gets `none`: the same reach (nothing), and `docker run IMAGE cmd` runs
+    where podman would fail to make the network (slirp4netns, pasta, its
+    rootless netns). What needs a network is refused saying why."""
+    mode = str(host.get("NetworkMode") or "")
+    endpoints = (body.get("NetworkingConfig") or {}).get("EndpointsConfig") or {}
+    named = [str(n) for n in endpoints if str(n) not in DEFAULT_NETWORKS and str(n) != "none"]
+    if named or (mode not in DEFAULT_NETWORKS and mode not in ("none", "private")
+                 and not mode.startswith("container:")
+                 and mode not in ("slirp4netns", "pasta")):
+        raise Refused(f"the network {(named or [mode])[0][:60]} cannot carry a container here: "
+                      f"{_NO_ENGINE_NETWORK}; run it with --network none (compose: "
+                      "network_mode: none)")
+    if mode not in DEFAULT_NETWORKS and mode != "private":
+        return
+    if host.get("PortBindings") or host.get("PublishAllPorts"):
+        raise Refused(f"publishing a port needs the container's network: {_NO_ENGINE_NETWORK}")
+    host["NetworkMode"] = "none"
+    if body.get("NetworkingConfig") is not None:
+        body["NetworkingConfig"] = None
 
 
 async def check_endpoints(body: dict[str, Any], c: Checks) -> None:

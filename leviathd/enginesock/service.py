@@ -178,7 +178,7 @@ class EngineSockService(Feature):
             agent_id=rec.id, uid=user.uid, gid=user.gid, cap_add=eff.containers.cap_add,
             publish_any=eff.containers.publish == Publish.ANY, engine=sock, podman=True,
             daemon=daemon_instance(), cgroup="", rootless=True,
-            upload_max=eff.containers.upload_max,
+            engine_offline=eff.network is not True, upload_max=eff.containers.upload_max,
         )
         await self._open(settings, view)
         await asyncio.to_thread(self._save, settings, view)

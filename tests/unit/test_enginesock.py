@@ -113,6 +113,7 @@ class _Checks:
     daemon = "d"
     cgroup_parent = "/leviath.slice/leviath-a-x-aaaa1111.scope"
     rootless = False
+    engine_offline = False
     controllers: frozenset[str] | None = None
 
     def parent_controllers(self) -> frozenset[str] | None:

@@ -198,3 +198,48 @@ def test_a_container_without_a_log_driver_gets_podmans_file_driver() -> None:
     d = _decide("POST", "/v1.41/containers/create", body)
     assert d.body is not None
     assert json.loads(d.body)["HostConfig"]["LogConfig"] == body["HostConfig"]["LogConfig"]
+
+
+# ------------------------------- an engine without a network (rootless, offline)
+
+
+def _offline() -> Any:
+    from test_enginesock import _Checks
+
+    class Offline(_Checks):
+        rootless = True
+        engine_offline = True
+
+        async def network(self, ref: str) -> dict[str, Any]:
+            return {"Id": "n" * 64, "Labels": {rules.LABEL_AGENT: self.agent_id}}
+
+    return Offline()
+
+
+def test_on_an_offline_engine_the_default_network_becomes_none() -> None:
+    body = json.loads(CLI_RUN)
+    body["NetworkingConfig"]["EndpointsConfig"]["default"] = json.loads(CLI_28_ENDPOINT)
+    d = _decide("POST", "/v1.41/containers/create", body, checks=_offline())
+    assert d.body is not None
+    got = json.loads(d.body)
+    assert got["HostConfig"]["NetworkMode"] == "none" and "NetworkingConfig" not in got
+    # An engine with the host's network keeps the default as asked.
+    d = _decide("POST", "/v1.41/containers/create", json.loads(CLI_RUN))
+    assert d.body is not None
+    assert json.loads(d.body)["HostConfig"]["NetworkMode"] == "default"
+
+
+@pytest.mark.parametrize(("host", "endpoints", "says"), [
+    ({"PortBindings": {"80/tcp": [{"HostPort": "8080"}]}}, None, "publishing a port"),
+    ({"NetworkMode": "stack_default"}, {"stack_default": {}}, "network stack_default cannot"),
+    ({}, {"mynet": {}}, "network mynet cannot"),
+])
+def test_on_an_offline_engine_what_needs_a_network_is_refused_saying_why(
+        host: dict[str, Any], endpoints: dict[str, Any] | None, says: str) -> None:
+    body: dict[str, Any] = {"Image": "x", "HostConfig": host}
+    if endpoints is not None:
+        body["NetworkingConfig"] = {"EndpointsConfig": endpoints}
+    with pytest.raises(rules.Refused) as info:
+        _decide("POST", "/v1.41/containers/create", body, checks=_offline())
+    assert says in info.value.message and "[sandbox] network" in info.value.message, \
+        info.value.message
