@@ -920,6 +920,9 @@ async def _image_op(
                     raise Refused("labels is not JSON", 400) from None
         q = [(k, v) for k, v in q if k != "labels"]
         q.append(("labels", json.dumps(_labels(labels, c, "image"))))
+        if c.engine_offline:
+            # RUN steps on the default network: as for containers (_offline_network).
+            q = [(k, v) for k, v in q if k != "networkmode"] + [("networkmode", "none")]
         return Decision(_target(prefix, rest, q), mutating=True, what="image build")
     if rest == "/images/load" and method == "POST":
         q = queries.rebuild("images/load", q)

@@ -243,3 +243,10 @@ def test_on_an_offline_engine_what_needs_a_network_is_refused_saying_why(
         _decide("POST", "/v1.41/containers/create", body, checks=_offline())
     assert says in info.value.message and "[sandbox] network" in info.value.message, \
         info.value.message
+
+
+def test_on_an_offline_engine_a_builds_run_steps_get_no_network() -> None:
+    from urllib.parse import parse_qs, urlsplit
+    for query in ("", "&networkmode=default", "&networkmode=bridge"):
+        d = _decide("POST", f"/v1.41/build?t=a{query}", checks=_offline())
+        assert parse_qs(urlsplit(d.target).query)["networkmode"] == ["none"], d.target

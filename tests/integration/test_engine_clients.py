@@ -1,0 +1,153 @@
+"""Issue 49, items 2 and 6: the common clients on an agent's filtered engine
+socket, typed as a user types them (no `--runtime`, `--network` or
+`--ulimit` added), inside one real agent whose engine is its user's rootless
+podman (the default with `[sandbox.containers] enabled = true`):
+
+- Debian's docker CLI 26 and compose v2 (scripts/setup's), and the docker
+  CLI 28.2.2 that is this machine's `docker` (copied into the bed), whose
+  create body carries `GwPriority` (a field the model does not know, at its
+  zero: dropped, issue 49);
+- `podman --remote` (the bed's podman 4.3): ping, `ps` and `images` pass;
+  `run` is refused with the reason;
+- `docker logs` of a container made with no log driver (podman's file
+  driver: its journald reader fails on Debian 13);
+- what cannot work because the agent's engine has no network (the bed's
+  agents are behind the proxy): `-p` and compose's default network, refused
+  naming why and the setting.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from test_engine_rootless import IMAGE, TARBALL, bed, cli  # noqa: F401
+from test_engine_socket_cli import DOCKER
+from testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+# The machine's docker CLI, at a path of the bed's that no other test uses.
+DOCKER_NEW = "/usr/local/lib/leviath-test/docker"
+COMPOSE = f"""services:
+  web:
+    image: {IMAGE}
+    command: ["sh", "-c", "echo web-says-hi; sleep 300"]
+    network_mode: none
+"""
+DEFAULT_NET_COMPOSE = f"""services:
+  app:
+    image: {IMAGE}
+    command: ["true"]
+"""
+
+
+def _host_docker() -> tuple[str, str]:
+    path = shutil.which("docker") or ""
+    if not path:
+        pytest.skip("no docker CLI on this machine's PATH (issue 49 names its 28.2.2)")
+    out = subprocess.run([path, "version", "--format", "{{.Client.Version}}"],
+                         capture_output=True, text=True, timeout=30, check=False).stdout
+    return path, out.strip()
+
+
+@pytest.fixture(scope="module")
+def clients(cli: Testbed) -> tuple[Testbed, str]:  # noqa: F811
+    path, version = _host_docker()
+    cli.copy_in(path, DOCKER_NEW, mode=0o755)
+    work = f"{cli.users['alice'].home}/rootless-work"
+    for name, text in (("plain", COMPOSE), ("defnet", DEFAULT_NET_COMPOSE)):
+        cli.run(["mkdir", "-p", f"{work}/{name}"], user="alice")
+        cli.write_file(f"{work}/{name}/compose.yaml", text)
+    cli.run(["chown", "-R", "alice:", work])
+    return cli, version
+
+
+SCRIPT = f"""
+D26={DOCKER}; DN={DOCKER_NEW}
+echo "host=$DOCKER_HOST"
+echo "v26=$($D26 version --format '{{{{.Client.Version}}}} {{{{.Server.APIVersion}}}}')"
+echo "vnew=$($DN version --format '{{{{.Client.Version}}}} {{{{.Client.APIVersion}}}}')"
+$D26 import {TARBALL} {IMAGE} >/dev/null || echo import-failed
+$D26 run --name r26 {IMAGE} sh -c 'echo plain-run-26; exit 3'; echo "r26=$?"
+$DN run --name rnew {IMAGE} sh -c 'echo plain-run-new; exit 4'; echo "rnew=$?"
+$DN run -d --name bg {IMAGE} sh -c 'echo from-the-logs; sleep 300' >/dev/null
+i=0; until $DN logs bg 2>&1 | grep -q from-the-logs || [ $i -ge 300 ]; do
+  i=$((i+1)); sleep 0.1; done
+echo "logs-new=$($DN logs bg 2>&1)"
+echo "logs-26=$($D26 logs bg 2>&1)"
+echo "ps=$($DN ps --format '{{{{.Names}}}}' | sort | tr '\\n' ,)"
+echo "inspect=$($DN inspect -f '{{{{.State.Status}}}} {{{{.HostConfig.LogConfig.Type}}}} \
+{{{{.HostConfig.NetworkMode}}}}' bg)"
+echo "podman-ps=$(podman --remote --url "$DOCKER_HOST" ps -a --format '{{{{.Names}}}}' \
+  | sort | tr '\\n' ,)"
+echo "podman-images=$(podman --remote --url "$DOCKER_HOST" images --format \
+'{{{{.Repository}}}}' | tr '\\n' ,)"
+podman --remote --url "$DOCKER_HOST" run --rm {IMAGE} true; echo "podman-run=$?"
+$DN run --rm -p 8080:80 {IMAGE} true; echo "publish=$?"
+(cd plain && $D26 compose -p plain up -d 2>/dev/null && echo compose-up-ok
+ i=0; until $D26 compose -p plain logs web 2>&1 | grep -q web-says-hi || [ $i -ge 300 ]; do
+   i=$((i+1)); sleep 0.1; done
+ $D26 compose -p plain logs --no-log-prefix web; $D26 compose -p plain down -t 0 2>/dev/null \
+   && echo compose-down-ok)
+(cd defnet && $D26 compose -p defnet up 2>&1; echo "defnet=$?"; \
+ $D26 compose -p defnet down -t 0 >/dev/null 2>&1)
+$DN rm -f r26 rnew bg >/dev/null
+echo "left=$($DN ps -a -q | wc -l)"
+"""
+
+
+def _value(out: str, key: str) -> str:
+    for line in out.splitlines():
+        if line.startswith(key + "="):
+            return line[len(key) + 1:]
+    raise AssertionError(f"no {key}= in:\n{out}")
+
+
+def test_the_common_clients_work_as_typed_and_what_cannot_says_why(
+        clients: tuple[Testbed, str]) -> None:
+    tb, version = clients
+    home = tb.users["alice"].home
+    r = tb.run(["lev", "run", "--", "sh", "-c", SCRIPT], user="alice",
+                cwd=f"{home}/rootless-work", check=False, timeout=400)
+    out, err = r.stdout, r.stderr
+    assert r.returncode == 0, (out, err)
+    assert _value(out, "host") == "unix:///run/leviath/engine.sock", out
+    # The versions the clients negotiated with the engine through the socket.
+    assert _value(out, "v26").startswith("26."), out
+    assert _value(out, "vnew").startswith(version + " 1.41"), out
+    assert "import-failed" not in out, err
+    # `docker run IMAGE cmd`, attached, each CLI: output and exit status.
+    assert "plain-run-26" in out and _value(out, "r26") == "3", (out, err)
+    assert "plain-run-new" in out and _value(out, "rnew") == "4", (out, err)
+    assert "GwPriority" not in err, err
+    # -d, logs (both CLIs), ps, inspect.
+    assert _value(out, "logs-new") == "from-the-logs", (out, err)
+    assert _value(out, "logs-26") == "from-the-logs", (out, err)
+    assert _value(out, "ps") == "bg,", out
+    # (podman's compat inspect names its k8s-file driver json-file; journald
+    # would read journald)
+    assert _value(out, "inspect") in ("running json-file none", "running k8s-file none"), out
+    # podman --remote: its own API's ping and lists, its run refused saying why.
+    assert _value(out, "podman-ps") == "bg,r26,rnew,", (out, err)
+    assert "localhost/leviath-rootless-busybox" in _value(out, "podman-images"), (out, err)
+    assert _value(out, "podman-run") != "0", out
+    assert "podman's own API (libpod) is not filtered" in err, err
+    assert "use the docker CLI or compose" in err, err
+    # Without a network of the engine's: what needs one says why.
+    assert _value(out, "publish") != "0", out
+    assert "publishing a port needs the container's network" in err, err
+    assert "[sandbox] network is not true" in err, err
+    assert "compose-up-ok" in out and "web-says-hi" in out, (out, err)
+    assert "compose-down-ok" in out, (out, err)
+    assert _value(out, "defnet") != "0", out
+    assert "network defnet_default cannot carry a container here" in out, out
+    assert _value(out, "left") == "0", out
+
+
+def test_the_bed_has_the_clients_it_names() -> None:
+    # What this file's docstring names exists where the fixtures take it.
+    assert os.access("/opt/leviath-dev/docker/bin/docker", os.X_OK) or os.environ.get(
+        "LEVIATH_DOCKER_DIR"), "scripts/setup fetches Debian's docker CLI"
