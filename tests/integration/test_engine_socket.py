@@ -288,7 +288,7 @@ def test_what_is_root_on_the_host_is_refused(
 
 def test_unknown_and_machine_wide_endpoints_are_refused(bed: Testbed) -> None:
     out = agent(bed, "alice", ["GET", "/swarm", None], ["GET", "/secrets", None],
-                ["GET", "/v4.0.0/libpod/containers/json", None], ["POST", "/commit", None],
+                ["GET", "/v4.0.0/libpod/info", None], ["POST", "/commit", None],
                 ["GET", "/system/df", None])
     assert isinstance(out, list)
     for status, reply in out:
