@@ -22,7 +22,7 @@ from typing import Any
 
 from leviathd import fdshare, fsat, metrics, parseshare
 from leviathd.broker.server import identify
-from leviathd.enginesock import engine, pins, rules, wire
+from leviathd.enginesock import engine, health, pins, rules, wire
 from leviathd.enginesock.view import BindRefused, View
 from leviathd.errors import AccessDenied
 from leviathd.events import Event
@@ -92,6 +92,10 @@ class AgentProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self.pins = pins.Pins(settings.agent_id)
         self.uploaded = 0  # streamed body bytes passed to the engine (upload_max)
+        # The rootless engine's healthcheck timer (rootful podman has root's
+        # systemd timers for that).
+        self.health = health.Health(settings.engine, settings.agent_id) if (
+            settings.rootless) else None
 
     # -- the socket -------------------------------------------------------
 
@@ -108,6 +112,8 @@ class AgentProxy:
         except BaseException:
             sock.close()
             raise
+        if self.health is not None:
+            self.health.kick()  # (an adopted agent's containers may be running)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -115,6 +121,8 @@ class AgentProxy:
             self._server = None
         for task in list(self._tasks):
             task.cancel()
+        if self.health is not None:
+            await self.health.close()
 
     # -- rules.Checks -----------------------------------------------------
 
@@ -265,6 +273,10 @@ class AgentProxy:
         if (decision.mutating or decision.upgrade) and self._on_change is not None:
             self._on_change()
         await self._forward(head, decision, reader, writer)
+        if self.health is not None and decision.what.startswith(("container start",
+                                                                  "container restart",
+                                                                  "container unpause")):
+            self.health.kick()
 
     async def _forward(self, head: wire.Head, d: rules.Decision, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> None:

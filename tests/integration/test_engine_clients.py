@@ -11,6 +11,8 @@ podman (the default with `[sandbox.containers] enabled = true`):
   `run` is refused with the reason;
 - `docker logs` of a container made with no log driver (podman's file
   driver: its journald reader fails on Debian 13);
+- a healthcheck, run by the daemon's timer on the engine, in the agent's
+  scope, at the 10 s floor (issue 49, item 5);
 - what cannot work because the agent's engine has no network (the bed's
   agents are behind the proxy): `-p` and compose's default network, refused
   naming why and the setting.
@@ -94,7 +96,15 @@ $DN run --rm -p 8080:80 {IMAGE} true; echo "publish=$?"
    && echo compose-down-ok)
 (cd defnet && $D26 compose -p defnet up 2>&1; echo "defnet=$?"; \
  $D26 compose -p defnet down -t 0 >/dev/null 2>&1)
-$DN rm -f r26 rnew bg >/dev/null
+$DN run -d --name hc --health-cmd 'cat /proc/self/cgroup > /tmp/hc-cgroup' \
+  --health-interval 1s {IMAGE} sleep 300 >/dev/null
+i=0; until [ "$($DN inspect -f '{{{{.State.Health.Status}}}}' hc)" = healthy ] || [ $i -ge 900 ]; do
+  i=$((i+1)); sleep 0.1; done
+echo "health=$($DN inspect -f \
+  '{{{{.State.Health.Status}}}} {{{{.Config.Healthcheck.Interval}}}}' hc)"
+echo "hc-cgroup=$($DN exec hc cat /tmp/hc-cgroup | tr '\n' ' ')"
+echo "my-cgroup=$(tr '\n' ' ' < /proc/self/cgroup)"
+$DN rm -f r26 rnew bg hc >/dev/null
 echo "left=$($DN ps -a -q | wc -l)"
 """
 
@@ -144,6 +154,13 @@ def test_the_common_clients_work_as_typed_and_what_cannot_says_why(
     assert "compose-down-ok" in out, (out, err)
     assert _value(out, "defnet") != "0", out
     assert "network defnet_default cannot carry a container here" in out, out
+    # Healthchecks run (item 5): at the floor's interval, not the 1 s asked, and
+    # the check's process is in the agent's scope in every hierarchy where the
+    # agent's shell is.
+    assert _value(out, "health") == "healthy 10s", out
+    checked = set(_value(out, "hc-cgroup").split())
+    mine = [e for e in _value(out, "my-cgroup").split() if e.endswith(".scope")]
+    assert mine and all(e in checked for e in mine), out
     assert _value(out, "left") == "0", out
 
 
