@@ -114,7 +114,7 @@ class Health:
                 with contextlib.suppress(*_ENGINE_ERRORS):
                     await self._scan()
                 next_scan = loop.time() + RESCAN
-                if not self._due and not self._running:
+                if not self._due and not self._running and not self._kicked.is_set():
                     return  # nothing to check: the next start kicks it again
             now = loop.time()
             for cid, due in list(self._due.items()):
