@@ -155,8 +155,12 @@ def acting_for_it(spec: SandboxSpec) -> list[str]:
         f"  {'credentials':<23} read outside the fence, as you (files it cannot see)",
     ]
     if "DOCKER_HOST" in spec.env:
-        lines.append(f"  {'container engine':<23} as you, in this agent's scope and in this "
-                     "view (docs/containers.md: what it sees)")
+        if any(n.startswith("container engine: ROOT ON THE HOST") for n in spec.notes):
+            # host_root_engine: the daemon's podman, in the machine's view
+            engine = "ROOT ON THE HOST, in the machine's view (host_root_engine)"
+        else:
+            engine = "as you, in this agent's scope and in this view"
+        lines.append(f"  {'container engine':<23} {engine} (docs/containers.md: what it sees)")
     lines.append(f"  {'approvals, stop, policy':<23} only from outside every agent")
     return lines
 

@@ -33,6 +33,9 @@ MAX_JSON_BODY = 1024 * 1024
 MAX_CONNECTIONS = 64
 OWN_CACHE = 1024
 _FULL_ID = re.compile(r"^[0-9a-f]{64}\Z")
+# Seconds between the inspects of a thing the engine answered with a 5xx
+# (_inspect): a container's exit cleanup holds it well under a second.
+INSPECT_RETRY = (0.1, 0.3, 1.0)
 # The only headers of the agent's that reach the engine (rebuilt, name and
 # value checked by wire.parse_head): the body's type and a registry's
 # credentials for a pull or build. The framing headers are ours.
@@ -127,13 +130,30 @@ class AgentProxy:
     # -- rules.Checks -----------------------------------------------------
 
     async def _inspect(self, path: str, what: str, name: str) -> dict[str, Any]:
-        try:
-            status, got = await engine.call(self.s.engine, "GET", path)
-        except (TimeoutError, OSError, wire.BadRequest, asyncio.IncompleteReadError) as exc:
-            raise rules.Refused(f"the engine did not answer: {exc}", 502) from None
-        if status != 200 or not isinstance(got, dict):
-            raise rules.Refused(f"no such {what}: {name[:100]}", 404)
-        return got
+        """The engine's inspect of `path`. Only the engine's 404 is "no such":
+        podman answers 500 for a container it is cleaning up after its exit
+        (its inspect and the exit's cleanup race), which must not tell the
+        client its container is gone; asked again a moment later, it answers."""
+        for delay in (*INSPECT_RETRY, None):
+            try:
+                status, got = await engine.call(self.s.engine, "GET", path)
+            except (TimeoutError, OSError, wire.BadRequest, asyncio.IncompleteReadError) as exc:
+                raise rules.Refused(f"the engine did not answer: {exc}", 502) from None
+            if status == 200 and isinstance(got, dict):
+                return got
+            if status == 404:
+                raise rules.Refused(f"no such {what}: {name[:100]}", 404)
+            if status < 500 or delay is None:
+                break
+            await asyncio.sleep(delay)
+        # The engine's words stay in the journal: they may name a thing that is
+        # another agent's (a host-root engine), which this agent must not learn.
+        said = got.get("message") if isinstance(got, dict) else got
+        journal.record(f"agent {self.agent_id}: the engine answered {status} to {path[:160]}: "
+                       f"{str(said)[:300]}", priority=syslog.LOG_WARNING,
+                       LEVIATH_AGENT=self.agent_id, LEVIATH_EVENT=Event.ENGINE_REFUSED)
+        raise rules.Refused(f"the engine could not look up the {what} {name[:100]} "
+                            f"(status {status}); try again", 502)
 
     def _mine(self, got: dict[str, Any], labels: object, what: str, name: str) -> dict[str, Any]:
         if not isinstance(labels, dict) or labels.get(rules.LABEL_AGENT) != self.agent_id:

@@ -525,5 +525,12 @@ def test_a_bind_reaches_the_users_engine_as_the_agents_own_path(bed: Testbed) ->
     assert imported[0] == 200 and create[0] == 201, (imported, create)
     binds = inspect[1]["HostConfig"]["Binds"]  # type: ignore[index]
     assert str(binds[0]).split(":")[0] == src, binds
-    assert start[0] == 204 and wait[0] == 200, (start, wait)
+    # (a filter's look-up that the engine failed says so, with the engine's
+    # words in the daemon's journal: shown if it ever happens again)
+    assert start[0] == 204 and wait[0] == 200, (start, wait, _engine_said(bed))
     assert marker in json.dumps(logs), logs
+
+
+def _engine_said(bed: Testbed) -> str:
+    return bed.run(["sh", "-c", "journalctl -u leviathd --no-pager -o cat | "
+                    "grep 'the engine answered' | tail -5"], check=False).stdout

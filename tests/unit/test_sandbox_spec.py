@@ -447,3 +447,12 @@ def test_lev_inspect_says_who_acts_for_the_agent_and_in_which_view() -> None:
     files = next(ln for ln in none[none.index("acting for it:"):].splitlines()
                  if ln.strip().startswith("file tools"))
     assert "the host's view" in files
+    # The engine: the user's in the agent's view, or (host_root_engine) root in the machine's.
+    for note, says in (("container engine: the user's own rootless podman", "in this view"),
+                       ("container engine: ROOT ON THE HOST ([sandbox.containers] ...)",
+                        "ROOT ON THE HOST, in the machine's view")):
+        spec = dataclasses.replace(spec_for(), env={"DOCKER_HOST": "unix:///x"}, notes=(note,))
+        got = render(spec)
+        engine = next(ln for ln in got[got.index("acting for it:"):].splitlines()
+                      if ln.strip().startswith("container engine"))
+        assert says in engine, engine
