@@ -131,9 +131,10 @@ class AgentProxy:
 
     async def _inspect(self, path: str, what: str, name: str) -> dict[str, Any]:
         """The engine's inspect of `path`. Only the engine's 404 is "no such":
-        podman answers 500 for a container it is cleaning up after its exit
-        (its inspect and the exit's cleanup race), which must not tell the
-        client its container is gone; asked again a moment later, it answers."""
+        podman 4.3 once failed the look-up of a container that had just exited
+        (a cleanup process of its own works on it then), and the client must
+        not hear that its container is gone; a failure (5xx, or a 200 that is
+        not an object) is asked again a moment later."""
         for delay in (*INSPECT_RETRY, None):
             try:
                 status, got = await engine.call(self.s.engine, "GET", path)
@@ -143,7 +144,7 @@ class AgentProxy:
                 return got
             if status == 404:
                 raise rules.Refused(f"no such {what}: {name[:100]}", 404)
-            if status < 500 or delay is None:
+            if (status < 500 and status != 200) or delay is None:
                 break
             await asyncio.sleep(delay)
         # The engine's words stay in the journal: they may name a thing that is
