@@ -205,9 +205,18 @@ class Sampler:
         text = self.bed.run(["cat", "/root/rss.log"], check=False).stdout
         return [int(x) * 1024 for x in text.split() if x.isdigit()]
 
-    def now(self) -> int:
-        time.sleep(0.2)
-        return self.samples()[-1]
+    def now(self, quiet: int = 40, wait: float = 60) -> int:
+        """The RSS at the next quiescent point: `quiet` samples in a row
+        (50 ms apart: 2 s, longer than heap.py's trim takes to come after
+        the last call) equal, within `wait` s. A reading on the way, while
+        the daemon still frees what a flood left, is no base to compare."""
+        deadline = time.monotonic() + wait
+        while True:
+            tail = self.samples()[-quiet:]
+            if len(tail) == quiet and len(set(tail)) == 1:
+                return tail[-1]
+            assert time.monotonic() < deadline, f"the daemon's RSS never settled: {tail}"
+            time.sleep(0.25)
 
     def stop(self) -> None:
         # The loop runs inside the bed: end it there, by the pid it wrote.
@@ -276,7 +285,6 @@ def abuse(bed: Testbed, agent: Agent, threads: int) -> dict:
         out = {"reads": agent.py(f"THREADS = {threads}\n" + READS), "edit": agent.py(EDIT),
                "deep": agent.py(DEEP), "long": agent.py(LONG), "conns": agent.py(CONNS)}
         peak = max(sampler.samples())
-        time.sleep(3)
         after = sampler.now()
     finally:
         sampler.stop()
@@ -448,7 +456,6 @@ def test_many_mid_size_calls_do_not_grow_the_daemon_round_after_round(bed: Testb
         for _ in range(rounds):
             got = agent.py("THREADS = 8\nROUNDS = 60\n" + MIDSIZE)
             assert sum(v[0] for v in got.values()) == 8 * 60 * 2, got
-            time.sleep(2)
             afters.append(sampler.now())
         peak = max(sampler.samples())
     finally:

@@ -62,9 +62,14 @@ def test_shell_calls_share_tmp_and_home_with_each_other_and_the_agent(bed: Testb
 
 
 def test_the_agents_file_in_tmp_is_visible_to_its_shell_tool(bed: Testbed) -> None:
+    """Also (issue 50): the shell tool runs in the agent's network namespace,
+    not the daemon's: what it reaches is what the agent reaches (seen
+    failing with CLONE_NEWNET left out of the namespaces joined)."""
     out = agent(bed, """
         echo from-agent > /tmp/mine; echo home-too > ~/mine
-        lev tool shell 'cat /tmp/mine ~/mine; id -u; pwd' | tr -d '\\n'; echo
+        echo "agent-net: $(readlink /proc/self/ns/net)"
+        lev tool shell 'cat /tmp/mine ~/mine; id -u; pwd; readlink /proc/self/ns/net' \\
+          | tr -d '\\n'; echo
     """)
     (got,) = shell_results(out)
     assert got["exit_status"] == 0, got
@@ -72,6 +77,12 @@ def test_the_agents_file_in_tmp_is_visible_to_its_shell_tool(bed: Testbed) -> No
     assert lines[:2] == ["from-agent", "home-too"], got
     assert lines[2] == str(bed.users["alice"].uid)
     assert lines[3] == f"{bed.users['alice'].home}/sw"
+    (agent_net,) = [x.split(": ", 1)[1] for x in out.splitlines()
+                    if x.startswith("agent-net: ")]
+    daemon = bed.run(["systemctl", "show", "-P", "MainPID", "leviathd"]).stdout.strip()
+    daemon_net = bed.run(["readlink", f"/proc/{daemon}/ns/net"]).stdout.strip()
+    assert agent_net.startswith("net:[") and agent_net != daemon_net, (agent_net, daemon_net)
+    assert lines[4] == agent_net, (lines, agent_net)
 
 
 def test_under_throwaway_the_shell_tool_sees_the_agents_edits_not_the_host_tree(

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from quiescent import daemon_pid, settled
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -112,6 +113,11 @@ def _rss_kib(bed: Testbed) -> int:
     return next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmRSS:"))
 
 
+def _quiet_rss_kib(bed: Testbed) -> int:
+    """The base the growth is measured from: at a quiescent point."""
+    return settled(bed, daemon_pid(bed), "rss_kib")
+
+
 @pytest.mark.parametrize("kind", ["pipes", "odd"])
 def test_a_client_that_never_reads_costs_the_daemon_nothing_unbounded(
     bed: Testbed, kind: str,
@@ -123,7 +129,7 @@ def test_a_client_that_never_reads_costs_the_daemon_nothing_unbounded(
     work = f"{bed.users['alice'].home}/stall-work"
     bed.run(["rm", "-f", f"{work}/fifo", f"{work}/file", f"{work}/hostile.py"], user="alice")
     bed.run(f"cat > {work}/hostile.py", user="alice", input=HOSTILE)
-    before = _rss_kib(bed)
+    before = _quiet_rss_kib(bed)
     client = subprocess.Popen(
         bed.command([VENV_PYTHON, f"{work}/hostile.py", kind, work, FLOOD], user="alice",
                     cwd=work),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -56,7 +57,7 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     testbed.run(["systemctl", "daemon-reload"])
 
 
-def link(bed: Testbed, name: str, target: str = "/bin/sleep") -> str:
+def link(bed: Testbed, name: str, target: str = "/bin/sh") -> str:
     """A link in alice's ~/names named `name` (any bytes but '/' and NUL)."""
     home = bed.users["alice"].home
     bed.run(["python3", "-c", "import os, sys; os.symlink(sys.argv[1], os.fsencode(sys.argv[2]))",
@@ -94,10 +95,32 @@ def assert_only_intended(bed: Testbed, unit: str) -> None:
         assert value in ("", "no"), f"{prop}={value} on {unit}"
 
 
+# The agent's command: a shell (the link's target) that holds its scope until
+# the test has read the transient file (a scope that ended has none), then
+# ends by itself with status 0 (what OnSuccess= would fire on).
+RELEASE = "/run/rt5-release"
+HOLD = ["-c", f"until [ -e {RELEASE} ]; do sleep 0.1; done"]
+
+
 def victim_fine(bed: Testbed) -> None:
+    # systemd queues OnSuccess=/PropagatesStopTo= jobs as the scope goes
+    # inactive, before `is-active` says so (wait_gone): no job left queued
+    # (read first), then no flag, means none ran.
+    jobs = bed.run(["systemctl", "list-jobs", "--no-legend"]).stdout
+    assert "rt5-" not in jobs, jobs
     assert bed.run(["test", "-e", FLAG], check=False).returncode != 0, "rt5-flag.service ran"
     state = bed.run(["systemctl", "is-active", "rt5-victim.service"], check=False).stdout
     assert state.strip() == "active", "rt5-victim.service was stopped"
+
+
+def start_held(bed: Testbed, name: str, where: str) -> subprocess.CompletedProcess[str]:
+    bed.run(["rm", "-f", RELEASE])
+    return bed.run(["lev", "run", "--detach", "--", f"./{name}", *HOLD], user="alice",
+                   cwd=where, check=False)
+
+
+def release(bed: Testbed) -> None:
+    bed.run(["touch", RELEASE])
 
 
 def wait_gone(bed: Testbed, unit: str, timeout: float = 30) -> None:
@@ -117,45 +140,55 @@ def test_an_argv0_name_never_becomes_unit_configuration(bed: Testbed, variant: s
     bed.run(["systemctl", "restart", "rt5-victim.service"])
     name = INJECTIONS[variant]
     where = link(bed, name)
-    r = bed.run(["lev", "run", "--detach", "--", f"./{name}", "3"], user="alice", cwd=where,
-                check=False)
+    r = start_held(bed, name, where)
     assert r.returncode == 0, r
     unit = r.stderr.strip().rsplit(" ", 1)[-1]
-    assert len(unit) <= 255 and re.fullmatch(r"leviath-alice-[A-Za-z0-9_.-]+-[0-9a-f]{8}\.scope",
-                                             unit), unit
-    assert_only_intended(bed, unit)
-    bed.run(["systemctl", "daemon-reload"])
-    assert_only_intended(bed, unit)
-    rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
-    (row,) = [x for x in rows if x["unit"] == unit]
-    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", row["agent"]), row
+    try:
+        assert len(unit) <= 255 and re.fullmatch(
+            r"leviath-alice-[A-Za-z0-9_.-]+-[0-9a-f]{8}\.scope", unit), unit
+        assert_only_intended(bed, unit)
+        bed.run(["systemctl", "daemon-reload"])
+        assert_only_intended(bed, unit)
+        rows = json.loads(bed.run(["lev", "ps", "--json"], user="alice").stdout)
+        (row,) = [x for x in rows if x["unit"] == unit]
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", row["agent"]), row
+    finally:
+        release(bed)
     wait_gone(bed, unit)
-    time.sleep(1)
     victim_fine(bed)
 
 
 def test_lev_ps_shows_one_row_per_agent_whatever_the_name(bed: Testbed) -> None:
     name = "x\nfake0000 alice running fake-agent"
     where = link(bed, name)
-    r = bed.run(["lev", "run", "--detach", "--", f"./{name}", "3"], user="alice", cwd=where)
+    r = start_held(bed, name, where)
+    assert r.returncode == 0, r
     agent_id = r.stdout.strip()
-    out = bed.run(["lev", "ps"], user="alice").stdout
+    try:
+        out = bed.run(["lev", "ps"], user="alice").stdout
+    finally:
+        release(bed)
     assert not [line for line in out.splitlines() if line.startswith("fake0000")], out
     assert sum(agent_id in line for line in out.splitlines()) == 1
 
 
 def test_an_argv0_that_is_not_utf8_is_refused_clearly(bed: Testbed) -> None:
     home = bed.users["alice"].home
-    bed.run("ln -sf /bin/sleep \"$(printf 'bad\\377name\\nOnSuccess=rt5-flag.service')\"",
+    bed.run("ln -sf /bin/sh \"$(printf 'bad\\377name\\nOnSuccess=rt5-flag.service')\"",
             user="alice", cwd=f"{home}/names")
-    r = bed.run("lev run --detach -- \"./$(printf 'bad\\377name\\nOnSuccess=rt5-flag.service')\" 3",
+    bed.run(["rm", "-f", RELEASE])
+    r = bed.run("lev run --detach -- \"./$(printf 'bad\\377name\\nOnSuccess=rt5-flag.service')\" "
+                f"-c 'until [ -e {RELEASE} ]; do sleep 0.1; done'",
                 user="alice", cwd=f"{home}/names", check=False)
     assert "Traceback" not in r.stderr, r.stderr
     if r.returncode == 0:  # started: only under a clean name
         unit = r.stderr.strip().rsplit(" ", 1)[-1]
-        assert_only_intended(bed, unit)
-        bed.run(["systemctl", "daemon-reload"])
-        assert_only_intended(bed, unit)
+        try:
+            assert_only_intended(bed, unit)
+            bed.run(["systemctl", "daemon-reload"])
+            assert_only_intended(bed, unit)
+        finally:
+            release(bed)
         wait_gone(bed, unit)
     else:
         assert "UTF-8" in r.stderr, r.stderr
@@ -171,11 +204,17 @@ def test_journal_header_injection_keeps_the_daemons_priority_and_identifier(
                  "echo hdr-out-marker; echo hdr-err-marker >&2; echo '<0>hdr-prefix-marker'"],
                 user="alice", cwd=where, check=False)
     assert r.returncode == 0, r
-    time.sleep(1)
     entries = {}
     for marker in ("hdr-out-marker", "hdr-err-marker", "<0>hdr-prefix-marker"):
-        out = bed.run(["journalctl", "--no-pager", "-o", "json", f"MESSAGE={marker}"]).stdout
-        rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+        # journald may write a line a moment after the agent ended: waited
+        # for, bounded.
+        deadline = time.monotonic() + 30
+        while True:
+            out = bed.run(["journalctl", "--no-pager", "-o", "json", f"MESSAGE={marker}"]).stdout
+            rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+            if rows or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert len(rows) == 1, (marker, rows)
         entries[marker] = rows[0]
     assert entries["hdr-out-marker"]["PRIORITY"] == "6"

@@ -254,6 +254,24 @@ def test_a_name_that_resolves_to_loopback_meets_the_address_rule(
     assert "only-global" not in str(reply)
 
 
+@pytest.mark.parametrize("literal", ["[64:ff9b::7f00:1]", "[2002:7f00:1::1]", "[::127.0.0.1]"])
+def test_an_ipv6_form_carrying_a_loopback_address_meets_the_address_rule(
+    tree: dict[str, Path], literal: str,
+) -> None:
+    """Issue 50: `call.ip` judges an IPv6 form that carries an IPv4 address
+    (NAT64, 6to4, the old compatible form) by the address inside. The
+    agent's http_get to the host's loopback spelled so meets the machine's
+    no-loopback rule (seen failing with the IPv6 form judged by itself: a
+    "global" address, which the rules let through)."""
+    from leviathd.hosts import address_facts
+
+    with _web_broker(tree) as b:
+        reply = call(b.path, "http_get", {"url": f"http://{literal}:9/x"})
+    _denied(reply, "rule:machine:no-loopback-address")
+    facts = address_facts(literal.strip("[]"))
+    assert facts["loopback"] and not facts["global"], facts
+
+
 def test_a_refused_call_never_sends_its_host_name_to_a_resolver(
     tree: dict[str, Path], lookups: list[str],
 ) -> None:

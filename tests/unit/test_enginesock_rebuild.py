@@ -533,3 +533,21 @@ def test_the_docker_clis_exec_body_passes() -> None:
         '"WorkingDir":"","Cmd":["cat","/tmp/in.txt"]}'))
     assert d.body is not None
     assert json.loads(d.body)["Cmd"] == ["cat", "/tmp/in.txt"]
+
+
+@pytest.mark.timeout(60)
+def test_a_head_with_both_a_length_and_chunked_never_reaches_the_engine(
+        tmp_path: Path) -> None:
+    """Issue 50: a head that frames its body two ways (Content-Length and
+    Transfer-Encoding: chunked) is the classic smuggling shape: the proxy and
+    the engine could each end the body at a different byte. The agent sends
+    one, with a second request hidden where the length would end the first:
+    a 400 from the proxy, and nothing reaches the engine (seen failing with
+    the double framing accepted)."""
+    hidden = b"POST /v1.41/containers/create HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+    raw = (b"POST /v1.41/build?t=up HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-tar\r\n"
+           b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+           b"0\r\n\r\n" + hidden)
+    reply, got = _proxy(tmp_path, raw)
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
+    assert got == [], got

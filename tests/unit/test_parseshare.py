@@ -35,3 +35,17 @@ def test_idle_users_are_forgotten_past_keep() -> None:
         pacer.wait_for(uid, 1)
         now[0] += 1
     assert len(pacer._buckets) <= parseshare.KEEP
+
+
+def test_an_idle_user_banks_no_more_than_the_burst() -> None:
+    """Issue 50: the bucket is capped at BURST however long its user was
+    idle, so a day's quiet buys her no flood the others pay for (seen
+    failing with the cap dropped: 4 MiB/s x 86,400 s of credit)."""
+    now = [0.0]
+    pacer = Pacer(rate=4 * MIB, burst=2 * MIB, clock=lambda: now[0])
+    assert pacer.wait_for(1001, 1) == 0  # known to the pacer
+    now[0] += 86400
+    waits = [pacer.wait_for(1001, MIB) for _ in range(6)]
+    # 2 MiB at once, then the rest at the rate: 4 MiB of debt is one second.
+    assert waits[:2] == [0, 0] and waits[2] > 0, waits
+    assert abs(waits[-1] - 1.0) < 0.01, waits

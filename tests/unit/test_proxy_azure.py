@@ -206,3 +206,36 @@ def test_the_proxys_snapshot_keeps_both_entries_as_they_were() -> None:
     for inj in pair():
         assert inject.Injection.from_json(json.loads(json.dumps(inj.to_json()))) == inj
     assert pair()[1].kind in inject.INTERCEPT_ONLY
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_the_daemons_connection_to_an_authority_on_loopback_is_refused(host: str) -> None:
+    """Issue 50: the daemon's own connection to the authority goes only
+    where the agent's proxy would let the agent go. A user's credential
+    naming the host's loopback (a service of root's listening there) gets
+    no connection from root: refused before any connect (seen failing with
+    the address check skipped: the connection was made)."""
+    from leviathd.proxy.policy import ProxySettings
+
+    async def go() -> str:
+        def close(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.close()
+
+        server = await asyncio.start_server(close, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            connect = azure.checked_connect(ProxySettings(), uid=65534, agent="0123abcd")
+            try:
+                sock = await connect(host, port)
+            except ValueError as exc:
+                said = str(exc)
+            else:
+                sock.close()
+                said = "connected"
+            return said
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    said = asyncio.run(go())
+    assert said.startswith(f"refusing the authority {host}"), said

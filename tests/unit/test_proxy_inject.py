@@ -210,10 +210,12 @@ Asked = list[tuple[str, list[str]]]
 async def _through_proxy(tmp: Path, up: Upstream, request: bytes, *,
                          push: str = "ask", answer: bool = True,
                          asked: Asked | None = None,
-                         seen: list[AuditRecord] | None = None) -> bytes:
+                         seen: list[AuditRecord] | None = None,
+                         kind: str = "http", access: tuple[str, ...] = ("fetch",)) -> bytes:
     server = await asyncio.start_server(up.serve, "127.0.0.1", 0, ssl=up.server_ctx)
     port = server.sockets[0].getsockname()[1]
-    inj = injection("http", hosts=(f"localhost:{port}",), value="token {secret}")
+    inj = (injection("git", hosts=(f"localhost:{port}",), access=access) if kind == "git"
+           else injection("http", hosts=(f"localhost:{port}",), value="token {secret}"))
     ca = AgentCA("0123abcd", inj.hosts)
 
     async def secret(name: str) -> str:
@@ -263,6 +265,63 @@ def test_the_secret_reaches_the_real_host_and_never_the_agent(tmp_path: Path) ->
     assert len(up.heads) == 1 and f"Authorization: token {SECRET}".encode() in up.heads[0]
     inj = [r for r in seen if r.rule == "credential gh"]
     assert inj and inj[0].detail.startswith("GET /user") and SECRET not in inj[0].detail
+
+
+class Echo(Upstream):
+    """A covered host that says the request back in its answer (as an echo
+    service, a debugging endpoint or an error page quoting its input does)."""
+
+    async def serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            head = await r.readuntil(b"\r\n\r\n")
+            self.heads.append(head)
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                    % len(head) + head)
+            await w.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            w.close()
+
+
+def test_a_host_that_says_the_request_back_never_gives_the_agent_the_secret(
+        tmp_path: Path) -> None:
+    """Issue 50: the answer of a covered host is masked (proxy/mask.py). The
+    agent asks an echoing host through the proxy, with the placeholder: the
+    host gets the secret, the agent reads the answer and finds no secret in
+    it (seen failing with the answer copied unmasked)."""
+    up = Echo(tmp_path)
+    got = asyncio.run(_through_proxy(
+        tmp_path, up, b"GET /echo HTTP/1.1\r\nHost: x\r\nAuthorization: token PH\r\n\r\n"))
+    assert len(up.heads) == 1 and SECRET.encode() in up.heads[0]  # the host had it
+    assert got.startswith(b"HTTP/1.1 200 ") and b"GET /echo" in got, got
+    assert SECRET.encode() not in got, got
+
+
+def test_a_fetch_only_git_credential_is_never_sent_with_a_push(tmp_path: Path) -> None:
+    """Issue 50: a `kind = "git"` credential with `access = ["fetch"]` is
+    injected into fetches only. The agent's git asks for the push service
+    (receive-pack's discovery, what `git push` sends first) with the
+    placeholder in Basic auth: the host never gets the token (seen failing
+    with the access filter dropped), while a fetch gets it."""
+    basic = base64.b64encode(
+        f"x-access-token:{injection('git').placeholder}".encode()).decode()
+    token = base64.b64encode(f"x-access-token:{SECRET}".encode())
+    push = (b"GET /repo.git/info/refs?service=git-receive-pack HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Basic " + basic.encode() + b"\r\n\r\n")
+    up = Upstream(tmp_path)
+    got = asyncio.run(_through_proxy(tmp_path, up, push, push="allow", kind="git"))
+    assert not any(token in h for h in up.heads), up.heads
+    assert SECRET.encode() not in got and token not in got
+    fetch = push.replace(b"git-receive-pack", b"git-upload-pack")
+    up = Upstream(tmp_path)
+    got = asyncio.run(_through_proxy(tmp_path, up, fetch, kind="git"))
+    assert got.endswith(b"fromup") and len(up.heads) == 1 and token in up.heads[0], up.heads
+    # With push access the same push discovery carries it.
+    up = Upstream(tmp_path)
+    asyncio.run(_through_proxy(tmp_path, up, push, push="allow", kind="git",
+                               access=("fetch", "push")))
+    assert len(up.heads) == 1 and token in up.heads[0], up.heads
 
 
 def test_a_host_whose_certificate_does_not_verify_gets_no_secret(tmp_path: Path) -> None:

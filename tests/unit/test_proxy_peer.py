@@ -107,3 +107,54 @@ def test_an_adopted_agents_broker_gives_placeholders_before_it_serves(tmp_path: 
     other = SimpleNamespace(placeholder_for=None)
     service.preset("ffffffff", other)  # type: ignore[arg-type]
     assert other.placeholder_for is None  # no saved state: a new agent, set at its start
+
+
+def test_the_host_port_serves_the_agents_user_only_even_inside_its_cgroup(
+        tmp_path: Path) -> None:
+    """Issue 50: the loopback port of a `network = true` agent serves a
+    socket made inside the agent's scope by the agent's user, and no one
+    else. Here every process of this test's cgroup is "the agent's", so a
+    connection from another uid made in the same cgroup (what a set-uid
+    program the agent runs would make) is told apart by its uid alone:
+    closed unanswered, while the agent's own uid gets the proxy's answer
+    (seen failing with the uid comparison dropped)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: open_by_handle_at, and connecting as another uid")
+    import asyncio
+
+    from leviathd.domain.sensitivity import Sensitivity
+    from leviathd.proxy.policy import ProxySettings
+    from leviathd.proxy.server import Agent, ProxyServer
+
+    own = _own_cgroup()
+    code = ("import socket,sys\n"
+            "s=socket.create_connection(('127.0.0.1',int(sys.argv[1])),timeout=20)\n"
+            "try:\n"
+            "    s.sendall(b'GET / HTTP/1.1\\r\\nHost: x.test\\r\\n\\r\\n')\n"
+            "    got=s.recv(4096)\n"
+            "except ConnectionError:\n"
+            "    got=b''\n"
+            "sys.stdout.buffer.write(got or b'<closed>')\n")
+
+    async def as_uid(uid: int, port: int) -> bytes:
+        proc = await asyncio.create_subprocess_exec(
+            "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            "/usr/bin/python3", "-I", "-c", code, str(port), stdout=subprocess.PIPE)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return out
+
+    async def go() -> tuple[bytes, bytes]:
+        agent = Agent(id="0123abcd", user="u", uid=0, gid=0,
+                      taint=lambda: Sensitivity.PUBLIC, approvals=lambda: None,
+                      is_own=lambda cg: cg.rstrip("/") == own.rstrip("/"))
+        srv = ProxyServer(agent, ProxySettings(), str(tmp_path / "proxy.sock"), lambda r: None)
+        await srv.start()
+        try:
+            port = srv.listen_host()
+            return await as_uid(0, port), await as_uid(65534, port)
+        finally:
+            await srv.close()
+
+    mine, other = asyncio.run(go())
+    assert mine.startswith(b"HTTP/1.1 "), mine  # the agent's user is answered
+    assert other == b"<closed>", other
