@@ -24,14 +24,37 @@ def copy_checkout(src: Path, dest: Path) -> None:
             shutil.copy2(src / rel, target)
 
 
+def selected(m: dict[str, object], names: list[str], files: list[str]) -> bool:
+    """No selector: every mutant. Otherwise those whose name contains one of
+    `names`, and those of a module in `files` (a file's path, or a folder:
+    every module under it), e.g. `--file leviathd/proxy/azure.py`."""
+    if not names and not files:
+        return True
+    path = str(m["file"])
+    return (any(n in str(m["name"]) for n in names)
+            or any(path == f.rstrip("/") or path.startswith(f.rstrip("/") + "/")
+                   for f in files))
+
+
 def main() -> int:
     checkout = Path(sys.argv[1])
-    only = sys.argv[2:]
+    names: list[str] = []
+    files: list[str] = []
+    args = iter(sys.argv[2:])
+    for a in args:
+        if a == "--file":
+            files.append(next(args, ""))
+        elif a.startswith("--file="):
+            files.append(a.split("=", 1)[1])
+        else:
+            names.append(a)
     table = tomllib.loads((checkout / "tests/mutants/mutants.toml").read_text())["mutant"]
     bad: list[str] = []
+    ran = 0
     for m in table:
-        if only and not any(o in m["name"] for o in only):
+        if not selected(m, names, files):
             continue
+        ran += 1
         with tempfile.TemporaryDirectory(prefix="leviath-mutant.", dir="/var/tmp") as tmp:
             copy = Path(tmp)
             os.chmod(copy, 0o755)  # the bed's test users read the copy
@@ -51,7 +74,10 @@ def main() -> int:
                 tail = "\n".join(r.stdout.splitlines()[-3:])
                 print(f"SURVIVED  {m['name']} (pytest exit {r.returncode})\n{tail}")
                 bad.append(m["name"])
-    print(f"{len(bad)} mutant(s) not killed" if bad else "every mutant killed")
+    if not ran:
+        print("no mutant matches", " ".join(sys.argv[2:]))
+        return 1
+    print(f"{len(bad)} of {ran} mutant(s) not killed" if bad else f"all {ran} mutant(s) killed")
     return 1 if bad else 0
 
 
