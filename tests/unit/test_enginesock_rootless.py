@@ -3,6 +3,8 @@ the places the service is told on its command line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from leviathd.enginesock import rootless
@@ -32,3 +34,34 @@ def test_every_place_is_on_the_command_line() -> None:
                      "--volumepath": "/.leviath-engine/storage/volumes",
                      "--cgroup-manager": "cgroupfs"}
     assert argv[-3:] == ["system", "service", "--time=0"]
+
+
+def test_the_engine_is_never_attached_to_a_scope_that_is_not_the_agents() -> None:
+    """attach() reads the scope from the agent's supervisor: a supervisor
+    outside the named unit is refused before any cgroup file is written."""
+    import os
+
+    with pytest.raises(OSError, match="is not in"):
+        rootless.attach(os.getpid(), "leviath-alice-x-0123abcd.scope", os.getpid())
+
+
+def test_the_api_socket_is_roots_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import stat
+
+    from leviathd.enginesock import engine
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the socket is made root's")
+    monkeypatch.setattr(engine, "service_dir", lambda: str(tmp_path / "engine"))
+    sock = rootless.bind("0123abcd")
+    try:
+        st = os.stat(tmp_path / "engine" / rootless.socket_name("0123abcd"))
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == 0
+        assert stat.S_IMODE(os.stat(tmp_path / "engine").st_mode) == 0o700
+    finally:
+        sock.close()
+
+
+def test_a_negative_start_grants_no_subordinate_ids() -> None:
+    assert rootless.subid_count("alice:-1:65536\n", ALICE) == 0

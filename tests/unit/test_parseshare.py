@@ -3,6 +3,8 @@ on a clock the test turns."""
 
 from __future__ import annotations
 
+import pytest
+
 from leviathd import parseshare
 from leviathd.parseshare import MIB, Pacer
 
@@ -49,3 +51,24 @@ def test_an_idle_user_banks_no_more_than_the_burst() -> None:
     # 2 MiB at once, then the rest at the rate: 4 MiB of debt is one second.
     assert waits[:2] == [0, 0] and waits[2] > 0, waits
     assert abs(waits[-1] - 1.0) < 0.01, waits
+
+
+def test_a_user_in_debt_is_not_forgotten_with_her_debt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past KEEP buckets only full ones (idle users) are dropped: one still
+    in debt keeps it, or a flood would wipe its debt by making new uids."""
+    monkeypatch.setattr(parseshare, "KEEP", 2)
+    now = [0.0]
+    pacer = Pacer(rate=4 * MIB, burst=2 * MIB, clock=lambda: now[0])
+    for _ in range(6):
+        pacer.wait_for(1001, MIB)  # 4 MiB in debt
+    for uid in (2001, 2002, 2003):
+        pacer.wait_for(uid, 1)
+    assert pacer.wait_for(1001, 1) > 0.9
+
+
+def test_new_proxy_connections_are_paced_past_their_burst() -> None:
+    """CONNECTS: a burst of 128 new connections, then 64 a second."""
+    uid = 4_000_000_123  # a uid no other test charges
+    waits = [parseshare.CONNECTS.wait_for(uid, 1) for _ in range(200)]
+    assert waits[0] == 0 and waits[100] == 0
+    assert waits[-1] > 0.5, waits[-5:]

@@ -239,3 +239,20 @@ def test_the_daemons_connection_to_an_authority_on_loopback_is_refused(host: str
 
     said = asyncio.run(go())
     assert said.startswith(f"refusing the authority {host}"), said
+
+
+def test_an_authority_that_resolves_to_nothing_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No address is no connection (and no secret): refused by name. The
+    resolver is a stand-in that answers nothing."""
+    from leviathd.proxy import resolve
+    from leviathd.proxy.policy import ProxySettings
+
+    class Empty:
+        async def resolve(self, host: str, port: int, *, uid: int, agent: str) -> list[str]:
+            return []
+
+    monkeypatch.setattr(resolve, "shared", lambda: Empty())
+    connect = azure.checked_connect(ProxySettings(), uid=65534, agent="0123abcd")
+    with pytest.raises(ValueError, match="no address"):
+        asyncio.run(connect("login.example", 443))

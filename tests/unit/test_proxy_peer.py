@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -143,10 +144,11 @@ def test_the_host_port_serves_the_agents_user_only_even_inside_its_cgroup(
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
         return out
 
-    async def go() -> tuple[bytes, bytes]:
+    async def go(scope: str) -> tuple[bytes, bytes]:
         agent = Agent(id="0123abcd", user="u", uid=0, gid=0,
                       taint=lambda: Sensitivity.PUBLIC, approvals=lambda: None,
-                      is_own=lambda cg: cg.rstrip("/") == own.rstrip("/"))
+                      is_own=lambda cg: cg.rstrip("/") == scope.rstrip("/"))
+        (tmp_path / "proxy.sock").unlink(missing_ok=True)
         srv = ProxyServer(agent, ProxySettings(), str(tmp_path / "proxy.sock"), lambda r: None)
         await srv.start()
         try:
@@ -155,6 +157,71 @@ def test_the_host_port_serves_the_agents_user_only_even_inside_its_cgroup(
         finally:
             await srv.close()
 
-    mine, other = asyncio.run(go())
+    mine, other = asyncio.run(go(own))
     assert mine.startswith(b"HTTP/1.1 "), mine  # the agent's user is answered
     assert other == b"<closed>", other
+    # The agent's user outside the agent's scope (her shell, another agent
+    # of hers): closed unanswered too.
+    mine, other = asyncio.run(go(own.rstrip("/") + "/leviath-u-x-0123abcd.scope"))
+    assert (mine, other) == (b"<closed>", b"<closed>"), (mine, other)
+
+
+def test_an_answer_about_another_socket_names_no_peer() -> None:
+    """The kernel's answer is taken only for the socket asked about: a reply
+    whose ports are not the peer's (another connection's) decides nothing."""
+    listener, client, accepted = _pair()
+    try:
+        ours, theirs = accepted.getsockname()[:2], accepted.getpeername()[:2]
+        body = bytearray(72)
+        body[4:8] = struct.pack("!HH", theirs[1], ours[1])
+        body[64:68] = struct.pack("=I", 1000)
+        body += struct.pack("=HHQ", 12, peer.INET_DIAG_CGROUP_ID, 4242)
+        head = struct.pack("=IHHII", 16 + len(body), peer.SOCK_DIAG_BY_FAMILY, 0, 1, 0)
+        found = peer._parse(head + bytes(body), theirs, ours)
+        assert found == peer.TcpPeer(uid=1000, cgroup_id=4242)
+        other = bytearray(body)
+        other[4:8] = struct.pack("!HH", theirs[1] ^ 1, ours[1])
+        head = struct.pack("=IHHII", 16 + len(other), peer.SOCK_DIAG_BY_FAMILY, 0, 1, 0)
+        assert peer._parse(head + bytes(other), theirs, ours) is None
+        # No cgroup in the answer (an older kernel): no answer either.
+        head = struct.pack("=IHHII", 16 + 72, peer.SOCK_DIAG_BY_FAMILY, 0, 1, 0)
+        assert peer._parse(head + bytes(body[:72]), theirs, ours) is None
+    finally:
+        for s in (listener, client, accepted):
+            s.close()
+
+
+def test_a_peer_the_kernel_cannot_name_is_never_served(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection whose socket the kernel's diagnostics do not find (it
+    closed, an older kernel without cgroup ids) is closed unanswered: no
+    answer is no identity. The lookup is made to find nothing here."""
+    import asyncio
+
+    from leviathd.domain.sensitivity import Sensitivity
+    from leviathd.proxy.policy import ProxySettings
+    from leviathd.proxy.server import Agent, ProxyServer
+
+    monkeypatch.setattr(peer, "lookup", lambda conn: None)
+
+    async def go() -> bytes:
+        agent = Agent(id="0123abcd", user="u", uid=os.getuid(), gid=os.getgid(),
+                      taint=lambda: Sensitivity.PUBLIC, approvals=lambda: None,
+                      is_own=lambda cg: True)
+        srv = ProxyServer(agent, ProxySettings(), str(tmp_path / "proxy.sock"), lambda r: None)
+        await srv.start()
+        try:
+            port = srv.listen_host()
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                w.write(b"GET / HTTP/1.1\r\nHost: x.test\r\n\r\n")
+                await w.drain()
+                return await asyncio.wait_for(r.read(), 20)
+            except ConnectionError:
+                return b""
+            finally:
+                w.close()
+        finally:
+            await srv.close()
+
+    assert asyncio.run(go()) == b""
