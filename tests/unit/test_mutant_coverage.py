@@ -1,0 +1,122 @@
+"""Issue 50: every security module has mutants (tests/mutants/mutants.toml).
+
+A module under leviathd/proxy/, enginesock/, broker/, sandbox/ (recursively)
+or bus/ makes promises the tests must hold to; a mutant (one weakened line,
+`bash scripts/mutants --file MODULE`) shows that a test notices when one is
+broken. This fails for a module with no mutant, unless it is named below:
+
+- EXEMPT: modules with no security promise of their own (a package's
+  docstring, a table of names, a typing shim), each with the reason;
+- PENDING: security modules whose mutants are still to be written, each
+  with what they promise; a debt listed in the open, not a pass. Each entry
+  leaves the list when its first mutant lands.
+
+A new module (another branch's) therefore fails this test until its change
+adds its mutants (or names it here with a reason): nothing is exempt by a
+pattern. The list of mutants is also checked for being current: each one's
+text must be found exactly once in its file, as scripts/mutants needs it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = ("proxy", "enginesock", "broker", "sandbox", "bus")
+
+EXEMPT = {
+    "leviathd/proxy/__init__.py": "a package marker",
+    "leviathd/enginesock/__init__.py": "the package's docstring only",
+    "leviathd/broker/__init__.py": "the package's docstring only",
+    "leviathd/sandbox/__init__.py": "a package marker",
+    "leviathd/sandbox/container/__init__.py": "the package's docstring and re-exports",
+    "leviathd/bus/__init__.py": "a package marker",
+    "leviathd/bus/names.py": "the bus names and polkit action ids as constants; "
+                             "test_bus_methods holds them to the policy file",
+    "leviathd/bus/compat.py": "dbus-fast's decorators across its releases (annotations only)",
+    "leviathd/enginesock/refused.py": "the engine socket's error class",
+}
+
+PENDING = {
+    "leviathd/proxy/service.py": "an agent's proxy set up and torn down with it; the egress "
+                                 "settings it is given",
+    "leviathd/proxy/splice.py": "bytes relayed between agent and host, bounded, ended together",
+    "leviathd/enginesock/bodies.py": "the engine API bodies' models (what fields pass)",
+    "leviathd/enginesock/engine.py": "the daemon's podman service and an agent's removal",
+    "leviathd/enginesock/rootless_exec.py": "rootless podman run as the user, nothing of root's",
+    "leviathd/broker/credentials.py": "a credential read as its owner, redacted in replies",
+    "leviathd/broker/limits.py": "the broker's descriptor budget over all agents",
+    "leviathd/broker/opener_worker.py": "files opened as the user, in her scope",
+    "leviathd/broker/server.py": "an agent's broker socket: its peer checked, bounded",
+    "leviathd/broker/writewatch.py": "writes into protected paths noticed (tests/root)",
+    "leviathd/sandbox/container/availability.py": "which engine may host containers",
+    "leviathd/sandbox/container/cgroups.py": "containers kept under the agent's scope",
+    "leviathd/sandbox/container/cleanup.py": "an agent's containers removed with it",
+    "leviathd/sandbox/container/pins.py": "images pinned by digest",
+    "leviathd/sandbox/container/records.py": "what a container was started with",
+    "leviathd/sandbox/container/worker.py": "`podman exec` in the agent's own container",
+    "leviathd/sandbox/engine.py": "the container engine found and run as root's",
+    "leviathd/sandbox/fencehold.py": "a fence held up between steps",
+    "leviathd/sandbox/forwarder.py": "the agent's sockets forwarded into its fence only",
+    "leviathd/sandbox/launchers.py": "each kind's launcher chosen by the spec",
+    "leviathd/sandbox/namespace/__init__.py": "the namespace fence built (mounts, hidden paths)",
+    "leviathd/sandbox/namespace/pid1.py": "the agent's PID 1 and exec: ids, capabilities, "
+                                          "no_new_privs, seccomp",
+    "leviathd/sandbox/namespace/pinner.py": "mount targets pinned by descriptor",
+    "leviathd/sandbox/namespace/syscalls.py": "the raw mount/setns calls and their flags",
+    "leviathd/sandbox/none.py": "kind none: the user's ids, a new session",
+    "leviathd/sandbox/pinned.py": "paths opened through held descriptors (tests/root)",
+    "leviathd/sandbox/privileges.py": "ids and capabilities dropped, keyrings bounded",
+    "leviathd/sandbox/scratch.py": "the agent's scratch root-only, swept at its end",
+    "leviathd/bus/bounded.py": "the daemon's own pending bus calls capped",
+    "leviathd/bus/caller_watch.py": "readers ended with their caller's connection",
+    "leviathd/bus/errors.py": "replies and log lines bounded, no traceback on the bus",
+    "leviathd/bus/manager_iface.py": "each Manager1 method's bounds and rights",
+    "leviathd/bus/policy_iface.py": "each Policy1 method's bounds and rights",
+    "leviathd/bus/writer.py": "a full socket never drops the daemon's bus",
+}
+
+
+def _modules() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for folder in FOLDERS
+                  for p in (ROOT / "leviathd" / folder).rglob("*.py"))
+
+
+def _mutants() -> list[dict[str, object]]:
+    table = tomllib.loads((ROOT / "tests/mutants/mutants.toml").read_text())
+    return list(table["mutant"])
+
+
+def test_every_security_module_has_a_mutant_or_says_why_not() -> None:
+    by_file = Counter(str(m["file"]) for m in _mutants())
+    missing = [m for m in _modules() if not by_file[m] and m not in EXEMPT and m not in PENDING]
+    assert not missing, (
+        f"security modules with no mutant in tests/mutants/mutants.toml: {missing}; add one "
+        "per promise (a check, a bound, a refusal) with the test that kills it, or name the "
+        "module in EXEMPT (no security promise) with its reason")
+
+
+def test_an_exempt_module_exists_and_has_no_mutant() -> None:
+    by_file = Counter(str(m["file"]) for m in _mutants())
+    modules = set(_modules())
+    for name in EXEMPT:
+        assert name in modules, f"EXEMPT names {name}, which is not a module here"
+        assert not by_file[name], f"{name} has mutants: it is not exempt"
+    for name in PENDING:
+        assert name in modules, f"PENDING names {name}, which is not a module here"
+        assert not by_file[name], f"{name} has mutants now: take it off PENDING"
+
+
+@pytest.mark.parametrize("mutant", _mutants(), ids=lambda m: str(m["name"]))
+def test_each_mutant_applies_once_and_names_its_tests(mutant: dict[str, object]) -> None:
+    path = ROOT / str(mutant["file"])
+    assert path.is_file(), f"{mutant['file']} is not a file"
+    assert path.read_text().count(str(mutant["find"])) == 1, (
+        f"its text is not found exactly once in {mutant['file']}: re-point it at the code")
+    tests = mutant["tests"]
+    assert isinstance(tests, list) and tests and str(tests[0]).startswith("tests/"), tests
+    assert mutant["find"] != mutant["replace"]
