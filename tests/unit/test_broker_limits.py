@@ -205,3 +205,14 @@ def test_a_stopped_worker_costs_one_timeout_then_a_new_worker_answers(
     assert reply["ok"], reply
     assert time.monotonic() - t0 > 0.9  # the stopped worker's timeout was waited out
     assert broker.broker._opener is not None and broker.broker._opener.pid != worker.pid
+
+
+def test_broker_connections_over_all_agents_are_half_the_daemons_file_limit() -> None:
+    """Issue 50: the broker's share of the daemon's descriptors (limits.py):
+    half its soft limit, the rest kept for its own work."""
+    import resource
+
+    from leviathd.broker.limits import descriptor_budget
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert descriptor_budget() == max(8, soft // 2)
