@@ -52,8 +52,6 @@ PENDING = {
     "leviathd/broker/writewatch.py": "writes into protected paths noticed (tests/root)",
     "leviathd/sandbox/container/availability.py": "which engine may host containers",
     "leviathd/sandbox/container/cleanup.py": "an agent's containers removed with it",
-    "leviathd/sandbox/container/pins.py": "images pinned by digest",
-    "leviathd/sandbox/container/records.py": "what a container was started with",
     "leviathd/sandbox/engine.py": "the container engine found and run as root's",
     "leviathd/sandbox/forwarder.py": "the agent's sockets forwarded into its fence only",
     "leviathd/sandbox/namespace/__init__.py": "the namespace fence built (mounts, hidden paths)",
