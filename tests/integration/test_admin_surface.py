@@ -142,3 +142,19 @@ def test_policy_add_system_refuses_a_link_into_a_users_folder(bed: Testbed) -> N
         bed.run(["rm", "-f", "/etc/leviath/config.toml"])
         bed.write_file("/etc/leviath/config.toml", CONFIG)
         bed.run(["systemctl", "reload", "leviathd"])
+
+
+def test_a_user_who_may_run_agents_cannot_change_or_reload_the_machines_policy(
+    bed: Testbed,
+) -> None:
+    """Issue 50: alice may run agents (org.leviath.agent.run), not manage the
+    machine's config: her `lev policy add --system` (Policy1.PolicyAdd) and a
+    Reload are refused by polkit, and the config file is as it was."""
+    before = bed.read_file("/etc/leviath/config.toml")
+    r = bed.run(["lev", "policy", "add", "http_post", "--target", "alice-own.example",
+                 "--max-sensitivity", "private", "--system"], user="alice", check=False)
+    assert r.returncode != 0 and "not authorized" in r.stderr, r
+    r = bed.run(["busctl", "call", "org.leviath.Manager1", "/org/leviath/Manager1",
+                 "org.leviath.Manager1", "Reload"], user="alice", check=False)
+    assert r.returncode != 0 and "not authorized" in r.stderr, r
+    assert bed.read_file("/etc/leviath/config.toml") == before
