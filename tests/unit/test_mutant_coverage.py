@@ -51,7 +51,6 @@ PENDING = {
     "leviathd/sandbox/container/cleanup.py": "an agent's containers removed with it",
     "leviathd/sandbox/engine.py": "the container engine found and run as root's",
     "leviathd/sandbox/forwarder.py": "the agent's sockets forwarded into its fence only",
-    "leviathd/sandbox/namespace/pinner.py": "mount targets pinned by descriptor",
     "leviathd/sandbox/none.py": "kind none: the user's ids, a new session",
     "leviathd/bus/bounded.py": "the daemon's own pending bus calls capped",
     "leviathd/bus/caller_watch.py": "readers ended with their caller's connection",
