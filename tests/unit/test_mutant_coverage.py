@@ -52,8 +52,6 @@ PENDING = {
     "leviathd/sandbox/engine.py": "the container engine found and run as root's",
     "leviathd/sandbox/forwarder.py": "the agent's sockets forwarded into its fence only",
     "leviathd/sandbox/none.py": "kind none: the user's ids, a new session",
-    "leviathd/bus/bounded.py": "the daemon's own pending bus calls capped",
-    "leviathd/bus/caller_watch.py": "readers ended with their caller's connection",
     "leviathd/bus/writer.py": "a full socket never drops the daemon's bus",
 }
 
