@@ -145,3 +145,31 @@ def test_the_interfaces_ask_polkit_only_through_their_call() -> None:
                 imported.add(node.module)
         assert not imported & {"polkit", "caller", "leviathd.bus.polkit",
                                "leviathd.bus.caller"}, (name, imported)
+
+
+def test_a_refused_call_has_its_descriptors_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 50: a call refused before its method's body (here: no caller
+    the bus can name, outside any bus call) has the descriptors it carried
+    closed by bus_method, not left to the method that never ran."""
+    from dbus_fast.errors import DBusError
+
+    from leviathd import fdclose
+
+    discarded: list[int] = []
+    monkeypatch.setattr(fdclose, "discard", discarded.append)
+
+    class Service:
+        _bus = None
+
+        @bus_method(needs=Right.RUN, what="take a file")
+        async def Take(self, call: Call, name: Annotated[str, DBusSignature("s")],
+                       fd: Annotated[int, DBusSignature("h")]) -> None:
+            raise AssertionError("the body ran")
+
+    # What dbus-fast calls: bus_method's guard (under dbus-fast's own wrapper).
+    guard = Service.Take
+    while not asyncio.iscoroutinefunction(guard):
+        guard = guard.__wrapped__  # type: ignore[attr-defined]
+    with pytest.raises(DBusError, match="cannot tell who is calling"):
+        asyncio.run(guard(Service(), "x", 42))
+    assert discarded == [42]
