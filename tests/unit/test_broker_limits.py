@@ -216,3 +216,24 @@ def test_broker_connections_over_all_agents_are_half_the_daemons_file_limit() ->
 
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert descriptor_budget() == max(8, soft // 2)
+
+
+def test_a_line_that_never_ends_is_held_to_its_bound_and_refused() -> None:
+    """Issue 50: a request line past its limit is dropped as it comes (the
+    daemon never holds more than the limit and a chunk of it) and reported
+    as too long when the stream ends, not taken as a clean end."""
+    import asyncio
+
+    from leviathd.broker.requests import CHUNK, Lines, TooLong
+
+    async def go() -> int:
+        reader = asyncio.StreamReader()
+        lines = Lines(reader)
+        for _ in range(64):
+            reader.feed_data(b"x" * CHUNK)
+        reader.feed_eof()
+        with pytest.raises(TooLong):
+            await lines.next(4 * CHUNK)
+        return len(lines.buf)
+
+    assert asyncio.run(go()) <= 5 * CHUNK
