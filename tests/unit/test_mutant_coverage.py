@@ -47,7 +47,6 @@ PENDING = {
     "leviathd/proxy/splice.py": "bytes relayed between agent and host, bounded, ended together",
     "leviathd/enginesock/engine.py": "the daemon's podman service and an agent's removal",
     "leviathd/enginesock/rootless_exec.py": "rootless podman run as the user, nothing of root's",
-    "leviathd/sandbox/container/availability.py": "which engine may host containers",
     "leviathd/sandbox/container/cleanup.py": "an agent's containers removed with it",
     "leviathd/sandbox/engine.py": "the container engine found and run as root's",
     "leviathd/sandbox/forwarder.py": "the agent's sockets forwarded into its fence only",
