@@ -102,6 +102,7 @@ def test_a_peer_running_as_another_uid_is_refused() -> None:
                     os.setgid(65534)
                     os.setuid(65534)
                     s = socket.socket(socket.AF_UNIX)
+                    s.settimeout(30)  # a broker that serves it never answers: fail, not hang
                     s.connect(path)
                     # Read only: the refusal comes before any request is read,
                     # and a send could race with the broker closing.
