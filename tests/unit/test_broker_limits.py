@@ -59,6 +59,9 @@ def broker(tree: dict[str, Path]) -> Iterator[Running]:
 class Conn:
     def __init__(self, path: str) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # A broker that never answers (a mutant that serves what it should
+        # refuse) fails the test in time instead of holding it.
+        self.sock.settimeout(120)
         self.sock.connect(path)
         self.file = self.sock.makefile("rb")
 
