@@ -58,3 +58,27 @@ def test_notes_are_bounded_in_all(fresh: list[float]) -> None:
     assert written == pacing.NOTES_MAX
     assert not pacing._note(5, 1.0)  # noted already this minute
     assert pacing._note(5, pacing.NOTE_EVERY + 1)  # a minute on
+
+
+def test_callers_the_bus_cannot_name_have_a_bucket_of_their_own(
+    fresh: list[float], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 50: an unnamed caller (bus/errors.py's None) is paced in the
+    UNKNOWN bucket, never in root's (uid 0): root's calls past its share do
+    not slow it, nor it root's."""
+    slept: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+
+    monkeypatch.setattr(pacing.asyncio, "sleep", sleep)
+
+    async def calls() -> None:
+        for _ in range(pacing.BURST + 5):
+            await pacing.turn(0)
+        waited = len(slept)
+        await pacing.turn(None)
+        assert len(slept) == waited
+
+    asyncio.run(calls())
+    assert pacing.UNKNOWN in pacing.PACER._buckets
