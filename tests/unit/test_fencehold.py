@@ -55,3 +55,33 @@ def test_a_child_that_ends_without_a_word_releases_nothing() -> None:
     seen: list[int] = []
     asyncio.run(fencehold.release(ours, seen.append))
     assert seen == []
+
+
+def test_a_word_whose_sender_the_kernel_cannot_name_marks_nobody() -> None:
+    """Issue 50: a pid of 0 in the credentials (a sender outside our view)
+    is no pid to mark."""
+    import socket
+
+    creds = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, fencehold._UCRED.pack(0, 0, 0))]
+    assert fencehold._sender(creds) is None
+    creds = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, fencehold._UCRED.pack(4242, 0, 0))]
+    assert fencehold._sender(creds) == 4242
+
+
+@pytest.mark.parametrize("answer", [b"", b"n"], ids=["gone", "other"])
+def test_the_fence_fails_without_the_daemons_go(answer: bytes) -> None:
+    """Issue 50: the fence's end goes on only on the daemon's "g" (writes
+    watched); the daemon gone, or any other word, fails the fence."""
+    ours, theirs = fencehold.pair()
+    ours.setblocking(True)
+    ready = fencehold.waiter(os.dup(theirs.fileno()))
+    theirs.close()
+    if answer:
+        ours.send(answer)
+    else:
+        ours.shutdown(2)
+    try:
+        with pytest.raises(OSError):
+            ready()
+    finally:
+        ours.close()
