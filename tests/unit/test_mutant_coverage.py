@@ -45,8 +45,12 @@ PENDING = {
     "leviathd/proxy/service.py": "an agent's proxy set up and torn down with it; the egress "
                                  "settings it is given",
     "leviathd/proxy/splice.py": "bytes relayed between agent and host, bounded, ended together",
+    "leviathd/enginesock/engineroot.py": "the root an agent's engine runs in: the fence's "
+                                         "own, plus only the engine's folders (new on main, "
+                                         "issue 43: its mutants to come with it)",
+    "leviathd/enginesock/service.py": "the engine socket's hooks into an agent's life (its "
+                                      "mutant went with a rewrite on main)",
     "leviathd/enginesock/engine.py": "the daemon's podman service and an agent's removal",
-    "leviathd/enginesock/rootless_exec.py": "rootless podman run as the user, nothing of root's",
     "leviathd/sandbox/container/cleanup.py": "an agent's containers removed with it",
     "leviathd/sandbox/engine.py": "the container engine found and run as root's",
     "leviathd/sandbox/forwarder.py": "the agent's sockets forwarded into its fence only",
