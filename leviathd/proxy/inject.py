@@ -8,11 +8,16 @@ when the agent's own value carried the placeholder or none was sent. A
 header the agent sent with anything else is left as the agent's (it is not
 ours to replace) and the placeholder never leaves in any other header: a
 head naming it elsewhere is refused, so no echo of another header gives it
-back the secret. Bodies are never touched.
+back the secret. The head sent on is written by the one HTTP layer
+(leviathd/http/) from what it parsed, never copied; bodies are decoded and
+framed anew, their content untouched.
 
 kind = "git": `Authorization: Basic base64(username:placeholder)` (what
-git's credential helper gave) becomes the same with the token; a push
-(`git-receive-pack`) is only injected for a credential with access push.
+git's credential helper gave) becomes the same with the token. Only a
+request proven to be a fetch (`Request.fetch`) goes without a person; any
+other request toward the host gets the token only for a credential with
+access push, and (but for the ref advertisement) after a person approved it
+(proxy/tls.py).
 kind = "http": `header` set to `value` with `{secret}` replaced, or basic
 auth with `username` when `value = "basic"`.
 """
@@ -26,6 +31,10 @@ import hmac
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+
+from leviathd.http import body, message, target, write
+from leviathd.http.grammar import BadMessage
+from leviathd.http.message import Framing, Head
 
 PLACEHOLDER_PREFIX = "leviath-placeholder-"
 # Kinds whose hosts are intercepted but get no secret (proxy/azure.py: the
@@ -94,37 +103,64 @@ class Refusal(Exception):
 @dataclass(frozen=True)
 class Request:
     method: str
-    path: str
-    headers: list[tuple[str, str]]  # (name as sent, value)
+    path: str  # the target in origin form, normalised (http/target.py)
+    headers: list[tuple[str, str]]  # (name as sent, value), in RFC 9110's bytes
 
     def header(self, name: str) -> str | None:
         low = name.lower()
         return next((v for k, v in self.headers if k.lower() == low), None)
 
     @property
-    def push(self) -> bool:
-        """A git push: the receive-pack service (its discovery or its POST)."""
+    def fetch(self) -> bool:
+        """Proven a git fetch (issue 44): the discovery of git-upload-pack or
+        a POST to it with its content type, spelt as git spells them (no
+        escape, `;param`, dot segment, doubled or trailing "/" in the path
+        or other case). Anything else toward a git credential's host is
+        taken for a push."""
         path, _, query = self.path.partition("?")
-        return path.endswith("/git-receive-pack") or "service=git-receive-pack" in query
+        if any(c in path for c in "%;\\") or "//" in path or "/./" in path or "/../" in path:
+            return False
+        if self.method == "GET":
+            return path.endswith("/info/refs") and query == "service=git-upload-pack"
+        return (self.method == "POST" and path.endswith("/git-upload-pack") and not query
+                and self.header("content-type") == "application/x-git-upload-pack-request")
+
+    @property
+    def push(self) -> bool:
+        return not self.fetch
+
+    @property
+    def receive_pack(self) -> bool:
+        """A POST a server may route to receive-pack, by any spelling: its
+        body is read for the ref updates and push options to approve."""
+        return self.method == "POST" and target.decoded_path(self.path).endswith(
+            "/git-receive-pack")
+
+    @property
+    def push_discovery(self) -> bool:
+        """`GET info/refs?service=git-receive-pack`, as git spells it: the
+        ref advertisement before a push, which changes nothing (it needs
+        access push, not a person)."""
+        path, _, query = self.path.partition("?")
+        return (self.method == "GET" and path.endswith("/info/refs") and "%" not in path
+                and ";" not in path and query == "service=git-receive-pack")
+
+
+def read_request(raw: bytes) -> tuple[Request, body.Decoder, Framing]:
+    """A request head up to and with its blank line (the one HTTP layer,
+    leviathd/http/): the request, the decoder of its body, its framing."""
+    try:
+        head, conn = message.parse_request(raw)
+        path = target.origin_form(head.target)
+        framing = head.framing()
+    except BadMessage as exc:
+        raise Refusal(exc.status, f"a malformed request: {exc}") from None
+    return Request(head.method, path, list(head.headers)), body.Decoder(conn), framing
 
 
 def parse_head(raw: bytes) -> Request:
     """An HTTP/1.x request head (the bytes up to and without the blank line)."""
-    try:
-        text = raw.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes anything
-        raise Refusal(400, "not an HTTP request") from None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
-        raise Refusal(400, "not an HTTP/1.x request in origin form")
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or any(c in name for c in " \t"):
-            raise Refusal(400, "a malformed header line")
-        headers.append((name, value.strip()))
-    return Request(parts[0], parts[1], headers)
+    return read_request(raw + b"\r\n\r\n")[0]
 
 
 def _basic(user: str, password: str) -> str:
@@ -186,85 +222,22 @@ def rebuild(req: Request, injections: Sequence[Injection], secrets: Mapping[str,
         out.append((inj.header, credential_value(inj, secret)))
         used.append(inj.name)
     out.insert(0, ("Host", host))
-    lines = [f"{req.method} {req.path} HTTP/1.1", *(f"{k}: {v}" for k, v in out),
-             "Connection: close"]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), used
-
-
-MAX_CHUNK_LINE = 4096
+    out.append(("Connection", "close"))
+    try:
+        return write.request(req.method, req.path, out), used
+    except BadMessage as exc:
+        raise Refusal(400, f"a request that cannot be written: {exc}") from None
 
 
 def body_length(req: Request) -> int | None:
     """How long the request's body is: its Content-Length, 0 with neither
-    header, None for chunked. What the agent sends after that body (a second,
-    pipelined request: no head of ours, no audit record, no push approval)
-    is never forwarded; framing two parties could read differently (both
-    headers, two lengths, another coding) is refused."""
-    lengths = [v for k, v in req.headers if k.lower() == "content-length"]
-    codings = [v for k, v in req.headers if k.lower() == "transfer-encoding"]
-    if codings:
-        if lengths or len(codings) > 1 or codings[0].strip().lower() != "chunked":
-            raise Refusal(400, "a request body framed other than by one Content-Length or "
-                               "Transfer-Encoding: chunked alone")
-        return None
-    if not lengths:
-        return 0
-    if len(set(lengths)) > 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
-        raise Refusal(400, "a bad or repeated Content-Length")
-    return int(lengths[0])
-
-
-class Body:
-    """Follows the body of one request as its bytes come: `take` returns the
-    part of `data` that is still body, and whether the body has ended."""
-
-    def __init__(self, length: int | None) -> None:
-        self.chunked = length is None
-        self.left = length or 0
-        self.done = length == 0
-        self._state = "size"
-        self._line = b""
-
-    def take(self, data: bytes) -> tuple[bytes, bool]:
-        if self.done:
-            return b"", True
-        if not self.chunked:
-            n = min(self.left, len(data))
-            self.left -= n
-            self.done = self.left == 0
-            return data[:n], self.done
-        i = 0
-        while i < len(data) and not self.done:
-            if self._state == "data":
-                n = min(self.left, len(data) - i)
-                self.left -= n
-                i += n
-                if self.left == 0:
-                    self._state = "size"
-                continue
-            j = data.find(b"\n", i)
-            if j < 0:
-                self._line += data[i:]
-                i = len(data)
-                if len(self._line) > MAX_CHUNK_LINE:
-                    raise ValueError("a chunk line too long")
-                break
-            line = (self._line + data[i:j]).rstrip(b"\r")
-            self._line = b""
-            i = j + 1
-            if len(line) > MAX_CHUNK_LINE:
-                raise ValueError("a chunk line too long")
-            if self._state == "size":
-                size = int(line.split(b";", 1)[0].strip() or b"x", 16)
-                if size < 0:
-                    raise ValueError("a bad chunk size")
-                if size == 0:
-                    self._state = "trailer"
-                else:
-                    self._state, self.left = "data", size + 2  # its data and CRLF
-            elif not line:
-                self.done = True
-        return data[:i], self.done
+    header, None for chunked; framing two parties could read differently
+    (both headers, two lengths, another coding) is refused."""
+    try:
+        framing = Head(tuple(req.headers)).framing()
+    except BadMessage as exc:
+        raise Refusal(400, str(exc)) from None
+    return None if framing.kind == "chunked" else framing.length
 
 
 def check_secret(secret: str) -> str:

@@ -2,10 +2,12 @@
 proxy is the TLS server toward the agent (a leaf from the agent's own CA,
 proxy/ca.py) and a TLS client toward the real host, verifying the host's
 certificate against the system's CAs before any secret is sent. One request
-per connection: its head is rebuilt (proxy/inject.py), with the secret
-where the placeholder was, a push (git-receive-pack) first approved by a
-person with the ref updates it asks for (proxy/receivepack.py); the rest of
-the connection is copied both ways as it comes. If the host does not
+per connection: its head is parsed and written anew by the one HTTP layer
+(leviathd/http/, proxy/inject.py), with the secret where the placeholder
+was; toward a git credential's host anything not proven a fetch is a push,
+first approved by a person who sees every ref update and push option it
+asks for (proxy/receivepack.py). The body is decoded and framed anew, and
+nothing after it is sent; the answer is copied back, masked. If the host does not
 verify, the agent gets a 502 saying why and nothing was sent upstream.
 """
 
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from leviathd.errors import LeviathError
+from leviathd.http import body, write
+from leviathd.http.grammar import BadMessage
 from leviathd.proxy import inject, mask, receivepack
 
 if TYPE_CHECKING:
@@ -64,39 +68,57 @@ def client_context() -> ssl.SSLContext:
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, message: str) -> None:
-    body = f"leviathd proxy: {message}\n".encode("utf-8", "replace")[:2000]
+    text = f"leviathd proxy: {message}\n".encode("utf-8", "replace")[:2000]
     with contextlib.suppress(ConnectionError, OSError, RuntimeError):
-        writer.write(f"HTTP/1.1 {status} Refused\r\nContent-Type: text/plain\r\n"
-                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        writer.write(write.answer(status, "Refused", "text/plain", text))
         await writer.drain()
 
 
-async def _push_commands(reader: asyncio.StreamReader, req: inject.Request
-                         ) -> tuple[list[receivepack.RefUpdate], bytes]:
-    """Read the body until its commands end; (updates, the bytes read)."""
-    chunked = (req.header("transfer-encoding") or "").lower() == "chunked"
-    length = req.header("content-length")
-    if not chunked and length is None:
-        raise inject.Refusal(411, "a push needs a body of known length")
+async def _read_body(reader: asyncio.StreamReader, decoder: body.Decoder, got: bytearray,
+                     want: Callable[[bytes], bool], bound: int) -> bool:
+    """Reads and decodes the body into `got` until `want(got)` or its end
+    (False when it ended before), refused past `bound` bytes."""
+    while not want(bytes(got)):
+        if decoder.done:
+            return False
+        if len(got) > bound:
+            raise inject.Refusal(413, "the body is too long to be read here")
+        more = await reader.read(COPY)
+        data, _ = decoder.feed(more) if more else decoder.end()
+        if not more and not decoder.done:
+            raise inject.Refusal(400, "the request ends before its body does")
+        got += data
+    return True
+
+
+async def _push_commands(reader: asyncio.StreamReader, req: inject.Request,
+                         decoder: body.Decoder, got: bytearray
+                         ) -> tuple[list[receivepack.RefUpdate], list[str]]:
+    """Read the decoded body until its commands and push options end."""
     if (req.header("content-encoding") or "identity").lower() != "identity":
         raise inject.Refusal(415, "a compressed push body is not read")
-    total = int(length) if length is not None and length.isdigit() else None
-    got = b""
-    while True:
+    found: list[tuple[list[receivepack.RefUpdate], list[str]]] = []
+
+    def whole(data: bytes) -> bool:
         try:
-            body = receivepack.dechunk(got) if chunked else got
-            updates, _ = receivepack.parse_commands(body)
-            return updates, got
+            updates, options, _ = receivepack.parse_push(data)
         except receivepack.Incomplete:
-            pass
+            return False
         except ValueError as exc:
             raise inject.Refusal(400, f"not a git push: {exc}") from None
-        if len(got) > receivepack.MAX_COMMANDS or (total is not None and len(got) >= total):
-            raise inject.Refusal(400, "the push ends before its ref updates do")
-        more = await reader.read(COPY)
-        if not more:
-            raise inject.Refusal(400, "the push ends before its ref updates do")
-        got += more
+        found.append((updates, options))
+        return True
+
+    if not await _read_body(reader, decoder, got, whole, receivepack.MAX_COMMANDS):
+        raise inject.Refusal(400, "the push ends before its ref updates do")
+    return found[-1]
+
+
+def approval_lines(updates: Sequence[receivepack.RefUpdate], options: Sequence[str]
+                   ) -> list[str]:
+    """What a person approves: every update and every push option, whole."""
+    return ([f"{len(updates)} ref update(s), {len(options)} push option(s)"]
+            + [u.text() for u in updates] + [f"push option {o!r}" for o in options])
 
 
 async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: list[int],
@@ -117,17 +139,20 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: lis
 
 
 async def _copy_body(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                     body: inject.Body, count: list[int]) -> None:
-    """The rest of the request's body, and not a byte past it."""
+                     decoder: body.Decoder, encoder: write.Encoder, count: list[int]) -> None:
+    """The rest of the request's body, decoded and framed anew, and not a byte
+    past it (what follows on the connection is never sent)."""
     try:
-        while data := await src.read(COPY):
-            part, done = body.take(data)
-            dst.write(part)
+        while True:
+            data = await src.read(COPY)
+            part, done = decoder.feed(data) if data else decoder.end()
+            out = encoder.data(part) + (encoder.end() if done else b"")
+            dst.write(out)
             count[0] += len(part)
             await dst.drain()
-            if done:
+            if done or not data:
                 return
-    except (ConnectionError, OSError, ssl.SSLError, ValueError):
+    except (ConnectionError, OSError, ssl.SSLError, BadMessage):
         pass
 
 
@@ -182,11 +207,10 @@ async def _serve(
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
         out.refused = "no request head"
         return out
+    got = bytearray()  # the body decoded so far (a push's commands)
     try:
-        req = inject.parse_head(raw[:-4])
+        req, decoder, framing = inject.read_request(raw)
         out.method, out.path = req.method, req.path[:300]
-        body = inject.Body(inject.body_length(req))
-        early = b""
         answered = await local(host, port, req, reader) if local is not None else None
         if answered is not None:
             out.used, out.answered = [answered[1]], True
@@ -194,15 +218,23 @@ async def _serve(
             await writer.drain()
             out.received = len(answered[0])
             return out
-        # An intercept-only entry (the azure authority's) never gets a secret.
+        # An intercept-only entry (the azure authority's) never gets a secret;
+        # toward a git credential's host anything not proven a fetch is a push.
         applies = [i for i in injections if i.kind not in inject.INTERCEPT_ONLY
-                   and (i.kind != "git" or not req.push or "push" in i.access)]
-        if req.push and req.method == "POST":
-            updates, early = await asyncio.wait_for(_push_commands(reader, req), TIMEOUT)
-            out.refs = [u.text() for u in updates]
-            repo = f"https://{host}{'' if port == 443 else f':{port}'}" + req.path.rsplit(
-                "/git-receive-pack", 1)[0]
-            if not await ask_push(repo, out.refs):
+                   and (i.kind != "git" or req.fetch or "push" in i.access)]
+        gated = [i for i in applies if i.kind == "git" and not req.fetch]
+        if gated and not req.push_discovery:
+            where = f"https://{host}{'' if port == 443 else f':{port}'}"
+            if req.receive_pack:
+                updates, options = await asyncio.wait_for(
+                    _push_commands(reader, req, decoder, got), TIMEOUT)
+                out.refs = approval_lines(updates, options)
+                what = out.refs
+                repo = where + req.path.partition("?")[0].rsplit("/", 1)[0]
+            else:
+                what = [f"{req.method} {req.path} (not a git fetch)"]
+                repo = where + req.path
+            if not await ask_push(repo, what):
                 raise inject.Refusal(403, "the push was refused by a person (or the wait "
                                           "timed out); nothing was sent")
         secrets: dict[str, str] = {}
@@ -231,19 +263,17 @@ async def _serve(
         return out
     count = [0, 0]
     try:
-        try:
-            first, done = body.take(early)
-        except ValueError:
-            first, done = b"", True  # a push's body is checked above; nothing more goes
-        up_writer.write(head + first)
+        encoder = write.Encoder(framing)
+        done = decoder.done
+        up_writer.write(head + encoder.data(bytes(got)) + (encoder.end() if done else b""))
         await up_writer.drain()
-        count[0] += len(first)
+        count[0] += len(got)
         # The answer with the secrets sent masked (proxy/mask.py): a host that
         # says the request back does not give the agent the secret.
         back = asyncio.create_task(_copy(up_reader, writer, count, 1,
                                          mask.Mask(secrets.values())))
-        forth = asyncio.create_task(_copy_body(reader, up_writer, body, count) if not done
-                                    else asyncio.sleep(0))
+        forth = asyncio.create_task(_copy_body(reader, up_writer, decoder, encoder, count)
+                                    if not done else asyncio.sleep(0))
         try:
             await back  # the response ends the exchange (Connection: close)
         finally:
