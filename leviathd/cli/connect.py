@@ -13,6 +13,8 @@ import socket
 import threading
 
 from leviathd.errors import InvalidArgument, Unavailable
+from leviathd.http import message
+from leviathd.http.grammar import BadMessage
 
 PROXY = ("127.0.0.1", 3128)
 MAX_HEAD = 16384
@@ -45,11 +47,15 @@ def main(args: argparse.Namespace) -> int:
         if not chunk or len(head) > MAX_HEAD:
             raise Unavailable("the proxy closed the connection")
         head += chunk
-    status, _, rest = head.partition(b"\r\n\r\n")
-    line = status.split(b"\r\n", 1)[0]
-    if line.split(b" ")[1:2] != [b"200"]:
+    end = head.find(b"\r\n\r\n") + 4
+    rest = head[end:]
+    try:
+        answer, _ = message.parse_response(head[:end], "CONNECT")
+    except BadMessage as exc:
+        raise Unavailable(f"the proxy's answer is not HTTP: {exc}") from None
+    if answer.status != 200:
         body = rest.decode("utf-8", "replace").strip()[:300]
-        raise Unavailable(f"refused by the proxy: {body or line.decode('ascii', 'replace')}")
+        raise Unavailable(f"refused by the proxy: {body or f'{answer.status} {answer.reason}'}")
     sock.settimeout(None)
     if rest:
         os.write(1, rest)

@@ -9,6 +9,9 @@ import json
 import re
 from dataclasses import dataclass
 
+from leviathd.http import message, target, write
+from leviathd.http.grammar import BadMessage
+
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 COPY_CHUNK = 64 * 1024
@@ -19,6 +22,8 @@ COPY_CHUNK = 64 * 1024
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}\Z")
 _VALUE = re.compile(r"^[\x20-\x7e\t]{0,8192}\Z")
 _TARGET = re.compile(r"^/[\x21-\x7e]{0,8191}\Z")
+# What reads a head is the one HTTP layer (leviathd/http/); these checks stay
+# as the engine socket's own, narrower, bounds (ASCII values, short names).
 
 
 class BadRequest(Exception):
@@ -68,9 +73,10 @@ class Head:
         return "length", int(cl)
 
     def encode(self, target: str, headers: list[tuple[str, str]]) -> bytes:
-        lines = [f"{self.method} {target} HTTP/1.1"]
-        lines += [f"{k}: {v}" for k, v in headers]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        try:
+            return write.request(self.method, target, headers)
+        except BadMessage as exc:
+            raise BadRequest(f"a request that cannot be written: {exc}") from None
 
 
 async def read_head(reader: asyncio.StreamReader) -> Head | None:
@@ -87,27 +93,19 @@ async def read_head(reader: asyncio.StreamReader) -> Head | None:
 
 
 def parse_head(raw: bytes) -> Head:
-    """A request head up to and with its blank line, every line checked."""
-    lines = raw.decode("latin-1").split("\r\n")
-    if lines[-2:] != ["", ""]:
-        raise BadRequest("the request head does not end in a blank line")
-    lines = lines[:-2]
-    for line in lines:
-        if "\r" in line or "\n" in line or "\0" in line:
-            raise BadRequest("a CR, LF or NUL inside a line of the request head")
-    parts = lines[0].split(" ")
-    if (len(parts) != 3 or parts[2] not in ("HTTP/1.0", "HTTP/1.1")
-            or not _TARGET.match(parts[1]) or not _TOKEN.match(parts[0])):
+    """A request head up to and with its blank line, every line checked by
+    the one HTTP layer (leviathd/http/), its target in origin form."""
+    try:
+        req, _conn = message.parse_request(raw, need_host=False)
+        path = target.origin_form(req.target)
+    except BadMessage as exc:
+        raise BadRequest(str(exc)) from None
+    if not _TOKEN.match(req.method) or not _TARGET.match(path):
         raise BadRequest("not an HTTP/1.1 request line")
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        if len(headers) >= MAX_HEADERS:
-            raise BadRequest("too many headers")
-        k, sep, v = line.partition(":")
-        if not sep or not _TOKEN.match(k) or not _VALUE.match(v):
+    for k, v in req.headers:
+        if not _TOKEN.match(k) or not _VALUE.match(v):
             raise BadRequest("a malformed header")
-        headers.append((k, v.strip(" \t")))
-    return Head(parts[0], parts[1], parts[2], headers)
+    return Head(req.method, path, f"HTTP/{req.version}", list(req.headers))
 
 
 async def read_body(reader: asyncio.StreamReader, head: Head, limit: int) -> bytes:
@@ -196,50 +194,31 @@ async def _trailers(reader: asyncio.StreamReader) -> None:
     raise BadRequest("too many trailers")
 
 
-def error_reply(status: int, message: str) -> bytes:
+def error_reply(status: int, text: str) -> bytes:
     reason = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
               413: "Payload Too Large",
               500: "Internal Server Error", 502: "Bad Gateway",
               503: "Service Unavailable"}.get(status, "Error")
-    body = json.dumps({"message": message}).encode() + b"\n"
-    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+    body = json.dumps({"message": text}).encode() + b"\n"
+    return write.answer(status, reason, "application/json", body)
 
 
 def response_head(raw: bytes) -> tuple[int, Head]:
     """The status and headers of a reply head read up to its blank line."""
-    lines = raw.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise BadRequest("the engine's reply is not HTTP")
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        if not line:
-            continue
-        if len(headers) >= MAX_HEADERS:
-            raise BadRequest("the engine sent too many headers")
-        k, _, v = line.partition(":")
-        headers.append((k.strip(), v.strip()))
-    return int(parts[1]), Head("GET", "/", parts[0], headers)
+    try:
+        head, _conn = message.parse_response(raw)
+    except BadMessage as exc:
+        raise BadRequest(f"the engine's reply is not HTTP: {exc}") from None
+    return head.status, Head("GET", "/", f"HTTP/{head.version}", list(head.headers))
 
 
 async def read_response(reader: asyncio.StreamReader, limit: int) -> tuple[int, bytes]:
     """A whole response (status, body), bounded: for the proxy's own questions."""
-    line = await reader.readuntil(b"\r\n")
-    parts = line.decode("latin-1").split(" ", 2)
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise BadRequest("the engine's reply is not HTTP")
-    status = int(parts[1])
-    headers: list[tuple[str, str]] = []
-    while True:
-        h = await reader.readuntil(b"\r\n")
-        if h == b"\r\n":
-            break
-        k, _, v = h.decode("latin-1").partition(":")
-        headers.append((k.strip(), v.strip()))
-        if len(headers) > MAX_HEADERS:
-            raise BadRequest("the engine sent too many headers")
-    head = Head("GET", "/", "HTTP/1.1", headers)
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.LimitOverrunError:
+        raise BadRequest("the engine's reply head is too long") from None
+    status, head = response_head(raw)
     kind, _length = head.body_kind()
     if kind == "none":
         body = await reader.read(limit + 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import h11
 
 from leviathd.http.grammar import BadMessage
+from leviathd.http.message import ResponseHead, parse_response
 
 
 class Decoder:
@@ -19,6 +20,8 @@ class Decoder:
 
     def feed(self, data: bytes) -> tuple[bytes, bool]:
         if self.done:
+            if data:
+                self._conn.receive_data(data)  # kept for `rest`, never decoded
             return b"", True
         self._conn.receive_data(data)
         out = bytearray()
@@ -51,3 +54,21 @@ class Decoder:
     def rest(self) -> bytes:
         """What came after the body's end (a next, pipelined request)."""
         return self._conn.trailing_data[0]
+
+
+def whole_response(raw: bytes, method: str = "GET") -> tuple[ResponseHead, bytes]:
+    """A whole answer read to the end of the connection (bounded by the
+    caller): its head and its decoded body. One that ends before its body
+    does is refused."""
+    end = raw.find(b"\r\n\r\n")
+    if end < 0:
+        raise BadMessage("the answer has no end of head")
+    head, conn = parse_response(raw[:end + 4], method)
+    decoder = Decoder(conn)
+    data, done = decoder.feed(raw[end + 4:])
+    if not done:
+        more, done = decoder.end()
+        data += more
+    if not done:
+        raise BadMessage("the answer ends before its body does")
+    return head, data

@@ -52,9 +52,9 @@ def head_lines(raw: bytes) -> list[bytes]:
     lines = raw[:-4].split(b"\r\n")
     for line in lines:
         if b"\r" in line or b"\n" in line:
-            raise BadMessage("a bare CR or LF in the head")
+            raise BadMessage("a CR, LF or NUL inside a line of the head (a bare CR or LF)")
         if b"\0" in line:
-            raise BadMessage("a NUL in the head")
+            raise BadMessage("a CR, LF or NUL inside a line of the head (a NUL)")
     if len(lines) - 1 > MAX_HEADERS:
         raise BadMessage("too many headers", 431)
     return lines

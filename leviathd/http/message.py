@@ -77,9 +77,11 @@ def _headers(lines: list[bytes]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def parse_request(raw: bytes) -> tuple[RequestHead, h11.Connection]:
+def parse_request(raw: bytes, *, need_host: bool = True
+                  ) -> tuple[RequestHead, h11.Connection]:
     """A request head given up to and with its blank line: the head and the
-    h11 connection that has read it (for its body, http/body.py)."""
+    h11 connection that has read it (for its body, http/body.py). A proxy's
+    CONNECT may come without Host (`need_host=False`)."""
     lines = grammar.head_lines(raw)
     parts = lines[0].split(b" ")
     if (len(parts) != 3 or not grammar.TOKEN.match(parts[0])
@@ -87,6 +89,8 @@ def parse_request(raw: bytes) -> tuple[RequestHead, h11.Connection]:
             or not grammar.VERSION.match(parts[2])):
         raise BadMessage("not an HTTP/1.x request line")
     headers = _headers(lines[1:])
+    if not need_host and not any(n.lower() == "host" for n, _ in headers):
+        raw = raw[:-2] + b"Host: x\r\n\r\n"  # h11 asks one of HTTP/1.1; unused here
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=len(raw) + 1)
     conn.receive_data(raw)
     try:

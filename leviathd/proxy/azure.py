@@ -37,7 +37,10 @@ import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from leviathd.proxy import inject, policy, receivepack, resolve
+from leviathd.http import body as http_body
+from leviathd.http import write
+from leviathd.http.grammar import BadMessage
+from leviathd.proxy import inject, policy, resolve
 
 # The authority's Injection: intercepted for the daemon's answer, never injected.
 LOGIN_KIND = "azure-login"
@@ -166,9 +169,8 @@ def local_answer(login: inject.Injection, manage: inject.Injection, req: inject.
     data = json.dumps({"token_type": "Bearer", "expires_in": PLACEHOLDER_LIFETIME,
                        "ext_expires_in": PLACEHOLDER_LIFETIME,
                        "access_token": manage.placeholder}).encode()
-    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
-            b"Cache-Control: no-store\r\nContent-Length: " + str(len(data)).encode()
-            + b"\r\nConnection: close\r\n\r\n" + data)
+    return write.answer(200, "OK", "application/json; charset=utf-8", data,
+                        [("Cache-Control", "no-store")])
 
 
 async def _read_body(reader: asyncio.StreamReader, req: inject.Request) -> bytes:
@@ -236,19 +238,11 @@ def _split(authority: str) -> tuple[str, int]:
 
 
 def _parse_response(raw: bytes) -> tuple[int, bytes]:
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    if not sep:
-        raise ValueError("the authority's answer has no end of head")
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise ValueError("the authority did not answer in HTTP/1.x")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        body = receivepack.dechunk(body)
-    elif headers.get("content-length", "").isdigit():
-        body = body[:int(headers["content-length"])]
-    return int(parts[1]), body
+    try:
+        head, body = http_body.whole_response(raw, "POST")
+    except BadMessage as exc:
+        raise ValueError(f"the authority's answer is not HTTP/1.x: {exc}") from None
+    return head.status, body
 
 
 def _scrub(text: str, secret: str) -> str:
@@ -277,10 +271,10 @@ async def fetch_token(p: Principal, secret: str, *, connect: Connect,
                                        "scope": p.scope}).encode()
         where = host if port == 443 else f"{host}:{port}"
         path = f"/{urllib.parse.quote(p.tenant)}/oauth2/v2.0/token"
-        writer.write(f"POST {path} HTTP/1.1\r\nHost: {where}\r\nAccept: application/json\r\n"
-                     "Content-Type: application/x-www-form-urlencoded\r\n"
-                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                     + body)
+        writer.write(write.request("POST", path, [
+            ("Host", where), ("Accept", "application/json"),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Content-Length", str(len(body))), ("Connection", "close")]) + body)
         await writer.drain()
         raw = b""
         while len(raw) <= MAX_RESPONSE:

@@ -150,7 +150,7 @@ def read_request(raw: bytes) -> tuple[Request, body.Decoder, Framing]:
     """A request head up to and with its blank line (the one HTTP layer,
     leviathd/http/): the request, the decoder of its body, its framing."""
     try:
-        head, conn = message.parse_request(raw)
+        head, conn = message.parse_request(raw, need_host=False)
         path = target.origin_form(head.target)
         framing = head.framing()
     except BadMessage as exc:

@@ -2,8 +2,9 @@
 the body of `POST .../git-receive-pack` starts with pkt-lines
 `OLD NEW REFNAME` (the first with `\\0capabilities`), ended by a flush
 `0000`, then (when the first line's capabilities name `push-options`) the
-push options, one a pkt-line, ended by another flush, then the pack. Pure; what a person approves is read from here, so it
-is what the server is asked to do: the proxy sends on the very bytes it read.
+push options, one a pkt-line, ended by another flush, then the pack. Pure;
+what a person approves is read from here, so it is what the server is asked
+to do: the proxy sends on the very body it read (decoded, framed anew).
 """
 
 from __future__ import annotations

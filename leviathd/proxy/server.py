@@ -43,6 +43,8 @@ from leviathd.broker.limits import descriptor_budget
 from leviathd.broker.server import identify
 from leviathd.domain.sensitivity import Sensitivity
 from leviathd.errors import AccessDenied, LimitExceeded
+from leviathd.http import message, target, write
+from leviathd.http.grammar import BadMessage
 from leviathd.policy.approvals import Answer, ApprovalQueue
 from leviathd.proxy import inject, peer, policy, resolve, splice, tls
 from leviathd.proxy.policy import Decision, ProxySettings
@@ -725,32 +727,31 @@ async def _socks_reply(writer: asyncio.StreamWriter, code: int) -> None:
         await writer.drain()
 
 
-_HOP = (b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive")
+_HOP = ("proxy-connection", "proxy-authorization", "connection", "keep-alive")
 
 
 async def _http_head(first: bytes, reader: asyncio.StreamReader) -> tuple[str, int, bytes]:
-    """(host, port, request to send upstream; empty for CONNECT)."""
+    """(host, port, request head to send upstream; empty for CONNECT). The
+    head is parsed and written anew by the one HTTP layer (leviathd/http/)."""
     raw = first + await reader.readuntil(b"\r\n\r\n")
     if len(raw) > MAX_HEAD:
         raise Refused("bad-request", "request head too large", status=431)
-    lines = raw[:-4].split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-        raise Refused("bad-request", "not an HTTP/1.x proxy request", status=400)
-    method, target, version = parts
-    if method == b"CONNECT":
-        host, port = _split_host_port(target.decode("ascii", "replace"), 443)
-        return host, port, b""
-    text = target.decode("ascii", "replace")
-    if not text.lower().startswith("http://"):
-        raise Refused("bad-request", "only http:// URLs and CONNECT are proxied", status=400)
-    rest = text[7:]
-    authority, _, path = rest.partition("/")
-    authority = authority.rpartition("@")[2]
-    host, port = _split_host_port(authority, 80)
-    kept = [h for h in lines[1:] if h.split(b":", 1)[0].strip().lower() not in _HOP]
-    head = b"\r\n".join([method + b" /" + path.encode() + b" " + version, *kept,
-                         b"Connection: close"]) + b"\r\n\r\n"
+    try:
+        req, _conn = message.parse_request(raw, need_host=False)
+        if req.method == "CONNECT":
+            host, port = _split_host_port(req.target, 443)
+            return host, port, b""
+        if not req.target.lower().startswith("http://"):
+            raise Refused("bad-request", "only http:// URLs and CONNECT are proxied", status=400)
+        authority, _, path = req.target[7:].partition("/")
+        authority = authority.rpartition("@")[2]
+        host, port = _split_host_port(authority, 80)
+        kept = [(k, v) for k, v in req.headers if k.lower() not in _HOP]
+        head = write.request(req.method, target.origin_form("/" + path),
+                             [*kept, ("Connection", "close")])
+    except BadMessage as exc:
+        raise Refused("bad-request", f"not an HTTP/1.x proxy request: {exc}",
+                      status=exc.status) from None
     return host, port, head
 
 
@@ -772,8 +773,6 @@ def _split_host_port(authority: str, default: int) -> tuple[str, int]:
 async def _http_error(writer: asyncio.StreamWriter, status: int, message: str) -> None:
     body = f"leviathd proxy: {message}\n".encode("utf-8", "replace")[:1000]
     with contextlib.suppress(ConnectionError, OSError):
-        writer.write(f"HTTP/1.1 {status} Refused\r\nContent-Type: text/plain\r\n"
-                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                     + body)
+        writer.write(write.answer(status, "Refused", "text/plain", body))
         await writer.drain()
         writer.close()

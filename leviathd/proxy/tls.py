@@ -223,7 +223,7 @@ async def _serve(
         applies = [i for i in injections if i.kind not in inject.INTERCEPT_ONLY
                    and (i.kind != "git" or req.fetch or "push" in i.access)]
         gated = [i for i in applies if i.kind == "git" and not req.fetch]
-        if gated and not req.push_discovery:
+        if req.receive_pack or (gated and not req.push_discovery):
             where = f"https://{host}{'' if port == 443 else f':{port}'}"
             if req.receive_pack:
                 updates, options = await asyncio.wait_for(
