@@ -521,7 +521,10 @@ class ProxyServer:
                 answer = await approvals.ask(
                     kind="permission", tool="git_push", target=repo[:300],
                     taint=conn.taint, clearance=None, rule="git-push-at-the-proxy",
-                    detail="; ".join(refs)[:1000])
+                    # Whole: every ref update and push option the server is
+                    # asked for (bounded by proxy/receivepack.py's counts), never
+                    # cut (issue 44: an update placed last was approved unseen).
+                    detail="; ".join(refs))
             except LimitExceeded:
                 return False
             return answer is not Answer.DENY
@@ -545,7 +548,10 @@ class ProxyServer:
             out.refused = out.refused or f"the intercepted connection failed: {exc}"
         conn.sent += out.sent
         conn.received += out.received
-        what = f"{out.method} {out.path}" + (f" refs {', '.join(out.refs)}" if out.refs else "")
+        refs = ", ".join(out.refs)
+        if len(refs) > 2000:  # the audit's copy only; the person saw them all
+            refs = refs[:2000] + f" ... ({len(out.refs)} lines in all, cut here)"
+        what = f"{out.method} {out.path}" + (f" refs {refs}" if out.refs else "")
         for name in out.used:
             metrics.INJECTED.inc(name)  # the credential's name, never its value
         if out.used:

@@ -444,3 +444,179 @@ def test_other_ways_to_a_covered_host_carry_only_the_placeholder_or_get_the_inje
     for path in ("/byip", "/fronted"):
         assert path in seen and API_TOKEN not in seen[path], seen
         assert seen[path].startswith("Bearer leviath-placeholder-"), seen
+
+
+# ------------------------------------------------------------------ issue 44
+# The agent speaks raw HTTP through the proxy to a covered host (api.test)
+# whose TLS front also serves other.test, as CDNs and virtual hosts do.
+
+PROBE = r'''
+import base64, json, os, socket, ssl, subprocess, sys
+ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+fill = subprocess.run(["git", "credential", "fill"], input="protocol=https\nhost=git.test\n\n",
+                      capture_output=True, text=True).stdout
+gitph = next(l[9:] for l in fill.splitlines() if l.startswith("password="))
+subs = {b"PH": os.environ["GH_TOKEN"].encode(),
+        b"GITAUTH": b"Basic " + base64.b64encode(b"x-access-token:" + gitph.encode())}
+
+def send(host, raw):
+    for k, v in subs.items():
+        raw = raw.replace(k, v)
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=30)
+    s.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
+    got = b""
+    while b"\r\n\r\n" not in got:
+        more = s.recv(4096)
+        if not more:
+            return "no CONNECT answer"
+        got += more
+    t = ctx.wrap_socket(s, server_hostname=host)
+    t.sendall(raw)
+    out = b""
+    try:
+        while more := t.recv(65536):
+            out += more
+    except (OSError, ssl.SSLError):
+        pass
+    t.close()
+    return out.decode("latin-1")
+
+probes = json.load(sys.stdin)
+print(json.dumps({name: send(host, raw.encode("latin-1")) for name, (host, raw) in probes.items()}))
+'''
+
+A = "Authorization: Bearer PH\r\n"
+SMUGGLING = {
+    # Item 1 of issue 44's "Why": each was a second request to other.test
+    # with the real token, or a byte another parser reads as a line's end.
+    "lf": ("api.test", f"GET /lf HTTP/1.1\r\nHost: api.test\r\n{A}X-A: 1\n\nGET /lf2 HTTP/1.1\n"
+                       "Host: other.test\r\n\r\n"),
+    "cr": ("api.test", f"GET /cr HTTP/1.1\r\nHost: api.test\r\n{A}X-A: 1\rHost: other.test\r\n"
+                       "\r\n"),
+    "nul": ("api.test", f"GET /nul HTTP/1.1\r\nHost: api.test\r\n{A}X-A: a\0b\r\n\r\n"),
+    "target": ("api.test", f"GET /tg\nHost:other.test\n\nGET\t/tg2 HTTP/1.1\r\nHost: api.test"
+                           f"\r\n{A}\r\n"),
+}
+SECOND = f"GET /p2 HTTP/1.1\r\nHost: other.test\r\n{A}\r\n"
+OTHERS = {
+    "pipelined": ("api.test", f"GET /p1 HTTP/1.1\r\nHost: api.test\r\n{A}\r\n" + SECOND),
+    "in-body": ("api.test", f"POST /b HTTP/1.1\r\nHost: api.test\r\n{A}Content-Length: "
+                            f"{len(SECOND)}\r\n\r\n" + SECOND),
+}
+
+
+def _probe(agent: Agent, probes: dict[str, tuple[str, str]], timeout: float = 60) -> int:
+    agent.call(f"cat > probe.py <<'EOF'\n{PROBE}\nEOF")
+    return agent.submit(f"python3 probe.py <<'EOF'\n{json.dumps(probes)}\nEOF")
+
+
+def _records(testbed: Testbed, agent: Agent, text: str) -> list[str]:
+    out = journal_with(testbed, ["-o", "json", f"LEVIATH_AGENT={agent.id}",
+                                 "LEVIATH_TOOL=network"], text)
+    recs = [json.loads(x) for x in out.splitlines() if x.strip()]
+    return [f"{r.get('LEVIATH_RULE')}: {r.get('MESSAGE', '')} {r.get('LEVIATH_DETAIL', '')}"
+            for r in recs]
+
+
+def test_a_smuggled_request_never_takes_the_secret_to_another_name_on_the_front(
+        testbed: Testbed, agent: Agent) -> None:
+    """Issue 44 item 1: bare LF, bare CR, NUL and a LF in the target are
+    refused by the proxy before anything is sent; a pipelined second request
+    and one hidden in a body never reach a host. What reaches the covered
+    host is audited request by request. On the code before, the bare LF made
+    a second request to other.test carrying the real token (seen failing)."""
+    testbed.run("rm -f /srv/inj/log.jsonl")
+    rc, out, err = agent.result(_probe(agent, {**SMUGGLING, **OTHERS}))
+    assert rc == 0, err
+    got = json.loads(out)
+    assert API_TOKEN not in out, got
+    for name in SMUGGLING:
+        assert got[name].startswith("HTTP/1.1 400 ") and "leviathd proxy" in got[name], got
+    assert got["pipelined"].endswith("hello from api.test\n"), got
+    assert got["in-body"].endswith("hello from api.test\n"), got
+    seen = log(testbed)
+    assert not [e for e in seen if e["host"] != "api.test" and API_TOKEN in str(e["auth"])], seen
+    assert not [e for e in seen if e["host"] != "api.test"], seen
+    assert sorted(str(e["path"]) for e in seen) == ["/b", "/p1"], seen
+    assert all(e["auth"] == f"Bearer {API_TOKEN}" for e in seen), seen
+    # Each request that reached the covered host is a record of its own.
+    for what in ("GET /p1", "POST /b"):
+        recs = [r for r in _records(testbed, agent, what) if what in r]
+        assert recs and all(r.startswith("credential api:") for r in recs), recs
+
+
+def _push_body(ref: str, caps: str = "report-status", options: tuple[str, ...] = ()) -> str:
+    def pkt(text: str) -> str:
+        return f"{len(text) + 4:04x}{text}"
+    old, new = "0" * 40, "1" * 40
+    body = pkt(f"{old} {new} {ref}\0{caps}") + "0000"
+    if options:
+        body += "".join(pkt(o) for o in options) + "0000"
+    return body + "PACK"
+
+
+def _push(path: str, ref: str) -> tuple[str, str]:
+    body = _push_body(ref)
+    return ("git.test", f"POST {path} HTTP/1.1\r\nHost: git.test\r\nAuthorization: GITAUTH\r\n"
+                        "Content-Type: application/x-git-receive-pack-request\r\n"
+                        f"Content-Length: {len(body)}\r\n\r\n{body}")
+
+
+SPELLINGS = {
+    "percent": _push("/repo.git/git-receive-p%61ck", "refs/heads/sp-percent"),
+    "param": _push("/repo.git/git-receive-pack;x=1", "refs/heads/sp-param"),
+    "slash": _push("/repo.git/git-receive-pack/", "refs/heads/sp-slash"),
+    "case": _push("/repo.git/GIT-RECEIVE-PACK", "refs/heads/sp-case"),
+    "get": ("git.test", "GET /repo.git/HEAD HTTP/1.1\r\nHost: git.test\r\n"
+                        "Authorization: GITAUTH\r\n\r\n"),
+}
+
+
+def test_every_spelling_of_a_push_waits_for_a_person(testbed: Testbed, agent: Agent) -> None:
+    """Issue 44 item 2: toward a git credential's host only git's own fetch
+    goes without a person. `git-receive-p%61ck` (decoded by servers behind
+    CGI), `;x=1`, a trailing `/`, capitals, and any other request carrying the
+    token wait for an approval that names what they ask; denied, nothing
+    reaches the host. On the code before, these went with the token and no
+    approval (seen failing: no approval appeared)."""
+    testbed.run("rm -f /srv/inj/log.jsonl")
+    n = _probe(agent, SPELLINGS)
+    for name, (_host, raw) in SPELLINGS.items():
+        row = pending(testbed, agent.id)
+        assert row["tool"] == "git_push", row
+        if name == "get":
+            assert "GET /repo.git/HEAD (not a git fetch)" in row["detail"], row
+        else:
+            ref = raw.split(" refs/heads/", 1)[1].split("\0", 1)[0]
+            assert f"refs/heads/{ref}: create" in row["detail"], (name, row)
+        lev(testbed, "alice", "approve", row["id"], "--deny")
+    rc, out, err = agent.result(n)
+    assert rc == 0, err
+    got = json.loads(out)
+    assert all(v.startswith("HTTP/1.1 403 ") for v in got.values()), got
+    assert GIT_TOKEN not in out
+    assert log(testbed) == [], log(testbed)
+
+
+def test_a_push_of_200_refs_with_push_options_is_approved_seeing_all_of_it(
+        testbed: Testbed, agent: Agent) -> None:
+    """Issue 44 item 4: the approval shows every ref update and every push
+    option, whole. On the code before, push options were not shown and the
+    list was cut at 1,000 characters with no mark (seen failing)."""
+    testbed.run(["git", "--git-dir", "/srv/inj/git/repo.git", "config",
+                 "receive.advertisePushOptions", "true"])
+    n = agent.submit("rm -rf many && git clone -q https://git.test/repo.git many && cd many && "
+                     "for i in $(seq 200); do git branch b$i; done && GIT_TERMINAL_PROMPT=0 "
+                     "git push -q -o ci.skip -o merge_request.create origin "
+                     "'refs/heads/b*:refs/heads/b*'")
+    row = pending(testbed, agent.id, timeout=60)
+    detail = row["detail"]
+    assert detail.startswith("200 ref update(s), 2 push option(s)"), detail[:200]
+    for i in range(1, 201):
+        assert f"refs/heads/b{i}: create" in detail, i
+    assert "push option 'ci.skip'" in detail and "push option 'merge_request.create'" in detail
+    lev(testbed, "alice", "approve", row["id"], "--deny")
+    rc, _, _ = agent.result(n)
+    assert rc != 0
+    assert testbed.run(["git", "--git-dir", "/srv/inj/git/repo.git", "branch", "--list",
+                        "b*"]).stdout == ""
