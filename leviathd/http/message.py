@@ -121,7 +121,7 @@ def parse_response(raw: bytes, method: str = "GET") -> tuple[ResponseHead, h11.C
         event = conn.next_event()
     except h11.RemoteProtocolError as exc:
         raise BadMessage(f"h11: {exc}") from None
-    if not isinstance(event, h11.Response):
+    if not isinstance(event, h11.Response | h11.InformationalResponse):
         raise BadMessage("not a whole response head")
     status_line = lines[0].decode("latin-1")
     head = ResponseHead(headers=headers, status=int(status_line[9:12]),

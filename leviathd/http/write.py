@@ -52,11 +52,12 @@ class Encoder:
 
     def __init__(self, framing: Framing) -> None:
         self.chunked = framing.kind == "chunked"
+        self.to_close = framing.kind == "none"  # a response's body to the end
         self.left = framing.length if framing.kind == "length" else 0
 
     def data(self, data: bytes) -> bytes:
-        if not data:
-            return b""
+        if not data or self.to_close:
+            return data
         if self.chunked:
             return b"%x\r\n" % len(data) + data + b"\r\n"
         if len(data) > self.left:

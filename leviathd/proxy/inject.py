@@ -198,7 +198,9 @@ def rebuild(req: Request, injections: Sequence[Injection], secrets: Mapping[str,
     for name, value in req.headers:
         low = name.lower()
         if low in ("connection", "proxy-connection", "keep-alive", "proxy-authorization",
-                   "host"):
+                   "host", "accept-encoding", "te"):
+            # Accept-Encoding is ours too: `identity`, so that the answer
+            # comes in plain bytes the mask can read (proxy/mask.py).
             # Host is ours: the covered host the connection was verified to
             # be, never a name of the agent's on the same front (fronting).
             continue
@@ -222,6 +224,7 @@ def rebuild(req: Request, injections: Sequence[Injection], secrets: Mapping[str,
         out.append((inj.header, credential_value(inj, secret)))
         used.append(inj.name)
     out.insert(0, ("Host", host))
+    out.append(("Accept-Encoding", "identity"))
     out.append(("Connection", "close"))
     try:
         return write.request(req.method, req.path, out), used

@@ -4,20 +4,35 @@ Authorization header (a debugging endpoint, an error page quoting the
 request) would otherwise hand the agent the very token that never entered
 its sandbox.
 
-Each occurrence becomes as many `*` (same length: Content-Length and chunk
-sizes stay true). A stream is read in pieces, so the end of a piece that
-could be the start of a secret is held back until the next piece (or the
-end) shows whether it is. Only the secret's plain bytes are found: a
-response compressed by the host, or one that encodes the secret otherwise,
-is passed as it comes (docs/security-model.md says so).
+Each occurrence becomes as many `*` (same length: Content-Length stays
+true). A stream is read in pieces, so the end of a piece that could be the
+start of a secret is held back until the next piece (or the end) shows
+whether it is. The proxy feeds the answer's body decoded (chunk framing
+gone, gzip and deflate inflated: proxy/tls.py), and every form it wrote the
+secret in (`forms`: Basic's base64 of `user:secret`, `Bearer secret`, the
+secret alone, URL-encoded) is a needle of its own (issue 44). A host that
+encodes the secret in yet another way (its own base64 of it, an HTML
+entity...) is not masked (docs/security-model.md says so).
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
+from urllib.parse import quote, quote_plus
 
 # A shorter secret would mask ordinary bytes of the answer as well.
 MIN_LENGTH = 8
+
+
+def forms(secret: str, written: str = "", user: str = "") -> list[str]:
+    """Every spelling of `secret` the proxy wrote or a host may say back:
+    the secret, its URL-encodings, the header value `written` as sent, and
+    Basic's base64 of `user:secret`."""
+    out = {secret, quote(secret, safe=""), quote_plus(secret), written}
+    if user:
+        out.add(base64.b64encode(f"{user}:{secret}".encode()).decode())
+    return sorted(f for f in out if f)
 
 
 class Mask:

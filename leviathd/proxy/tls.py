@@ -17,13 +17,15 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+import zlib
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from leviathd.errors import LeviathError
-from leviathd.http import body, write
+from leviathd.http import body, message, write
 from leviathd.http.grammar import BadMessage
+from leviathd.http.message import Framing
 from leviathd.proxy import inject, mask, receivepack
 
 if TYPE_CHECKING:
@@ -119,6 +121,89 @@ def approval_lines(updates: Sequence[receivepack.RefUpdate], options: Sequence[s
     """What a person approves: every update and every push option, whole."""
     return ([f"{len(updates)} ref update(s), {len(options)} push option(s)"]
             + [u.text() for u in updates] + [f"push option {o!r}" for o in options])
+
+
+# An answer compressed although `identity` was asked for: inflated here
+# (bounded) so that the mask reads the plain bytes.
+_INFLATE = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS,
+            "deflate": zlib.MAX_WBITS}
+MAX_INFLATE = 1 << 30
+_HOP = ("connection", "keep-alive", "proxy-connection")
+
+
+def _inflated(d: Any, data: bytes, total: list[int]) -> Iterator[bytes]:
+    """`data` inflated by `d` (a zlib decompressobj), COPY bytes at a time:
+    a small answer that inflates to much never sits whole in memory."""
+    out = d.decompress(data, COPY)
+    while True:
+        total[0] += len(out)
+        if total[0] > MAX_INFLATE:
+            raise BadMessage(f"the answer inflates to over {MAX_INFLATE} bytes")
+        yield out
+        if not d.unconsumed_tail:
+            return
+        out = d.decompress(d.unconsumed_tail, COPY)
+
+
+async def _back(src: asyncio.StreamReader, dst: asyncio.StreamWriter, method: str,
+                hide: mask.Mask, count: list[int]) -> None:
+    """The covered host's answer read by the one HTTP layer: its head
+    written anew, its body decoded (and inflated), masked and framed anew,
+    so that neither a chunk boundary nor a compression hides a secret."""
+    written = False
+    try:
+        while True:
+            raw = await src.readuntil(b"\r\n\r\n")
+            count[1] += len(raw)
+            head, conn = message.parse_response(raw, method)
+            if head.status == 101:
+                dst.write(write.response(head.status, head.reason, head.headers))
+                await _copy(src, dst, count, 1, hide)
+                return
+            if head.status >= 200:
+                break
+            dst.write(write.response(head.status, head.reason, head.headers))  # 1xx
+        coding = (head.get("content-encoding") or "identity").strip().lower()
+        if coding != "identity" and coding not in _INFLATE:
+            raise BadMessage(f"an answer in content coding {coding[:40]!r}, which the proxy "
+                             "cannot read to mask the secret")
+        bodiless = method == "HEAD" or head.status in (204, 304)
+        kept = [(k, v) for k, v in head.headers if k.lower() not in _HOP]
+        framing = head.framing()
+        inflate = None
+        if coding in _INFLATE and not bodiless:
+            inflate = zlib.decompressobj(_INFLATE[coding])
+            kept = [(k, v) for k, v in kept if k.lower() not in
+                    ("content-encoding", "content-length", "transfer-encoding")]
+            kept.append(("Transfer-Encoding", "chunked"))
+            framing = Framing("chunked")
+        encoder = write.Encoder(Framing("none") if bodiless else framing)
+        dst.write(write.response(head.status, head.reason, [*kept, ("Connection", "close")]))
+        written = True
+        decoder = body.Decoder(conn)
+        total = [0]
+        done = False
+        while not done:
+            data = await src.read(COPY)
+            count[1] += len(data)
+            part, done = decoder.feed(data) if data else decoder.end()
+            pieces = _inflated(inflate, part, total) if inflate and part else [part]
+            dst.write(b"".join(encoder.data(hide.feed(p)) for p in pieces))
+            if not data and not done:
+                return  # cut short: the agent sees the answer end early
+            await dst.drain()
+        dst.write(encoder.data(hide.flush()) + encoder.end())
+        await dst.drain()
+    except BadMessage as exc:
+        if not written:
+            await _answer(dst, 502, f"the answer of the covered host was refused: {exc}")
+    except (ConnectionError, OSError, ssl.SSLError, asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError, zlib.error):
+        pass
+    finally:
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError, ssl.SSLError):
+            if dst.can_write_eof():
+                dst.write_eof()
 
 
 async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: list[int],
@@ -270,8 +355,14 @@ async def _serve(
         count[0] += len(got)
         # The answer with the secrets sent masked (proxy/mask.py): a host that
         # says the request back does not give the agent the secret.
-        back = asyncio.create_task(_copy(up_reader, writer, count, 1,
-                                         mask.Mask(secrets.values())))
+        needles = [f for i in applies if i.name in secrets
+                   for f in mask.forms(secrets[i.name],
+                                       inject.credential_value(i, secrets[i.name]),
+                                       i.username if i.kind == "git" or i.value == "basic"
+                                       else "")]
+        hide = mask.Mask(needles)
+        back = asyncio.create_task(_back(up_reader, writer, req.method, hide, count) if hide
+                                   else _copy(up_reader, writer, count, 1))
         forth = asyncio.create_task(_copy_body(reader, up_writer, decoder, encoder, count)
                                     if not done else asyncio.sleep(0))
         try:

@@ -209,11 +209,12 @@ async def _through_proxy(tmp: Path, up: Upstream, request: bytes, *,
                          push: str = "ask", answer: bool = True,
                          asked: Asked | None = None,
                          seen: list[AuditRecord] | None = None,
-                         kind: str = "http", access: tuple[str, ...] = ("fetch",)) -> bytes:
+                         kind: str = "http", access: tuple[str, ...] = ("fetch",),
+                         value: str = "token {secret}") -> bytes:
     server = await asyncio.start_server(up.serve, "127.0.0.1", 0, ssl=up.server_ctx)
     port = server.sockets[0].getsockname()[1]
     inj = (injection("git", hosts=(f"localhost:{port}",), access=access) if kind == "git"
-           else injection("http", hosts=(f"localhost:{port}",), value="token {secret}"))
+           else injection("http", hosts=(f"localhost:{port}",), value=value))
     ca = AgentCA("0123abcd", inj.hosts)
 
     async def secret(name: str) -> str:
