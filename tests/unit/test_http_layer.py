@@ -133,3 +133,31 @@ def test_random_heads_never_give_the_upstream_a_byte_outside_the_grammar(
     assert _REQUEST_LINE.match(lines[0]), head
     for line in lines[1:]:
         assert _LINE.match(line), head
+
+
+def test_the_engine_socket_reads_its_heads_through_the_layer() -> None:
+    from leviathd.enginesock import wire
+    for raw in (b"POST /v1.41/containers/create HTTP/1.1\r\nHost: d\r\nContent-Length: 2\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n",
+                b"GET /_ping HTTP/1.1\r\nHost: d\r\nX-A: 1\n\r\n"):
+        with pytest.raises(wire.BadRequest):
+            wire.parse_head(raw)
+    head = wire.parse_head(b"GET /v1.41/x/../_ping?a=%7b HTTP/1.1\r\nHost: d\r\n\r\n")
+    assert (head.target, head.path) == ("/v1.41/_ping?a=%7B", "/v1.41/_ping")
+
+
+def test_a_push_is_shown_with_every_update_and_push_option_whole() -> None:
+    from leviathd.proxy import receivepack, tls
+
+    def pkt(text: str) -> bytes:
+        return f"{len(text) + 4:04x}{text}".encode()
+    old, new = "0" * 40, "1" * 40
+    body = (pkt(f"{old} {new} refs/heads/b0\0report-status push-options")
+            + b"".join(pkt(f"{old} {new} refs/heads/b{i}") for i in range(1, 200))
+            + b"0000" + pkt("ci.skip") + pkt("merge_request.create") + b"0000PACK")
+    updates, options, end = receivepack.parse_push(body)
+    assert body[end:] == b"PACK" and options == ["ci.skip", "merge_request.create"]
+    lines = tls.approval_lines(updates, options)
+    assert lines[0] == "200 ref update(s), 2 push option(s)"
+    assert [f"refs/heads/b{i}: create -> 111111111111" for i in range(200)] == lines[1:201]
+    assert lines[201:] == ["push option 'ci.skip'", "push option 'merge_request.create'"]
