@@ -19,11 +19,16 @@ class Decoder:
         self.done = False
 
     def feed(self, data: bytes) -> tuple[bytes, bool]:
+        """`data` added (b"": nothing new, what is buffered is decoded)."""
         if self.done:
             if data:
                 self._conn.receive_data(data)  # kept for `rest`, never decoded
             return b"", True
-        self._conn.receive_data(data)
+        if data:
+            self._conn.receive_data(data)
+        return self._events()
+
+    def _events(self) -> tuple[bytes, bool]:
         out = bytearray()
         try:
             while True:
@@ -45,8 +50,9 @@ class Decoder:
         here; any other one is cut short (False)."""
         if self.done:
             return b"", True
+        self._conn.receive_data(b"")
         try:
-            return self.feed(b"")
+            return self._events()
         except BadMessage:
             return b"", False
 

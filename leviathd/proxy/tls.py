@@ -182,7 +182,7 @@ async def _back(src: asyncio.StreamReader, dst: asyncio.StreamWriter, method: st
         written = True
         decoder = body.Decoder(conn)
         total = [0]
-        done = False
+        _, done = decoder.feed(b"")  # a body of none or 0 bytes ends at its head
         while not done:
             data = await src.read(COPY)
             count[1] += len(data)
@@ -349,7 +349,8 @@ async def _serve(
     count = [0, 0]
     try:
         encoder = write.Encoder(framing)
-        done = decoder.done
+        more, done = decoder.feed(b"")  # what came with the head (a body of 0 ends here)
+        got += more
         up_writer.write(head + encoder.data(bytes(got)) + (encoder.end() if done else b""))
         await up_writer.drain()
         count[0] += len(got)
