@@ -374,5 +374,10 @@ async def _serve(
                 await forth
     finally:
         out.sent, out.received = count
-        up_writer.close()
+        # Aborted, not closed: the answer is read whole (often before the host
+        # closed), and a TLS close would still be under way, registered in
+        # the loop under the descriptor, when the caller closes `up`; the
+        # number, reused by the agent's next connection, would then lose its
+        # registration to the late close (that connection never answered).
+        up_writer.transport.abort()
     return out
