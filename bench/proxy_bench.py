@@ -89,7 +89,8 @@ def start_proxy(path: str, port: int) -> int:
         agent = Agent(id="bench", user="bench", uid=os.getuid(), gid=os.getgid(),
                       taint=lambda: Sensitivity.PUBLIC, approvals=lambda: None,
                       is_own=lambda _cg: True)
-        srv = ProxyServer(agent, ProxySettings(ports=(port,), max_connections=512), path,
+        srv = ProxyServer(agent, ProxySettings(ports=(port,), host_ports=(port,),
+                                               max_connections=512), path,
                           lambda _r: None)
         await srv.start()
         await asyncio.Event().wait()
