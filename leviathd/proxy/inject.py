@@ -163,6 +163,14 @@ def parse_head(raw: bytes) -> Request:
     return read_request(raw + b"\r\n\r\n")[0]
 
 
+def applying(injections: Iterable[Injection], req: Request) -> list[Injection]:
+    """The credentials `req` may carry: an intercept-only entry (the azure
+    authority's) none, a git credential only a proven fetch unless its
+    `access` includes push."""
+    return [i for i in injections if i.kind not in INTERCEPT_ONLY
+            and (i.kind != "git" or req.fetch or "push" in i.access)]
+
+
 def _basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 

@@ -305,8 +305,7 @@ async def _serve(
             return out
         # An intercept-only entry (the azure authority's) never gets a secret;
         # toward a git credential's host anything not proven a fetch is a push.
-        applies = [i for i in injections if i.kind not in inject.INTERCEPT_ONLY
-                   and (i.kind != "git" or req.fetch or "push" in i.access)]
+        applies = inject.applying(injections, req)
         gated = [i for i in applies if i.kind == "git" and not req.fetch]
         if req.receive_pack or (gated and not req.push_discovery):
             where = f"https://{host}{'' if port == 443 else f':{port}'}"

@@ -161,3 +161,17 @@ def test_a_push_is_shown_with_every_update_and_push_option_whole() -> None:
     assert lines[0] == "200 ref update(s), 2 push option(s)"
     assert [f"refs/heads/b{i}: create -> 111111111111" for i in range(200)] == lines[1:201]
     assert lines[201:] == ["push option 'ci.skip'", "push option 'merge_request.create'"]
+
+
+def test_a_fetch_only_git_credential_goes_into_fetches_alone() -> None:
+    fetch_only = inject.Injection(name="g", kind="git", hosts=("git.test",), placeholder="p",
+                                  access=("fetch",))
+    both = inject.Injection(name="h", kind="git", hosts=("git.test",), placeholder="q",
+                            access=("fetch", "push"))
+    up = "application/x-git-upload-pack-request"
+    assert inject.applying([fetch_only, both], _req("POST", "/r.git/git-upload-pack", up)) == [
+        fetch_only, both]
+    for req in (_req("POST", "/r.git/git-receive-p%61ck"), _req("GET", "/r.git/HEAD"),
+                _req("GET", "/r.git/info/refs?service=git-receive-pack"),
+                _req("POST", "/r.git/git-upload-pack;x", up)):
+        assert inject.applying([fetch_only, both], req) == [both], req
