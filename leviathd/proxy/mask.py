@@ -27,9 +27,11 @@ MIN_LENGTH = 8
 
 def forms(secret: str, written: str = "", user: str = "") -> list[str]:
     """Every spelling of `secret` the proxy wrote or a host may say back:
-    the secret, its URL-encodings, the header value `written` as sent, and
-    Basic's base64 of `user:secret`."""
-    out = {secret, quote(secret, safe=""), quote_plus(secret), written}
+    the secret, its URL-encodings, the header value `written` as sent when it
+    does not hold the secret plain, and Basic's base64 of `user:secret`."""
+    out = {secret, quote(secret, safe=""), quote_plus(secret)}
+    if secret not in written:  # a value that holds the secret plain is masked by it
+        out.add(written)       # (`Bearer ` itself stays readable)
     if user:
         out.add(base64.b64encode(f"{user}:{secret}".encode()).decode())
     return sorted(f for f in out if f)

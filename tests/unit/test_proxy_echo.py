@@ -86,6 +86,8 @@ def test_an_echo_of_the_head_never_gives_back_the_secret_in_any_form(
     got = asyncio.run(_through_proxy(tmp_path, up, req, value=value))
     assert SECRET.encode() in up.heads[0] or B64 in up.heads[0]  # the host had it
     _check(got)
+    scheme = value.split(" ")[0].encode() if " " in value else b""
+    assert b"Authorization: " + scheme in got  # only the secret is masked, not its scheme
 
 
 @pytest.mark.parametrize("cut", range(1, len(SECRET)))
