@@ -113,8 +113,10 @@ def parse_response(raw: bytes, method: str = "GET") -> tuple[ResponseHead, h11.C
         raise BadMessage("not an HTTP/1.x status line")
     headers = _headers(lines[1:])
     conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=len(raw) + 1)
-    # h11 reads an answer only to a request it saw sent.
-    conn.send(h11.Request(method=method, target="/", headers=[("Host", "x")]))
+    # h11 reads an answer only to a request it saw sent; one that proposed
+    # an upgrade, so that a 101 (the engine's attach, a websocket) is read too.
+    conn.send(h11.Request(method=method, target="/", headers=[
+        ("Host", "x"), ("Connection", "upgrade"), ("Upgrade", "x")]))
     conn.send(h11.EndOfMessage())
     conn.receive_data(raw)
     try:

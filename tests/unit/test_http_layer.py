@@ -175,3 +175,16 @@ def test_a_fetch_only_git_credential_goes_into_fetches_alone() -> None:
                 _req("GET", "/r.git/info/refs?service=git-receive-pack"),
                 _req("POST", "/r.git/git-upload-pack;x", up)):
         assert inject.applying([fetch_only, both], req) == [both], req
+
+
+def test_the_engines_upgrade_and_streamed_answers_are_read() -> None:
+    """docker run's attach is a 101 (h11 reads one only to a request that
+    proposed an upgrade): read as a head, not refused (the CLI got EOF)."""
+    from leviathd.enginesock import wire
+    status, head = wire.response_head(b"HTTP/1.1 101 UPGRADED\r\nContent-Type: application/"
+                                      b"vnd.docker.raw-stream\r\nConnection: Upgrade\r\n"
+                                      b"Upgrade: tcp\r\n\r\n")
+    assert status == 101 and head.get("upgrade") == "tcp"
+    status, head = wire.response_head(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                      b"Transfer-Encoding: chunked\r\n\r\n")
+    assert status == 200 and head.body_kind() == ("chunked", 0)
