@@ -423,7 +423,7 @@ class ProxyServer:
                 head = b""
             else:
                 conn.host, conn.port, head = await asyncio.wait_for(
-                    _http_head(first, reader), HANDSHAKE_TIMEOUT)
+                    _http_head(first, reader, conn), HANDSHAKE_TIMEOUT)
             if covered_only:
                 self._only_covered(conn, head)
             up = await self._connect(conn)
@@ -736,9 +736,12 @@ async def _socks_reply(writer: asyncio.StreamWriter, code: int) -> None:
 _HOP = ("proxy-connection", "proxy-authorization", "connection", "keep-alive")
 
 
-async def _http_head(first: bytes, reader: asyncio.StreamReader) -> tuple[str, int, bytes]:
+async def _http_head(first: bytes, reader: asyncio.StreamReader, conn: _Conn
+                     ) -> tuple[str, int, bytes]:
     """(host, port, request head to send upstream; empty for CONNECT). The
-    head is parsed and written anew by the one HTTP layer (leviathd/http/)."""
+    head is parsed and written anew by the one HTTP layer (leviathd/http/);
+    a refused one names its target in `conn`, bounded and escaped, for the
+    audit record."""
     raw = first + await reader.readuntil(b"\r\n\r\n")
     if len(raw) > MAX_HEAD:
         raise Refused("bad-request", "request head too large", status=431)
@@ -756,6 +759,8 @@ async def _http_head(first: bytes, reader: asyncio.StreamReader) -> tuple[str, i
         head = write.request(req.method, target.origin_form("/" + path),
                              [*kept, ("Connection", "close")])
     except BadMessage as exc:
+        words = raw.split(b" ", 2)
+        conn.host = ascii(words[1][:100].decode("latin-1")) if len(words) > 1 else ""
         raise Refused("bad-request", f"not an HTTP/1.x proxy request: {exc}",
                       status=exc.status) from None
     return host, port, head
