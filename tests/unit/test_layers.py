@@ -66,6 +66,7 @@ PARTS: dict[str, str] = {
     "parseshare": "Ground",
     "metrics": "Ground",
     "metricsfile": "Ground",
+    "http": "Ground",
     "__init__": "Ground",
 }
 
