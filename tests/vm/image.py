@@ -43,8 +43,7 @@ BUILD_PACKAGES = [
     # The unit tests run here too, on Debian 13's python3 and libraries: at
     # native speed, where under emulation in the VM they took over 20 minutes.
     "python3-pydantic", "python3-dbus-fast", "python3-pystemd", "python3-prctl",
-    "python3-asyncssh", "python3-cryptography", "python3-h11", "python3-pytest",
-    "python3-hypothesis",
+    "python3-asyncssh", "python3-cryptography", "python3-pytest", "python3-hypothesis",
     "dbus-daemon",
     # The one HTTP layer (issue 44) and the metrics file's parser in its test (issue 46).
     "python3-h11", "python3-prometheus-client",
