@@ -79,7 +79,7 @@ def parse_push(data: bytes) -> tuple[list[RefUpdate], list[str], int]:
         if len(parts) != 3 or not _OID.match(parts[0]) or not _OID.match(parts[1]):
             raise ValueError("not a ref update line")
         ref = parts[2]
-        if (not ref.startswith("refs/") or len(ref) > 1024
+        if (not ref.startswith("refs/") or len(ref) > 4096
                 or any(ord(c) < 0x20 or c == "\x7f" for c in ref)):
             raise ValueError("not a ref name")
         updates.append(RefUpdate(parts[0], parts[1], ref))
