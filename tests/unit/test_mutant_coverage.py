@@ -44,7 +44,6 @@ EXEMPT = {
 PENDING = {
     "leviathd/proxy/service.py": "an agent's proxy set up and torn down with it; the egress "
                                  "settings it is given",
-    "leviathd/proxy/splice.py": "bytes relayed between agent and host, bounded, ended together",
     "leviathd/enginesock/engineroot.py": "the root an agent's engine runs in: the fence's "
                                          "own, plus only the engine's folders (new on main, "
                                          "issue 43: its mutants to come with it)",
@@ -54,8 +53,6 @@ PENDING = {
     "leviathd/sandbox/container/cleanup.py": "an agent's containers removed with it",
     "leviathd/sandbox/engine.py": "the container engine found and run as root's",
     "leviathd/sandbox/forwarder.py": "the agent's sockets forwarded into its fence only",
-    "leviathd/sandbox/none.py": "kind none: the user's ids, a new session",
-    "leviathd/bus/writer.py": "a full socket never drops the daemon's bus",
 }
 
 
