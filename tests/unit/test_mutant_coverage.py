@@ -51,7 +51,6 @@ PENDING = {
                                       "mutant went with a rewrite on main)",
     "leviathd/enginesock/engine.py": "the daemon's podman service and an agent's removal",
     "leviathd/sandbox/container/cleanup.py": "an agent's containers removed with it",
-    "leviathd/sandbox/forwarder.py": "the agent's sockets forwarded into its fence only",
 }
 
 
