@@ -50,7 +50,6 @@ PENDING = {
     "leviathd/enginesock/service.py": "the engine socket's hooks into an agent's life (its "
                                       "mutant went with a rewrite on main)",
     "leviathd/enginesock/engine.py": "the daemon's podman service and an agent's removal",
-    "leviathd/sandbox/container/cleanup.py": "an agent's containers removed with it",
 }
 
 
