@@ -44,9 +44,6 @@ EXEMPT = {
 PENDING = {
     "leviathd/proxy/service.py": "an agent's proxy set up and torn down with it; the egress "
                                  "settings it is given",
-    "leviathd/enginesock/engineroot.py": "the root an agent's engine runs in: the fence's "
-                                         "own, plus only the engine's folders (new on main, "
-                                         "issue 43: its mutants to come with it)",
     "leviathd/enginesock/service.py": "the engine socket's hooks into an agent's life (its "
                                       "mutant went with a rewrite on main)",
     "leviathd/enginesock/engine.py": "the daemon's podman service and an agent's removal",
