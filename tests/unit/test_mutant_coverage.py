@@ -46,7 +46,6 @@ PENDING = {
                                  "settings it is given",
     "leviathd/enginesock/service.py": "the engine socket's hooks into an agent's life (its "
                                       "mutant went with a rewrite on main)",
-    "leviathd/enginesock/engine.py": "the daemon's podman service and an agent's removal",
 }
 
 
