@@ -44,8 +44,6 @@ EXEMPT = {
 PENDING = {
     "leviathd/proxy/service.py": "an agent's proxy set up and torn down with it; the egress "
                                  "settings it is given",
-    "leviathd/enginesock/service.py": "the engine socket's hooks into an agent's life (its "
-                                      "mutant went with a rewrite on main)",
 }
 
 
