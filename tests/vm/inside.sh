@@ -733,6 +733,67 @@ step rootless_pwned sh -c 'test -e /root/leviath-rootless-pwned && echo planted 
 rm -f /etc/leviath/config.toml /home/bob/leviath-secret /etc/leviath-vm-host-marker
 systemctl reload leviathd
 
+# --- issue 49: the Debian docker CLI (docker-cli) on alice's agent's engine
+# socket, podman 5 rootless behind it: `docker run` and `docker logs` of a
+# detached container with no extra flags (the socket drops unknown
+# zero-valued fields and sets the k8s-file log driver). Issue 43 in the same
+# agent: a bind of the workdir leaves the fence's read-only .git/config as it
+# was, and a build's cache mount climbing out of buildah's cache folder reads
+# no marker from alice's ~/.ssh. Issue 46: the metrics file written meanwhile.
+mkdir -p /var/lib/prometheus/node-exporter
+chmod 755 /var/lib/prometheus /var/lib/prometheus/node-exporter
+cat >/etc/leviath/config.toml <<'EOF10'
+[sandbox.containers]
+enabled = true
+
+[metrics]
+interval = 1
+EOF10
+systemctl reload leviathd
+cli_marker="ssh-marker-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
+echo "$cli_marker" >"$R/cli_ssh_marker.out"
+echo "$cli_marker" >/home/alice/.ssh/vm-cli-marker
+chown alice: /home/alice/.ssh/vm-cli-marker; chmod 600 /home/alice/.ssh/vm-cli-marker
+runuser -l alice -c 'cd ~/work && git init -q . && mkdir -p ctx' 
+sha256sum /home/alice/work/.git/config | cut -d' ' -f1 >"$R/cli_git_config_before.out"
+cat >/home/alice/work/ctx/Dockerfile <<'EOF11'
+FROM localhost/vm-cli:1
+RUN --mount=type=cache,id=../../../../../../../../..,target=/h,uid=0 sh -c 'cat /h/home/alice/.ssh/vm-cli-marker; ls /h/home/alice/.ssh; echo cache-probe-done'
+EOF11
+cat >/home/alice/work/cli_probe.sh <<'EOF12'
+echo "DOCKER_HOST=$DOCKER_HOST"
+docker import bb.tar localhost/vm-cli:1 >/dev/null && echo import-ok
+docker run localhost/vm-cli:1 echo hi-from-run && echo run-ok
+docker run -d --name vm-logs localhost/vm-cli:1 echo hi-from-logs >/dev/null && docker wait vm-logs
+docker logs vm-logs && echo logs-ok
+docker run --rm -v "$PWD:/w" localhost/vm-cli:1 sh -c \
+    'echo "[core] hooksPath = /tmp/evil" >> /w/.git/config && echo container-wrote-config'
+DOCKER_BUILDKIT=0 docker build --no-cache --network none ctx && echo build-ok
+EOF12
+chown -R alice: /home/alice/work/ctx /home/alice/work/cli_probe.sh
+step docker_cli as alice "lev run -- sh cli_probe.sh"
+sha256sum /home/alice/work/.git/config | cut -d' ' -f1 >"$R/cli_git_config_after.out"
+# The file is rewritten every second: read once it shows the starts so far.
+step metrics_file sh -c '
+    f=/var/lib/prometheus/node-exporter/leviathd.prom
+    for i in $(seq 30); do
+        [ "$(tail -n 1 $f 2>/dev/null)" = "# EOF" ] && grep -q "^leviathd_starts_total" $f && break
+        sleep 1
+    done
+    stat -c "%U:%G %a" $f; cat $f'
+rm -f /etc/leviath/config.toml /home/alice/.ssh/vm-cli-marker
+systemctl reload leviathd
+
+# --- issue 46: `lev -H alice@localhost ps` over the VM's sshd (openssh-server)
+# to its bus through systemd-stdio-bridge: alice sees her long agent there.
+step lev_h sh -c '
+    for i in $(seq 60); do systemctl is-active -q ssh && break; sleep 1; done
+    runuser -l alice -c "rm -f ~/.ssh/lev_h ~/.ssh/lev_h.pub && ssh-keygen -q -t ed25519 -N \"\" -f ~/.ssh/lev_h \
+        && cat ~/.ssh/lev_h.pub >> ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys \
+        && printf \"Host localhost\n  IdentityFile ~/.ssh/lev_h\n  StrictHostKeyChecking accept-new\n  BatchMode yes\n\" > ~/.ssh/config"
+    as_alice() { timeout -k 10 120 runuser -l alice -c "cd ~/work && $1"; }
+    as_alice "lev -H alice@localhost ps --json"'
+
 # --- agents survive a daemon restart
 step restart systemctl restart leviathd
 sleep 2

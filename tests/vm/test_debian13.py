@@ -738,6 +738,64 @@ def test_escape_a_volumes_key_or_a_bind_of_shadow_reads_nothing_root_may_read_on
     assert vm.ok("rootless_pwned").strip() == "absent"
 
 
+def _docker_cli(vm: Run) -> str:
+    vm.rc("docker_cli")  # it ran (its status is the build's: judged by the words)
+    out = vm.out("docker_cli")
+    assert "DOCKER_HOST=unix:///run/leviath/engine.sock" in out, out
+    assert "import-ok" in out, out
+    return out
+
+
+def test_the_debian_docker_cli_runs_and_reads_logs_with_no_extra_flags_on_podman5(
+        vm: Run) -> None:
+    # Issue 49: no --network none, no --runtime: the socket fills in what
+    # podman 5 needs, and a detached container's logs come back (k8s-file).
+    out = _docker_cli(vm)
+    lines = out.splitlines()
+    assert "hi-from-run" in lines and "run-ok" in lines, out
+    assert "hi-from-logs" in lines and "logs-ok" in lines, out
+
+
+def test_escape_a_bind_of_the_workdir_leaves_git_config_and_a_cache_mount_reads_no_ssh(
+        vm: Run) -> None:
+    # Issue 43 from alice's agent: the fence's read-only .git/config stays so
+    # through a container's bind, and a RUN step whose cache mount climbs out
+    # of buildah's cache folder sees no marker in alice's ~/.ssh.
+    out = _docker_cli(vm)
+    before = vm.out("cli_git_config_before").strip()
+    assert len(before) == 64, before
+    assert vm.out("cli_git_config_after").strip() == before, out
+    assert "container-wrote-config" not in out, out
+    marker = vm.out("cli_ssh_marker").strip()
+    assert marker.startswith("ssh-marker-"), marker
+    assert "cache-probe-done" in out and "build-ok" in out, out
+    assert marker not in out and "vm-cli-marker" not in out, out
+
+
+def test_the_metrics_file_is_written_for_node_exporter_and_parses(vm: Run) -> None:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    out = vm.ok("metrics_file")
+    mode, text = out.split("\n", 1)
+    assert text.endswith("# EOF\n"), out[-500:]
+    # root's; 640 to the prometheus group where node exporter is installed.
+    owner, bits = mode.split()
+    assert owner.startswith("root:") and bits in ("640", "644"), mode
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert "leviathd_agents_running" in fams, sorted(fams)
+    starts = sum(s.value for s in fams["leviathd_starts"].samples)
+    assert starts >= 1, out
+
+
+def test_lev_h_over_the_vms_sshd_shows_alices_agents(vm: Run) -> None:
+    # Issue 46: `lev -H alice@localhost ps` through Debian 13's openssh and
+    # systemd-stdio-bridge shows the long agent alice runs there.
+    out = vm.ok("lev_h")
+    agent_id, _unit = vm.out("long_agent").split()
+    rows = json.loads(out[out.index("["):])
+    assert any(r["id"] == agent_id for r in rows), out
+
+
 def test_a_lost_bus_restarts_the_daemon_which_serves_and_keeps_its_agents(vm: Run) -> None:
     out = vm.ok("dbus_restart")
     v = dict(kv.split("=", 1) for ln in out.splitlines() for kv in ln.split() if "=" in kv
