@@ -30,6 +30,9 @@ from typing import TypeVar
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# integration/test_engine_rootless imports its neighbours by bare name: found
+# when this file runs alone too, not only after tests/integration's conftest.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 import image
 import qemu
 import rpm
