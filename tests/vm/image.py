@@ -36,7 +36,11 @@ CACHE = Path(os.environ.get("LEVIATH_VM_CACHE", "/var/cache/leviath-vm"))
 SUITE = "trixie"
 # Bump when the recipe below changes in a way the package list does not show.
 RECIPE = "3"
-IMAGE_SIZE = "4G"
+# Sparse (the host pays for what is written): room for the scratch of the
+# several agents inside.sh holds at once under the default scratch_user_max of
+# 50% of scratch_dir's filesystem (issue 46's admission check refused a second
+# 1 GiB agent on a 4G disk with ~2G free).
+IMAGE_SIZE = "12G"
 BUILD_PACKAGES = [
     "debhelper", "dh-python", "pybuild-plugin-pyproject", "python3-all",
     "python3-setuptools", "pkgconf", "systemd-dev", "lintian",
@@ -181,7 +185,7 @@ def machine() -> Path:
 
 def _machine() -> Path:
     pkgs = packages()
-    out = CACHE / f"machine-{_key(pkgs, RECIPE, VMTEST_UNIT, MASKED, _week())}"
+    out = CACHE / f"machine-{_key(pkgs, RECIPE, VMTEST_UNIT, MASKED, IMAGE_SIZE, _week())}"
     if (out / "disk.img").is_file():
         return out
     CACHE.mkdir(parents=True, exist_ok=True)
