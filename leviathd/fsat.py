@@ -24,6 +24,7 @@ import os
 import secrets
 import socket
 import stat
+from collections.abc import Iterable
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Depth of descriptors remove_tree_at keeps open; deeper folders are moved up
@@ -142,6 +143,24 @@ def subdir_at(dir_fd: int, name: str, mode: int = 0o700) -> int:
     without following a link (a link planted there fails with ELOOP/ENOTDIR)."""
     mkdir_at(dir_fd, name, mode, exist_ok=True)
     return open_dir_at(dir_fd, name)
+
+
+def walk_at(dir_fd: int, parts: Iterable[str], *, create_mode: int | None = None) -> int:
+    """The folder reached from dir_fd through `parts`, one entry at a time
+    without following a link; each missing folder is made with `create_mode`
+    (None: a missing one fails). A new descriptor; dir_fd stays open."""
+    fd = os.dup(dir_fd)
+    try:
+        for part in parts:
+            if create_mode is not None:
+                mkdir_at(fd, part, create_mode, exist_ok=True)
+            step = open_dir_at(fd, part)
+            os.close(fd)
+            fd = step
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_at(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:

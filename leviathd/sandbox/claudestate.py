@@ -152,16 +152,7 @@ def copy_path(home: str, agent_id: str) -> str:
 
 
 def _open_copies(home_fd: int, *, create: bool) -> int:
-    fd = os.dup(home_fd)
-    try:
-        for part in COPIES:
-            nxt = fsat.subdir_at(fd, part, 0o700) if create else fsat.open_dir_at(fd, part)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return fsat.walk_at(home_fd, COPIES, create_mode=0o700 if create else None)
 
 
 def _open_home(home: str, uid: int) -> int:

@@ -14,7 +14,6 @@ then made and bound read-only by the fence as for any existing state folder.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import posixpath
 import stat
@@ -111,18 +110,7 @@ def _open_parent_as_user(home_fd: int, parts: list[str]) -> int:
     """The folder holding the last of `parts`, walked from `home_fd` one
     component at a time without following a link; missing folders on the way
     are made 0700 (.config, .local/share)."""
-    fd = os.dup(home_fd)
-    try:
-        for part in parts[:-1]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o700, dir_fd=fd)
-            nxt = fsat.open_dir_at(fd, part)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return fsat.walk_at(home_fd, parts[:-1], create_mode=0o700)
 
 
 def _make(home_fd: int, entry: Missing) -> None:
