@@ -970,3 +970,17 @@ def test_a_path_ending_in_a_dot_segment_is_not_plain() -> None:
 def test_each_host_namespace_is_refused(key: str) -> None:
     assert "=host is not allowed" in _refused("POST", "/containers/create", {
         "Image": "x", "HostConfig": {key: "host"}})
+
+
+@pytest.mark.parametrize("host", [
+    {"Devices": [{"PathOnHost": "/dev/sda", "PathInContainer": "/dev/sda",
+                  "CgroupPermissions": "rwm"}]},
+    {"DeviceRequests": [{"Driver": "nvidia", "Count": -1}]},
+    {"DeviceCgroupRules": ["c 8:* rwm"]},
+])
+def test_the_create_check_itself_refuses_devices(host: dict[str, object]) -> None:
+    """The model refuses devices first (their only value is the zero); the
+    create check refuses them again, so a body that reaches it by another way
+    (a model that learns the field) still gets no host device."""
+    with pytest.raises(rules.Refused, match="devices"):
+        asyncio.run(rules.check_create({"Image": "x", "HostConfig": host}, _Checks()))
