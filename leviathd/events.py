@@ -13,6 +13,7 @@ class Event(StrEnum):
     START = "start"  # an agent started (its scope, sandbox kind, user)
     END = "end"  # an agent ended (exit status, or its scope is gone)
     STOP = "stop"  # someone asked an agent to stop
+    HOOK_FILES_CHANGED = "hook-files-changed"  # an agent changed hook files it was given
     STEP_START = "step-start"  # a seed command or stage began (the supervisor)
     STEP_END = "step-end"  # ...and ended, with its status
     READS_NOT_GRANTED = "reads-not-granted"  # declared read paths that no config grants

@@ -60,6 +60,9 @@ class AgentRecord(BaseModel):
     # The blueprint file the client read (its absolute path, as the client
     # said: `lev restart` reads it again, as the user); "" for a command.
     blueprint: str = ""
+    # What the agent changed in the hook files it was given (issue 48:
+    # sandbox/hookwatch.py), escaped, bounded; set at its end.
+    hook_changes: list[str] = []
 
     @property
     def running(self) -> bool:

@@ -26,6 +26,7 @@ from leviathd.errors import ConfigError, NoSpace
 from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.records import AgentRecord, RecordStore
+from leviathd.sandbox import hookwatch
 from leviathd.sandbox.container import pins as image_pins
 from leviathd.systemd import journal
 from leviathd.systemd.manager import SystemdManager
@@ -99,6 +100,9 @@ class AgentsBase:
         self._seen_ended: set[str] = set()
         # Attached agents whose output the daemon copies (agents/output.py).
         self._copies: dict[str, output.OutputCopy] = {}
+        # The hook files given to each agent, as they were at its start
+        # (sandbox/hookwatch.py): compared at its end. Memory only.
+        self._hooks_before: dict[str, hookwatch.Snapshot] = {}
         # List's memory and tasks figures, from memory (issue 18).
         self.usage = UsageCache(self._live_by_unit)
         self.readers = Readers(callers)

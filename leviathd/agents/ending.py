@@ -13,7 +13,7 @@ import syslog
 import time
 from collections import Counter
 
-from leviathd import loopfd, reaping
+from leviathd import loopfd, reaping, safetext
 from leviathd.agents import feature as feature_calls
 from leviathd.agents import orphans, output
 from leviathd.agents.base import SLICE, _logged, log
@@ -24,7 +24,7 @@ from leviathd.errors import NotFound
 from leviathd.events import Event
 from leviathd.identity import user_info
 from leviathd.records import AgentRecord, AgentState
-from leviathd.sandbox import claudestate, container, scratch, supervisor
+from leviathd.sandbox import claudestate, container, hookwatch, scratch, supervisor
 from leviathd.systemd import journal
 
 # Seconds between tries to watch a process the kernel would not give a
@@ -177,6 +177,12 @@ class Ending(Queries):
             # made a copy; without one this is a few failed opens.)
             with _logged(f"agent {agent_id}: merging back its ~/.claude.json"):
                 await asyncio.to_thread(_merge_claude_config, rec)
+            before = self._hooks_before.pop(agent_id, None)
+            if before is not None:
+                # In the record before the end is announced: `lev run` asks
+                # for it once told (issue 48).
+                with _logged(f"agent {agent_id}: listing its changes to hook files"):
+                    rec.hook_changes = await asyncio.to_thread(_hook_changes, rec, before)
             saved = self._save(rec)
             # The record is final and the scratch gone: whoever waits for the
             # end (an attached `lev run`) may go on while the slower clean-up
@@ -424,6 +430,27 @@ def _merge_claude_config(rec: AgentRecord) -> None:
                        LEVIATH_USER=rec.user)
 
     claudestate.merge_back(user.uid, user.gid, user.home, rec.id, rec.workdir, note)
+
+
+def _hook_changes(rec: AgentRecord, before: hookwatch.Snapshot) -> list[str]:
+    """What the agent changed in the hook files it was given, with one
+    journal line naming them (a worker thread's work)."""
+    try:
+        user = user_info(rec.uid)
+    except NotFound:
+        return []
+    changed, more = hookwatch.changes(before, hookwatch.snapshot(user.uid, user.gid, before.tops))
+    if changed and more:
+        changed.append("(and maybe more: not every entry was compared)")
+    if not changed:
+        return []
+    journal.record(
+        f"agent {rec.id} ({rec.agent}) of {rec.user} changed hook files it was given: "
+        + ", ".join(safetext.escape(c, 200) for c in changed),
+        priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id, LEVIATH_USER=rec.user,
+        LEVIATH_EVENT=Event.HOOK_FILES_CHANGED,
+    )
+    return [safetext.escape(c, 200) for c in changed]
 
 
 def _handed_over_pid1(rec: AgentRecord) -> int | None:

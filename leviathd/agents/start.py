@@ -32,8 +32,8 @@ from leviathd.errors import AccessDenied, Busy, ConfigError, InvalidArgument, No
 from leviathd.events import Event
 from leviathd.policy import filelabels
 from leviathd.records import FULL, AgentRecord
-from leviathd.sandbox import fencehold, launchers, loopfs, scratch, supervisor
-from leviathd.sandbox.spec import DEFAULT_SCRATCH_DIR, DEFAULT_SCRATCH_SIZE, SandboxSpec
+from leviathd.sandbox import fencehold, hookwatch, launchers, loopfs, scratch, supervisor
+from leviathd.sandbox.spec import DEFAULT_SCRATCH_DIR, DEFAULT_SCRATCH_SIZE, SandboxSpec, expand
 from leviathd.systemd import journal
 from leviathd.systemd.manager import ScopeLimits, SystemdError
 
@@ -76,6 +76,7 @@ class _Start:
     polkit_usec: int = 0
     scratch_path: str = ""
     rec: AgentRecord | None = None
+    hooks_before: hookwatch.Snapshot | None = None
 
     def required_held(self) -> supervisor.Held:
         assert self.held is not None, "the held child is forked before this step"
@@ -344,6 +345,12 @@ class Starting(Planning):
             s.steps = await self._in_worker(
                 s.who.uid, self._specs, s.p.plan, s.p.kinds, user, s.req, s.real_workdir,
                 s.agent_id, s.p.other_homes, lambda: s.granted.result(timeout=AUTH_PATIENCE))
+            # The hook files given to it, before it can write them: listed
+            # at its end if it changed them (issue 48).
+            tops = hookwatch.watched_tops(s.real_workdir, _hook_files_given(s.p.plan, user.home))
+            if tops:
+                s.hooks_before = await self._in_worker(
+                    s.who.uid, _hook_snapshot, s.agent_id, user.uid, user.gid, tops)
             s.polkit_usec = await s.auth
         except InvalidArgument as exc:
             # A scope that failed kills what it held: then the held process
@@ -458,6 +465,8 @@ class Starting(Planning):
         spawn_usec = int((time.perf_counter() - t0) * 1e6)
         if s.copy is not None:
             self._copies[agent_id] = s.copy
+        if s.hooks_before is not None:
+            self._hooks_before[agent_id] = s.hooks_before
         self._await_handover(rec, held)
         self.usage.seed(rec.id, rec.unit, cgroup=f"/{SLICE}/{unit}")
         journal.record(
@@ -701,3 +710,24 @@ def _count_failure(exc: BaseException) -> None:
         if isinstance(exc, cls):
             metrics.refused(layer)
             return
+
+
+def _hook_files_given(plan: list[tuple[str, Effective, list[str]]], home: str) -> list[str]:
+    out: list[str] = []
+    for _label, eff, _argv in plan:
+        for r in eff.hook_files_writable:
+            with contextlib.suppress(InvalidArgument):
+                out.append(expand(r, home))
+    return list(dict.fromkeys(out))
+
+
+def _hook_snapshot(agent_id: str, uid: int, gid: int,
+                   tops: list[str]) -> hookwatch.Snapshot | None:
+    """A worker's: never fails a start (the listing is told, not enforced)."""
+    try:
+        return hookwatch.snapshot(uid, gid, tops)
+    except Exception as exc:  # (logged and skipped)
+        journal.record(f"agent {agent_id}: its hook files could not be read ({exc}): "
+                       "changes to them will not be listed", priority=syslog.LOG_WARNING,
+                       LEVIATH_AGENT=agent_id)
+        return None

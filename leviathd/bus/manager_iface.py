@@ -96,6 +96,8 @@ def _record_variants(rec: AgentRecord) -> dict[str, Variant]:
         out["ended_at"] = Variant("d", rec.ended_at)
     if rec.exit_status is not None:
         out["exit_status"] = Variant("i", rec.exit_status)
+    if rec.hook_changes:
+        out["hook_changes"] = Variant("as", list(rec.hook_changes))
     return out
 
 

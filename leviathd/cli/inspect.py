@@ -64,6 +64,21 @@ def from_daemon(agent_id: str) -> list[tuple[str, SandboxSpec]]:
     return [(str(s["label"]), SandboxSpec.from_dict(s["spec"])) for s in steps]
 
 
+def hook_changes(agent_id: str) -> list[str]:
+    """What the agent changed in the hook files it was given: its record's
+    `hook_changes` (issue 48; set at its end)."""
+    from leviathd.cli.wire import DaemonError, SyncClient
+
+    client = SyncClient()
+    try:
+        (info,) = client.call("Get", "s", [agent_id])
+    except DaemonError:
+        return []
+    finally:
+        client.close()
+    return [str(c) for c in info["hook_changes"].value] if "hook_changes" in info else []
+
+
 def compute(args: argparse.Namespace) -> SandboxSpec:
     blueprint = load_blueprint(blueprint_file(args.blueprint))
     machine, user_config = load_configs()
@@ -222,6 +237,9 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps([{"label": lb, "spec": sp.to_dict()} for lb, sp in steps], indent=2))
         else:
             print("\n\n".join(f"== {lb} ==\n{render(sp)}" for lb, sp in steps))
+            changed = hook_changes(args.blueprint)
+            if changed:
+                print("\nhook files it changed (they run on the host): " + ", ".join(changed))
         return 0
     spec = compute(args)
     if args.json:

@@ -289,9 +289,24 @@ def _attached_sync(client: SyncClient, req: dict[str, Variant]) -> int:
     finally:
         out.sent()
     try:
-        return _wait_attached(client, agent_id)
+        status = _wait_attached(client, agent_id)
     finally:
         out.finish()
+    try:
+        (info,) = client.call("Get", "s", [agent_id])
+    except (DaemonError, OSError):
+        return status  # (the end is told; the listing is only a note)
+    _tell_hook_changes(agent_id, info)
+    return status
+
+
+def _tell_hook_changes(agent_id: str, info: dict[str, Any]) -> None:
+    """The last line of an attached run: what the agent changed in the hook
+    files it was given (issue 48), which run on the host at the next commit."""
+    changed = info["hook_changes"].value if "hook_changes" in info else []
+    if changed:
+        print(f"lev: agent {agent_id} changed hook files that run on this host (read them "
+              f"before your next commit): {', '.join(changed)}", file=sys.stderr, flush=True)
 
 
 def _status(info: dict[str, Any]) -> int | None:
@@ -414,11 +429,19 @@ async def _attached(client: Client, req: dict[str, Any]) -> int:
         raise
     out.sent()
     try:
-        return await _wait_attached_async(
+        status = await _wait_attached_async(
             client, agent_id, wanted, ended, done, restarted, prompter
         )
     finally:
         out.finish()
+    from leviathd.cli.client import DaemonError as AioDaemonError
+
+    try:
+        (info,) = await client.call("Get", "s", [agent_id])
+    except (AioDaemonError, OSError):
+        return status
+    _tell_hook_changes(agent_id, info)
+    return status
 
 
 async def _watch_async(client: Client, agent_id: str) -> int | None:
