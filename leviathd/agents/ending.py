@@ -31,6 +31,9 @@ from leviathd.systemd import journal
 # pidfd for (EMFILE, ENOMEM).
 WATCH_RETRY = 2.0
 
+# Seconds an agent's end waits for the listing of its changes to hook files.
+HOOK_LIST_PATIENCE = 10.0
+
 
 class Ending(Queries):
     """An agent's end, recovery, retention."""
@@ -181,8 +184,11 @@ class Ending(Queries):
             if before is not None:
                 # In the record before the end is announced: `lev run` asks
                 # for it once told (issue 48).
+                # Bounded: a user's folder that never answers (a stuck FUSE
+                # mount) costs the listing, never the end.
                 with _logged(f"agent {agent_id}: listing its changes to hook files"):
-                    rec.hook_changes = await asyncio.to_thread(_hook_changes, rec, before)
+                    rec.hook_changes = await asyncio.wait_for(
+                        asyncio.to_thread(_hook_changes, rec, before), HOOK_LIST_PATIENCE)
             saved = self._save(rec)
             # The record is final and the scratch gone: whoever waits for the
             # end (an attached `lev run`) may go on while the slower clean-up
