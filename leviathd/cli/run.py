@@ -294,8 +294,10 @@ def _attached_sync(client: SyncClient, req: dict[str, Variant]) -> int:
         out.finish()
     try:
         (info,) = client.call("Get", "s", [agent_id])
-    except (DaemonError, OSError):
-        return status  # (the end is told; the listing is only a note)
+    except Exception:
+        # (the end is told; the listing is a note, and the exit status
+        # is the agent's whatever befalls the bus now)
+        return status
     _tell_hook_changes(agent_id, info)
     return status
 
@@ -434,12 +436,10 @@ async def _attached(client: Client, req: dict[str, Any]) -> int:
         )
     finally:
         out.finish()
-    from leviathd.cli.client import DaemonError as AioDaemonError
-
     try:
         (info,) = await client.call("Get", "s", [agent_id])
-    except (AioDaemonError, OSError):
-        return status
+    except Exception:
+        return status  # (as in _attached_sync)
     _tell_hook_changes(agent_id, info)
     return status
 
