@@ -29,12 +29,28 @@ WORK = "view-work"
 
 # {probe} is replaced per run: what a RUN step tries to read from the root it got.
 DOCKERFILE = f"""FROM {IMAGE}
-RUN --mount=type=cache,id=../../../../../../../../..,target=/host,uid=0 sh -c 'R=/host; {{probe}}; echo cache-probe-done'
+RUN --mount=type=cache,id=../../../../../../../../..,target=/host,uid=0 sh -c 'R=/host; {{probe}}; echo cache-probe""-done'
 RUN --mount=type=cache,id=pipcache,target=/c,uid=0 sh -c 'chmod 777 /c; echo "echo ALICE-CODE-RAN" > /c/run.sh; chmod 777 /c/run.sh; echo planted'
 """  # noqa: E501
 # The engine may refuse this one (a bind of its whole root): it must leak nothing either way.
 BIND_DOCKERFILE = f"""FROM {IMAGE}
-RUN --mount=type=bind,source=/,target=/host sh -c 'R=/host; {{probe}}; echo bind-probe-done'
+RUN --mount=type=bind,source=/,target=/host sh -c 'R=/host; {{probe}}; echo bind-probe""-done'
+"""
+# buildah's bind `from=` a stage follows a link in it on the engine's side
+# (CVE-2024-1753, in the buildah Debian 12 ships): a link to `/` mounts the
+# engine's root.
+FROM_DOCKERFILE = f"""FROM {IMAGE} AS link
+RUN ln -s / /rootlink
+FROM {IMAGE}
+RUN --mount=type=bind,from=link,source=/rootlink,target=/host sh -c 'R=/host; {{probe}}; echo from-probe""-done'
+"""  # noqa: E501
+# A secret's `src` in the Dockerfile, and an ssh agent's mount: the classic
+# builder may refuse either; neither may hand a hidden file to the step.
+SECRET_DOCKERFILE = f"""FROM {IMAGE}
+RUN --mount=type=secret,id=x,src={{key}},target=/s sh -c 'cat /s /run/secrets/x; echo secret-probe""-done'
+"""  # noqa: E501
+SSH_DOCKERFILE = f"""FROM {IMAGE}
+RUN --mount=type=ssh sh -c 'ls -la $SSH_AUTH_SOCK /run/buildkit; echo ssh-probe""-done'
 """
 BOB_DOCKERFILE = f"""FROM {IMAGE}
 RUN --mount=type=cache,id=pipcache,target=/c,uid=0 sh -c 'ls -la /c; [ ! -f /c/run.sh ] || sh /c/run.sh; echo bob-build-done'
@@ -50,7 +66,8 @@ def view(bed: Testbed) -> Testbed:  # noqa: F811
     for user in ("alice", "bob"):
         home = bed.users[user].home
         work = f"{home}/{WORK}"
-        bed.run(["mkdir", "-p", f"{work}/ctx", f"{work}/ctx-bind"], user=user)
+        bed.run(["mkdir", "-p", *(f"{work}/{c}" for c in ("ctx", "ctx-bind", "ctx-from",
+                                                          "ctx-secret", "ctx-ssh"))], user=user)
         bed.run(["cp", f"{home}/rootless-work/{TARBALL}", f"{work}/{TARBALL}"])
         bed.run(["git", "init", "-q", work], user=user)
         bed.run(["mkdir", "-p", f"{home}/.local/bin"], user=user)
@@ -73,7 +90,13 @@ def _secrets(tb: Testbed) -> dict[str, str]:
         tb.write_file(path, text + "\n", mode=0o600)
         tb.run(["chown", f"{owner.name}:", path])
         found[name] = text
-    tb.run(["chown", "alice:", f"{alice.home}/.ssh", f"/run/user/{alice.uid}"])
+    # A stand-in for alice's session bus (the bed runs no `systemd --user` of
+    # hers): a socket where hers would be, the path a RUN step dialled to make
+    # a unit that outlived her agent.
+    tb.run(["python3", "-c", "import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])",
+            f"/run/user/{alice.uid}/bus"])
+    tb.run(["chown", "alice:", f"{alice.home}/.ssh", f"/run/user/{alice.uid}",
+            f"/run/user/{alice.uid}/bus"])
     tb.run(["chmod", "700", f"{alice.home}/.ssh", f"/run/user/{alice.uid}"])
     return found
 
@@ -83,7 +106,10 @@ def _probe(tb: Testbed) -> str:
     reads = [f"{alice.home}/.ssh/id_rsa", f"{alice.home}/leviath-marker-outside",
              f"{bob.home}/leviath-secret-view", f"/run/user/{alice.uid}/leviath-marker"]
     # `$R` is the root the step got; every read is tried, whatever fails.
-    return "for f in " + " ".join(reads) + "; do cat $R$f; done 2>/dev/null; true"
+    rundir = f"/run/user/{alice.uid}"
+    return ("for f in " + " ".join(reads) + "; do cat $R$f; done 2>/dev/null; "
+            f"[ ! -e $R{rundir} ] || echo runtime-dir\"\"-seen; "
+            f"[ ! -S $R{rundir}/bus ] || echo session-bus\"\"-seen; true")
 
 
 def _var_tmp(tb: Testbed) -> set[str]:
@@ -107,6 +133,10 @@ def test_builds_and_binds_reach_only_what_the_agent_sees_and_nothing_outlives_it
     probe = _probe(view)
     view.write_file(f"{work}/ctx/Dockerfile", DOCKERFILE.replace("{probe}", probe))
     view.write_file(f"{work}/ctx-bind/Dockerfile", BIND_DOCKERFILE.replace("{probe}", probe))
+    view.write_file(f"{work}/ctx-from/Dockerfile", FROM_DOCKERFILE.replace("{probe}", probe))
+    key = f"{alice.home}/.ssh/id_rsa"
+    view.write_file(f"{work}/ctx-secret/Dockerfile", SECRET_DOCKERFILE.replace("{key}", key))
+    view.write_file(f"{work}/ctx-ssh/Dockerfile", SSH_DOCKERFILE)
     view.write_file(f"{work}/evil.cfg", "[core]\n\thooksPath = /tmp/evil\n")
     view.run(["chown", "-R", "alice:", work])
     config = f"{work}/.git/config"
@@ -120,6 +150,17 @@ $D import {TARBALL} {IMAGE} >/dev/null && echo import-ok
 DOCKER_BUILDKIT=0 $D build --no-cache --network none -t localhost/view-probe:1 ctx \\
     && echo build-ok
 DOCKER_BUILDKIT=0 $D build --no-cache --network none ctx-bind
+DOCKER_BUILDKIT=0 $D build --no-cache --network none ctx-from
+DOCKER_BUILDKIT=0 $D build --no-cache --network none ctx-secret
+DOCKER_BUILDKIT=0 $D build --no-cache --network none --secret id=x,src={key} ctx-secret
+DOCKER_BUILDKIT=0 $D build --no-cache --network none ctx-ssh
+# What the CLI cannot send without BuildKit, sent raw: podman's /build reads
+# `secrets` (a file of the engine's side) from the query.
+tar -C ctx-secret -cf secret.tar Dockerfile
+curl -sS --unix-socket "${{DOCKER_HOST#unix://}}" -H 'Content-Type: application/x-tar' \
+    --data-binary @secret.tar \
+    "http://d/build?networkmode=none&secrets=%5B%22id%3Dx%2Csrc%3D{key.replace('/', '%2F')}%22%5D"
+echo raw-secret-done
 $D run --rm {BED_RUN} -v "$PWD:/w" {IMAGE} sh -c \\
     'echo "[core] hooksPath = /tmp/evil" >> /w/.git/config && echo container-wrote-config'
 $D create --name cpc {BED_RUN} -v "$HOME/.local/bin:/lb" {IMAGE} true >/dev/null \\
@@ -142,10 +183,14 @@ sleep 600
             time.sleep(0.5)
         out = view.run(["cat", f"{work}/probes.out"]).stdout
         # The steps ran (a build that failed early would show nothing either).
-        for word in ("import-ok", "cache-probe-done", "build-ok", "created", "left-running"):
+        for word in ("import-ok", "cache-probe-done", "build-ok", "raw-secret-done", "created",
+                     "left-running"):
             assert word in out, (word, out)
         for name, text in secrets.items():
             assert text not in out, f"a RUN step read {name}: {out}"
+        # alice's runtime folder and session bus are not in the engine's view.
+        assert "runtime-dir-seen" not in out, out
+        assert "session-bus-seen" not in out, out
         # The fence's read-only .git/config stays so in a bind, and to docker cp.
         assert "container-wrote-config" not in out, out
         assert "cp-wrote-tool" not in out, out
