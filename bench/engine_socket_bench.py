@@ -64,6 +64,10 @@ calls = {
     "api-ping": lambda: api(f"HEAD /_ping {head}".encode()),
     "api-ps": lambda: api(f"GET /v1.41/containers/json {head}".encode()),
 }
+if len(sys.argv) > 4:  # a small build context: one RUN step, no cache
+    calls["build"] = lambda: subprocess.run(
+        ["/usr/bin/docker", "build", "-q", "--no-cache", "--network", "none", sys.argv[4]],
+        check=True, stdout=subprocess.DEVNULL, env={**os.environ, "DOCKER_BUILDKIT": "0"})
 out = {k: [] for k in calls}
 for i in range(n):
     for k, call in calls.items():
