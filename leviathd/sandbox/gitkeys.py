@@ -52,6 +52,10 @@ FOLDER: frozenset[str] = _keys("""
 
 NEITHER: frozenset[str] = _keys("""
     add.ignoreerrors add.interactive.usebuiltin advice.* advice.addembeddedrepo
+    advice.diverging advice.forcedeletebranch advice.mergeconflict advice.rebasetodoerror
+    advice.refsyntax advice.sparseindexexpanded advice.submodulemergeconflict
+    advice.worktreeaddorphan fsck.badreffiletype fsck.badrefname fsck.largepathname
+    receive.fsck.badreffiletype receive.fsck.badrefname receive.fsck.largepathname
     advice.addemptypathspec advice.addignoredfile advice.ambiguousfetchrefspec advice.amworkdir
     advice.checkoutambiguousremotebranchname advice.commitbeforemerge advice.detachedhead
     advice.fetchshowforcedupdates advice.graftfiledeprecated advice.ignoredhook

@@ -6,6 +6,9 @@ NameOwnerChanged is not)."""
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from dbus_fast import Message, MessageType
@@ -15,7 +18,22 @@ from leviathd.bus.bounded import BoundedBus
 from leviathd.bus.caller_watch import BUS_DRIVER, BusCallerWatch
 
 
-def test_the_daemons_pending_calls_never_pass_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def address(tmp_path: Path) -> Iterator[str]:
+    """A unix socket that listens and never answers: dbus-fast 2.44 (Debian
+    13's) connects in MessageBus() itself, newer ones at connect()."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(tmp_path / "bus"))
+    srv.listen()
+    try:
+        yield f"unix:path={tmp_path / 'bus'}"
+    finally:
+        srv.close()
+
+
+def test_the_daemons_pending_calls_never_pass_the_cap(
+    monkeypatch: pytest.MonkeyPatch, address: str
+) -> None:
     async def go() -> int:
         release = asyncio.Event()
         now = peak = 0
@@ -29,7 +47,7 @@ def test_the_daemons_pending_calls_never_pass_the_cap(monkeypatch: pytest.Monkey
             return msg
 
         monkeypatch.setattr(MessageBus, "call", call)
-        bus = BoundedBus(bus_address="unix:path=/nonexistent", max_pending=3)
+        bus = BoundedBus(bus_address=address, max_pending=3)
         calls = [asyncio.ensure_future(bus.call(Message(path="/", member="M")))
                  for _ in range(10)]
         for _ in range(20):
@@ -47,9 +65,9 @@ def _owner_changed(sender: str, name: str) -> Message:
                    body=[name, name, ""])
 
 
-def test_only_the_bus_driver_says_a_caller_has_gone() -> None:
+def test_only_the_bus_driver_says_a_caller_has_gone(address: str) -> None:
     async def go() -> list[str]:
-        watch = BusCallerWatch(MessageBus(bus_address="unix:path=/nonexistent"))
+        watch = BusCallerWatch(MessageBus(bus_address=address))
         gone: list[str] = []
         watch.on_gone(gone.append)
         watch._on_message(_owner_changed(":1.66", ":1.42"))  # a client's forgery

@@ -333,6 +333,9 @@ def unit_tests() -> tuple[int, str]:
              # (scripts/setup's npm prefix); that test runs there, not here.
              "-p no:cacheprovider -rs --durations=5 "
              "--deselect tests/unit/test_claudestate_keys.py "
+             # unshare's pid namespace and a named cgroup of the test's own are the
+             # host's (the build root is a chroot in a mount namespace only).
+             "--deselect tests/unit/test_join_facts.py "
              f"tests/unit; }} >{b}/unit.log 2>&1; "
              f"echo $? >{b}/unit.rc")
     return (int((root / BUILD / "unit.rc").read_text()),
