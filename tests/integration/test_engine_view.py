@@ -147,13 +147,13 @@ def test_builds_and_binds_reach_only_what_the_agent_sees_and_nothing_outlives_it
     script = f"""exec > probes.out 2>&1
 D={DOCKER}
 $D import {TARBALL} {IMAGE} >/dev/null && echo import-ok
-DOCKER_BUILDKIT=0 $D build --no-cache --network none -t localhost/view-probe:1 ctx \\
+DOCKER_BUILDKIT=0 $D build --no-cache -t localhost/view-probe:1 ctx \\
     && echo build-ok
-DOCKER_BUILDKIT=0 $D build --no-cache --network none ctx-bind
-DOCKER_BUILDKIT=0 $D build --no-cache --network none ctx-from
-DOCKER_BUILDKIT=0 $D build --no-cache --network none ctx-secret
-DOCKER_BUILDKIT=0 $D build --no-cache --network none --secret id=x,src={key} ctx-secret
-DOCKER_BUILDKIT=0 $D build --no-cache --network none ctx-ssh
+DOCKER_BUILDKIT=0 $D build --no-cache ctx-bind
+DOCKER_BUILDKIT=0 $D build --no-cache ctx-from
+DOCKER_BUILDKIT=0 $D build --no-cache ctx-secret
+DOCKER_BUILDKIT=0 $D build --no-cache --secret id=x,src={key} ctx-secret
+DOCKER_BUILDKIT=0 $D build --no-cache ctx-ssh
 # What the CLI cannot send without BuildKit, sent raw: podman's /build reads
 # `secrets` (a file of the engine's side) from the query.
 tar -C ctx-secret -cf secret.tar Dockerfile
@@ -220,7 +220,7 @@ def test_bobs_build_runs_nothing_alice_planted_in_buildahs_cache(view: Testbed) 
     view.run(["chown", "-R", "bob:", work])
     script = f"""set -e
 {DOCKER} import {TARBALL} {IMAGE} >/dev/null
-DOCKER_BUILDKIT=0 {DOCKER} build --no-cache --network none ctx 2>&1
+DOCKER_BUILDKIT=0 {DOCKER} build --no-cache ctx 2>&1
 """
     r = view.run(["lev", "run", "--", "sh", "-c", script], user="bob", cwd=work,
                  check=False, timeout=300)
