@@ -74,7 +74,11 @@ def parse_push(data: bytes) -> tuple[list[RefUpdate], list[str], int]:
             caps = cap_text.rstrip(b"\n").split(b" ")
         line = command.rstrip(b"\n").decode("utf-8", "replace")
         parts = line.split(" ")
-        if line.startswith("shallow ") and len(parts) == 2:
+        if parts[0] == "shallow" and len(parts) == 2:
+            # git sends one per shallow commit it has; counted in the bytes
+            # bound above like every other line, and only an object id.
+            if not _OID.match(parts[1]):
+                raise ValueError("not a shallow line")
             continue
         if len(parts) != 3 or not _OID.match(parts[0]) or not _OID.match(parts[1]):
             raise ValueError("not a ref update line")

@@ -59,6 +59,19 @@ def test_a_command_section_past_its_bound_is_refused_before_its_end() -> None:
         parse_commands(line * n)
 
 
+def test_shallow_lines_count_in_the_bound_and_are_object_ids_only() -> None:
+    # A push from a shallow clone starts with `shallow <oid>` lines: an
+    # endless run of them is refused once past MAX_COMMANDS (not waited on
+    # for a flush), and one carrying anything but an object id is refused.
+    shallow = pkt(f"shallow {OLD}")
+    with pytest.raises(ValueError, match="too long"):
+        parse_commands(shallow * (MAX_COMMANDS // len(shallow) + 2))
+    with pytest.raises(ValueError, match="shallow"):
+        parse_commands(pkt("shallow refs/heads/x") + pkt(f"{OLD} {NEW} refs/heads/b") + b"0000")
+    updates, _ = parse_commands(shallow + pkt(f"{OLD} {NEW} refs/heads/b") + b"0000")
+    assert [u.ref for u in updates] == ["refs/heads/b"]
+
+
 def test_an_unfinished_section_asks_for_more() -> None:
     with pytest.raises(receivepack.Incomplete):
         parse_commands(pkt(f"{OLD} {NEW} refs/heads/main"))
