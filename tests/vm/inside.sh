@@ -785,6 +785,16 @@ step metrics_file sh -c '
         sleep 1
     done
     stat -c "%U:%G %a" $f; cat $f'
+# ... and Debian 13's prometheus-node-exporter, running as packaged (its own
+# user, the textfile collector on that folder), serves it on :9100.
+step metrics_exporter sh -c '
+    systemctl start prometheus-node-exporter
+    for i in $(seq 60); do
+        curl -fsS http://127.0.0.1:9100/metrics >/tmp/node-exporter.txt 2>/dev/null \
+            && grep -q "^leviathd_agents_running" /tmp/node-exporter.txt && break
+        sleep 1
+    done
+    grep -E "^(node_textfile_scrape_error|node_textfile_mtime_seconds|leviathd_)" /tmp/node-exporter.txt'
 rm -f /etc/leviath/config.toml /home/alice/.ssh/vm-cli-marker
 systemctl reload leviathd
 

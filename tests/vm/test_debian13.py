@@ -800,6 +800,15 @@ def test_the_metrics_file_is_written_for_node_exporter_and_parses(vm: Run) -> No
     assert starts >= 1, out
 
 
+def test_debian13s_node_exporter_serves_the_metrics_file(vm: Run) -> None:
+    # Issue 46: the packaged prometheus-node-exporter (its own user, its
+    # textfile collector's default folder) reads the file without an error.
+    out = vm.ok("metrics_exporter")
+    assert "node_textfile_scrape_error 0" in out, out
+    assert 'file="/var/lib/prometheus/node-exporter/leviathd.prom"' in out, out
+    assert re.search(r'^leviathd_agents_running\{[^}]*user="alice"', out, re.M), out
+
+
 def test_lev_h_over_the_vms_sshd_shows_alices_agents(vm: Run) -> None:
     # Issue 46: `lev -H alice@localhost ps` through Debian 13's openssh and
     # systemd-stdio-bridge shows the long agent alice runs there.
