@@ -336,6 +336,10 @@ def unit_tests() -> tuple[int, str]:
              # unshare's pid namespace and a named cgroup of the test's own are the
              # host's (the build root is a chroot in a mount namespace only).
              "--deselect tests/unit/test_join_facts.py "
+             # The polkit rules' syntax check runs node (the host has it, from
+             # the agent CLIs' npm prefix); Debian's build root has none.
+             "--deselect tests/unit/test_units_and_polkit.py::"
+             "test_the_rules_are_es5_that_polkitd_can_load "
              f"tests/unit; }} >{b}/unit.log 2>&1; "
              f"echo $? >{b}/unit.rc")
     return (int((root / BUILD / "unit.rc").read_text()),
