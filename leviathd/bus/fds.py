@@ -27,7 +27,17 @@ def owned_only(msg: Message) -> None:
     handler will take; give each named argument a descriptor of its own (the
     same one named three times would otherwise be closed three times, the
     second time perhaps another thread's new file)."""
-    fds: Any = msg.unix_fds
+    # dbus-fast gives a message that carried no descriptor its reader's own
+    # list, which the next message's descriptors are then added to (its
+    # reset only replaces a list that is not empty). A reply awaited by a
+    # coroutine (bus/outside.py) was read, then so were other clients' calls
+    # before the coroutine ran: it found their descriptors (another `lev
+    # run`'s stdin and pipes) as its own and closed them, and their handlers
+    # later closed the same numbers again, by then other files of the
+    # daemon's. Here, as it arrives, while the list holds only what this
+    # message carried, each message gets a list of its own.
+    fds: Any = list(msg.unix_fds or ())
+    msg.unix_fds = fds
     if not fds or msg.message_type not in (MessageType.METHOD_CALL, MessageType.SIGNAL):
         # A reply comes from whom the daemon called (the bus daemon lets no
         # one else send one): its caller takes what it carries.

@@ -7,19 +7,23 @@ the daemon still holds never reads EOF."""
 
 from __future__ import annotations
 
+import array
 import asyncio
 import os
 import resource
+import socket
 from collections.abc import Iterator
 from typing import Annotated, Any
 
 import pytest
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
+from dbus_fast.aio.message_reader import build_message_reader
 from dbus_fast.service import ServiceInterface
 from session_bus import bus_address
 
 from leviathd import fdclose
+from leviathd.bus import fds
 from leviathd.bus.compat import DBusSignature, dbus_method, many_fds
 from leviathd.bus.names import MANAGER_IFACE, OBJECT_PATH
 
@@ -328,3 +332,44 @@ def test_a_reply_to_the_daemons_own_call_keeps_its_descriptor(
 
     asyncio.run(go())
     assert os.read(r, 100) == b"kept"
+
+
+def test_a_reply_read_before_another_clients_call_keeps_none_of_its_descriptors(
+    pipes: list[tuple[int, int]]
+) -> None:
+    """dbus-fast's own reader reads, in one pass, the bus's answer to a call
+    of the daemon's (no descriptor: GetConnectionCredentials without a
+    ProcessFD, bus/outside.py) and then another client's RunAttached with
+    three. The coroutine awaiting the answer runs only after that pass: the
+    answer must not show it the other client's descriptors (it closed them,
+    and their handler closed the same numbers again: the daemon's own files
+    by then). The messages go through a socket pair as the bus would send
+    them; the reader and the handler are the daemon's."""
+    sent = _pipes(pipes, 3)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        answer = Message(
+            message_type=MessageType.METHOD_RETURN, reply_serial=7, serial=9,
+            sender="org.freedesktop.DBus", destination=":1.1", signature="a{sv}",
+            body=[{"ProcessID": Variant("u", 42)}])
+        call = Message(
+            destination=":1.1", path=OBJECT_PATH, interface=MANAGER_IFACE,
+            member="RunAttached", signature=RUN_SIG, body=[_request(), 0, 1, 2], serial=3,
+            sender=":1.9", unix_fds=[w for _, w in sent])
+        theirs.sendall(answer._marshall(True))
+        theirs.sendmsg([bytes(call._marshall(True))], [(
+            socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [w for _, w in sent]))])
+        ours.setblocking(False)
+        got: list[Message] = []
+
+        def process(msg: Message) -> None:
+            fds.owned_only(msg)  # the daemon's first handler (bus/compat.py many_fds)
+            got.append(msg)
+
+        build_message_reader(ours, process, lambda _exc: None, True)()
+    assert [m.message_type for m in got] == [MessageType.METHOD_RETURN, MessageType.METHOD_CALL]
+    run_fds = list(got[1].unix_fds)
+    for fd in run_fds:
+        os.close(fd)
+    assert len(run_fds) == 3
+    assert got[0].unix_fds == []
