@@ -256,12 +256,16 @@ class Starting(Planning):
                      if len(self._copies) < output.budget() else None)
         if s.clients is None:
             return
+        # The undo first and each descriptor in it as soon as it exists: a
+        # pipe2 that fails (EMFILE under a low file limit) leaks none.
+        s.loose = [fd for fd in s.clients if fd is not None]
+        undo.callback(_quietly, f"agent {s.agent_id}: closing its output", s.drop_output)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        s.loose += [out_r, out_w]
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        s.loose = [out_r, out_w, err_r, err_w, *(fd for fd in s.clients if fd is not None)]
+        s.loose += [err_r, err_w]
         s.held_stdio = supervisor.Stdio(stdin=s.stdio.stdin, stdout=out_w, stderr=err_w,
                                         kept=(out_r, err_r))
-        undo.callback(_quietly, f"agent {s.agent_id}: closing its output", s.drop_output)
 
     async def _take_scratch_image(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
         if launchers.held_needs(s.p.kinds).scratch_image:
