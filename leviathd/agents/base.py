@@ -26,7 +26,7 @@ from leviathd.errors import ConfigError, NoSpace
 from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.records import AgentRecord, RecordStore
-from leviathd.sandbox import hookwatch
+from leviathd.sandbox import hookwatch, scratchpool
 from leviathd.sandbox.container import pins as image_pins
 from leviathd.systemd import journal
 from leviathd.systemd.manager import SystemdManager
@@ -91,6 +91,8 @@ class AgentsBase:
         # (uid, scratch_size) of each agent whose scratch is made or being
         # made: what each user's agents may take of scratch_dir's disk.
         self._scratch_sizes: dict[str, tuple[int, int]] = {}
+        # New scratch filesystems made ahead, each handed to one agent.
+        self._scratch_pool = scratchpool.ScratchPool()
         self._on_started = on_started
         self._on_ended = on_ended
         self.machine_config = Config()

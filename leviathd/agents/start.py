@@ -269,14 +269,15 @@ class Starting(Planning):
 
     async def _take_scratch_image(self, s: _Start, undo: contextlib.AsyncExitStack) -> None:
         if launchers.held_needs(s.p.kinds).scratch_image:
-            s.image = self._scratch_image(s.p.merged.agent)
+            eff = s.p.merged.agent
+            size = eff.scratch_size or DEFAULT_SCRATCH_SIZE
+            s.image = self._scratch_image(eff, size)
             if s.image is not None:
                 undo.callback(os.close, s.image)
-                # Made here, off the loop, so that a scratch that cannot be
-                # made, or would take more of scratch_dir's disk than one user
-                # may, refuses the start with the reason (issue 48).
-                eff = s.p.merged.agent
-                size = eff.scratch_size or DEFAULT_SCRATCH_SIZE
+                # Made (or a ready one checked, issue 47) here, off the loop,
+                # so that a scratch that cannot be made, or would take more
+                # of scratch_dir's disk than one user may, refuses the start
+                # with the reason (issue 48).
                 uid = s.p.user.uid
                 mine = sum(n for u, n in self._scratch_sizes.values() if u == uid)
                 self._scratch_sizes[s.agent_id] = (uid, size)
@@ -523,15 +524,20 @@ class Starting(Planning):
             if agent_id not in self.records and not self._store.known(agent_id):
                 return agent_id
 
-    def _scratch_image(self, eff: Effective) -> int | None:
-        """An empty unnamed file for a namespace agent's scratch filesystem
-        in the machine's scratch folder (loopfs.make fills it in the agent's
-        held process); None where the scratch is a tmpfs or the folder
-        cannot be had now (the held process then makes its own)."""
+    def _scratch_image(self, eff: Effective, size: int) -> int | None:
+        """The file of a namespace agent's scratch filesystem in the
+        machine's scratch folder: one made ahead (sandbox/scratchpool.py),
+        or an empty unnamed one (loopfs.prepare makes it an ext4); None
+        where the scratch is a tmpfs or the folder cannot be had now (the
+        held process then makes its own)."""
         if loopfs.backing() != "ext4":
             return None
+        scratch_dir = eff.scratch_dir or DEFAULT_SCRATCH_DIR
+        ready = self._scratch_pool.take(scratch_dir, size)
+        if ready is not None:
+            return ready
         try:
-            dfd = scratch.open_root_dir(eff.scratch_dir or DEFAULT_SCRATCH_DIR)
+            dfd = scratch.open_root_dir(scratch_dir)
         except (Unavailable, OSError):
             return None
         try:

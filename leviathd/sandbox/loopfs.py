@@ -200,8 +200,13 @@ def prepare(image: int, size: int, mine: int = 0, share: str | None = None) -> N
                 f"([sandbox] scratch_user_max = \"{share}\"): end one of them, or ask "
                 "the admin for a smaller scratch_size")
     try:
-        os.ftruncate(image, max(image_size(size), MIN_SIZE))
-        _mkfs(image)
+        if not fresh(image, size):
+            # Anything else (an empty file, or one that is not a new ext4 of
+            # this size) is wiped: truncated to nothing, its blocks freed,
+            # then made anew; whatever it held is never an agent's.
+            os.ftruncate(image, 0)
+            os.ftruncate(image, image_size(size))
+            _mkfs(image)
     except OSError as exc:
         raise Unavailable(
             f"cannot make the agent's scratch filesystem ({size} bytes) in scratch_dir: "
@@ -210,6 +215,32 @@ def prepare(image: int, size: int, mine: int = 0, share: str | None = None) -> N
 
 def image_size(size: int) -> int:
     return max(size, MIN_SIZE)
+
+
+# The ext4 superblock (1 KiB in): what tells a new filesystem from one ever
+# mounted (kernel's fs/ext4/ext4.h, struct ext4_super_block).
+_SB_OFFSET = 1024
+_SB = struct.Struct("<4xI16xI16xI4xH2xH")  # blocks (lo), log block size, mtime, mounts, magic
+_EXT4_MAGIC = 0xEF53
+
+
+def fresh(image: int, size: int) -> bool:
+    """Whether `image` is a new ext4 of `size` that nothing ever mounted: a
+    root-only unnamed file, of that size, whose superblock has no mount
+    time and a mount count of 0 (a mount writes both to the file at once).
+    A scratch made ahead (sandbox/scratchpool.py) is handed to an agent
+    only so; anything else is wiped and made anew (prepare)."""
+    st = os.fstat(image)
+    if (not stat.S_ISREG(st.st_mode) or st.st_nlink != 0 or st.st_uid != 0
+            or st.st_mode & 0o077 or st.st_size != image_size(size)):
+        return False
+    raw = os.pread(image, _SB.size, _SB_OFFSET)
+    if len(raw) != _SB.size:
+        return False
+    blocks, log_block, mtime, mounts, magic = _SB.unpack(raw)
+    block = 1024 << min(log_block, 6)
+    return (magic == _EXT4_MAGIC and mounts == 0 and mtime == 0
+            and st.st_size - block < blocks * block <= st.st_size)
 
 
 def make(dir_fd: int, size: int, image: int | None = None) -> tuple[int, str]:
