@@ -122,7 +122,13 @@ async def serve() -> int:
     def started(agent_id: str, unit: str, uid: int, *, to: str | None = None) -> None:
         _unicast(bus, to, "AgentStarted", "ssu", [agent_id, unit, uid])
 
-    def ended(agent_id: str, status: int, state: str, *, to: str | None = None) -> None:
+    def ended(agent_id: str, status: int, state: str, *, to: str | None = None,
+              hook_changes: list[str] | None = None) -> None:
+        if hook_changes:
+            # Just before the end (one sender's messages to one connection
+            # arrive in order): an attached `lev run` tells them without
+            # asking with Get (issue 47).
+            _unicast(bus, to, "AgentHookChanges", "sas", [agent_id, hook_changes])
         _unicast(bus, to, "AgentEnded", "sis", [agent_id, status, state])
 
     agents = Agents(

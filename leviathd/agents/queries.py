@@ -106,7 +106,8 @@ class Queries(AgentsBase):
     def _tell_ended(self, rec: AgentRecord) -> None:
         status = -1 if rec.exit_status is None else rec.exit_status
         for to in self._signal_to.pop(rec.id, []):
-            self._on_ended(rec.id, status, rec.state.value, to=to)
+            self._on_ended(rec.id, status, rec.state.value, to=to,
+                           hook_changes=list(rec.hook_changes))
 
     async def list(
         self, who: Caller, *, include_ended: bool, cursor: str = "",

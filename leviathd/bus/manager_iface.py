@@ -250,6 +250,12 @@ class ManagerInterface(ServiceInterface):
     ) -> Annotated[list[Any], DBusSignature("sis")]:
         return [agent_id, exit_status, state]
 
+    @dbus_signal()
+    def AgentHookChanges(
+        self, agent_id: str, files: list[str]
+    ) -> Annotated[list[Any], DBusSignature("sas")]:
+        return [agent_id, files]
+
     @dbus_property(access=PropertyAccess.READ)
     def Version(self) -> Str:
         return __version__

@@ -278,7 +278,9 @@ class _Output:
 
 
 def _attached_sync(client: SyncClient, req: dict[str, Variant]) -> int:
-    client.add_signal_match("AgentEnded")
+    # No AddMatch for the daemon's signals: they are unicast to this
+    # connection, which the bus delivers whatever the rules (a rule filters
+    # broadcasts only); each is still checked to be the daemon's.
     client.watch_restarts()
     out = _Output()
     try:
@@ -289,23 +291,22 @@ def _attached_sync(client: SyncClient, req: dict[str, Variant]) -> int:
     finally:
         out.sent()
     try:
-        status = _wait_attached(client, agent_id)
+        status, changed = _wait_attached(client, agent_id)
     finally:
         out.finish()
-    try:
-        (info,) = client.call("Get", "s", [agent_id])
-    except Exception:
-        # (the end is told; the listing is a note, and the exit status
-        # is the agent's whatever befalls the bus now)
-        return status
-    _tell_hook_changes(agent_id, info)
+    _tell_hook_changes(agent_id, changed)
     return status
 
 
-def _tell_hook_changes(agent_id: str, info: dict[str, Any]) -> None:
+def _hook_changes(info: dict[str, Any]) -> list[str]:
+    return [str(c) for c in info["hook_changes"].value] if "hook_changes" in info else []
+
+
+def _tell_hook_changes(agent_id: str, changed: list[str]) -> None:
     """The last line of an attached run: what the agent changed in the hook
-    files it was given (issue 48), which run on the host at the next commit."""
-    changed = info["hook_changes"].value if "hook_changes" in info else []
+    files it was given (issue 48), which run on the host at the next commit:
+    heard in the daemon's AgentHookChanges just before its AgentEnded, or
+    read in the Watch reply that told the end (issue 47: no Get after it)."""
     if changed:
         print(f"lev: agent {agent_id} changed hook files that run on this host (read them "
               f"before your next commit): {', '.join(changed)}", file=sys.stderr, flush=True)
@@ -318,19 +319,20 @@ def _status(info: dict[str, Any]) -> int | None:
     return int(info["exit_status"].value) if "exit_status" in info else 1
 
 
-def _watch(client: SyncClient, agent_id: str) -> int | None:
-    """Ask after the agent, and hear its end from now on (Watch); its exit
-    status if it has ended already."""
+def _watch(client: SyncClient, agent_id: str) -> dict[str, Any]:
+    """Ask after the agent, and hear its end from now on (Watch); its
+    record (_status: its exit status if it has ended already)."""
     try:
         (info,) = client.call("Watch", "s", [agent_id])
     except DaemonError as exc:  # a daemon from before Watch
         if exc.name != "org.freedesktop.DBus.Error.UnknownMethod":
             raise
         (info,) = client.call("Get", "s", [agent_id])
-    return _status(info)
+    return info  # type: ignore[no-any-return]
 
 
-def _wait_attached(client: SyncClient, agent_id: str) -> int:
+def _wait_attached(client: SyncClient, agent_id: str) -> tuple[int, list[str]]:
+    """The agent's exit status, and the hook files it changed."""
     # Ctrl-C and SIGTERM stop the agent (once) and we go on waiting for its
     # end; the handlers only wake the wait below.
     interrupted: list[int] = []
@@ -342,6 +344,7 @@ def _wait_attached(client: SyncClient, agent_id: str) -> int:
     }
     client.conn.wakeup = rfd
     stop_sent = False
+    changed: list[str] = []
     try:
         while True:
             if interrupted and not stop_sent:
@@ -361,12 +364,15 @@ def _wait_attached(client: SyncClient, agent_id: str) -> int:
                 if client.from_daemon(msg, "AgentEnded") and msg.body[0] == agent_id:
                     status = int(msg.body[1])
                     break
+                if client.from_daemon(msg, "AgentHookChanges") and msg.body[0] == agent_id:
+                    changed = [str(c) for c in msg.body[1]]
                 continue
             # Nothing heard for a while, or the daemon restarted (and does
             # not know this connection): ask, and be told of the end.
-            got = _watch(client, agent_id)
+            info = _watch(client, agent_id)
+            got = _status(info)
             if got is not None:
-                status = got
+                status, changed = got, _hook_changes(info)
                 break
     finally:
         client.conn.wakeup = None
@@ -375,7 +381,7 @@ def _wait_attached(client: SyncClient, agent_id: str) -> int:
             signal.signal(sig, handler)
         os.close(rfd)
         os.close(wfd)
-    return status if status >= 0 else 1
+    return (status if status >= 0 else 1), changed
 
 
 async def _run_prompting(req: dict[str, Variant]) -> int:
@@ -398,6 +404,7 @@ async def _attached(client: Client, req: dict[str, Any]) -> int:
     from dbus_fast import Message
 
     ended: dict[str, int] = {}
+    changes: dict[str, list[str]] = {}
     done = asyncio.Event()
     wanted: list[str] = []
 
@@ -407,6 +414,8 @@ async def _attached(client: Client, req: dict[str, Any]) -> int:
             ended[agent_id] = status
             if agent_id in wanted:
                 done.set()
+        elif client.from_daemon(msg, "AgentHookChanges") and msg.body[0] in wanted:
+            changes[str(msg.body[0])] = [str(c) for c in msg.body[1]]
         elif client.new_daemon(msg):
             restarted.set()
         return False
@@ -432,19 +441,15 @@ async def _attached(client: Client, req: dict[str, Any]) -> int:
     out.sent()
     try:
         status = await _wait_attached_async(
-            client, agent_id, wanted, ended, done, restarted, prompter
+            client, agent_id, wanted, ended, done, restarted, prompter, changes
         )
     finally:
         out.finish()
-    try:
-        (info,) = await client.call("Get", "s", [agent_id])
-    except Exception:
-        return status  # (as in _attached_sync)
-    _tell_hook_changes(agent_id, info)
+    _tell_hook_changes(agent_id, changes.get(agent_id, []))
     return status
 
 
-async def _watch_async(client: Client, agent_id: str) -> int | None:
+async def _watch_async(client: Client, agent_id: str) -> dict[str, Any]:
     """As _watch, on the asyncio client."""
     from leviathd.cli.client import DaemonError as AioDaemonError
 
@@ -454,12 +459,12 @@ async def _watch_async(client: Client, agent_id: str) -> int | None:
         if exc.name != "org.freedesktop.DBus.Error.UnknownMethod":
             raise
         (info,) = await client.call("Get", "s", [agent_id])
-    return _status(info)
+    return info  # type: ignore[no-any-return]
 
 
 async def _wait_attached_async(
     client: Client, agent_id: str, wanted: list[str], ended: dict[str, int],
-    done: Any, restarted: Any, prompter: Any,
+    done: Any, restarted: Any, prompter: Any, changes: dict[str, list[str]],
 ) -> int:
     import asyncio
 
@@ -488,9 +493,11 @@ async def _wait_attached_async(
         if done.is_set():
             break
         restarted.clear()
-        got = await _watch_async(client, agent_id)
+        info = await _watch_async(client, agent_id)
+        got = _status(info)
         if got is not None:
             ended[agent_id] = got
+            changes[agent_id] = _hook_changes(info)
             break
     if prompter is not None:
         prompter.stop()

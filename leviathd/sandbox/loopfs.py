@@ -238,8 +238,8 @@ def fresh(image: int, size: int) -> bool:
     if len(raw) != _SB.size:
         return False
     blocks, log_block, mtime, mounts, magic = _SB.unpack(raw)
-    block = 1024 << min(log_block, 6)
-    return (magic == _EXT4_MAGIC and mounts == 0 and mtime == 0
+    block = 1024 << min(int(log_block), 6)
+    return bool(magic == _EXT4_MAGIC and mounts == 0 and mtime == 0
             and st.st_size - block < blocks * block <= st.st_size)
 
 

@@ -52,6 +52,11 @@ def agent_ended(agent_id: str, status: int = 0) -> list[object]:
             [agent_id, status, "exited"]]
 
 
+def agent_hook_changes(agent_id: str, files: list[str]) -> list[object]:
+    return ["/org/leviath/Manager1", "org.leviath.Manager1", "AgentHookChanges", "sas",
+            [agent_id, files]]
+
+
 def forge(bed: Testbed, forger: str, victim: str, signals: list[list[object]]) -> int:
     """`forger` sends `signals` to each connection of `victim`: how many
     connections were reached."""

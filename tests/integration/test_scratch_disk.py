@@ -7,6 +7,7 @@ message says how)."""
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -311,3 +312,52 @@ def test_one_users_agents_cannot_fill_the_scratch_disk_under_anothers(bed: Testb
         configure(bed)
         bed.run(["systemctl", "restart", "leviathd"])
         bed.run(["umount", SMALL], check=False)
+
+
+def scratch_files(bed: Testbed) -> set[str]:
+    """The unnamed scratch files the daemon holds: running agents' and those
+    made ahead (sandbox/scratchpool.py)."""
+    return {line.split(" -> ", 1)[1].removesuffix(" (deleted)")
+            for line in daemon_files(bed).splitlines()
+            if f" -> {SCRATCH}/#" in line}
+
+
+def test_a_scratch_made_ahead_carries_nothing_from_one_agent_to_another(bed: Testbed) -> None:
+    """Issue 47 item 2: a start takes a scratch filesystem made ahead. From
+    inside the agents: alice's writes a marker into its /tmp and home and
+    flushes it to its disk; bob's next agent, whose scratch was made before
+    it started, is another file and finds nothing of it, nor does his
+    agent after alice's ended (each image is given once and never back)."""
+    marker = "MARK" + secrets.token_hex(8)
+    probe = (f"if grep -rqs {marker} /tmp ~ || [ -e /tmp/m ] || [ -e ~/m ]; then echo LEAK; "
+             "fi; echo probe-done")
+    cwd = f"{bed.users['alice'].home}/work"
+    bob_cwd = f"{bed.users['bob'].home}/work"
+    # Each waits for its go file: its loop device is read while it runs.
+    wait_go = "until [ -e go ]; do sleep 0.1; done"
+    alice, _dev, a_file = running_scratch(
+        bed, f"echo {marker} > /tmp/m; echo {marker} > ~/m; sync; echo written; "
+             f"{wait_go}")
+    bob = ""
+    try:
+        wait_until("alice's marker written", lambda: "written" in lev(bed, "logs", alice).stdout)
+        a_file = a_file.removesuffix(" (deleted)")
+        # The pool makes new ones in its own thread after each start.
+        wait_until("a scratch made ahead", lambda: len(scratch_files(bed) - {a_file}) >= 1)
+        ahead = scratch_files(bed) - {a_file}
+        bob, _dev, b_file = running_scratch(bed, f"{probe}; {wait_go}", user="bob")
+        b_file = b_file.removesuffix(" (deleted)")
+        assert b_file != a_file
+        assert b_file in ahead, (b_file, ahead)  # made before bob's start
+        wait_until("bob's probe", lambda: "probe-done" in lev(bed, "logs", bob, user="bob").stdout)
+        assert "LEAK" not in lev(bed, "logs", bob, user="bob").stdout
+    finally:
+        bed.run(["touch", f"{cwd}/go"], user="alice")
+        bed.run(["touch", f"{bob_cwd}/go"], user="bob")
+    wait_ended(bed, alice)
+    if bob:
+        wait_ended(bed, bob, "bob")
+    bed.run(["rm", "-f", f"{cwd}/go"], user="alice")
+    bed.run(["rm", "-f", f"{bob_cwd}/go"], user="bob")
+    r = lev(bed, "run", "--", "sh", "-c", probe, user="bob")
+    assert "probe-done" in r.stdout and "LEAK" not in r.stdout, r.stdout

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from forged_signals import VENV_PY, agent_ended, forge, running_agent
+from forged_signals import VENV_PY, agent_ended, agent_hook_changes, forge, running_agent
 from testbed import Testbed
 
 
@@ -28,14 +28,18 @@ def test_a_spoofed_unicast_agent_ended_does_not_end_lev_run(testbed: Testbed) ->
     )
     try:
         agent_id = running_agent(bed, "alice", "spoof-done", proc)
-        # The signal does reach alice's lev.
-        assert forge(bed, "carol", "alice", [agent_ended(agent_id)]) > 0
+        # The signal does reach alice's lev; so does a forged list of
+        # changed hook files (issue 47: told by signal, not asked for).
+        forged = f"{home}/FORGED-hook"
+        assert forge(bed, "carol", "alice", [agent_hook_changes(agent_id, [forged]),
+                                            agent_ended(agent_id)]) > 0
         time.sleep(2)
         assert proc.poll() is None, "lev run believed carol's AgentEnded"
         bed.run(["touch", flag], user="alice")
         out, err = proc.communicate(timeout=30)
         assert "REAL-END" in out, (out, err)
         assert proc.returncode == 7, (proc.returncode, out, err)
+        assert "FORGED-hook" not in err, err
     finally:
         if proc.poll() is None:
             proc.kill()

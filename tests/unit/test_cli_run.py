@@ -77,3 +77,38 @@ def test_a_blueprint_folder_is_read_by_its_real_path(tmp_path: Path) -> None:
     assert 'command = ["true"]' in req["blueprint"].value
     with pytest.raises(NotFound, match="no blueprint at"):
         run.build_request(parse(["run", str(tmp_path / "none"), "-w", str(tmp_path)]))
+
+
+def _signal(sender: str, member: str, body: list[object], sig: str) -> object:
+    from leviathd.cli import wire
+
+    return wire.Message(wire.SIGNAL, sender=sender, path="/org/leviath/Manager1",
+                        interface="org.leviath.Manager1", member=member, signature=sig,
+                        body=body)
+
+
+def test_an_attached_run_hears_its_hook_changes_in_the_daemons_signal_only() -> None:
+    """Issue 47 item 3: `lev run` no longer asks with Get after the end;
+    the daemon's AgentHookChanges (just before its AgentEnded) says what to
+    list. A look-alike from another connection (any local user can unicast
+    one) or one about another agent is not listed."""
+    from leviathd.cli import run, wire
+
+    def client(*signals: object) -> wire.SyncClient:
+        c = wire.SyncClient.__new__(wire.SyncClient)
+        c.conn = wire.Connection.__new__(wire.Connection)
+        c.conn.keep_signals_from = ":1.5"
+        c.conn.signals = list(signals)  # type: ignore[arg-type]
+        c.conn.wakeup = None
+        c._daemon = ":1.5"
+        return c
+
+    ended = _signal(":1.5", "AgentEnded", ["abcd1234", 3, "exited"], "sis")
+    forged = _signal(":1.66", "AgentHookChanges", ["abcd1234", ["/home/a/.envrc (added)"]],
+                     "sas")
+    other = _signal(":1.5", "AgentHookChanges", ["ffff0000", ["/home/a/x (added)"]], "sas")
+    assert run._wait_attached(client(forged, other, ended), "abcd1234") == (3, [])
+    told = _signal(":1.5", "AgentHookChanges", ["abcd1234", ["/home/a/.envrc (added)"]],
+                   "sas")
+    assert run._wait_attached(client(told, ended), "abcd1234") == (
+        3, ["/home/a/.envrc (added)"])
