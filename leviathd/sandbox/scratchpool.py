@@ -81,6 +81,11 @@ class ScratchPool:
         with self._lock:
             return len(self._ready)
 
+    def idle(self) -> bool:
+        """Nothing being made now."""
+        with self._lock:
+            return not self._filling
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -107,8 +112,8 @@ class ScratchPool:
                     return
                 image = _make(*key)
                 with self._lock:
-                    keep = (not self._closed and self._key == key
-                            and len(self._ready) < self._capacity)
+                    # (only this thread adds: the count checked above holds)
+                    keep = not self._closed and self._key == key
                     if keep:
                         self._ready.append(image)
                 if not keep:

@@ -63,7 +63,10 @@ def test_the_pool_is_bounded_and_never_hands_out_one_image_twice(scratch_dir: st
         pool.want(scratch_dir, SIZE)
         _wait_ready(pool, 2)
         pool.want(scratch_dir, SIZE)  # full: nothing more is made
-        assert pool.ready() == 2
+        deadline = time.monotonic() + 60
+        while not pool.idle() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pool.idle() and pool.ready() == 2
         # Kept open, as agents keep theirs (a closed file's inode number
         # may come again).
         taken: list[int] = []
