@@ -97,6 +97,8 @@ def test_the_pool_is_bounded_and_never_hands_out_one_image_twice(scratch_dir: st
             assert pool.ready() <= 2
         for image in taken:
             os.close(image)
+        # What they are copies of is never handed out, never mounted.
+        assert pool._template is not None and loopfs.fresh(pool._template[1], SIZE)
         # Another scratch_dir or size: what was ready for the old one goes.
         assert pool.take(scratch_dir, 2 * SIZE) is None
         _wait_ready(pool, 2)
