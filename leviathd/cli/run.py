@@ -422,7 +422,7 @@ async def _attached(client: Client, req: dict[str, Any]) -> int:
 
     restarted = asyncio.Event()
     client.bus.add_message_handler(on_signal)
-    await client.add_signal_match("AgentEnded")
+    # (no AddMatch for AgentEnded: unicast, as in _attached_sync)
     await client.watch_restarts()
     prompter = None
     if os.isatty(0):  # held tool calls of this agent are asked about here
