@@ -122,6 +122,9 @@ class ProxyRules:
     # proxy may reach. Opened by the configs (open_proxy), narrowed below.
     host_ports: tuple[int, ...] = ()
     private_ranges: tuple[str, ...] = ()
+    # Issue 45: the CLIs' logins as placeholders, swapped at the egress. Only
+    # the configs turn it off (_config_proxy); a blueprint's setting is ignored.
+    cli_logins: bool = True
 
 
 def open_proxy(rules: ProxyRules, layer: ProxyConfig) -> ProxyRules:
@@ -181,7 +184,13 @@ def narrow_proxy(rules: ProxyRules, layer: ProxyConfig, *, where: str = "bluepri
         max_connections=cap,
         host_ports=rules.host_ports,
         private_ranges=rules.private_ranges,
+        # A config (machine, user) turns it off; a blueprint cannot.
+        cli_logins=rules.cli_logins and (where == "blueprint" or layer.cli_logins is not False),
     )
+    if layer.cli_logins is not None and where == "blueprint" and out is not None:
+        out.add("warn", "proxy-cli-logins-ignored",
+                "blueprint [proxy] cli_logins is ignored: only the machine or user config "
+                "turns the CLI logins' placeholders off")
     return _narrow_openings(narrowed, layer, where, out)
 
 
@@ -875,7 +884,7 @@ def _config_layer(
 def _config_proxy(rules: ProxyRules, layer: ProxyConfig) -> ProxyRules:
     """A config layer's `[proxy]`: its lists narrow, its openings open."""
     shut = layer.model_copy(update={"host_ports": None, "private_ranges": None})
-    return open_proxy(narrow_proxy(rules, shut), layer)
+    return open_proxy(narrow_proxy(rules, shut, where="config"), layer)
 
 
 def default_network(eff: Effective) -> Effective:

@@ -422,6 +422,10 @@ class ProxyConfig(_Model):
     host_ports: Annotated[list[Annotated[StrictInt, Field(ge=1, le=65535)]],
                           Field(max_length=64)] | None = None
     private_ranges: Annotated[list[PrivateRange], Field(max_length=64)] | None = None
+    # Issue 45: the agent CLIs' logins stay on the host and are swapped in at
+    # the egress (proxy/logins.py). On unless the machine or user config turns
+    # it off; a blueprint cannot (it would show the real tokens to its agent).
+    cli_logins: StrictBool | None = None
 
 
 class PolicyRule(_Model):

@@ -140,6 +140,13 @@ def _not_injected(spec: SandboxSpec, kind: str) -> str:
     return f"not injected at the egress ({why}); {held}"
 
 
+def extend_trust(spec: SandboxSpec) -> SandboxSpec:
+    """The trust bundle's variables alone (the CLIs' logins, proxy/logins.py:
+    their TLS is ended by the proxy with the agent's CA)."""
+    bundle = f"{SANDBOX_RUNTIME}/{BUNDLE}"
+    return replace(spec, env={**spec.env, **dict.fromkeys(TRUST_VARIABLES, bundle)})
+
+
 def extend_env(spec: SandboxSpec, eff: Effective, key: bytes) -> SandboxSpec:
     """The trust bundle's variables and the kind "http" placeholders."""
     creds = injected(dict(eff.credentials))

@@ -20,6 +20,10 @@ access push, and (but for the ref advertisement) after a person approved it
 (proxy/tls.py).
 kind = "http": `header` set to `value` with `{secret}` replaced, or basic
 auth with `username` when `value = "basic"`.
+kind = "login" (an agent CLI's own login, proxy/logins.py): as "http", but
+only in place of its placeholder, never into a request that sent none (a
+login has several secrets for one header, and a provider may refuse two
+kinds of key in one request).
 """
 
 from __future__ import annotations
@@ -227,6 +231,8 @@ def rebuild(req: Request, injections: Sequence[Injection], secrets: Mapping[str,
         agent_value = req.header(inj.header)
         if agent_value and not _carries(agent_value, inj.placeholder):
             continue  # the agent's own header, kept above
+        if inj.kind == "login" and not agent_value:
+            continue  # a login's secret only where its placeholder was
         if any(k.lower() == inj.header.lower() for k, _ in out):
             continue  # a second credential for the same header: the first (by name) wins
         out.append((inj.header, credential_value(inj, secret)))

@@ -35,7 +35,7 @@ from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.labels import clearance_for
-from leviathd.proxy import azure, egress, inject, policy, tls
+from leviathd.proxy import azure, egress, inject, logins, policy, tls
 from leviathd.proxy.server import Agent, Injector, ProxyServer
 from leviathd.records import AgentRecord
 from leviathd.sandbox import forwarder
@@ -96,6 +96,10 @@ class ProxyService(Feature):
         self.live: dict[str, ProxyServer] = {}
         # Per agent: the key its placeholders derive from (issue 30).
         self._keys: dict[str, bytes] = {}
+        # Per agent: the CLI logins its specs were given (issue 45), and once
+        # started the real values of their placeholders (memory only).
+        self._login_plans: dict[str, logins.Plan] = {}
+        self._login_secrets: dict[str, dict[str, str]] = {}
         # An adopted agent's broker gets its placeholders before it serves.
         gate.broker_hooks.append(self.preset)
 
@@ -154,7 +158,12 @@ class ProxyService(Feature):
 
     def extend_effective(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
         """The credentials injected at the egress (after the gate's, in the
-        features' order)."""
+        features' order), and the CLIs' logins as placeholders."""
+        if eff.proxy.cli_logins and egress.applies(spec) and spec.kind == SandboxKind.NAMESPACE:
+            plan = self._login_plans.setdefault(spec.execution_id, logins.Plan())
+            spec = logins.plan(spec, plan)
+            if plan.files or plan.env:
+                spec = egress.extend_trust(spec)
         if not egress.injected(dict(eff.credentials)):
             return spec
         if not egress.applies(spec):
@@ -179,6 +188,18 @@ class ProxyService(Feature):
         elif direct:
             injections = egress.injections(egress.git_only(dict(eff.credentials)),
                                            self._key(rec.id))
+        plan = self._login_plans.pop(rec.id, None)
+        if plan is not None and (plan.files or plan.env):
+            started = await asyncio.to_thread(logins.start, plan, rec.id, user.uid, user.gid,
+                                              user.home)
+            for note in started.notes:
+                journal.record(f"agent {rec.id}: CLI logins: {note}",
+                               priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id)
+            injections = (*injections, *started.injections)
+            self._login_secrets[rec.id] = started.secrets
+            if not injections:
+                # The specs name the bundle: the system's CAs at least.
+                await asyncio.to_thread(egress.write_bundle, rec.id, b"")
         push = eff.permissions.get("git_push")
         egress_state: dict[str, object] = {"key": self._key(rec.id).hex(),
                         "injections": [i.to_json() for i in injections],
@@ -190,6 +211,8 @@ class ProxyService(Feature):
     async def on_end(self, rec: AgentRecord) -> None:
         server = self.live.pop(rec.id, None)
         self._keys.pop(rec.id, None)
+        self._login_plans.pop(rec.id, None)
+        self._login_secrets.pop(rec.id, None)
         if server is not None:
             await server.close()
         with contextlib.suppress(OSError):
@@ -299,6 +322,13 @@ class ProxyService(Feature):
             live.broker.placeholder_for = by_name.get
 
         async def secret(name: str) -> str:
+            if name.startswith(logins.PREFIX):
+                # A CLI login's: from memory only (none after a daemon restart).
+                value = self._login_secrets.get(agent_id, {}).get(name)
+                if value is None:
+                    raise LookupError("the CLI's login is not known to this daemon (it "
+                                      "restarted since the agent started)")
+                return value
             live = gate.live.get(agent_id)
             if live is None:
                 raise LookupError("the agent's broker is gone")

@@ -1,0 +1,178 @@
+"""The agent CLIs' own logins at the egress (issue 45 item 1).
+
+A fenced agent behind the proxy never sees the user's real Claude Code,
+Codex or Gemini CLI login:
+- `plan` (spec building, in the planning thread): for each login file the
+  user has in a state folder the fence binds, a read-only bind of a file in
+  the agent's folder over it; an API key the agent's environment would get
+  (ANTHROPIC_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY) replaced by a
+  placeholder of its shape;
+- `start` (the agent's start, after polkit allowed it, in a worker thread):
+  the login files read as the user (creds/clilogins.py: by descriptor, no
+  link followed, bounded), their placeholder files written into the agent's
+  folder (root's, read-only to the agent), and one `kind = "login"`
+  injection per secret: the proxy's one injector (proxy/inject.py,
+  proxy/tls.py) swaps a placeholder for the real value only toward the
+  provider's hosts (`LoginFile.hosts`), over TLS it verified, and only in
+  the header the CLI sends it in.
+The real values live in the daemon's memory only (never in a spec, a
+snapshot or the journal).
+
+Not done (docs/sandbox.md): the CLI's own token refresh (its refresh token
+travels in a body, which is not swapped), a login done inside the agent, and
+the swap after a daemon restart (the placeholders then reach the provider
+as they are: the CLI is logged out inside until the agent is started again).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from dataclasses import dataclass, field, replace
+
+from leviathd import fsat, fsids
+from leviathd.creds import clilogins
+from leviathd.gate.service import agent_dir
+from leviathd.proxy import inject
+from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
+
+KIND = "login"
+# Every injection name of a login starts so; a configured credential's name
+# cannot hold "/" (config/models.py Name), so none collides with one.
+PREFIX = "login/"
+
+
+@dataclass(frozen=True)
+class EnvKey:
+    header: str
+    value: str
+    hosts: tuple[str, ...]
+
+
+# The variables each CLI reads its API key from, and how it sends it.
+ENV_KEYS: dict[str, EnvKey] = {
+    "ANTHROPIC_API_KEY": EnvKey("x-api-key", "{secret}", clilogins.LOGIN_FILES[0].hosts),
+    "OPENAI_API_KEY": EnvKey("Authorization", "Bearer {secret}", ("api.openai.com",)),
+    "GEMINI_API_KEY": EnvKey("x-goog-api-key", "{secret}",
+                             ("generativelanguage.googleapis.com",)),
+}
+_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def slug(tool: str) -> str:
+    return _SLUG.sub("-", tool.lower()).strip("-")
+
+
+def file_name(login_file: clilogins.LoginFile) -> str:
+    """The placeholder file's name in the agent's folder."""
+    return f"login-{slug(login_file.tool)}.json"
+
+
+@dataclass
+class Plan:
+    """What one agent's specs were given: the login files bound (by tool)
+    and each API key's placeholder with its real value."""
+
+    files: dict[str, clilogins.LoginFile] = field(default_factory=dict)
+    env: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
+
+
+def _bound(spec: SandboxSpec, path: str) -> bool:
+    """Whether the fence shows `path` from the host (a state folder's bind)."""
+    return any(m.kind == "bind" and m.target != "/" and is_within(path, m.target)
+               and m.target != path for m in spec.mounts)
+
+
+def _has_file(spec: SandboxSpec, rel: tuple[str, ...]) -> bool:
+    """A regular file there, looked at as the user by descriptor."""
+    with fsids.as_user(spec.uid, spec.gid):
+        try:
+            fd = fsat.open_dir(spec.home)
+        except OSError:
+            return False
+        try:
+            for part in rel[:-1]:
+                nxt = fsat.open_dir_at(fd, part)
+                os.close(fd)
+                fd = nxt
+            st = fsat.lstat_at(fd, rel[-1])
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+    return st is not None
+
+
+def plan(spec: SandboxSpec, plan_: Plan) -> SandboxSpec:
+    """The binds over the login files and the keys' placeholders; `plan_`
+    (the agent's, shared by its steps) keeps what `start` needs."""
+    mounts = list(spec.mounts)
+    env = dict(spec.env)
+    notes = list(spec.notes)
+    for login_file in clilogins.LOGIN_FILES:
+        path = posixpath.join(spec.home, *login_file.rel)
+        if not _bound(spec, path) or not _has_file(spec, login_file.rel):
+            continue
+        plan_.files[login_file.tool] = login_file
+        mounts.append(Mount("bind", path, posixpath.join(agent_dir(spec.execution_id),
+                                                          file_name(login_file)),
+                            readonly=True, exact=True,
+                            why=f"{login_file.tool}'s login: placeholders (the real tokens "
+                                "stay on the host)"))
+        notes.append(f"{login_file.tool}'s login (~/{'/'.join(login_file.rel)}): the agent "
+                     "sees placeholders, swapped for the real tokens at the proxy toward "
+                     f"{', '.join(login_file.hosts)} only")
+    for name, key in ENV_KEYS.items():
+        real = env.get(name)
+        if not real:
+            continue
+        known = plan_.env.get(name)
+        if known is None or known[1] != real:
+            known = plan_.env[name] = (clilogins.placeholder_for(real), real)
+        env[name] = known[0]
+        notes.append(f"{name}: the agent holds a placeholder, swapped for the key at the "
+                     f"proxy toward {', '.join(key.hosts)} only ({key.header} header)")
+    return replace(spec, mounts=tuple(mounts), env=env, notes=tuple(notes))
+
+
+@dataclass
+class Started:
+    injections: list[inject.Injection]
+    secrets: dict[str, str] = field(repr=False)  # injection name -> real value
+    notes: list[str]
+
+
+def start(plan_: Plan, agent_id: str, uid: int, gid: int, home: str) -> Started:
+    """In a worker thread, once the start is allowed: the logins read as the
+    user, each planned file's placeholder written into the agent's folder
+    (an empty object where the login could not be read now: the fence binds
+    something, never the real file), and the injections."""
+    logins, notes = clilogins.read_logins(uid, gid, home) if plan_.files else ([], [])
+    by_tool = {login.tool: login for login in logins}
+    injections: list[inject.Injection] = []
+    secrets: dict[str, str] = {}
+    fd = fsat.open_dir(agent_dir(agent_id))
+    try:
+        for tool, login_file in sorted(plan_.files.items()):
+            login = by_tool.get(tool)
+            data = login.placeholder if login is not None else b"{}\n"
+            fsat.atomic_write_at(fd, file_name(login_file), data, mode=0o644)
+            if login is None:
+                notes.append(f"{tool}: its login could not be read now: the agent sees none")
+                continue
+            for i, (ph, real) in enumerate(sorted(login.real.items())):
+                name = f"{PREFIX}{slug(tool)}/{i}"
+                injections.append(inject.Injection(
+                    name=name, kind=KIND, hosts=login.hosts, placeholder=ph,
+                    header="Authorization", value="Bearer {secret}"))
+                secrets[name] = real
+    finally:
+        os.close(fd)
+    for var, (ph, real) in sorted(plan_.env.items()):
+        key = ENV_KEYS[var]
+        name = f"{PREFIX}env/{var}"
+        injections.append(inject.Injection(name=name, kind=KIND, hosts=key.hosts,
+                                           placeholder=ph, header=key.header, value=key.value))
+        secrets[name] = real
+    return Started(injections, secrets, notes)

@@ -1,0 +1,134 @@
+"""Issue 45 item 1, the pure and file parts: the agent CLIs' logins become
+placeholder files bound over the real ones and placeholder variables, the
+egress swaps a login's placeholder only where it was sent, and only the
+machine or user config turns it off (tests/integration/test_cli_logins.py
+is the attacker's side, with the real Claude Code)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from leviathd.config.load import parse_blueprint, parse_config
+from leviathd.config.merge import resolve
+from leviathd.domain.sandbox import SandboxKind
+from leviathd.proxy import inject, logins
+from leviathd.sandbox.spec import Mount, SandboxSpec
+
+ACCESS = "sk-ant-oat01-REALaccessREALaccessREALaccessREALaccess-xyz"
+REFRESH = "sk-ant-ort01-REALrefreshREALrefreshREALrefreshREALrefresh"
+API_KEY = "sk-ant-api03-REALkeyREALkeyREALkeyREALkeyREALkeyREALkey"
+
+
+def _spec(home: str, **kw: object) -> SandboxSpec:
+    base: dict[str, object] = dict(
+        kind=SandboxKind.NAMESPACE, argv=("claude",), env={"PATH": "/usr/bin"}, workdir="/w",
+        workdir_mode="rw", uid=os.getuid(), gid=os.getgid(), groups=(), user="u", home=home,
+        sandbox_home=home, mounts=(Mount("bind", f"{home}/.claude", f"{home}/.claude"),),
+        hidden=(), namespaces=(), network=False, scratch="/s", hostname="h",
+        execution_id="0123abcd", proxy=True)
+    base.update(kw)
+    return SandboxSpec(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture()
+def home(tmp_path: Path) -> Path:
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude" / ".credentials.json").write_text(json.dumps({"claudeAiOauth": {
+        "accessToken": ACCESS, "refreshToken": REFRESH, "expiresAt": 1, "scopes": ["x"]}}))
+    return tmp_path
+
+
+def test_a_bound_login_file_is_covered_by_a_placeholder_file_and_a_key_by_a_placeholder(
+        home: Path) -> None:
+    plan = logins.Plan()
+    spec = logins.plan(_spec(str(home), env={"ANTHROPIC_API_KEY": API_KEY}), plan)
+    cover = [m for m in spec.mounts if m.target == f"{home}/.claude/.credentials.json"]
+    assert len(cover) == 1 and cover[0].readonly and cover[0].exact
+    assert cover[0].source.endswith("/0123abcd/login-claude-code.json")
+    ph = spec.env["ANTHROPIC_API_KEY"]
+    assert ph != API_KEY and ph.startswith("sk-ant-api03-") and API_KEY[13:] not in ph
+    assert API_KEY not in repr(spec) and API_KEY not in repr(plan)
+    assert list(plan.files) == ["Claude Code"] and plan.env["ANTHROPIC_API_KEY"][1] == API_KEY
+    # A second step of the same agent gets the same placeholder.
+    again = logins.plan(_spec(str(home), env={"ANTHROPIC_API_KEY": API_KEY}), plan)
+    assert again.env["ANTHROPIC_API_KEY"] == ph
+
+
+def test_a_login_file_the_fence_does_not_show_or_that_is_missing_gets_no_bind(
+        home: Path) -> None:
+    plan = logins.Plan()
+    spec = logins.plan(_spec(str(home), mounts=()), plan)
+    assert not plan.files and len(spec.mounts) == 0
+    (home / ".claude" / ".credentials.json").unlink()
+    spec = logins.plan(_spec(str(home)), plan)
+    assert not plan.files and len(spec.mounts) == 1
+
+
+def test_start_writes_placeholders_and_keeps_the_real_values_for_the_egress(
+        home: Path, tmp_path_factory: pytest.TempPathFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    agents = tmp_path_factory.mktemp("agents")
+    (agents / "0123abcd").mkdir()
+    monkeypatch.setattr(logins, "agent_dir", lambda agent_id: str(agents / agent_id))
+    plan = logins.Plan()
+    logins.plan(_spec(str(home), env={"ANTHROPIC_API_KEY": API_KEY}), plan)
+    started = logins.start(plan, "0123abcd", os.getuid(), os.getgid(), str(home))
+    shown = (agents / "0123abcd" / "login-claude-code.json").read_text()
+    assert ACCESS not in shown and REFRESH not in shown
+    oauth = json.loads(shown)["claudeAiOauth"]
+    assert oauth["accessToken"].startswith("sk-ant-oat01-") and oauth["scopes"] == ["x"]
+    by_ph = {i.placeholder: i for i in started.injections}
+    access = by_ph[oauth["accessToken"]]
+    assert started.secrets[access.name] == ACCESS and access.kind == "login"
+    assert access.header == "Authorization" and "api.anthropic.com" in access.hosts
+    key = next(i for i in started.injections if i.header == "x-api-key")
+    assert started.secrets[key.name] == API_KEY and key.value == "{secret}"
+    assert all(i.name.startswith(logins.PREFIX) for i in started.injections)
+
+
+def _login(ph: str, header: str = "Authorization", value: str = "Bearer {secret}",
+           name: str = "login/x/0") -> inject.Injection:
+    return inject.Injection(name=name, kind="login", hosts=("api.anthropic.com",),
+                            placeholder=ph, header=header, value=value)
+
+
+def test_a_login_is_swapped_only_where_its_placeholder_was_sent() -> None:
+    a, r = _login("sk-ant-oat01-PH1"), _login("sk-ant-ort01-PH2", name="login/x/1")
+    k = _login("sk-ant-api03-PH3", header="x-api-key", value="{secret}", name="login/env/K")
+    secrets = {a.name: "REAL-A", r.name: "REAL-R", k.name: "REAL-K"}
+    req = inject.parse_head(b"POST /v1/messages HTTP/1.1\r\nHost: api.anthropic.com\r\n"
+                            b"Authorization: Bearer sk-ant-oat01-PH1")
+    head, used = inject.rebuild(req, [a, r, k], secrets, host="api.anthropic.com")
+    assert b"Authorization: Bearer REAL-A\r\n" in head and used == [a.name]
+    assert b"REAL-R" not in head and b"REAL-K" not in head and b"x-api-key" not in head
+    # No header of its own: a login puts none in (a configured http credential would).
+    req = inject.parse_head(b"GET / HTTP/1.1\r\nHost: api.anthropic.com")
+    head, used = inject.rebuild(req, [a, r, k], secrets, host="api.anthropic.com")
+    assert used == [] and b"REAL" not in head
+    # The key's placeholder in its own header; the access token's elsewhere is refused.
+    req = inject.parse_head(b"GET / HTTP/1.1\r\nHost: a\r\nx-api-key: sk-ant-api03-PH3")
+    head, used = inject.rebuild(req, [a, r, k], secrets, host="api.anthropic.com")
+    assert b"x-api-key: REAL-K\r\n" in head and used == [k.name]
+    req = inject.parse_head(b"GET / HTTP/1.1\r\nHost: a\r\nX-Echo: sk-ant-oat01-PH1")
+    with pytest.raises(inject.Refusal):
+        inject.rebuild(req, [a, r, k], secrets, host="api.anthropic.com")
+
+
+def _merged(machine: str = "", user: str | None = None, blueprint: str = "") -> bool:
+    bp = parse_blueprint(f'[agent]\nname = "a"\ncommand = ["run"]\n{blueprint}\n', "b.toml")
+    return resolve(parse_config(machine, "m.toml"),
+                   parse_config(user, "u.toml") if user is not None else None,
+                   bp, "a").agent.proxy.cli_logins
+
+
+def test_only_the_machine_or_user_config_turns_the_placeholders_off() -> None:
+    off = "[proxy]\ncli_logins = false\n"
+    assert _merged() is True
+    assert _merged(machine=off) is False
+    assert _merged(user=off) is False
+    assert _merged(machine=off, user="[proxy]\ncli_logins = true\n") is False
+    assert _merged(blueprint=off) is True
