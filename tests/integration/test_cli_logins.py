@@ -1,0 +1,269 @@
+"""Issue 45 item 1, from inside a real agent with the real Claude Code (the
+vendor's npm package, pinned in scripts/setup, run from
+/opt/leviath-dev/npm/prefix, which the fence shows read-only): alice is
+logged in on the host (~/.claude/.credentials.json, OAuth tokens) and her
+`lev run` environment passes ANTHROPIC_API_KEY. No configuration beyond the
+test's network openings.
+
+The STAND-IN for Anthropic's API is a TLS server of the test's in a network
+namespace ("outside", 10.81.0.2; the proxy reaches it through `[proxy]
+private_ranges`), its certificate for api.anthropic.com and other.test from a
+test CA installed in the bed's trust store, api.anthropic.com resolved to it
+by the bed's /etc/hosts. It answers /v1/messages with a reply of its own and
+logs each request's Host, Authorization and x-api-key.
+
+- `claude -p` logged in by OAuth and by API key gets the stand-in's reply,
+  and the stand-in saw the real token and key;
+- while claude runs, no real secret is in any /proc/*/environ or cmdline the
+  agent reads, nor its environment, nor any file under its home (the
+  real ~/.claude included), workdir, /tmp or /run/leviath;
+- the placeholders sent to other.test (allowed, not Anthropic's) arrive as
+  they are.
+On the code before this change (or with `[proxy] cli_logins = false`) the
+agent's ~/.claude/.credentials.json held the real tokens and its
+ANTHROPIC_API_KEY the real key: the scan found them (seen failing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+from loop_agent import lay_out
+from test_egress_credentials import answering
+from test_gate_bed import Agent
+from testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+CLAUDE = "/opt/leviath-dev/npm/prefix/bin/claude"
+OUTSIDE = "10.81.0.2"
+ACCESS = "sk-ant-oat01-RealAccess0Token0Of0Alice0xq7Lm2Vb9Kd4Hs1Wf6Jp3Nc8Rt5Yg0"
+REFRESH = "sk-ant-ort01-RealRefresh0Token0Of0Alice0Zu8Pe1Ox4Mi7Ky2Gl5Db9Sa3Fj6"
+API_KEY = "sk-ant-api03-RealApi0Key0Of0Alice0Bn4Cv7Xz1Lk8Jh2Gf5Ds9Aq3Wr6Ey0Tu"
+SECRETS = (ACCESS, REFRESH, API_KEY)
+
+BLUEPRINT = """
+[agent]
+name = "clilogins"
+description = "runs the test's commands"
+command = ["sh", "loop.sh"]
+"""
+
+CONFIG = """
+[sandbox]
+kind = "namespace"
+
+[security]
+env_pass = ["ANTHROPIC_API_KEY"]
+
+[proxy]
+private_ranges = ["10.81.0.0/24"]
+"""
+
+LOGIN = json.dumps({"claudeAiOauth": {
+    "accessToken": ACCESS, "refreshToken": REFRESH, "expiresAt": 4102444800000,
+    "scopes": ["user:inference", "user:profile"], "subscriptionType": "max"}})
+
+SERVER = f"""
+import http.server, json, ssl
+
+def event(name, data):
+    return f"event: {{name}}\\ndata: {{json.dumps(data)}}\\n\\n"
+
+REPLY = "standin-pong"
+MESSAGE = {{"id": "msg_standin", "type": "message", "role": "assistant",
+           "model": "claude-standin", "content": [], "stop_reason": None,
+           "stop_sequence": None, "usage": {{"input_tokens": 1, "output_tokens": 1}}}}
+SSE = "".join([
+    event("message_start", {{"type": "message_start", "message": MESSAGE}}),
+    event("content_block_start", {{"type": "content_block_start", "index": 0,
+                                   "content_block": {{"type": "text", "text": ""}}}}),
+    event("content_block_delta", {{"type": "content_block_delta", "index": 0,
+                                   "delta": {{"type": "text_delta", "text": REPLY}}}}),
+    event("content_block_stop", {{"type": "content_block_stop", "index": 0}}),
+    event("message_delta", {{"type": "message_delta", "usage": {{"output_tokens": 1}},
+                             "delta": {{"stop_reason": "end_turn", "stop_sequence": None}}}}),
+    event("message_stop", {{"type": "message_stop"}})]).encode()
+WHOLE = json.dumps({{**MESSAGE, "content": [{{"type": "text", "text": REPLY}}],
+                    "stop_reason": "end_turn"}}).encode()
+
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def serve(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        with open("/srv/cli45/log.jsonl", "a") as f:
+            f.write(json.dumps({{"host": self.headers.get("Host", ""), "path": self.path,
+                                "auth": self.headers.get("Authorization", ""),
+                                "key": self.headers.get("x-api-key", "")}}) + "\\n")
+        if self.path.startswith("/v1/messages"):
+            out = SSE if b'"stream":true' in body else WHOLE
+            kind = "text/event-stream" if out is SSE else "application/json"
+        else:
+            out, kind = b"{{}}", "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = serve
+
+    def log_message(self, *args):
+        pass
+
+srv = http.server.ThreadingHTTPServer(("{OUTSIDE}", 443), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("/srv/cli45/tls.pem", "/srv/cli45/tls.key")
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
+"""
+
+
+def stand_in_log(bed: Testbed) -> list[dict[str, str]]:
+    out = bed.run(["cat", "/srv/cli45/log.jsonl"], check=False).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def stand_in(bed: Testbed) -> Iterator[None]:
+    """The outside namespace and the stand-in, the test CA in the bed's trust
+    store, /etc/hosts, and the daemon restarted with CONFIG; all undone after."""
+    old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
+    old_hosts = bed.read_file("/etc/hosts")
+    bed.run(f"""
+        set -e
+        ip netns del lvcl 2>/dev/null || true
+        ip link del lvch 2>/dev/null || true
+        ip netns add lvcl
+        ip link add lvch type veth peer name lvcs netns lvcl
+        ip addr add 10.81.0.1/24 dev lvch
+        ip link set lvch up
+        ip netns exec lvcl ip addr add {OUTSIDE}/24 dev lvcs
+        ip netns exec lvcl ip link set lvcs up
+        ip netns exec lvcl ip link set lo up
+        rm -rf /srv/cli45 && mkdir -p /srv/cli45 && cd /srv/cli45
+        openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=cli45testca \
+            -keyout ca.key -out ca.pem 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -subj /CN=api.anthropic.com -keyout tls.key \
+            -out tls.csr 2>/dev/null
+        printf 'subjectAltName=DNS:api.anthropic.com,DNS:other.test\\n' > san.ext
+        openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+            -extfile san.ext -out tls.pem 2>/dev/null
+        cp ca.pem /usr/local/share/ca-certificates/leviath-cli45test.crt
+        update-ca-certificates >/dev/null 2>&1
+    """)
+    bed.write_file("/etc/hosts", f"127.0.0.1 localhost\n{OUTSIDE} api.anthropic.com other.test\n")
+    bed.write_file("/srv/cli45/server.py", SERVER)
+    pid = bed.run("setsid ip netns exec lvcl python3 /srv/cli45/server.py "
+                  ">/srv/cli45/server.err 2>&1 </dev/null & echo $!").stdout.strip()
+    bed.run("for i in $(seq 100); do curl -fs https://other.test/ready >/dev/null && exit 0; "
+            "sleep 0.1; done; cat /srv/cli45/server.err; exit 1")
+    bed.run("rm -f /srv/cli45/log.jsonl")
+    bed.write_file("/etc/leviath/config.toml", CONFIG)
+    bed.run(["systemctl", "restart", "leviathd"])
+    try:
+        yield
+    finally:
+        bed.run(["kill", pid], check=False)
+        bed.run("ip netns del lvcl; rm -f /usr/local/share/ca-certificates/leviath-cli45test.crt"
+                " && update-ca-certificates --fresh >/dev/null 2>&1", check=False)
+        bed.write_file("/etc/hosts", old_hosts)
+        bed.write_file("/etc/leviath/config.toml", old_config)
+        bed.run(["systemctl", "restart", "leviathd"])
+
+
+@pytest.fixture(scope="module")
+def agent(testbed: Testbed) -> Iterator[Agent]:
+    bed = testbed
+    if not os.path.exists(CLAUDE):
+        pytest.fail(f"{CLAUDE} is missing: run scripts/setup (it fetches the pinned npm packages)")
+    home = bed.users["alice"].home
+    had = bed.run(["test", "-e", f"{home}/.claude/.credentials.json"],
+                  check=False).returncode == 0
+    assert not had, "alice already has a Claude Code login in this bed"
+    bed.run(["sh", "-c", "mkdir -p -m 700 .claude && umask 077 && "
+             "cat > .claude/.credentials.json"], user="alice", cwd=home, input=LOGIN)
+    lay_out(bed, "clw", "clbp", BLUEPRINT)
+    try:
+        with stand_in(bed):
+            out = bed.run(["lev", "run", "--detach", f"{home}/clbp"], user="alice",
+                          cwd=f"{home}/clw", env={"ANTHROPIC_API_KEY": API_KEY}).stdout.strip()
+            assert len(out) == 8, out
+            with answering(bed, Agent(bed, "alice", out, f"{home}/clw")) as a:
+                yield a
+    finally:
+        bed.run(["rm", "-f", f"{home}/.claude/.credentials.json"], check=False)
+
+
+def _split(secret: str) -> str:
+    """The secret as a shell word that is not its bytes in a row, so that
+    the script itself (written under the workdir) is no hit of its own scan."""
+    return f"'{secret[:16]}''{secret[16:]}'"
+
+
+PATTERNS = " ".join(f"-e {_split(s)}" for s in SECRETS)
+RUN = f"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 timeout 90 {CLAUDE} -p 'say hello'"
+
+# Inside the agent: claude logged in by OAuth (the key unset) in the
+# background while every /proc/*/environ and cmdline is scanned, then by the
+# key; the agent's environment and files scanned after.
+PROBE = f"""
+env -u ANTHROPIC_API_KEY {RUN} > oauth.out 2>&1 &
+claude=$!
+hits=""
+while kill -0 $claude 2>/dev/null; do
+  for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do
+    grep -q -a {PATTERNS} "$f" 2>/dev/null && hits="$hits $f"
+  done
+done
+wait $claude; echo "oauth=$?"
+{RUN} > key.out 2>&1; echo "key=$?"
+env | grep -c -a {PATTERNS}
+grep -r -l -a {PATTERNS} "$HOME" . /tmp /run/leviath 2>/dev/null | head
+echo "hits:$hits"
+"""
+
+
+def test_claude_code_works_with_the_real_login_that_never_enters_the_agent(
+        testbed: Testbed, agent: Agent) -> None:
+    rc, out, err = agent.call(PROBE, timeout=240)
+    assert rc == 0, (out, err)
+    lines = out.splitlines()
+    replies = {name: testbed.read_file(f"{agent.workdir}/{name}.out")
+               for name in ("oauth", "key")}
+    # Both logins: claude printed the stand-in's reply.
+    assert lines[:2] == ["oauth=0", "key=0"], (out, err, replies)
+    assert all("standin-pong" in r for r in replies.values()), replies
+    # No secret in the environment, any file it reads, or any process's
+    # environ or command line (a file found is a line of its own here).
+    assert lines[2:] == ["0", "hits:"], out
+    to_api = [e for e in stand_in_log(testbed) if e["host"] == "api.anthropic.com"]
+    assert {"Bearer " + ACCESS} <= {e["auth"] for e in to_api}, to_api
+    assert API_KEY in {e["key"] for e in to_api}, to_api
+    assert not any(s in out + err + "".join(replies.values()) for s in SECRETS)
+
+
+def test_the_agent_holds_placeholders_of_the_same_shape_which_another_host_gets_as_they_are(
+        testbed: Testbed, agent: Agent) -> None:
+    rc, out, err = agent.call(
+        "ph=$(grep -o 'sk-ant-oat01-[A-Za-z0-9_-]*' ~/.claude/.credentials.json); "
+        "echo $ph; echo $ANTHROPIC_API_KEY; "
+        'curl -fsS https://other.test/echo -H "Authorization: Bearer $ph" '
+        '-H "x-api-key: $ANTHROPIC_API_KEY"')
+    assert rc == 0, (out, err)
+    access_ph, key_ph = out.splitlines()[:2]
+    assert access_ph.startswith("sk-ant-oat01-") and access_ph != ACCESS
+    assert key_ph.startswith("sk-ant-api03-") and key_ph != API_KEY
+    to_other = [e for e in stand_in_log(testbed) if e["host"] == "other.test"]
+    assert to_other and to_other[-1]["auth"] == "Bearer " + access_ph, to_other
+    assert to_other[-1]["key"] == key_ph
+    # The host's file is alice's and unchanged: the real tokens stay there.
+    home = testbed.users["alice"].home
+    assert json.loads(testbed.read_file(f"{home}/.claude/.credentials.json")) == json.loads(
+        LOGIN)
