@@ -1,22 +1,16 @@
 """The agent CLIs' own logins, read on the host and turned into placeholders
-of the same shape (issue 45 item 1, first part: NOT wired yet).
+of the same shape (issue 45 item 1).
 
-What is here: for Claude Code, Codex and Gemini CLI, the login file in the
-user's state folder is read by the daemon as the user (her file-system ids,
-by descriptor from her home, no link followed, at most MAX_SIZE bytes), and
-`placeholders` makes the file an agent would see instead: the same JSON,
-each secret string (an access, refresh or ID token, an API key) replaced by
-a per-agent random value of the same shape (its vendor prefix kept, a JWT's
-header and claims kept with a random signature), with the table from each
-placeholder to the real value for the egress to swap back toward the
-provider's hosts only.
-
-What is not here yet (a follow-up, after the proxy's HTTP handling is
-rewritten, branch http44): binding the placeholder file over the real one
-in the fence, the egress injection toward `Login.hosts`, answering the CLI's
-token refresh, an API key from the user's environment. Until then the fence
-binds the state folders as before: a placeholder sent to a provider unswapped
-would only log the CLI out inside.
+For Claude Code, Codex and Gemini CLI, the login file in the user's state
+folder is read by the daemon as the user (her file-system ids, by descriptor
+from her home, no link followed, at most MAX_SIZE bytes), and `placeholders`
+makes the file an agent sees instead: the same JSON, each secret string (an
+access, refresh or ID token, an API key) replaced by a per-agent random value
+of the same shape (its vendor prefix kept, a JWT's header and claims kept
+with a random signature), with the table from each placeholder to the real
+value for the egress to swap back toward the provider's hosts only.
+proxy/logins.py binds the file over the real one and gives the table to the
+proxy's injector; the CLI's token refresh is not answered yet.
 """
 
 from __future__ import annotations
