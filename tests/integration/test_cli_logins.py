@@ -18,10 +18,15 @@ logs each request's Host, Authorization and x-api-key.
   agent reads, nor its environment, nor any file under its home (the
   real ~/.claude included), workdir, /tmp or /run/leviath;
 - the placeholders sent to other.test (allowed, not Anthropic's) arrive as
-  they are.
-On the code before this change (or with `[proxy] cli_logins = false`) the
-agent's ~/.claude/.credentials.json held the real tokens and its
-ANTHROPIC_API_KEY the real key: the scan found them (seen failing).
+  they are;
+- the real Codex (`codex login status`) reads its placeholder ~/.codex/auth.json
+  as a login, and the placeholders of Codex's and Gemini CLI's logins and
+  keys, sent by curl as those CLIs send them, reach the stand-ins of
+  api.openai.com, cloudcode-pa.googleapis.com and
+  generativelanguage.googleapis.com real, other.test as they are.
+On the code before this change the agent's ~/.claude/.credentials.json held
+the real tokens, its ANTHROPIC_API_KEY the real key, and `codex login
+status` showed the real key's end: all three tests failed (seen).
 """
 
 from __future__ import annotations
@@ -40,11 +45,19 @@ from testbed import Testbed
 pytestmark = pytest.mark.testbed
 
 CLAUDE = "/opt/leviath-dev/npm/prefix/bin/claude"
+CODEX = "/opt/leviath-dev/npm/prefix/bin/codex"
 OUTSIDE = "10.81.0.2"
 ACCESS = "sk-ant-oat01-RealAccess0Token0Of0Alice0xq7Lm2Vb9Kd4Hs1Wf6Jp3Nc8Rt5Yg0"
 REFRESH = "sk-ant-ort01-RealRefresh0Token0Of0Alice0Zu8Pe1Ox4Mi7Ky2Gl5Db9Sa3Fj6"
 API_KEY = "sk-ant-api03-RealApi0Key0Of0Alice0Bn4Cv7Xz1Lk8Jh2Gf5Ds9Aq3Wr6Ey0Tu"
-SECRETS = (ACCESS, REFRESH, API_KEY)
+# Codex (the real CLI reads its file) and Gemini CLI (not installed here:
+# its file's shape, sent by curl the way the CLI sends it).
+OPENAI_KEY = "sk-proj-RealOpenai0Key0Of0Alice0Mq3Wn8Rb1Tc6Yd4Vf9Hg2Jk5Lp7Zx0Qs"
+GOOGLE_ACCESS = "ya29.RealGoogle0Access0Of0Alice0Ab3Cd5Ef7Gh9Ij2Kl4Mn6Op8Qr1St"
+GOOGLE_REFRESH = "1//RealGoogle0Refresh0Of0Alice0Uv3Wx5Yz7Ab9Cd2Ef4Gh6Ij8Kl1"
+GEMINI_KEY = "AIzaRealGemini0Key0Of0Alice0Mn3Op5Qr7St9Uv2Wx4Yz6"
+SECRETS = (ACCESS, REFRESH, API_KEY, OPENAI_KEY, GOOGLE_ACCESS, GOOGLE_REFRESH, GEMINI_KEY)
+ENV = {"ANTHROPIC_API_KEY": API_KEY, "OPENAI_API_KEY": OPENAI_KEY, "GEMINI_API_KEY": GEMINI_KEY}
 
 BLUEPRINT = """
 [agent]
@@ -58,7 +71,7 @@ CONFIG = """
 kind = "namespace"
 
 [security]
-env_pass = ["ANTHROPIC_API_KEY"]
+env_pass = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY"]
 
 [proxy]
 private_ranges = ["10.81.0.0/24"]
@@ -67,6 +80,12 @@ private_ranges = ["10.81.0.0/24"]
 LOGIN = json.dumps({"claudeAiOauth": {
     "accessToken": ACCESS, "refreshToken": REFRESH, "expiresAt": 4102444800000,
     "scopes": ["user:inference", "user:profile"], "subscriptionType": "max"}})
+CODEX_LOGIN = json.dumps({"OPENAI_API_KEY": OPENAI_KEY, "tokens": None, "last_refresh": None})
+GEMINI_LOGIN = json.dumps({"access_token": GOOGLE_ACCESS, "refresh_token": GOOGLE_REFRESH,
+                           "scope": "https://www.googleapis.com/auth/cloud-platform",
+                           "token_type": "Bearer", "expiry_date": 4102444800000})
+HOSTS = ("api.anthropic.com", "api.openai.com", "cloudcode-pa.googleapis.com",
+         "generativelanguage.googleapis.com", "other.test")
 
 SERVER = f"""
 import http.server, json, ssl
@@ -100,7 +119,8 @@ class H(http.server.BaseHTTPRequestHandler):
         with open("/srv/cli45/log.jsonl", "a") as f:
             f.write(json.dumps({{"host": self.headers.get("Host", ""), "path": self.path,
                                 "auth": self.headers.get("Authorization", ""),
-                                "key": self.headers.get("x-api-key", "")}}) + "\\n")
+                                "key": self.headers.get("x-api-key", ""),
+                                "goog": self.headers.get("x-goog-api-key", "")}}) + "\\n")
         if self.path.startswith("/v1/messages"):
             out = SSE if b'"stream":true' in body else WHOLE
             kind = "text/event-stream" if out is SSE else "application/json"
@@ -152,13 +172,13 @@ def stand_in(bed: Testbed) -> Iterator[None]:
             -keyout ca.key -out ca.pem 2>/dev/null
         openssl req -newkey rsa:2048 -nodes -subj /CN=api.anthropic.com -keyout tls.key \
             -out tls.csr 2>/dev/null
-        printf 'subjectAltName=DNS:api.anthropic.com,DNS:other.test\\n' > san.ext
+        printf 'subjectAltName={",".join("DNS:" + h for h in HOSTS)}\\n' > san.ext
         openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
             -extfile san.ext -out tls.pem 2>/dev/null
         cp ca.pem /usr/local/share/ca-certificates/leviath-cli45test.crt
         update-ca-certificates >/dev/null 2>&1
     """)
-    bed.write_file("/etc/hosts", f"127.0.0.1 localhost\n{OUTSIDE} api.anthropic.com other.test\n")
+    bed.write_file("/etc/hosts", f"127.0.0.1 localhost\n{OUTSIDE} {' '.join(HOSTS)}\n")
     bed.write_file("/srv/cli45/server.py", SERVER)
     pid = bed.run("setsid ip netns exec lvcl python3 /srv/cli45/server.py "
                   ">/srv/cli45/server.err 2>&1 </dev/null & echo $!").stdout.strip()
@@ -184,21 +204,22 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
     if not os.path.exists(CLAUDE):
         pytest.fail(f"{CLAUDE} is missing: run scripts/setup (it fetches the pinned npm packages)")
     home = bed.users["alice"].home
-    had = bed.run(["test", "-e", f"{home}/.claude/.credentials.json"],
-                  check=False).returncode == 0
-    assert not had, "alice already has a Claude Code login in this bed"
-    bed.run(["sh", "-c", "mkdir -p -m 700 .claude && umask 077 && "
-             "cat > .claude/.credentials.json"], user="alice", cwd=home, input=LOGIN)
+    files = {".claude/.credentials.json": LOGIN, ".codex/auth.json": CODEX_LOGIN,
+             ".gemini/oauth_creds.json": GEMINI_LOGIN}
+    for rel, text in files.items():
+        assert bed.run(["test", "-e", f"{home}/{rel}"], check=False).returncode != 0, rel
+        bed.run(["sh", "-c", 'mkdir -p -m 700 "$(dirname "$1")" && umask 077 && cat > "$1"',
+                 "login", rel], user="alice", cwd=home, input=text)
     lay_out(bed, "clw", "clbp", BLUEPRINT)
     try:
         with stand_in(bed):
             out = bed.run(["lev", "run", "--detach", f"{home}/clbp"], user="alice",
-                          cwd=f"{home}/clw", env={"ANTHROPIC_API_KEY": API_KEY}).stdout.strip()
+                          cwd=f"{home}/clw", env=ENV).stdout.strip()
             assert len(out) == 8, out
             with answering(bed, Agent(bed, "alice", out, f"{home}/clw")) as a:
                 yield a
     finally:
-        bed.run(["rm", "-f", f"{home}/.claude/.credentials.json"], check=False)
+        bed.run(["rm", "-f", *(f"{home}/{rel}" for rel in files)], check=False)
 
 
 def _split(secret: str) -> str:
@@ -267,3 +288,40 @@ def test_the_agent_holds_placeholders_of_the_same_shape_which_another_host_gets_
     home = testbed.users["alice"].home
     assert json.loads(testbed.read_file(f"{home}/.claude/.credentials.json")) == json.loads(
         LOGIN)
+
+
+def test_codex_and_gemini_logins_are_placeholders_swapped_toward_their_providers_only(
+        testbed: Testbed, agent: Agent) -> None:
+    """The real Codex reads its placeholder file as a login; the placeholders
+    of Codex's key and Gemini CLI's OAuth token and key, sent as the CLIs
+    send them, reach the stand-ins of their providers real (curl: the bed
+    has no Gemini CLI, and Codex's Responses API over WebSocket has no
+    stand-in here)."""
+    script = f"""
+{CODEX} login status 2>&1 | grep 'API key configured'
+okey=$(grep -o 'sk-proj-[A-Za-z0-9_-]*' ~/.codex/auth.json)
+gtok=$(grep -o 'ya29[.][A-Za-z0-9_-]*' ~/.gemini/oauth_creds.json)
+echo $okey; echo $OPENAI_API_KEY; echo $gtok; echo $GEMINI_API_KEY
+curl -fsS https://api.openai.com/v1/models -H "Authorization: Bearer $okey" >/dev/null
+curl -fsS https://api.openai.com/v1/files -H "Authorization: Bearer $OPENAI_API_KEY" >/dev/null
+curl -fsS https://cloudcode-pa.googleapis.com/v1internal:loadCodeAssist \\
+  -H "Authorization: Bearer $gtok" >/dev/null
+curl -fsS https://generativelanguage.googleapis.com/v1beta/models \\
+  -H "x-goog-api-key: $GEMINI_API_KEY" >/dev/null
+curl -fsS https://other.test/google -H "Authorization: Bearer $gtok" \\
+  -H "x-goog-api-key: $GEMINI_API_KEY" >/dev/null
+"""
+    rc, out, err = agent.call(script, timeout=60)
+    assert rc == 0, (out, err)
+    status, okey, oenv, gtok, genv = out.splitlines()
+    assert status.startswith("API key configured - sk-proj-***") and OPENAI_KEY[-5:] not in status
+    assert okey.startswith("sk-proj-") and oenv.startswith("sk-proj-") and okey != oenv
+    assert gtok.startswith("ya29.") and genv.startswith("AIza")
+    assert not any(s in out + err for s in SECRETS)
+    log = stand_in_log(testbed)
+    by_path = {e["path"]: e for e in log}
+    assert by_path["/v1/models"]["auth"] == "Bearer " + OPENAI_KEY
+    assert by_path["/v1/files"]["auth"] == "Bearer " + OPENAI_KEY
+    assert by_path["/v1internal:loadCodeAssist"]["auth"] == "Bearer " + GOOGLE_ACCESS
+    assert by_path["/v1beta/models"]["goog"] == GEMINI_KEY
+    assert by_path["/google"]["auth"] == "Bearer " + gtok and by_path["/google"]["goog"] == genv
