@@ -20,7 +20,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,9 @@ class Login:
     placeholder: bytes  # the file an agent would see
     # placeholder -> real value; never logged, never written anywhere.
     real: dict[str, str] = field(default_factory=dict, repr=False)
+    # placeholder -> the keys leading to its value in the file (no secret):
+    # the egress reads the value there again (`value_at`).
+    paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _random(n: int, rand: Callable[[int], str]) -> str:
@@ -108,7 +111,7 @@ def placeholders(tool: str, hosts: tuple[str, ...], data: bytes,
         return None
     login = Login(tool, hosts, b"")
 
-    def walk(value: Any, depth: int) -> Any:
+    def walk(value: Any, depth: int, path: tuple[str, ...]) -> Any:
         if depth > MAX_DEPTH or not isinstance(value, dict):
             return value
         out: dict[str, Any] = {}
@@ -119,17 +122,52 @@ def placeholders(tool: str, hosts: tuple[str, ...], data: bytes,
                     raise ValueError("too many secrets in one login file")
                 stand_in = placeholder_for(sub, rand)
                 login.real[stand_in] = sub
+                login.paths[stand_in] = (*path, key)
                 out[key] = stand_in
             else:
-                out[key] = walk(sub, depth + 1)
+                out[key] = walk(sub, depth + 1, (*path, key))
         return out
 
     try:
-        shown = walk(doc, 0)
+        shown = walk(doc, 0, ())
     except ValueError:
         return None
     login.placeholder = json.dumps(shown, indent=2).encode() + b"\n"
     return login
+
+
+def value_at(data: bytes, path: Sequence[str]) -> str | None:
+    """The string at `path` in a login file as it is now (the host's CLI
+    may have refreshed it since the agent started); None when it is not
+    there, not a string, or the file is not JSON."""
+    try:
+        value: Any = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    for key in path[:MAX_DEPTH + 1]:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def read_value(uid: int, gid: int, home: str, rel: tuple[str, ...],
+               path: Sequence[str]) -> str | None:
+    """One value of the user's login file, read as the user (in a worker
+    thread) the way `read_logins` reads the file."""
+    notes: list[str] = []
+    with fsids.as_user(uid, gid):
+        try:
+            home_fd = fsat.open_dir(home)
+        except OSError:
+            return None
+        try:
+            if os.fstat(home_fd).st_uid != uid:
+                return None
+            data = _read(home_fd, rel, notes)
+        finally:
+            os.close(home_fd)
+    return value_at(data, path) if data is not None else None
 
 
 def read_logins(uid: int, gid: int, home: str,

@@ -191,6 +191,12 @@ def _carries(value: str, ph: str) -> bool:
     return False
 
 
+def carried(req: Request, inj: Injection) -> bool:
+    """Whether the request's header for `inj` holds its placeholder."""
+    value = req.header(inj.header)
+    return bool(value) and _carries(value or "", inj.placeholder)
+
+
 def credential_value(inj: Injection, secret: str) -> str:
     if inj.kind == "git" or inj.value == "basic":
         return _basic(inj.username, secret)

@@ -18,10 +18,14 @@ Codex or Gemini CLI login:
 The real values live in the daemon's memory only (never in a spec, a
 snapshot or the journal).
 
-Not done (docs/sandbox.md): the CLI's own token refresh (its refresh token
-travels in a body, which is not swapped), a login done inside the agent, and
-the swap after a daemon restart (the placeholders then reach the provider
-as they are: the CLI is logged out inside until the agent is started again).
+A login file's value is read again from the host's file at each request
+that carries its placeholder (`read_secret`): a refresh done on the host, or
+a daemon restart, keeps the agent's CLI working. An API key from the
+environment is held in memory only (none after a daemon restart).
+
+Not done (docs/sandbox.md): the CLI's own token refresh inside the agent (its
+refresh token travels in a body, which is not swapped) and a login done
+inside the agent.
 """
 
 from __future__ import annotations
@@ -136,6 +140,48 @@ def plan(spec: SandboxSpec, plan_: Plan) -> SandboxSpec:
     return replace(spec, mounts=tuple(mounts), env=env, notes=tuple(notes))
 
 
+_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _path_name(path: tuple[str, ...], index: int) -> str:
+    """Where the value lies in the file, as the injection's name says it
+    (so the egress reads it there again, after a refresh on the host or a
+    daemon restart); a key it cannot spell safely gives the index alone
+    (then the value is in memory only)."""
+    if path and len(path) <= 4 and all(_KEY.match(k) for k in path):
+        return "/".join(path)
+    return f"#{index}"
+
+
+def file_of(name: str) -> tuple[clilogins.LoginFile, tuple[str, ...]] | None:
+    """The login file and the keys an injection's name points at (None for
+    a key from the environment or a value held in memory only)."""
+    if not name.startswith(PREFIX):
+        return None
+    tool, _, rest = name[len(PREFIX):].partition("/")
+    found = next((f for f in clilogins.LOGIN_FILES if slug(f.tool) == tool), None)
+    path = tuple(rest.split("/"))
+    if found is None or not rest or not all(_KEY.match(k) for k in path):
+        return None
+    return found, path
+
+
+def read_secret(name: str, memory: dict[str, str], uid: int, gid: int, home: str) -> str:
+    """The real value of a login's injection (in a worker thread): read
+    again, as the user, from the host's file where it lies (the CLI on the
+    host may have refreshed it), else the value held since the start."""
+    where = file_of(name)
+    if where is not None:
+        value = clilogins.read_value(uid, gid, home, where[0].rel, where[1])
+        if value is not None:
+            return value
+    value = memory.get(name)
+    if value is None:
+        raise LookupError("the CLI's login is not on the host now (or the daemon restarted "
+                          "since the agent started)")
+    return value
+
+
 @dataclass
 class Started:
     injections: list[inject.Injection]
@@ -162,7 +208,7 @@ def start(plan_: Plan, agent_id: str, uid: int, gid: int, home: str) -> Started:
                 notes.append(f"{tool}: its login could not be read now: the agent sees none")
                 continue
             for i, (ph, real) in enumerate(sorted(login.real.items())):
-                name = f"{PREFIX}{slug(tool)}/{i}"
+                name = f"{PREFIX}{slug(tool)}/{_path_name(login.paths.get(ph, ()), i)}"
                 injections.append(inject.Injection(
                     name=name, kind=KIND, hosts=login.hosts, placeholder=ph,
                     header="Authorization", value="Bearer {secret}"))

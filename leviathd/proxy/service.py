@@ -278,7 +278,7 @@ class ProxyService(Feature):
 
         agent = Agent(id=rec.id, user=user.name, uid=user.uid, gid=user.gid, taint=taint,
                       approvals=approvals, is_own=lambda cg: gate.lookup(cg) == rec.id)
-        injector = await self._injector(rec, settings, egress_state)
+        injector = await self._injector(rec, user, settings, egress_state)
         server = ProxyServer(agent, settings,
                              os.path.join(agent_dir(rec.id), forwarder.SOCKET_NAME),
                              self._audit, injector)
@@ -295,7 +295,7 @@ class ProxyService(Feature):
                 (h for i in injector.injections if i.kind == "git" for h in i.hosts), port)
             await asyncio.to_thread(egress.write_gitconfig, rec.id, data)
 
-    async def _injector(self, rec: AgentRecord, settings: policy.ProxySettings,
+    async def _injector(self, rec: AgentRecord, user: UserInfo, settings: policy.ProxySettings,
                         state: dict[str, object] | None) -> Injector | None:
         """The agent's CA (new at each daemon start: its key is only ever in
         memory), its bundle written, and the broker told to give git the
@@ -323,12 +323,10 @@ class ProxyService(Feature):
 
         async def secret(name: str) -> str:
             if name.startswith(logins.PREFIX):
-                # A CLI login's: from memory only (none after a daemon restart).
-                value = self._login_secrets.get(agent_id, {}).get(name)
-                if value is None:
-                    raise LookupError("the CLI's login is not known to this daemon (it "
-                                      "restarted since the agent started)")
-                return value
+                # A CLI login's: read again from the host's file, as the user.
+                return await asyncio.to_thread(
+                    logins.read_secret, name, self._login_secrets.get(agent_id, {}),
+                    user.uid, user.gid, user.home)
             live = gate.live.get(agent_id)
             if live is None:
                 raise LookupError("the agent's broker is gone")

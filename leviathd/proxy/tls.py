@@ -323,6 +323,8 @@ async def _serve(
                                           "timed out); nothing was sent")
         secrets: dict[str, str] = {}
         for inj in applies:
+            if inj.kind == "login" and not inject.carried(req, inj):
+                continue  # not put in (inject.rebuild): not read, nor needed now
             try:
                 secrets[inj.name] = inject.check_secret(await secret(inj.name))
             except (OSError, ValueError, LookupError, LeviathError) as exc:

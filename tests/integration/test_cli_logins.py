@@ -19,6 +19,8 @@ logs each request's Host, Authorization and x-api-key.
   real ~/.claude included), workdir, /tmp or /run/leviath;
 - the placeholders sent to other.test (allowed, not Anthropic's) arrive as
   they are;
+- a refresh of alice's login on the host and a daemon restart later, claude
+  inside (the same placeholder) reaches the stand-in with the new token;
 - the real Codex (`codex login status`) reads its placeholder ~/.codex/auth.json
   as a login, and the placeholders of Codex's and Gemini CLI's logins and
   keys, sent by curl as those CLIs send them, reach the stand-ins of
@@ -48,6 +50,8 @@ CLAUDE = "/opt/leviath-dev/npm/prefix/bin/claude"
 CODEX = "/opt/leviath-dev/npm/prefix/bin/codex"
 OUTSIDE = "10.81.0.2"
 ACCESS = "sk-ant-oat01-RealAccess0Token0Of0Alice0xq7Lm2Vb9Kd4Hs1Wf6Jp3Nc8Rt5Yg0"
+# What alice's Claude Code on the host refreshed it to, during the test.
+ACCESS_AFTER = "sk-ant-oat01-RealAccess0Token0After0Refresh0Pk5Jq8Wm1Xn4Bz7Cv2Dh"
 REFRESH = "sk-ant-ort01-RealRefresh0Token0Of0Alice0Zu8Pe1Ox4Mi7Ky2Gl5Db9Sa3Fj6"
 API_KEY = "sk-ant-api03-RealApi0Key0Of0Alice0Bn4Cv7Xz1Lk8Jh2Gf5Ds9Aq3Wr6Ey0Tu"
 # Codex (the real CLI reads its file) and Gemini CLI (not installed here:
@@ -325,3 +329,23 @@ curl -fsS https://other.test/google -H "Authorization: Bearer $gtok" \\
     assert by_path["/v1internal:loadCodeAssist"]["auth"] == "Bearer " + GOOGLE_ACCESS
     assert by_path["/v1beta/models"]["goog"] == GEMINI_KEY
     assert by_path["/google"]["auth"] == "Bearer " + gtok and by_path["/google"]["goog"] == genv
+
+
+def test_a_refresh_on_the_host_and_a_daemon_restart_keep_the_login_working(
+        testbed: Testbed, agent: Agent) -> None:
+    """The egress reads the token again from the host's file: alice's
+    Claude Code refreshed it outside (a new file renamed into place), the
+    daemon restarted (the agent adopted), and claude inside, with the same
+    placeholder, reaches the stand-in with the new token."""
+    home = testbed.users["alice"].home
+    login = json.loads(LOGIN)
+    login["claudeAiOauth"]["accessToken"] = ACCESS_AFTER
+    testbed.run(["sh", "-c", "umask 077 && cat > .claude/.new && "
+                 "mv .claude/.new .claude/.credentials.json"], user="alice", cwd=home,
+                input=json.dumps(login))
+    testbed.run(["systemctl", "restart", "leviathd"])
+    rc, out, err = agent.call(f"env -u ANTHROPIC_API_KEY {RUN}", timeout=120)
+    assert rc == 0 and "standin-pong" in out, (out, err)
+    to_api = [e for e in stand_in_log(testbed) if e["host"] == "api.anthropic.com"]
+    assert to_api[-1]["auth"] == "Bearer " + ACCESS_AFTER, to_api[-1]
+    assert ACCESS_AFTER not in out + err

@@ -132,3 +132,40 @@ def test_only_the_machine_or_user_config_turns_the_placeholders_off() -> None:
     assert _merged(user=off) is False
     assert _merged(machine=off, user="[proxy]\ncli_logins = true\n") is False
     assert _merged(blueprint=off) is True
+
+
+def test_the_egress_reads_a_login_again_from_the_host_file_and_a_key_from_memory(
+        home: Path, tmp_path_factory: pytest.TempPathFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    agents = tmp_path_factory.mktemp("agents")
+    (agents / "0123abcd").mkdir()
+    monkeypatch.setattr(logins, "agent_dir", lambda agent_id: str(agents / agent_id))
+    plan = logins.Plan()
+    logins.plan(_spec(str(home), env={"ANTHROPIC_API_KEY": API_KEY}), plan)
+    started = logins.start(plan, "0123abcd", os.getuid(), os.getgid(), str(home))
+    names = {i.name for i in started.injections}
+    access = "login/claude-code/claudeAiOauth/accessToken"
+    assert access in names and "login/env/ANTHROPIC_API_KEY" in names
+
+    def read(name: str, memory: dict[str, str]) -> str:
+        return logins.read_secret(name, memory, os.getuid(), os.getgid(), str(home))
+
+    assert read(access, {}) == ACCESS  # from the file, not from memory
+    # The host's CLI refreshed: the new token goes out for the same placeholder.
+    creds = home / ".claude" / ".credentials.json"
+    creds.write_text(json.dumps({"claudeAiOauth": {"accessToken": "sk-ant-oat01-NEW"}}))
+    assert read(access, started.secrets) == "sk-ant-oat01-NEW"
+    assert read("login/env/ANTHROPIC_API_KEY", started.secrets) == API_KEY
+    with pytest.raises(LookupError):
+        read("login/env/ANTHROPIC_API_KEY", {})
+    # A path the file no longer has, a link in the file's place: not read there.
+    creds.write_text("{}")
+    with pytest.raises(LookupError):
+        read(access, {})
+    creds.unlink()
+    creds.symlink_to(home / "elsewhere.json")
+    (home / "elsewhere.json").write_text(json.dumps({"claudeAiOauth": {"accessToken": "X" * 9}}))
+    with pytest.raises(LookupError):
+        read(access, {})
+    assert logins.file_of("login/claude-code/a/../b") is None
+    assert logins.file_of("login/nope/accessToken") is None
