@@ -63,6 +63,11 @@ class Settings:
     # The engine's network namespace has only lo (rootless, the agent's
     # network not true): rules.Checks.engine_offline.
     engine_offline: bool = False
+    # network = "proxy": the engine runs in the agent's own network namespace,
+    # and a container on the default network shares it, with these
+    # "NAME=value" settings (the agent's proxy variables) added to its
+    # environment: rules.Checks.egress_env.
+    egress_env: tuple[str, ...] = ()
     # [sandbox.containers] upload_max: bytes of streamed request bodies over
     # the agent's life (config.merge.UPLOAD_MAX_DEFAULT when unset).
     upload_max: int = 4 << 30
@@ -89,6 +94,7 @@ class AgentProxy:
         self.cgroup_parent = settings.cgroup
         self.rootless = settings.rootless
         self.engine_offline = settings.engine_offline
+        self.egress_env = settings.egress_env
         self._server: asyncio.AbstractServer | None = None
         self._own: dict[str, dict[str, Any]] = {}
         self._connections = 0

@@ -191,14 +191,18 @@ def attach(supervisor_pid: int, unit: str, pid: int) -> str:
 
 
 async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
-                state_dir: str, *, host_network: bool, image: bool = False) -> str:
+                state_dir: str, *, host_network: bool, agent_network: bool = False,
+                image: bool = False) -> str:
     """Starts the agent's service; its socket's path. The service itself
     runs once the agent's fence does (enginesock/rootless_exec.py: it sees
     what the fence shows), after the daemon has released the agent: until
     then a client's connection waits in the socket's backlog, and if the
     service never comes, the socket closes with the launcher's end.
     `host_network` false: the service gets a network namespace of its own
-    with only lo. `image`: the agent's fence is a container of an image
+    with only lo, or with `agent_network` (network = "proxy") the agent's
+    fence's own, whose only way out is the agent's proxy on its lo: the
+    engine and every container it runs on the host network of that
+    namespace reach exactly what the agent reaches, never more. `image`: the agent's fence is a container of an image
     (the container kind), which has no podman: the engine's system folders
     are the machine's, read-only, the rest the container's."""
     podman = await asyncio.to_thread(preflight, user)
@@ -228,7 +232,9 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
         orders = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups), "fd": fd,
                   "argv": service_argv(podman), "env": env, "cwd": engineroot.RUN,
                   "log": os.path.join(engineroot.RUN, "podman.log"),
-                  "private_network": not host_network, "supervisor": supervisor_pid,
+                  "private_network": not host_network and not agent_network,
+                  "fence_network": agent_network and not host_network,
+                  "supervisor": supervisor_pid,
                   "procs": procs, "run": p.runtime, "storage": p.storage, "mappers": mappers,
                   "system": list(SYSTEM_DIRS + SYSTEM_LINK_DIRS) if image else []}
         proc.stdin.write(json.dumps(orders).encode() + b"\n")

@@ -231,6 +231,11 @@ def main() -> int:
     sys.path[:] = []
     sys.path_importer_cache.clear()
     _check(_libc.setns(fence, CLONE_NEWNS), "setns(the agent's fence)")
+    if orders.get("fence_network"):
+        # network = "proxy": the agent's own network namespace (only lo, its
+        # proxy's listener there), so the engine and the containers it puts
+        # on that network get no route the agent does not have (issue 49).
+        _check(_libc.setns(fence, CLONE_NEWNET), "setns(the agent's network)")
     flags = CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWNET if orders.get("private_network", True)
                                           else 0)
     _check(_libc.unshare(flags), "unshare")

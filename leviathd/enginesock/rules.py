@@ -56,6 +56,12 @@ class Checks(Protocol):
     # is not `true`): a container's network could reach nothing, and podman
     # fails to set one up there.
     engine_offline: bool
+    # network = "proxy": the engine runs in the agent's own network namespace
+    # (only lo, the agent's proxy listening there). A container on the
+    # default network shares that namespace (NetworkMode host of the engine,
+    # which is the agent's, never the machine's) and gets these "NAME=value"
+    # proxy settings: its only way out is the agent's egress. Empty otherwise.
+    egress_env: tuple[str, ...]
 
     def parent_controllers(self) -> frozenset[str] | None:
         """What cgroup_parent passes to its children (cgroup v2), None: all."""
@@ -259,7 +265,7 @@ async def check_create(body: dict[str, Any], c: Checks) -> dict[str, Any]:
             raise Refused(f"{flag}={mode[:100]} is not allowed")
     await _check_network_mode(host, c)
     if c.engine_offline:
-        _offline_network(host, body)
+        _offline_network(host, body, c.egress_env)
     _check_security_opts(host.get("SecurityOpt") or [])
     if host.get("CgroupParent"):
         raise Refused("--cgroup-parent is not allowed: the daemon places containers")
@@ -378,27 +384,53 @@ _NO_ENGINE_NETWORK = ("the agent's container engine has no network: it runs in a
                       "namespace with only lo, since the agent's [sandbox] network is not true")
 
 
-def _offline_network(host: dict[str, Any], body: dict[str, Any]) -> None:
+_AGENT_NETWORK = ("the agent's containers share its network namespace (network = \"proxy\": "
+                  "only lo, out through the agent's proxy)")
+
+
+def _offline_network(host: dict[str, Any], body: dict[str, Any],
+                     egress_env: tuple[str, ...]) -> None:
     """On an engine without a network, a container on the default network
     gets `none`: the same reach (nothing), and `docker run IMAGE cmd` runs
     where podman would fail to make the network (slirp4netns, pasta, its
-    rootless netns). What needs a network is refused saying why."""
+    rootless netns). Behind the proxy (`egress_env`) it gets the agent's own
+    network namespace instead, and the agent's proxy settings: the same
+    reach as the agent's, and no route of its own (slirp4netns and pasta
+    would give it one, so they are taken the same way). What needs a
+    network of its own is refused saying why."""
     mode = str(host.get("NetworkMode") or "")
     endpoints = (body.get("NetworkingConfig") or {}).get("EndpointsConfig") or {}
     named = [str(n) for n in endpoints if str(n) not in DEFAULT_NETWORKS and str(n) != "none"]
+    why = _AGENT_NETWORK if egress_env else _NO_ENGINE_NETWORK
     if named or (mode not in DEFAULT_NETWORKS and mode not in ("none", "private")
                  and not mode.startswith("container:")
                  and mode not in ("slirp4netns", "pasta")):
         raise Refused(f"the network {(named or [mode])[0][:60]} cannot carry a container here: "
-                      f"{_NO_ENGINE_NETWORK}; run it with --network none (compose: "
-                      "network_mode: none)")
-    if mode not in DEFAULT_NETWORKS and mode != "private":
+                      f"{why}; run it on the default network (compose: network_mode: "
+                      f"{'default' if egress_env else 'none'})")
+    shared = (*DEFAULT_NETWORKS, "private", *(("slirp4netns", "pasta") if egress_env else ()))
+    if mode not in shared:
         return
     if host.get("PortBindings") or host.get("PublishAllPorts"):
-        raise Refused(f"publishing a port needs the container's network: {_NO_ENGINE_NETWORK}")
-    host["NetworkMode"] = "none"
+        if egress_env:
+            raise Refused(f"publishing a port is not possible here: {why}; a port a container "
+                          "listens on is the agent's own 127.0.0.1:PORT, without -p")
+        raise Refused(f"publishing a port needs the container's network: {why}")
+    if egress_env:
+        host["NetworkMode"] = "host"
+        body["Env"] = _with_env(body.get("Env"), egress_env)
+    else:
+        host["NetworkMode"] = "none"
     if body.get("NetworkingConfig") is not None:
         body["NetworkingConfig"] = None
+
+
+def _with_env(env: object, extra: tuple[str, ...]) -> list[str]:
+    """`env` (Config.Env) with each of `extra` whose name it does not set
+    already: what the user gave (`-e http_proxy=`) is hers to keep."""
+    have = [str(e) for e in env] if isinstance(env, list) else []
+    names = {e.partition("=")[0] for e in have}
+    return have + [e for e in extra if e.partition("=")[0] not in names]
 
 
 async def check_endpoints(body: dict[str, Any], c: Checks) -> None:

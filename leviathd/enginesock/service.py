@@ -166,6 +166,7 @@ class EngineSockService(Feature):
         try:
             sock = await rootless.start(rec.id, rec.unit, rec.supervisor_pid, user,
                                         self._state_dir, host_network=eff.network is True,
+                                        agent_network=eff.network == "proxy",
                                         image=rec.sandbox == SandboxKind.CONTAINER)
         except rootless.RootlessUnavailable as exc:
             await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
@@ -179,6 +180,7 @@ class EngineSockService(Feature):
             publish_any=eff.containers.publish == Publish.ANY, engine=sock, podman=True,
             daemon=daemon_instance(), cgroup="", rootless=True,
             engine_offline=eff.network is not True, upload_max=eff.containers.upload_max,
+            egress_env=_egress_env() if eff.network == "proxy" else (),
         )
         await self._open(settings, view)
         await asyncio.to_thread(self._save, settings, view)
@@ -342,11 +344,20 @@ class EngineSockService(Feature):
         with open(path, encoding="utf-8") as f:
             data: dict[str, Any] = json.load(f)
         s = data["settings"]
-        settings = Settings(**{**s, "cap_add": tuple(s["cap_add"])})
+        settings = Settings(**{**s, "cap_add": tuple(s["cap_add"]),
+                               "egress_env": tuple(s.get("egress_env") or ())})
         v = data["view"]
         view = View(tuple(_Entry(**e) for e in v["entries"]), tuple(v["hidden"]),
                     tuple(v["masks"]), tuple(v["refused"]))
         return settings, view
+
+
+def _egress_env() -> tuple[str, ...]:
+    """The agent's own proxy variables (127.0.0.1:3128 of its network
+    namespace, which its containers share), for its containers' environment."""
+    from leviathd.proxy.service import proxy_env
+
+    return tuple(f"{k}={v}" for k, v in sorted(proxy_env().items()))
 
 
 async def _release_pins(agent_id: str) -> None:

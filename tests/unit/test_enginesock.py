@@ -114,6 +114,7 @@ class _Checks:
     cgroup_parent = "/leviath.slice/leviath-a-x-aaaa1111.scope"
     rootless = False
     engine_offline = False
+    egress_env: tuple[str, ...] = ()
     controllers: frozenset[str] | None = None
 
     def parent_controllers(self) -> frozenset[str] | None:

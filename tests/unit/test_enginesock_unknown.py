@@ -209,6 +209,7 @@ def _offline() -> Any:
     class Offline(_Checks):
         rootless = True
         engine_offline = True
+        egress_env: tuple[str, ...] = ()
 
         async def network(self, ref: str) -> dict[str, Any]:
             return {"Id": "n" * 64, "Labels": {rules.LABEL_AGENT: self.agent_id}}
@@ -250,3 +251,59 @@ def test_on_an_offline_engine_a_builds_run_steps_get_no_network() -> None:
     for query in ("", "&networkmode=default", "&networkmode=bridge"):
         d = _decide("POST", f"/v1.41/build?t=a{query}", checks=_offline())
         assert parse_qs(urlsplit(d.target).query)["networkmode"] == ["none"], d.target
+
+
+# ------------------------- behind the proxy: the agent's own network namespace
+
+EGRESS = ("HTTPS_PROXY=http://127.0.0.1:3128", "HTTP_PROXY=http://127.0.0.1:3128",
+          "http_proxy=http://127.0.0.1:3128", "https_proxy=http://127.0.0.1:3128")
+
+
+def _behind_proxy() -> Any:
+    checks = _offline()
+    checks.egress_env = EGRESS
+    return checks
+
+
+@pytest.mark.parametrize("mode", ["", "default", "bridge", "slirp4netns", "pasta"])
+def test_behind_the_proxy_a_container_shares_the_agents_network_and_gets_its_proxy(
+        mode: str) -> None:
+    body = json.loads(CLI_RUN)
+    body["HostConfig"]["NetworkMode"] = mode
+    body["Env"] = ["http_proxy=", "KEEP=1"]
+    d = _decide("POST", "/v1.41/containers/create", body, checks=_behind_proxy())
+    assert d.body is not None
+    got = json.loads(d.body)
+    # The engine's host network is the agent's own namespace (only lo).
+    assert got["HostConfig"]["NetworkMode"] == "host" and "NetworkingConfig" not in got
+    # The user's own (empty) http_proxy is hers; the rest are the agent's.
+    assert got["Env"] == ["http_proxy=", "KEEP=1", *(e for e in EGRESS
+                                                     if not e.startswith("http_proxy="))]
+
+
+@pytest.mark.parametrize(("host", "endpoints", "says"), [
+    ({"PortBindings": {"80/tcp": [{"HostPort": "8080"}]}}, None, "publishing a port"),
+    ({"PublishAllPorts": True}, None, "publishing a port"),
+    ({"NetworkMode": "stack_default"}, {"stack_default": {}}, "network stack_default cannot"),
+    ({"NetworkMode": "host"}, None, "--network host is not allowed"),
+    ({"NetworkMode": "slirp4netns:allow_host_loopback=true"}, None, "is not allowed"),
+    ({"Sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"}}, None, "net.* sysctls"),
+])
+def test_behind_the_proxy_what_would_change_the_agents_network_is_refused(
+        host: dict[str, Any], endpoints: dict[str, Any] | None, says: str) -> None:
+    body: dict[str, Any] = {"Image": "x", "HostConfig": host}
+    if endpoints is not None:
+        body["NetworkingConfig"] = {"EndpointsConfig": endpoints}
+    with pytest.raises(rules.Refused) as info:
+        _decide("POST", "/v1.41/containers/create", body, checks=_behind_proxy())
+    assert says in info.value.message, info.value.message
+
+
+def test_behind_the_proxy_none_and_another_containers_network_stay_as_asked() -> None:
+    for mode in ("none", "container:mine"):
+        d = _decide("POST", "/v1.41/containers/create",
+                    {"Image": "x", "HostConfig": {"NetworkMode": mode}}, checks=_behind_proxy())
+        assert d.body is not None
+        got = json.loads(d.body)
+        assert got["HostConfig"]["NetworkMode"].split(":")[0] == mode.split(":")[0]
+        assert not any(str(e).startswith("HTTP_PROXY=") for e in got.get("Env") or [])
