@@ -49,6 +49,21 @@ FENCE_POLL = 0.05
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+_SIOCGSKNS = 0x894C
+
+
+def _net_ino() -> int:
+    """The inode of the network namespace this process is in now, from a
+    socket made in it (the /proc seen after entering the fence is the
+    fence's, where this process has no /proc/self)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        fd = fcntl.ioctl(s.fileno(), _SIOCGSKNS)
+    try:
+        return os.fstat(fd).st_ino
+    finally:
+        os.close(fd)
+
+
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
@@ -205,6 +220,9 @@ def main() -> int:
     orders = json.loads(raw)
     if int(orders["uid"]) == 0 or int(orders["gid"]) == 0:
         return 2  # never root's engine: that is what this whole design avoids
+    # The daemon's network namespace, the machine's: the engine of an agent
+    # without the host's network must end up anywhere but there.
+    host_net = _net_ino()
     sock = int(orders["fd"])
     if sock != LISTEN_FD:
         os.dup2(sock, LISTEN_FD)
@@ -244,6 +262,11 @@ def main() -> int:
         # pulls, builds' RUN steps and every container's slirp4netns or
         # pasta reach nothing outside.
         loopback_up()
+    if ((orders.get("fence_network") or orders.get("private_network", True))
+            and _net_ino() == host_net):
+        # Its containers share this namespace behind the proxy (rules.py's
+        # NetworkMode host): never the machine's network.
+        raise OSError(errno.EPERM, "the engine is still in the host's network namespace")
     init = os.fork()
     if init == 0:
         code = 2
