@@ -13,9 +13,10 @@ podman (the default with `[sandbox.containers] enabled = true`):
   driver: its journald reader fails on Debian 13);
 - a healthcheck, run by the daemon's timer on the engine, in the agent's
   scope, at the 10 s floor (issue 49, item 5);
-- what cannot work because the agent's engine has no network (the bed's
-  agents are behind the proxy): `-p` and compose's default network, refused
-  naming why and the setting.
+- what cannot work because the agent's containers share the agent's own
+  network namespace (the bed's agents are behind the proxy: only lo, out
+  through the agent's proxy; test_engine_egress.py shows it): `-p` and
+  compose's default network, refused naming why.
 """
 
 from __future__ import annotations
@@ -138,18 +139,18 @@ def test_the_common_clients_work_as_typed_and_what_cannot_says_why(
     assert _value(out, "logs-26") == "from-the-logs", (out, err)
     assert _value(out, "ps") == "bg,", out
     # (podman's compat inspect names its k8s-file driver json-file; journald
-    # would read journald)
-    assert _value(out, "inspect") in ("running json-file none", "running k8s-file none"), out
+    # would read journald; the agent's own network namespace is the engine's host network)
+    assert _value(out, "inspect") in ("running json-file host", "running k8s-file host"), out
     # podman --remote: its own API's ping and lists, its run refused saying why.
     assert _value(out, "podman-ps") == "bg,r26,rnew,", (out, err)
     assert "localhost/leviath-rootless-busybox" in _value(out, "podman-images"), (out, err)
     assert _value(out, "podman-run") != "0", out
     assert "podman's own API (libpod) is not filtered" in err, err
     assert "use the docker CLI or compose" in err, err
-    # Without a network of the engine's: what needs one says why.
+    # The agent's network is the containers': what needs one of their own says why.
     assert _value(out, "publish") != "0", out
-    assert "publishing a port needs the container's network" in err, err
-    assert "[sandbox] network is not true" in err, err
+    assert "publishing a port is not possible here" in err, err
+    assert "the agent's containers share its network namespace" in err, err
     assert "compose-up-ok" in out and "web-says-hi" in out, (out, err)
     assert "compose-down-ok" in out, (out, err)
     assert _value(out, "defnet") != "0", out
