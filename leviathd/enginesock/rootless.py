@@ -202,9 +202,10 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
     with only lo, or with `agent_network` (network = "proxy") the agent's
     fence's own, whose only way out is the agent's proxy on its lo: the
     engine and every container it runs on the host network of that
-    namespace reach exactly what the agent reaches, never more. `image`: the agent's fence is a container of an image
-    (the container kind), which has no podman: the engine's system folders
-    are the machine's, read-only, the rest the container's."""
+    namespace reach exactly what the agent reaches, never more. `image`:
+    the agent's fence is a container of an image (the container kind),
+    which has no podman: the engine's system folders are the machine's,
+    read-only, the rest the container's."""
     podman = await asyncio.to_thread(preflight, user)
     mappers = [os.path.realpath(shutil.which(t, path=ENGINE_PATH) or t) for t in
                ("newuidmap", "newgidmap")]
@@ -229,6 +230,14 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
         env = {"PATH": ENGINE_PATH, "HOME": engineroot.RUN, "USER": user.name,
                "LOGNAME": user.name, "XDG_RUNTIME_DIR": engineroot.RUN, "TMPDIR": "/tmp",
                "LISTEN_FDNAMES": "api"}
+        if agent_network and not host_network:
+            # In the agent's network namespace the way out is the agent's
+            # proxy: the engine's own pulls, and what podman hands on from its
+            # environment (http_proxy = true: builds' RUN steps), go there,
+            # under the agent's egress policy.
+            from leviathd.proxy.service import proxy_env
+
+            env.update(proxy_env())
         orders = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups), "fd": fd,
                   "argv": service_argv(podman), "env": env, "cwd": engineroot.RUN,
                   "log": os.path.join(engineroot.RUN, "podman.log"),

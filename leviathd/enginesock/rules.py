@@ -953,8 +953,13 @@ async def _image_op(
         q = [(k, v) for k, v in q if k != "labels"]
         q.append(("labels", json.dumps(_labels(labels, c, "image"))))
         if c.engine_offline:
-            # RUN steps on the default network: as for containers (_offline_network).
-            q = [(k, v) for k, v in q if k != "networkmode"] + [("networkmode", "none")]
+            # RUN steps on the default network: as for containers (_offline_network),
+            # behind the proxy the agent's own network namespace.
+            asked_none = ("networkmode", "none") in q
+            q = [(k, v) for k, v in q if k != "networkmode"] + [
+                ("networkmode", "host" if c.egress_env and not asked_none else "none")]
+            if c.egress_env and not asked_none:
+                q = _with_build_proxy(q, c.egress_env)
         return Decision(_target(prefix, rest, q), mutating=True, what="image build")
     if rest == "/images/load" and method == "POST":
         q = queries.rebuild("images/load", q)
@@ -976,6 +981,32 @@ async def _image_op(
         return Decision(_target(prefix, rest, q), mutating=True,
                         what=f"image remove {m.group(1)[:64]}")
     raise Refused(f"{method} {rest[:120]} is not allowed")
+
+
+# Docker's predefined proxy build args (ALL_PROXY is not one: the builder
+# warns that it was not consumed).
+_BUILD_PROXY_ARGS = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "NO_PROXY"})
+
+
+def _with_build_proxy(q: list[tuple[str, str]],
+                      egress_env: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The agent's proxy settings as build args (the proxy names are
+    Docker's predefined ones: a RUN step has them without an ARG, and they
+    stay out of the image's history), unless the user gave that name."""
+    args: dict[str, Any] = {}
+    for k, v in q:
+        if k == "buildargs" and v:
+            try:
+                args = json.loads(v)
+            except ValueError:
+                raise Refused("buildargs is not JSON", 400) from None
+    if not isinstance(args, dict):
+        raise Refused("buildargs is not an object", 400)
+    for entry in egress_env:
+        name, _, value = entry.partition("=")
+        if name.upper() in _BUILD_PROXY_ARGS:
+            args.setdefault(name, value)
+    return [(k, v) for k, v in q if k != "buildargs"] + [("buildargs", json.dumps(args))]
 
 
 def own(labels: Mapping[str, Any] | None, agent_id: str) -> bool:

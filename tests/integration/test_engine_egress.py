@@ -68,6 +68,11 @@ probe loopback {NOPROXY} {IMAGE} wget -q -O - http://127.0.0.1:{LOOPBACK_PORT}/
 probe loop-name {IMAGE} wget -q -O - http://loop.test:{LOOPBACK_PORT}/
 $D run --rm --network host {IMAGE} true; echo "host=$?"
 $D run --rm -p 8080:80 {IMAGE} true; echo "publish=$?"
+mkdir -p ctx && printf 'FROM {IMAGE}\nRUN wget -q -O - http://allowed.test/hello.txt\n' \
+  > ctx/Dockerfile
+DOCKER_BUILDKIT=0 $D build -q --no-cache ctx >/dev/null 2>build.err && echo build-ok
+echo "pull-denied=$($D pull denied.test/x:1 2>&1 | tr '\\n' ' ')"
+echo "pull-allowed=$($D pull allowed.test/x:1 2>&1 | tr '\\n' ' ')"
 echo "left=$($D ps -a -q | wc -l)"
 """
 
@@ -93,7 +98,15 @@ def test_a_container_reaches_allowed_hosts_through_the_agents_proxy_and_nothing_
     assert "Network is unreachable" in _value(out, "direct"), (out, err)
     assert "Connection refused" in _value(out, "loopback"), (out, err)
     assert "403" in _value(out, "loop-name"), (out, err)
-    assert "hello from outside" not in out.replace("allowed=hello from outside", ""), out
+    # A build's RUN step as typed: the same way out (the agent's proxy as build args).
+    assert "build-ok" in out, (out, err)
+    # The engine's own pulls go through the agent's egress too: a denied
+    # registry name gets the proxy's refusal, an allowed one reaches the
+    # stand-in's TLS (whose test CA the engine does not trust: no registry
+    # here), never "network is unreachable".
+    assert "Refused" in _value(out, "pull-denied"), out
+    assert "x509" in _value(out, "pull-allowed"), out
+    assert "unreachable" not in _value(out, "pull-denied") + _value(out, "pull-allowed"), out
     assert "secret" not in out, out
     # What would give a container another network says why.
     assert _value(out, "host") != "0" and "--network host is not allowed" in err, err

@@ -307,3 +307,20 @@ def test_behind_the_proxy_none_and_another_containers_network_stay_as_asked() ->
         got = json.loads(d.body)
         assert got["HostConfig"]["NetworkMode"].split(":")[0] == mode.split(":")[0]
         assert not any(str(e).startswith("HTTP_PROXY=") for e in got.get("Env") or [])
+
+
+def test_behind_the_proxy_a_builds_run_steps_get_the_agents_network_and_proxy() -> None:
+    from urllib.parse import parse_qs, urlsplit
+    for query in ("", "&networkmode=default", "&buildargs=%7B%22http_proxy%22%3A%22%22%7D"):
+        d = _decide("POST", f"/v1.41/build?t=a{query}", checks=_behind_proxy())
+        got = parse_qs(urlsplit(d.target).query)
+        assert got["networkmode"] == ["host"], d.target
+        args = json.loads(got["buildargs"][0])
+        # The user's own value is kept; Docker's predefined names only.
+        assert args["HTTP_PROXY"] == "http://127.0.0.1:3128", args
+        assert args["http_proxy"] == ("" if "buildargs" in query else "http://127.0.0.1:3128")
+        assert "ALL_PROXY" not in args
+    # --network none asked for stays none, with nothing added.
+    d = _decide("POST", "/v1.41/build?t=a&networkmode=none", checks=_behind_proxy())
+    got = parse_qs(urlsplit(d.target).query)
+    assert got["networkmode"] == ["none"] and "buildargs" not in got, d.target
