@@ -11,7 +11,12 @@ from __future__ import annotations
 from testbed import Testbed
 
 _READ = {
-    "fds": "ls /proc/$pid/fd | wc -l",
+    # Not counted: the scratch pool's ready images and its template (issue
+    # 47: unnamed files in the scratch folder held on purpose, which a start
+    # may fill at any time), at most CAPACITY + 1 = 3 of them: a fourth
+    # such file is counted, so a leaked scratch image still shows.
+    "fds": ("ls -l /proc/$pid/fd | awk '/ -> /{n++; if (/\\/#[0-9]+ \\(deleted\\)$/ && p < 3) p++}"
+            " END {print n - p}'"),
     "rss_kib": "sed -n 's/^VmRSS:[^0-9]*\\([0-9]*\\).*/\\1/p' /proc/$pid/status",
 }
 
@@ -25,6 +30,9 @@ while [ "$(date +%s)" -le "$end" ]; do
 done
 echo "never settled within ${wait}s (last $last)" >&2; exit 1
 """
+
+
+FDS = _READ["fds"]
 
 
 def daemon_pid(bed: Testbed) -> int:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import quiescent
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -66,7 +67,9 @@ def _daemon_pid(bed: Testbed) -> str:
 
 
 def _daemon_fds(bed: Testbed) -> int:
-    return len(bed.run(["ls", f"/proc/{_daemon_pid(bed)}/fd"]).stdout.split())
+    """Its open files, less the scratch pool's (quiescent.FDS)."""
+    return int(bed.run(["sh", "-c", quiescent.FDS.replace("$pid", str(_daemon_pid(bed)))],
+                       check=False).stdout.strip() or 0)
 
 
 def _settle_fds(bed: Testbed, before: int, timeout: float = 30) -> int:
@@ -75,6 +78,8 @@ def _settle_fds(bed: Testbed, before: int, timeout: float = 30) -> int:
     while now > before + 2 and time.monotonic() < deadline:
         time.sleep(0.5)
         now = _daemon_fds(bed)
+    if now > before + 2:  # what is left open, for the failure's reader
+        print(bed.run(["ls", "-l", f"/proc/{_daemon_pid(bed)}/fd"], check=False).stdout)
     return now
 
 
