@@ -199,12 +199,14 @@ def read_logins(uid: int, gid: int, home: str,
 
 
 def _read(home_fd: int, rel: tuple[str, ...], notes: list[str]) -> bytes | None:
-    fd = os.dup(home_fd)
     try:
-        for part in rel[:-1]:
-            nxt = fsat.open_dir_at(fd, part)
-            os.close(fd)
-            fd = nxt
+        fd = fsat.walk_at(home_fd, rel[:-1])
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        notes.append(f"~/{'/'.join(rel)}: {exc.strerror or exc}")
+        return None
+    try:
         st = fsat.lstat_at(fd, rel[-1])
         if st is None:
             return None

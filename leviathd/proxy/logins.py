@@ -92,14 +92,16 @@ def _has_file(spec: SandboxSpec, rel: tuple[str, ...]) -> bool:
     """A regular file there, looked at as the user by descriptor."""
     with fsids.as_user(spec.uid, spec.gid):
         try:
-            fd = fsat.open_dir(spec.home)
+            home = fsat.open_dir(spec.home)
         except OSError:
             return False
         try:
-            for part in rel[:-1]:
-                nxt = fsat.open_dir_at(fd, part)
-                os.close(fd)
-                fd = nxt
+            fd = fsat.walk_at(home, rel[:-1])
+        except OSError:
+            return False
+        finally:
+            os.close(home)
+        try:
             st = fsat.lstat_at(fd, rel[-1])
         except OSError:
             return False
