@@ -45,6 +45,7 @@ from leviathd.events import Event
 from leviathd.identity import UserInfo
 from leviathd.paths import runtime_dir
 from leviathd.sandbox.container.cgroups import cgroup_procs_files
+from leviathd.sandbox.forwarder import proxy_env
 from leviathd.sandbox.spec import SYSTEM_DIRS, SYSTEM_LINK_DIRS
 from leviathd.systemd import journal
 
@@ -235,8 +236,6 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
             # proxy: the engine's own pulls, and what podman hands on from its
             # environment (http_proxy = true: builds' RUN steps), go there,
             # under the agent's egress policy.
-            from leviathd.proxy.service import proxy_env
-
             env.update(proxy_env())
         orders = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups), "fd": fd,
                   "argv": service_argv(podman), "env": env, "cwd": engineroot.RUN,

@@ -44,6 +44,7 @@ from leviathd.identity import UserInfo
 from leviathd.paths import runtime_dir
 from leviathd.records import AgentRecord
 from leviathd.sandbox.container import daemon_instance
+from leviathd.sandbox.forwarder import proxy_env
 from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 from leviathd.systemd.absent import control_group
@@ -355,8 +356,6 @@ class EngineSockService(Feature):
 def _egress_env() -> tuple[str, ...]:
     """The agent's own proxy variables (127.0.0.1:3128 of its network
     namespace, which its containers share), for its containers' environment."""
-    from leviathd.proxy.service import proxy_env
-
     return tuple(f"{k}={v}" for k, v in sorted(proxy_env().items()))
 
 

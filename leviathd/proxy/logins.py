@@ -8,7 +8,7 @@ Codex or Gemini CLI login:
   (ANTHROPIC_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY) replaced by a
   placeholder of its shape;
 - `start` (the agent's start, after polkit allowed it, in a worker thread):
-  the login files read as the user (creds/clilogins.py: by descriptor, no
+  the login files read as the user (proxy/loginfiles.py: by descriptor, no
   link followed, bounded), their placeholder files written into the agent's
   folder (root's, read-only to the agent), and one `kind = "login"`
   injection per secret: the proxy's one injector (proxy/inject.py,
@@ -36,9 +36,9 @@ import re
 from dataclasses import dataclass, field, replace
 
 from leviathd import fsat, fsids
-from leviathd.creds import clilogins
 from leviathd.gate.service import agent_dir
 from leviathd.proxy import inject
+from leviathd.proxy import loginfiles as clilogins
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
 
 KIND = "login"

@@ -43,17 +43,8 @@ from leviathd.sandbox.spec import SandboxSpec
 from leviathd.systemd import journal
 
 MAX_SNAPSHOT = 1 << 20
-URL = f"http://{forwarder.HOST}:{forwarder.PORT}"
-NO_PROXY = "localhost,127.0.0.1,::1"
-
-
-def proxy_env() -> dict[str, str]:
-    env: dict[str, str] = {}
-    for name, value in (("HTTP_PROXY", URL), ("HTTPS_PROXY", URL),
-                        ("ALL_PROXY", f"socks5h://{forwarder.HOST}:{forwarder.PORT}"),
-                        ("NO_PROXY", NO_PROXY)):
-        env[name] = env[name.lower()] = value
-    return env
+URL = forwarder.URL
+proxy_env = forwarder.proxy_env
 
 
 # git over ssh: ssh has no proxy variable; `lev connect` is its way out.

@@ -38,6 +38,19 @@ from typing import NoReturn
 
 PORT = 3128
 HOST = "127.0.0.1"
+URL = f"http://{HOST}:{PORT}"
+NO_PROXY = "localhost,127.0.0.1,::1"
+
+
+def proxy_env() -> dict[str, str]:
+    """The variables that send an agent's clients (and its containers', which
+    share its network namespace) to this forwarder, in both cases."""
+    env: dict[str, str] = {}
+    for name, value in (("HTTP_PROXY", URL), ("HTTPS_PROXY", URL),
+                        ("ALL_PROXY", f"socks5h://{HOST}:{PORT}"),
+                        ("NO_PROXY", NO_PROXY)):
+        env[name] = env[name.lower()] = value
+    return env
 SOCKET_NAME = "proxy.sock"
 # A daemon that does not take a connection within this long loses it.
 HAND_TIMEOUT = 5.0

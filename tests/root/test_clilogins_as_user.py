@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from leviathd.creds import clilogins
+from leviathd.proxy import loginfiles as clilogins
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root and a second user")
 

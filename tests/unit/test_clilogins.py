@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import json
 
-from leviathd.creds import clilogins
+from leviathd.proxy import loginfiles as clilogins
 
 JWT_CLAIMS = base64.urlsafe_b64encode(json.dumps(
     {"email": "a@example.org", "https://api.openai.com/auth": {"chatgpt_plan_type": "plus"}}
