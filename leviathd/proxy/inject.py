@@ -42,8 +42,9 @@ from leviathd.http.message import Framing, Head
 
 PLACEHOLDER_PREFIX = "leviath-placeholder-"
 # Kinds whose hosts are intercepted but get no secret (proxy/azure.py: the
-# authority, whose sign-in the daemon answers itself).
-INTERCEPT_ONLY = ("azure-login",)
+# authority, whose sign-in the daemon answers itself; proxy/refresh.py: a
+# CLI login's token endpoint, whose refresh the daemon answers itself).
+INTERCEPT_ONLY = ("azure-login", "login-refresh")
 MAX_SECRET = 8192
 
 
@@ -52,7 +53,7 @@ class Injection:
     """One credential as the proxy applies it."""
 
     name: str
-    kind: str  # "git" | "http" | "cli" | "azure" | "azure-login"
+    kind: str  # "git" | "http" | "cli" | "azure" | "azure-login" | "login" | "login-refresh"
     hosts: tuple[str, ...]
     placeholder: str
     header: str = "Authorization"

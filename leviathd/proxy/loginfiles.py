@@ -10,7 +10,8 @@ of the same shape (its vendor prefix kept, a JWT's header and claims kept
 with a random signature), with the table from each placeholder to the real
 value for the egress to swap back toward the provider's hosts only.
 proxy/logins.py binds the file over the real one and gives the table to the
-proxy's injector; the CLI's token refresh is not answered yet.
+proxy's injector; proxy/refresh.py answers the CLI's token refresh and
+writes the new tokens back here (`write_values`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +169,60 @@ def read_value(uid: int, gid: int, home: str, rel: tuple[str, ...],
         finally:
             os.close(home_fd)
     return value_at(data, path) if data is not None else None
+
+
+def _walk(home_fd: int, rel: tuple[str, ...]) -> int:
+    fd = os.dup(home_fd)
+    try:
+        for part in rel[:-1]:
+            nxt = fsat.open_dir_at(fd, part)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
+                 values: Mapping[tuple[str, ...], object]) -> None:
+    """Set `values` (keys path -> value) in the user's login file, as the
+    user (in a worker thread): by descriptor from her home, no link
+    followed, the file read whole (at most MAX_SIZE) and every other key
+    kept, written as a new file in the same folder with the file's mode and
+    renamed over it. Only into objects the file already has. Raises OSError
+    or ValueError (never with a value in its message)."""
+    with fsids.as_user(uid, gid):
+        home_fd = fsat.open_dir(home)
+        try:
+            if os.fstat(home_fd).st_uid != uid:
+                raise ValueError(f"{home}: not the user's own folder")
+            dir_fd = _walk(home_fd, rel)
+        finally:
+            os.close(home_fd)
+        try:
+            st = fsat.lstat_at(dir_fd, rel[-1])
+            if st is None or not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                raise ValueError(f"~/{'/'.join(rel)}: not the user's regular file")
+            try:
+                doc = json.loads(fsat.read_at(dir_fd, rel[-1], MAX_SIZE))
+            except (UnicodeDecodeError, RecursionError, json.JSONDecodeError):
+                raise ValueError(f"~/{'/'.join(rel)}: not JSON") from None
+            if not isinstance(doc, dict):
+                raise ValueError(f"~/{'/'.join(rel)}: not a JSON object")
+            for path, value in values.items():
+                where: Any = doc
+                for key in path[:-1][:MAX_DEPTH]:
+                    where = where.get(key) if isinstance(where, dict) else None
+                if not isinstance(where, dict):
+                    raise ValueError(f"~/{'/'.join(rel)}: no object at {'/'.join(path[:-1])}")
+                where[path[-1]] = value
+            data = json.dumps(doc).encode()
+            if len(data) > MAX_SIZE:
+                raise ValueError(f"~/{'/'.join(rel)}: would be over {MAX_SIZE} bytes")
+            fsat.atomic_write_at(dir_fd, rel[-1], data, mode=stat.S_IMODE(st.st_mode))
+        finally:
+            os.close(dir_fd)
 
 
 def read_logins(uid: int, gid: int, home: str,

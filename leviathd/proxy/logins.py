@@ -23,9 +23,9 @@ that carries its placeholder (`read_secret`): a refresh done on the host, or
 a daemon restart, keeps the agent's CLI working. An API key from the
 environment is held in memory only (none after a daemon restart).
 
-Not done (docs/sandbox.md): the CLI's own token refresh inside the agent (its
-refresh token travels in a body, which is not swapped) and a login done
-inside the agent.
+The CLI's own token refresh inside the agent (its refresh token travels in a
+body, which is not swapped) is answered by the daemon (proxy/refresh.py).
+Not done (docs/sandbox.md): a login done inside the agent.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from leviathd import fsat, fsids
 from leviathd.gate.service import agent_dir
-from leviathd.proxy import inject
+from leviathd.proxy import inject, refresh
 from leviathd.proxy import loginfiles as clilogins
 from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
 
@@ -209,12 +209,15 @@ def start(plan_: Plan, agent_id: str, uid: int, gid: int, home: str) -> Started:
             if login is None:
                 notes.append(f"{tool}: its login could not be read now: the agent sees none")
                 continue
+            own: list[inject.Injection] = []
             for i, (ph, real) in enumerate(sorted(login.real.items())):
                 name = f"{PREFIX}{slug(tool)}/{_path_name(login.paths.get(ph, ()), i)}"
-                injections.append(inject.Injection(
+                own.append(inject.Injection(
                     name=name, kind=KIND, hosts=login.hosts, placeholder=ph,
                     header="Authorization", value="Bearer {secret}"))
                 secrets[name] = real
+            # Its token endpoint: the CLI's refresh answered by the daemon.
+            injections += own + refresh.refresh_injections(slug(tool), own)
     finally:
         os.close(fd)
     for var, (ph, real) in sorted(plan_.env.items()):

@@ -35,7 +35,7 @@ from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.labels import clearance_for
-from leviathd.proxy import azure, egress, inject, logins, policy, tls
+from leviathd.proxy import azure, egress, inject, logins, policy, refresh, tls
 from leviathd.proxy.server import Agent, Injector, ProxyServer
 from leviathd.records import AgentRecord
 from leviathd.sandbox import forwarder
@@ -328,14 +328,20 @@ class ProxyService(Feature):
         upstream = await asyncio.to_thread(tls.client_context)
         # kind "azure": the daemon answers the agent's sign-in and fetches the
         # tokens the proxy puts in (proxy/azure.py).
+        connect = azure.checked_connect(settings, uid=rec.uid, agent=agent_id)
         az = azure.AzureEgress.of(
             injections, principal=lambda name: self._principal(agent_id, name), secret=secret,
-            connect=azure.checked_connect(settings, uid=rec.uid, agent=agent_id),
-            upstream=upstream)
+            connect=connect, upstream=upstream)
+        # A CLI login's refresh: answered by the daemon, which refreshes with
+        # the real token and writes the host's file as the user (proxy/refresh.py).
+        cli = refresh.CliRefresh.of(injections, uid=user.uid, gid=user.gid, home=user.home,
+                                    connect=connect, upstream=upstream)
         return Injector(ca=ca, injections=injections,
                         secret=az.wrap(secret) if az is not None else secret,
                         push=push if push in ("allow", "ask", "deny") else "ask",
-                        upstream=upstream, local=az.answer if az is not None else None)
+                        upstream=upstream,
+                        local=refresh.chain(cli.answer if cli is not None else None,
+                                            az.answer if az is not None else None))
 
     def _principal(self, agent_id: str, name: str) -> azure.Principal:
         """The service principal as the agent's policy has it now."""
