@@ -188,10 +188,15 @@ def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
                  values: Mapping[tuple[str, ...], object]) -> None:
     """Set `values` (keys path -> value) in the user's login file, as the
     user (in a worker thread): by descriptor from her home, no link
-    followed, the file read whole (at most MAX_SIZE) and every other key
-    kept, written as a new file in the same folder with the file's mode and
-    renamed over it. Only into objects the file already has. Raises OSError
-    or ValueError (never with a value in its message)."""
+    followed, one descriptor on the regular file she owns (at most
+    MAX_SIZE read), every other key kept, only into objects the file
+    already has. Raises OSError or ValueError (never with a value in it).
+
+    Written IN PLACE (the same inode: its mode and owner stay), not as a new
+    file renamed over it: each running agent has its placeholder file bound
+    over this name, and a rename over a name that is a mount point in
+    another mount namespace detaches that mount (Linux >= 3.18), which would
+    show the agent the real file."""
     with fsids.as_user(uid, gid):
         home_fd = fsat.open_dir(home)
         try:
@@ -201,11 +206,17 @@ def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
         finally:
             os.close(home_fd)
         try:
-            st = fsat.lstat_at(dir_fd, rel[-1])
-            if st is None or not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            fd = fsat.open_at(dir_fd, rel[-1], os.O_RDWR | os.O_NONBLOCK)
+        finally:
+            os.close(dir_fd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
                 raise ValueError(f"~/{'/'.join(rel)}: not the user's regular file")
+            if st.st_size > MAX_SIZE:
+                raise ValueError(f"~/{'/'.join(rel)}: over {MAX_SIZE} bytes")
             try:
-                doc = json.loads(fsat.read_at(dir_fd, rel[-1], MAX_SIZE))
+                doc = json.loads(os.pread(fd, MAX_SIZE + 1, 0))
             except (UnicodeDecodeError, RecursionError, json.JSONDecodeError):
                 raise ValueError(f"~/{'/'.join(rel)}: not JSON") from None
             if not isinstance(doc, dict):
@@ -220,9 +231,13 @@ def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
             data = json.dumps(doc).encode()
             if len(data) > MAX_SIZE:
                 raise ValueError(f"~/{'/'.join(rel)}: would be over {MAX_SIZE} bytes")
-            fsat.atomic_write_at(dir_fd, rel[-1], data, mode=stat.S_IMODE(st.st_mode))
+            view = memoryview(data)
+            while view:
+                view = view[os.pwrite(fd, view, len(data) - len(view)):]
+            os.ftruncate(fd, len(data))
+            os.fsync(fd)
         finally:
-            os.close(dir_fd)
+            os.close(fd)
 
 
 def read_logins(uid: int, gid: int, home: str,

@@ -19,6 +19,12 @@ logs each request's Host, Authorization and x-api-key.
   real ~/.claude included), workdir, /tmp or /run/leviath;
 - the placeholders sent to other.test (allowed, not Anthropic's) arrive as
   they are;
+- the CLI's own refresh inside (the real claude, its placeholder file's copy
+  made expired) is answered by the daemon: the STAND-IN token endpoint
+  (platform.claude.com, the same server) gets alice's real refresh token,
+  her host file the new tokens, the CLI the same placeholders, and its next
+  request carries the new token; a forged refresh token is refused (nothing
+  sent, nothing written) and the placeholder sent to another host goes as it is;
 - a refresh of alice's login on the host and a daemon restart later, claude
   inside (the same placeholder) reaches the stand-in with the new token;
 - the real Codex (`codex login status`) reads its placeholder ~/.codex/auth.json
@@ -154,13 +160,20 @@ class H(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_POST = serve
 
+    def setup(self):
+        # Each handshake in its own thread: the proxy's connection for a
+        # request the daemon answers itself sends no hello, and must not
+        # hold up the daemon's own connection behind it.
+        self.request.do_handshake()
+        super().setup()
+
     def log_message(self, *args):
         pass
 
 srv = http.server.ThreadingHTTPServer(("{OUTSIDE}", 443), H)
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain("/srv/cli45/tls.pem", "/srv/cli45/tls.key")
-srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
 srv.serve_forever()
 """
 
@@ -347,26 +360,6 @@ curl -fsS https://other.test/google -H "Authorization: Bearer $gtok" \\
     assert by_path["/google"]["auth"] == "Bearer " + gtok and by_path["/google"]["goog"] == genv
 
 
-def test_a_refresh_on_the_host_and_a_daemon_restart_keep_the_login_working(
-        testbed: Testbed, agent: Agent) -> None:
-    """The egress reads the token again from the host's file: alice's
-    Claude Code refreshed it outside (a new file renamed into place), the
-    daemon restarted (the agent adopted), and claude inside, with the same
-    placeholder, reaches the stand-in with the new token."""
-    home = testbed.users["alice"].home
-    login = json.loads(LOGIN)
-    login["claudeAiOauth"]["accessToken"] = ACCESS_AFTER
-    testbed.run(["sh", "-c", "umask 077 && cat > .claude/.new && "
-                 "mv .claude/.new .claude/.credentials.json"], user="alice", cwd=home,
-                input=json.dumps(login))
-    testbed.run(["systemctl", "restart", "leviathd"])
-    rc, out, err = agent.call(f"env -u ANTHROPIC_API_KEY {RUN}", timeout=120)
-    assert rc == 0 and "standin-pong" in out, (out, err)
-    to_api = [e for e in stand_in_log(testbed) if e["host"] == "api.anthropic.com"]
-    assert to_api[-1]["auth"] == "Bearer " + ACCESS_AFTER, to_api[-1]
-    assert ACCESS_AFTER not in out + err
-
-
 def _refresh_body(token: str) -> str:
     """Claude Code 2.1.332's refresh request body, as its bundle builds it."""
     return json.dumps({"grant_type": "refresh_token", "refresh_token": token,
@@ -440,3 +433,24 @@ grep -r -l -a -e {_split(NEW_ACCESS)} -e {_split(NEW_REFRESH)} -e {_split(REFRES
     to_api = [e for e in log if e["host"] == "api.anthropic.com"]
     assert to_api[-1]["auth"] == "Bearer " + NEW_ACCESS, to_api[-1]
     assert not any(s in out + err + reply for s in (NEW_ACCESS, NEW_REFRESH, REFRESH))
+
+
+def test_a_refresh_on_the_host_and_a_daemon_restart_keep_the_login_working(
+        testbed: Testbed, agent: Agent) -> None:
+    """The egress reads the token again from the host's file: alice's
+    Claude Code refreshed it outside (a new file renamed into place), the
+    daemon restarted (the agent adopted), and claude inside, with the same
+    placeholder, reaches the stand-in with the new token."""
+    home = testbed.users["alice"].home
+    login = json.loads(LOGIN)
+    login["claudeAiOauth"]["accessToken"] = ACCESS_AFTER
+    testbed.run(["sh", "-c", "umask 077 && cat > .claude/.new && "
+                 "mv .claude/.new .claude/.credentials.json"], user="alice", cwd=home,
+                input=json.dumps(login))
+    testbed.run(["systemctl", "restart", "leviathd"])
+    rc, out, err = agent.call(f"env -u ANTHROPIC_API_KEY {RUN}", timeout=120)
+    assert rc == 0 and "standin-pong" in out, (out, err)
+    to_api = [e for e in stand_in_log(testbed) if e["host"] == "api.anthropic.com"]
+    assert to_api[-1]["auth"] == "Bearer " + ACCESS_AFTER, to_api[-1]
+    assert ACCESS_AFTER not in out + err
+
