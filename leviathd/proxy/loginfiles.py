@@ -207,8 +207,9 @@ def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
             os.close(home_fd)
         try:
             fd = fsat.open_at(dir_fd, rel[-1], os.O_RDWR | os.O_NONBLOCK)
-        finally:
+        except BaseException:
             os.close(dir_fd)
+            raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
@@ -238,6 +239,7 @@ def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
             os.fsync(fd)
         finally:
             os.close(fd)
+            os.close(dir_fd)
 
 
 def read_logins(uid: int, gid: int, home: str,

@@ -64,3 +64,45 @@ def test_a_file_the_user_cannot_read_is_not_read(home: Path) -> None:
     os.chmod(creds, 0o600)  # root's own file in her folder: she cannot read it
     logins, notes = clilogins.read_logins(NOBODY, NOBODY, str(home))
     assert logins == [] and len(notes) == 1 and "ermission" in notes[0], notes
+
+
+def test_new_tokens_are_written_in_place_as_the_user_and_never_through_a_link(
+        home: Path) -> None:
+    """proxy/refresh.py's write-back: the same inode (an agent's bind over
+    the name stays), its mode and other keys kept; a link in the file's
+    place, a file of root's, or one she made read-only is not written."""
+    creds = home / ".claude" / ".credentials.json"
+    creds.write_text(json.dumps({"claudeAiOauth": {"accessToken": SECRET, "refreshToken": "r",
+                                                   "subscriptionType": "max"}, "other": 1}))
+    os.chmod(creds, 0o600)
+    os.chown(creds, NOBODY, NOBODY)
+    inode = creds.stat().st_ino
+    new = "sk-ant-oat01-" + "n" * 60
+    clilogins.write_values(NOBODY, NOBODY, str(home), (".claude", ".credentials.json"),
+                           {("claudeAiOauth", "accessToken"): new,
+                            ("claudeAiOauth", "expiresAt"): 5})
+    assert json.loads(creds.read_text()) == {"claudeAiOauth": {
+        "accessToken": new, "refreshToken": "r", "subscriptionType": "max", "expiresAt": 5},
+        "other": 1}
+    st = creds.stat()
+    assert (st.st_ino, st.st_mode & 0o777, st.st_uid) == (inode, 0o600, NOBODY)
+    values = {("claudeAiOauth", "accessToken"): "x"}
+    # She made it read-only: root's rights would write it anyway.
+    os.chmod(creds, 0o400)
+    with pytest.raises(PermissionError):
+        clilogins.write_values(NOBODY, NOBODY, str(home), (".claude", ".credentials.json"),
+                               values)
+    # A link to root's file in its place; root's own file there.
+    creds.unlink()
+    os.symlink(home.parent / "rootonly" / "auth.json", creds)
+    with pytest.raises(OSError):
+        clilogins.write_values(NOBODY, NOBODY, str(home), (".claude", ".credentials.json"),
+                               values)
+    creds.unlink()
+    creds.write_text(json.dumps({"claudeAiOauth": {"accessToken": SECRET}}))
+    os.chmod(creds, 0o666)
+    with pytest.raises(ValueError):
+        clilogins.write_values(NOBODY, NOBODY, str(home), (".claude", ".credentials.json"),
+                               values)
+    assert "ROOT" in (home.parent / "rootonly" / "auth.json").read_text()
+    assert json.loads(creds.read_text())["claudeAiOauth"]["accessToken"] == SECRET
