@@ -171,19 +171,6 @@ def read_value(uid: int, gid: int, home: str, rel: tuple[str, ...],
     return value_at(data, path) if data is not None else None
 
 
-def _walk(home_fd: int, rel: tuple[str, ...]) -> int:
-    fd = os.dup(home_fd)
-    try:
-        for part in rel[:-1]:
-            nxt = fsat.open_dir_at(fd, part)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
                  values: Mapping[tuple[str, ...], object]) -> None:
     """Set `values` (keys path -> value) in the user's login file, as the
@@ -202,7 +189,7 @@ def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
         try:
             if os.fstat(home_fd).st_uid != uid:
                 raise ValueError(f"{home}: not the user's own folder")
-            dir_fd = _walk(home_fd, rel)
+            dir_fd = fsat.walk_at(home_fd, rel[:-1])
         finally:
             os.close(home_fd)
         try:
