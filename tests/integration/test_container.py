@@ -387,15 +387,22 @@ def test_network_false_cuts_the_container_off_and_network_true_reaches_the_host(
         "echo $!"
     ).stdout.strip()
     try:
-        time.sleep(1)
-        # (busybox's static wget crashes without NSS; nc speaks HTTP well enough)
-        fetch = ["sh", "-c", f"printf 'GET /file HTTP/1.0\\r\\n\\r\\n' | nc 127.0.0.1 {port}; "
+        # (wait for what is read: the server answering, with a bound)
+        cbed.bed.run(f"for i in $(seq 100); do {PY} -c 'import socket; "
+                     f"socket.create_connection((\"127.0.0.1\", {port}), 1)' 2>/dev/null "
+                     "&& exit 0; sleep 0.1; done; exit 1")
+        # (nc, as the image's wget has no -T: the static busybox 1.35 is built
+        # without it, and `wget -T N` dies of SIGSEGV. nc's words are read:
+        # a crash must not look like the refusal.)
+        fetch = ["sh", "-c", f"printf 'GET /file HTTP/1.0\\r\\n\\r\\n' | nc 127.0.0.1 {port} 2>&1; "
                  "echo rc=$?; tail -n +3 /proc/net/dev | cut -d: -f1"]  # fmt: skip
         r, _, _ = cbed.agent(fetch, config(network=True))
         assert "data" in r.stdout, r  # the control: the same fetch works with network
         cbed.end(*cbed.agents[-1])
         r, _, _ = cbed.agent(fetch, config(network=False))
+        # Its own lo, where nothing listens: the kernel's refusal, nc's status 1.
         assert "data" not in r.stdout and "rc=1" in r.stdout, r.stdout
+        assert "Connection refused" in r.stdout, r.stdout
         assert [ln.strip() for ln in r.stdout.splitlines()[-1:]] == ["lo"]
         cbed.end(*cbed.agents[-1])
     finally:

@@ -336,9 +336,21 @@ cd stack
 NO_NETWORK = """[sandbox]
 network = false
 """
-# (the static busybox's wget crashes here; its nc does not)
-PROBE = ("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 10.213.0.1 18213 | grep -q 200 "
-         "&& echo REACH$((1+1)) || echo BLOCK$((1+1))")  # (not the words the source shows)
+LISTENER = "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 5 10.213.0.1 18213"
+# The build step's probe says what nc got and its status, beside a control:
+# the same nc reaching a listener on the step's own lo, so a client that
+# cannot run (or a step that never ran) fails the test instead of looking
+# like a refusal. Its words are made by the shell ($((1+1))): the build's
+# stream echoes the step's source, which must not read as its output.
+INNER = 18214
+PROBE = (
+    f"mkdir -p /tmp/w && echo inner-$((2+2)) > /tmp/w/f; httpd -f -p 127.0.0.1:{INNER} -h /tmp/w & h=$!; "
+    f"i=0; until grep -q ':{INNER:04X} 00000000:0000 0A' /proc/net/tcp "
+    "|| [ $((i+=1)) -gt 200 ]; do sleep 0.05; done; "
+    f"o=$(printf 'GET /f HTTP/1.0\\r\\n\\r\\n' | nc -w 5 127.0.0.1 {INNER} 2>&1); "
+    "echo \"CTL$((1+1)) rc=$? $o\" | tr '\\r\\n' '  '; echo; kill $h; "
+    "o=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 10.213.0.1 18213 2>&1); "
+    "echo \"PROBE$((1+1)) rc=$? $o\" | tr '\\r\\n' '  '; echo")
 
 
 def test_an_agent_without_network_gets_an_engine_without_it(bed: Testbed) -> None:
@@ -353,8 +365,7 @@ def test_an_agent_without_network_gets_an_engine_without_it(bed: Testbed) -> Non
     bed.run(["chown", "bob:", f"{bob.home}/.config/leviath/config.toml"])
     try:
         deadline = time.monotonic() + 30
-        while "REACH2" not in bed.run(["sh", "-c", PROBE.replace("nc", "busybox nc")],
-                                       check=False).stdout:
+        while " 200 " not in bed.run(["sh", "-c", LISTENER], check=False).stdout:
             assert time.monotonic() < deadline, "the listener never answered"
             time.sleep(0.3)
         # A build's RUN step: the engine's own network unless told otherwise.
@@ -363,8 +374,11 @@ def test_an_agent_without_network_gets_an_engine_without_it(bed: Testbed) -> Non
         assert isinstance(out, list)
         imported, built = out
         assert imported[0] == 200, out
-        assert "REACH2" not in json.dumps(built), out
-        assert built[0] != 200 or "BLOCK2" in json.dumps(built), out
+        text = json.dumps(built)
+        assert built[0] == 200, out
+        assert "CTL2 rc=0 " in text and "inner-4" in text, out  # the client works
+        assert "PROBE2 rc=1 " in text and "Network is unreachable" in text, out
+        assert "Directory listing" not in text, out
     finally:
         bed.run(["rm", "-f", f"{bob.home}/.config/leviath/config.toml"])
         bed.run(["systemctl", "stop", "leviath-test-listener"], check=False)
