@@ -344,7 +344,8 @@ LISTENER = "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 5 10.213.0.1 182
 # stream echoes the step's source, which must not read as its output.
 INNER = 18214
 PROBE = (
-    f"mkdir -p /tmp/w && echo inner-$((2+2)) > /tmp/w/f; httpd -f -p 127.0.0.1:{INNER} -h /tmp/w & h=$!; "
+    "mkdir -p /tmp/w && echo inner-$((2+2)) > /tmp/w/f; "
+    f"httpd -f -p 127.0.0.1:{INNER} -h /tmp/w & h=$!; "
     f"i=0; until grep -q ':{INNER:04X} 00000000:0000 0A' /proc/net/tcp "
     "|| [ $((i+=1)) -gt 200 ]; do sleep 0.05; done; "
     f"o=$(printf 'GET /f HTTP/1.0\\r\\n\\r\\n' | nc -w 5 127.0.0.1 {INNER} 2>&1); "
