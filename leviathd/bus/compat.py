@@ -105,14 +105,19 @@ class _ManyFdSocket(socket.socket):
 _ROOM_FOR_FDS = socket.CMSG_LEN(16 * array.array("i").itemsize)
 
 
-def many_fds(bus: MessageBus) -> MessageBus:
-    """bus (constructed, not yet connected), able to receive several
-    descriptors in one call whatever the dbus-fast release."""
-    sock = bus._sock
+def roomy(sock: socket.socket) -> None:
+    """sock, read by dbus-fast's reader, gets room for 16 descriptors per
+    message whatever the dbus-fast release."""
     if type(sock) is socket.socket:
         # The same object with a different class (same layout, no new slots):
         # dbus-fast keeps its references, nothing is duplicated or leaked.
         sock.__class__ = _ManyFdSocket
+
+
+def many_fds(bus: MessageBus) -> MessageBus:
+    """bus (constructed, not yet connected), able to receive several
+    descriptors in one call whatever the dbus-fast release."""
+    roomy(bus._sock)
     # What arrives is then closed unless a handler takes it (bus/fds.py).
     from leviathd.bus import fds
 

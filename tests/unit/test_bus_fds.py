@@ -24,7 +24,7 @@ from session_bus import bus_address
 
 from leviathd import fdclose
 from leviathd.bus import fds
-from leviathd.bus.compat import DBusSignature, dbus_method, many_fds
+from leviathd.bus.compat import DBusSignature, dbus_method, many_fds, roomy
 from leviathd.bus.names import MANAGER_IFACE, OBJECT_PATH
 
 __all__ = ["bus_address"]
@@ -360,6 +360,7 @@ def test_a_reply_read_before_another_clients_call_keeps_none_of_its_descriptors(
         theirs.sendmsg([bytes(call._marshall(True))], [(
             socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [w for _, w in sent]))])
         ours.setblocking(False)
+        roomy(ours)  # as the daemon's bus socket is (bus/compat.py many_fds)
         got: list[Message] = []
 
         def process(msg: Message) -> None:

@@ -54,9 +54,12 @@ def rpmlint(rpm: Path) -> tuple[int, str]:
 
 
 def regular_files(rpm: Path) -> set[str]:
-    r = subprocess.run(["rpm", "-qp", "--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]", str(rpm)],
-                       capture_output=True, text=True, check=True)
-    return {ln.split(" ", 1)[1] for ln in r.stdout.splitlines() if ln.startswith("-")}
+    """Regular files the RPM carries; %ghost ones (the metrics file rpm -e
+    removes) are named, not shipped, so they do not count."""
+    r = subprocess.run(["rpm", "-qp", "--qf", "[%{FILEMODES:perms} %{FILEFLAGS:fflags}. "
+                        "%{FILENAMES}\n]", str(rpm)], capture_output=True, text=True, check=True)
+    rows = (ln.split(" ", 2) for ln in r.stdout.splitlines() if ln.startswith("-"))
+    return {path for _, flags, path in rows if "g" not in flags}
 
 
 def deb_regular_files(deb: Path) -> set[str]:
