@@ -105,7 +105,7 @@ class _ManyFdSocket(socket.socket):
 _ROOM_FOR_FDS = socket.CMSG_LEN(16 * array.array("i").itemsize)
 
 
-def roomy(sock: socket.socket) -> None:
+def roomy(sock: Any) -> None:
     """sock, read by dbus-fast's reader, gets room for 16 descriptors per
     message whatever the dbus-fast release."""
     if type(sock) is socket.socket:
@@ -117,7 +117,8 @@ def roomy(sock: socket.socket) -> None:
 def many_fds(bus: MessageBus) -> MessageBus:
     """bus (constructed, not yet connected), able to receive several
     descriptors in one call whatever the dbus-fast release."""
-    roomy(bus._sock)
+    if bus._sock is not None:
+        roomy(bus._sock)
     # What arrives is then closed unless a handler takes it (bus/fds.py).
     from leviathd.bus import fds
 
