@@ -118,20 +118,29 @@ class Queries(AgentsBase):
         bytes. Returns the rows and the cursor of the next page ("" at the end)."""
         everyone = await self._authority.allowed(who, Right.MANAGE_ANY)
         after = listing.parse_cursor(cursor)
+        mine = [r for r in self.records.values() if everyone or r.uid == who.uid]
         keys: list[tuple[listing.Key, str]] = [
-            (listing.running_key(r.started_at, r.id), r.id) for r in self.records.values()
-            if r.active and (everyone or r.uid == who.uid)
+            (listing.running_key(r.started_at, r.id), r.id) for r in mine if r.active
         ]
         if include_ended:
             keys += [
                 (listing.ended_key(e.ended_at, e.id), e.id) for e in self._store.ended.values()
                 if everyone or e.uid == who.uid
             ]
+            # An agent whose end is being written (its scratch removed, its
+            # ~/.claude.json merged back) is no longer running and not yet in
+            # the ended index: it is listed as ended, from memory, or it would
+            # be missing from `lev ps --all` for that moment.
+            keys += [
+                (listing.ended_key(r.ended_at or r.started_at, r.id), r.id) for r in mine
+                if not r.active and r.id not in self._store.ended
+            ]
         keys = sorted(k for k in keys if after is None or k[0] > after)
         page = listing.Page(limit=limit, budget=budget)
         for key, agent_id in keys:
-            rec = (self.records.get(agent_id) if key[0] == 0
-                   else self.unsaved.get(agent_id) or self._store.load(agent_id))
+            # Memory first: an ended agent still in it holds its final state.
+            rec = (self.records.get(agent_id) or self.unsaved.get(agent_id)
+                   or self._store.load(agent_id))
             if rec is None:
                 continue
             if not page.add(key, rec):

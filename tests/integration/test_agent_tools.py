@@ -64,6 +64,13 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     testbed.run(["systemctl", "restart", "leviathd"])
     testbed.run(["mkdir", "-p", "tools-work"], user="alice")
     yield testbed
+    # What the layouts laid in alice's home goes: a stand-in `claude` on her
+    # PATH or its one-line ~/.claude.json would be what later modules' real
+    # agent CLIs meet (test_cli_logins' claude read it as a corrupt config).
+    home = testbed.users["alice"].home
+    made = {p for x in LAYOUTS for p in (x.binary, x.link, x.config, x.state) if p}
+    testbed.run(["rm", "-rf", "--", *(f"{home}/{p}" for p in sorted(made)), f"{home}/tools-work"],
+                check=False)
 
 
 def _install(bed: Testbed, layout: Layout) -> None:

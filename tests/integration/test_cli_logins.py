@@ -243,6 +243,11 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
         assert bed.run(["test", "-e", f"{home}/{rel}"], check=False).returncode != 0, rel
         bed.run(["sh", "-c", 'mkdir -p -m 700 "$(dirname "$1")" && umask 077 && cat > "$1"',
                  "login", rel], user="alice", cwd=home, input=text)
+    # Claude Code reads ~/.claude.json first: a leftover of another module
+    # would fail every claude below for a reason of its own.
+    state = bed.run(["cat", f"{home}/.claude.json"], user="alice", check=False)
+    if state.returncode == 0:
+        json.loads(state.stdout)
     lay_out(bed, "clw", "clbp", BLUEPRINT)
     try:
         with stand_in(bed):

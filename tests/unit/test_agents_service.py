@@ -312,6 +312,25 @@ def test_an_unknown_agent_whose_scope_vanished_is_marked_ended(tmp_path: Path) -
     assert ended is not None and ended.state is AgentState.LOST and ended.ended_at
 
 
+def test_an_agent_whose_end_is_being_written_stays_in_the_listing(tmp_path: Path) -> None:
+    """Between its end (state set) and its record's save (the ended index),
+    the end awaits the scratch's removal and ~/.claude.json's merge: `lev ps
+    --all` then must still list it, as ended (it once vanished: a test's
+    `lev run --detach` of a short command found no row for the id it got)."""
+    agents = make_agents(tmp_path, StandInAuthority({ALICE.uid: {Right.RUN}}), StandInSystemd())
+    rec = alices_agent()
+    agents.records[rec.id] = rec
+    rows, _ = asyncio.run(agents.list(ALICE, include_ended=True))
+    assert [(r.id, r.state) for r, _ in rows] == [(rec.id, AgentState.RUNNING)]
+    rec.state, rec.exit_status, rec.ended_at = AgentState.EXITED, 0, rec.started_at + 1
+    rows, cursor = asyncio.run(agents.list(ALICE, include_ended=True))
+    assert [(r.id, r.state) for r, _ in rows] == [(rec.id, AgentState.EXITED)] and cursor == ""
+    assert asyncio.run(agents.list(ALICE, include_ended=False))[0] == []
+    agents._save(rec)  # its end written: listed once, from the index
+    rows, _ = asyncio.run(agents.list(ALICE, include_ended=True))
+    assert [(r.id, r.state) for r, _ in rows] == [(rec.id, AgentState.EXITED)]
+
+
 def test_a_log_reader_ends_when_its_caller_leaves() -> None:
     async def scenario() -> int | None:
         callers = StandInCallers()
