@@ -33,13 +33,14 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import stat
 from dataclasses import dataclass, field, replace
 
 from leviathd import fsat, fsids
 from leviathd.gate.service import agent_dir
 from leviathd.proxy import inject, refresh
 from leviathd.proxy import loginfiles as clilogins
-from leviathd.sandbox.spec import Mount, SandboxSpec, is_within
+from leviathd.sandbox.spec import Mount, MountRole, SandboxSpec, is_within
 
 KIND = "login"
 # Every injection name of a login starts so; a configured credential's name
@@ -82,32 +83,106 @@ class Plan:
     env: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
 
 
-def _bound(spec: SandboxSpec, path: str) -> bool:
-    """Whether the fence shows `path` from the host (a state folder's bind)."""
-    return any(m.kind == "bind" and m.target != "/" and is_within(path, m.target)
-               and m.target != path for m in spec.mounts)
+# A login's folder is shown entry by entry; past this many the rest is left
+# out (with a note): Claude Code's ~/.claude holds a dozen or two.
+MAX_ENTRIES = 256
 
 
-def _has_file(spec: SandboxSpec, rel: tuple[str, ...]) -> bool:
-    """A regular file there, looked at as the user by descriptor."""
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    link: str | None  # a symlink's text, else None (a folder or a regular file)
+
+
+def _enclosing(spec: SandboxSpec, folder: str) -> int | None:
+    """The index of the bind that shows `folder` from the host (the deepest,
+    the last of equals: what lies on top), or None."""
+    best: int | None = None
+    for i, m in enumerate(spec.mounts):
+        if m.kind == "bind" and m.target != "/" and is_within(folder, m.target) and (
+                best is None or len(m.target) >= len(spec.mounts[best].target)):
+            best = i
+    return best
+
+
+def _entries(spec: SandboxSpec, source: str, skip: str) -> tuple[list[_Entry], bool] | None:
+    """The folder's entries (but `skip`), listed as the user by descriptor:
+    folders and regular files, and links by their text; None when the folder
+    cannot be opened or the login is not a regular file in it. The flag says
+    entries were left out (past MAX_ENTRIES)."""
     with fsids.as_user(spec.uid, spec.gid):
         try:
-            home = fsat.open_dir(spec.home)
+            fd = fsat.open_dir(source)
         except OSError:
-            return False
+            return None
         try:
-            fd = fsat.walk_at(home, rel[:-1])
+            st = fsat.lstat_at(fd, skip)
+            if st is None or not stat.S_ISREG(st.st_mode):
+                return None
+            out: list[_Entry] = []
+            names = sorted(os.listdir(fd))
+            for name in names[:MAX_ENTRIES + 1]:
+                if name == skip:
+                    continue
+                try:
+                    est = os.lstat(name, dir_fd=fd)
+                    if stat.S_ISLNK(est.st_mode):
+                        out.append(_Entry(name, os.readlink(name, dir_fd=fd)))
+                    elif stat.S_ISDIR(est.st_mode) or stat.S_ISREG(est.st_mode):
+                        out.append(_Entry(name, None))
+                except OSError:
+                    continue  # gone since the listing: a CLI's temporary file
+            return out[:MAX_ENTRIES], len(names) > MAX_ENTRIES + 1
         except OSError:
-            return False
-        finally:
-            os.close(home)
-        try:
-            st = fsat.lstat_at(fd, rel[-1])
-        except OSError:
-            return False
+            return None
         finally:
             os.close(fd)
-    return st is not None
+
+
+def _shown_by_entries(spec: SandboxSpec, login_file: clilogins.LoginFile,
+                      placeholder: str) -> tuple[int, list[Mount], str | None] | None:
+    """The mounts that show the login's folder with the placeholder file in
+    the login's place, or None where the fence does not show the folder from
+    the host or the login is not there.
+
+    Not a bind of the placeholder over the host's file: a tool on the host
+    that replaces the file by renaming a new one over it (Claude Code does
+    so at each refresh) detaches every mount on that name in every mount
+    namespace (Linux >= 3.18), and the agent would then read the real file.
+    Here the folder the agent sees is a tmpfs of its own holding each host
+    entry bound one by one (links as links), with the login a file the host
+    cannot rename anything over. The folder's host entries made after the
+    start are not seen, and top-level entries the agent makes are its own
+    (docs/sandbox.md)."""
+    folder = posixpath.join(spec.home, *login_file.rel[:-1])
+    at = _enclosing(spec, folder)
+    if at is None:
+        return None
+    encl = spec.mounts[at]
+    source = posixpath.normpath(posixpath.join(encl.source, posixpath.relpath(folder, encl.target)))
+    listed = _entries(spec, source, login_file.rel[-1])
+    if listed is None:
+        return None
+    entries, cut = listed
+    why = f"{login_file.tool}'s folder: host entries one by one, the login a placeholder"
+    mounts = [Mount("tmpfs", folder, why=why)]
+    for e in entries:
+        target = posixpath.join(folder, e.name)
+        if any(is_within(target, h) for h in spec.hidden):
+            continue
+        if e.link is not None:
+            mounts.append(Mount("symlink", target, e.link, why=why))
+        else:
+            mounts.append(Mount("bind", target, posixpath.join(source, e.name),
+                                readonly=encl.readonly, exact=True, why=why,
+                                role=MountRole.ENTRY))
+    mounts.append(Mount("bind", posixpath.join(folder, login_file.rel[-1]), placeholder,
+                        readonly=True, exact=True,
+                        why=f"{login_file.tool}'s login: placeholders (the real tokens "
+                            "stay on the host)"))
+    note = (f"{login_file.tool}: ~/{'/'.join(login_file.rel[:-1])} has over {MAX_ENTRIES} "
+            "entries; the rest are not shown" if cut else None)
+    return at, mounts, note
 
 
 def plan(spec: SandboxSpec, plan_: Plan) -> SandboxSpec:
@@ -117,15 +192,18 @@ def plan(spec: SandboxSpec, plan_: Plan) -> SandboxSpec:
     env = dict(spec.env)
     notes = list(spec.notes)
     for login_file in clilogins.LOGIN_FILES:
-        path = posixpath.join(spec.home, *login_file.rel)
-        if not _bound(spec, path) or not _has_file(spec, login_file.rel):
+        shown = _shown_by_entries(
+            replace(spec, mounts=tuple(mounts)), login_file,
+            posixpath.join(agent_dir(spec.execution_id), file_name(login_file)))
+        if shown is None:
             continue
+        at, entry_mounts, cut = shown
         plan_.files[login_file.tool] = login_file
-        mounts.append(Mount("bind", path, posixpath.join(agent_dir(spec.execution_id),
-                                                          file_name(login_file)),
-                            readonly=True, exact=True,
-                            why=f"{login_file.tool}'s login: placeholders (the real tokens "
-                                "stay on the host)"))
+        # Right above the bind that shows the folder: whatever the fence puts
+        # later inside it (a mask, a protected file) still lies on top.
+        mounts[at + 1:at + 1] = entry_mounts
+        if cut:
+            notes.append(cut)
         notes.append(f"{login_file.tool}'s login (~/{'/'.join(login_file.rel)}): the agent "
                      "sees placeholders, swapped for the real tokens at the proxy toward "
                      f"{', '.join(login_file.hosts)} only")

@@ -190,6 +190,9 @@ class MountRole(StrEnum):
     SCRATCH = "scratch"  # home and /tmp, from the agent's scratch
     WORKDIR = "workdir"
     WORKTREE_GIT = "worktree-git"  # a worktree's main git folder
+    # One entry of a folder shown entry by entry (a login's folder,
+    # proxy/logins.py): one gone by the start is left out, not an error.
+    ENTRY = "entry"
     OTHER = "other"
 
 

@@ -248,6 +248,10 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
     state = bed.run(["cat", f"{home}/.claude.json"], user="alice", check=False)
     if state.returncode == 0:
         json.loads(state.stdout)
+    # As on a machine where she has used Claude Code before: its session
+    # folder exists (entries the agent makes at the top of ~/.claude are its
+    # own, docs/sandbox.md).
+    bed.run(["mkdir", "-p", "-m", "700", f"{home}/.claude/projects"], user="alice")
     lay_out(bed, "clw", "clbp", BLUEPRINT)
     try:
         with stand_in(bed):
@@ -258,6 +262,7 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
                 yield a
     finally:
         bed.run(["rm", "-f", *(f"{home}/{rel}" for rel in files)], check=False)
+        bed.run(["rm", "-rf", f"{home}/.claude/projects"], check=False)
 
 
 def _split(secret: str) -> str:
@@ -452,6 +457,19 @@ def test_a_refresh_on_the_host_and_a_daemon_restart_keep_the_login_working(
     testbed.run(["sh", "-c", "umask 077 && cat > .claude/.new && "
                  "mv .claude/.new .claude/.credentials.json"], user="alice", cwd=home,
                 input=json.dumps(login))
+    # The attacker's side: a rename over the login's name on the host
+    # detaches any mount on that name in every namespace; the agent, which
+    # waited for it, must still read placeholders there and nothing real
+    # anywhere in its ~/.claude (it read the new token on the code before).
+    rc, out, err = agent.call(
+        "cat ~/.claude/.credentials.json; echo; grep -r -l -a -e "
+        f"{_split(ACCESS_AFTER)} -e {_split(REFRESH)} ~/.claude; "
+        "echo written-inside > ~/.claude/projects/from-the-agent; echo rc=$?")
+    assert rc == 0, (out, err)
+    assert ACCESS_AFTER not in out and REFRESH not in out, out
+    assert "claudeAiOauth" in out and out.rstrip().endswith("rc=0"), out
+    # Its folder's entries are still the host's: what it writes there stays.
+    assert testbed.read_file(f"{home}/.claude/projects/from-the-agent") == "written-inside\n"
     testbed.run(["systemctl", "restart", "leviathd"])
     rc, out, err = agent.call(f"env -u ANTHROPIC_API_KEY {RUN}", timeout=120)
     assert rc == 0 and "standin-pong" in out, (out, err)

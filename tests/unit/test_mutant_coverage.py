@@ -37,7 +37,6 @@ EXEMPT = {
     "leviathd/bus/__init__.py": "a package marker",
     "leviathd/bus/names.py": "the bus names and polkit action ids as constants; "
                              "test_bus_methods holds them to the policy file",
-    "leviathd/bus/compat.py": "dbus-fast's decorators across its releases (annotations only)",
     "leviathd/enginesock/refused.py": "the engine socket's error class",
 }
 

@@ -16,7 +16,7 @@ from leviathd.config.load import parse_blueprint, parse_config
 from leviathd.config.merge import resolve
 from leviathd.domain.sandbox import SandboxKind
 from leviathd.proxy import inject, logins
-from leviathd.sandbox.spec import Mount, SandboxSpec
+from leviathd.sandbox.spec import Mount, MountRole, SandboxSpec
 
 ACCESS = "sk-ant-oat01-REALaccessREALaccessREALaccessREALaccess-xyz"
 REFRESH = "sk-ant-ort01-REALrefreshREALrefreshREALrefreshREALrefresh"
@@ -169,3 +169,51 @@ def test_the_egress_reads_a_login_again_from_the_host_file_and_a_key_from_memory
         read(access, {})
     assert logins.file_of("login/claude-code/a/../b") is None
     assert logins.file_of("login/nope/accessToken") is None
+
+
+def test_the_login_folder_is_a_tmpfs_of_the_host_entries_with_the_placeholder_on_top(
+        home: Path) -> None:
+    """A bind over the login's name is detached by a rename on the host (the
+    host's Claude Code refreshes so): the agent's ~/.claude is a tmpfs of its
+    own, each host entry bound one by one (links as links), the login the
+    placeholder; masks the fence puts inside still lie on top; nothing binds
+    the host's login file."""
+    claude = home / ".claude"
+    (claude / "projects").mkdir()
+    (claude / "history.jsonl").write_text("")
+    (claude / "to-etc").symlink_to("/etc")
+    os.mkfifo(claude / "a-fifo")
+    mask = Mount("mask", f"{claude}/projects/hidden")
+    spec = logins.plan(_spec(str(home), mounts=(
+        Mount("bind", str(claude), str(claude)), mask)), logins.Plan())
+    shown = [(m.kind, m.target, m.source, m.role) for m in spec.mounts]
+    ph = spec.mounts[-2].source
+    assert ph.endswith("/0123abcd/login-claude-code.json")
+    assert shown == [
+        ("bind", str(claude), str(claude), MountRole.OTHER),
+        ("tmpfs", str(claude), "", MountRole.OTHER),
+        ("bind", f"{claude}/history.jsonl", f"{claude}/history.jsonl", MountRole.ENTRY),
+        ("bind", f"{claude}/projects", f"{claude}/projects", MountRole.ENTRY),
+        ("symlink", f"{claude}/to-etc", "/etc", MountRole.OTHER),
+        ("bind", f"{claude}/.credentials.json", ph, MountRole.OTHER),
+        ("mask", mask.target, "", MountRole.OTHER),
+    ], shown
+    assert all(m.exact for m in spec.mounts if m.role == MountRole.ENTRY)
+    assert spec.mounts[-2].readonly and spec.mounts[-2].exact
+
+
+def test_a_folder_entry_gone_by_the_start_is_left_out_and_any_other_source_is_an_error(
+        home: Path) -> None:
+    from leviathd.sandbox.namespace.pinner import Pinner
+    from leviathd.sandbox.namespace.syscalls import FenceError
+
+    spec = _spec(str(home))
+    pinner = Pinner(spec, -1, None)
+    gone = f"{home}/.claude/gone"
+    assert pinner.source(Mount("bind", gone, gone, exact=True, role=MountRole.ENTRY)) == -1
+    with pytest.raises(FenceError, match="cannot open"):
+        pinner.source(Mount("bind", gone, gone, exact=True))
+    there = f"{home}/.claude/.credentials.json"
+    fd = pinner.source(Mount("bind", there, there, exact=True, role=MountRole.ENTRY))
+    assert fd >= 0
+    os.close(fd)

@@ -62,10 +62,17 @@ class Pinner:
             raise FenceError(f"cannot open {path} in scratch: {exc}") from exc
 
     def source(self, m: Mount) -> int:
+        """The pinned source; -1 for a folder's entry (MountRole.ENTRY) that
+        is gone since the spec was built (its folder's tool removed it)."""
         spec = self.spec
         if is_within(m.source, spec.scratch):
             return self._beneath_scratch(m.source, os.O_PATH)
-        fd = self._open(m.source, exact=m.exact)
+        try:
+            fd = self._open(m.source, exact=m.exact)
+        except FenceError as exc:
+            if m.role == MountRole.ENTRY and isinstance(exc.__cause__, FileNotFoundError):
+                return -1
+            raise
         try:
             if (self.workdir_fd is not None and m.target == spec.workdir
                     and m.role == MountRole.WORKDIR):

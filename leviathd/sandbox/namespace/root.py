@@ -252,7 +252,8 @@ def build_root(spec: SandboxSpec, workdir_fd: int | None = None) -> None:
     mount("tmpfs", BASE, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
     for i, m in enumerate(spec.mounts):
         if m.kind == "bind":
-            root.bind(m, pins[i][0])
+            if pins[i][0] >= 0:  # else an entry gone since (MountRole.ENTRY)
+                root.bind(m, pins[i][0])
         elif m.kind == "overlay":
             root.overlay(m, pins[i])
         elif m.kind == "proc":
@@ -271,7 +272,8 @@ def build_root(spec: SandboxSpec, workdir_fd: int | None = None) -> None:
             raise FenceError(f"unknown mount kind {m.kind!r}")
     for fds in pins.values():
         for fd in fds:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
     for fd in nodes.values():
         os.close(fd)
     # Mount points for the workdir's parents were made on the root tmpfs; from
