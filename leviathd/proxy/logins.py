@@ -3,8 +3,9 @@
 A fenced agent behind the proxy never sees the user's real Claude Code,
 Codex or Gemini CLI login:
 - `plan` (spec building, in the planning thread): for each login file the
-  user has in a state folder the fence binds, a read-only bind of a file in
-  the agent's folder over it; an API key the agent's environment would get
+  user has in a state folder the fence binds, that folder shown as a tmpfs
+  of its host entries bound one by one with a read-only file of the agent's
+  folder in the login's place (`_shown_by_entries` says why); an API key the agent's environment would get
   (ANTHROPIC_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY) replaced by a
   placeholder of its shape;
 - `start` (the agent's start, after polkit allowed it, in a worker thread):
