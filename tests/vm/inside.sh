@@ -450,7 +450,7 @@ ca = (x509.CertificateBuilder().subject_name(name("leviath vm test CA")).issuer_
 leaf = (x509.CertificateBuilder().subject_name(name("api.test")).issuer_name(ca.subject)
         .public_key(leaf_key.public_key()).serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("api.test"), x509.DNSName("other.test")]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in ("api.test", "other.test", "api.anthropic.com")]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(leaf_key.public_key()), critical=False)
@@ -483,7 +483,7 @@ srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
 srv.serve_forever()
 EOF8
 step inject_certs sh -c 'python3 /srv/tls/make_certs.py && update-ca-certificates 2>&1 | tail -n 1'
-echo "10.77.0.2 api.test other.test" >>/etc/hosts
+echo "10.77.0.2 api.test other.test api.anthropic.com" >>/etc/hosts
 python3 /srv/tls/server.py >/srv/tls/server.log 2>&1 &
 tlsserver=$!
 printf %s 'vm-inj-5ecret-7f3a9c' >/etc/leviath/vm-api.token
@@ -519,6 +519,54 @@ print(json.dumps(out))
 EOF8
 step inject as alice "lev run -- python3 inject_probe.py"
 step inject_seen cat /srv/tls/seen.jsonl
+# Issue 45 on Debian 13: alice's Claude Code login (a stand-in server at
+# api.anthropic.com's name, the test CA) stays on the host; the agent holds
+# placeholders, and a new login renamed over hers on the host while the agent
+# runs (as Claude Code refreshes) shows it nothing real either.
+echo '{"claudeAiOauth": {"accessToken": "sk-ant-oat01-VMrealFIRST0Xq7Lm2Vb9Kd4Hs1Wf6Jp3Nc8Rt5", "refreshToken": "sk-ant-ort01-VMrealREFRESH0Zu8Pe1Ox4Mi7Ky2Gl5Db9Sa3", "expiresAt": 4102444800000}}' >/tmp/login1.json
+sed 's/VMrealFIRST0Xq7Lm2Vb9Kd4Hs1Wf6Jp3Nc8Rt5/VMrealSECOND0Pk5Jq8Wm1Xn4Bz7Cv2Dh3Lr6/' /tmp/login1.json >/tmp/login2.json
+chmod 644 /tmp/login1.json /tmp/login2.json
+runuser -l alice -c 'mkdir -p -m 700 ~/.claude/projects && (umask 077 && cat /tmp/login1.json > ~/.claude/.credentials.json) &&
+    cd ~/work && rm -f login.phase1 login.renamed login.json && cat > login_probe.py' <<'EOF8'
+import json, os, subprocess, time, urllib.request
+home = os.path.expanduser("~")
+def look():
+    text = open(f"{home}/.claude/.credentials.json").read()
+    ph = json.loads(text)["claudeAiOauth"]["accessToken"]
+    req = urllib.request.Request("https://api.anthropic.com/v1/whoami",
+                                 headers={"Authorization": "Bearer " + ph})
+    try:
+        answer = urllib.request.urlopen(req, timeout=60).read().decode()
+    except Exception as e:
+        answer = "err:" + repr(e)[:300]
+    hits = subprocess.run(["grep", "-r", "-l", "-a", "VMreal", f"{home}/.claude"],
+                          capture_output=True, text=True).stdout
+    return {"file": text, "placeholder": ph, "answer": answer, "grep": hits}
+out = {"before": look()}
+open("login.phase1", "w").close()
+for _ in range(240):
+    if os.path.exists("login.renamed"):
+        break
+    time.sleep(1)
+out["renamed_seen"] = os.path.exists("login.renamed")
+out["after"] = look()
+with open("projects-write.txt", "w") as f:
+    try:
+        open(f"{home}/.claude/projects/from-the-agent", "w").write("inside\n")
+        f.write("ok")
+    except OSError as e:
+        f.write(repr(e))
+open("login.json", "w").write(json.dumps(out))
+EOF8
+step login_start as alice "lev run --detach -- python3 login_probe.py"
+step login_renamed sh -c '
+    for i in $(seq 300); do [ -e /home/alice/work/login.phase1 ] && break; sleep 1; done
+    runuser -l alice -c "umask 077 && cat /tmp/login2.json > ~/.claude/.new && mv ~/.claude/.new ~/.claude/.credentials.json && touch ~/work/login.renamed"
+    cat /home/alice/.claude/.credentials.json'
+wait_until 300 test -e /home/alice/work/login.json || true
+step login cat /home/alice/work/login.json
+step login_seen sh -c 'grep api.anthropic.com /srv/tls/seen.jsonl; cat /home/alice/.claude/projects/from-the-agent'
+rm -f /tmp/login1.json /tmp/login2.json
 kill "$tlsserver"
 rm -f /etc/leviath/config.toml /etc/leviath/vm-api.token /usr/local/share/ca-certificates/vm-test-ca.crt
 # Not --fresh: that rebuilds every hash link and took 4.5 min under TCG;

@@ -465,6 +465,37 @@ def test_a_credential_is_injected_at_the_egress_and_never_enters_the_agent(vm: R
     assert isinstance(got["api.test"], dict), got
 
 
+VM_LOGINS = ("sk-ant-oat01-VMrealFIRST0Xq7Lm2Vb9Kd4Hs1Wf6Jp3Nc8Rt5",
+             "sk-ant-oat01-VMrealSECOND0Pk5Jq8Wm1Xn4Bz7Cv2Dh3Lr6",
+             "sk-ant-ort01-VMrealREFRESH0Zu8Pe1Ox4Mi7Ky2Gl5Db9Sa3")
+
+
+def test_claude_codes_login_stays_on_the_host_even_when_renamed_over_while_the_agent_runs(
+        vm: Run) -> None:
+    """Issue 45 on Debian 13's kernel: alice's Claude Code login becomes
+    placeholders in her agent, swapped for the real token only toward
+    api.anthropic.com (a stand-in at its name); a new login renamed over
+    hers on the host while the agent runs (Claude Code refreshes so) leaves
+    the agent reading placeholders, the egress sending the new token, and
+    what the agent writes in ~/.claude/projects on her disk."""
+    vm.ok("login_start")
+    renamed = vm.ok("login_renamed")
+    assert VM_LOGINS[1] in renamed, renamed
+    got = json.loads(vm.ok("login"))
+    assert got["renamed_seen"], got
+    for phase in ("before", "after"):
+        seen = got[phase]
+        assert seen["placeholder"].startswith("sk-ant-oat01-"), got
+        assert seen["grep"] == "", got
+    out = vm.out("login")
+    assert not any(real in out for real in VM_LOGINS), out
+    assert got["before"]["placeholder"] == got["after"]["placeholder"], got
+    sent = vm.ok("login_seen").splitlines()
+    auths = [json.loads(line)["auth"] for line in sent if line.startswith("{")]
+    assert auths == [f"Bearer {VM_LOGINS[0]}", f"Bearer {VM_LOGINS[1]}"], sent
+    assert sent[-1] == "inside", sent
+
+
 def test_a_placeholder_sent_to_another_host_is_only_the_placeholder(vm: Run) -> None:
     got, seen = _inject(vm)
     other = [s for s in seen if s["host"] == "other.test"]
