@@ -3,11 +3,12 @@
 A fenced agent behind the proxy never sees the user's real Claude Code,
 Codex or Gemini CLI login:
 - `plan` (spec building, in the planning thread): for each login file the
-  user has in a state folder the fence binds, that folder shown as a tmpfs
-  of its host entries bound one by one with a read-only file of the agent's
-  folder in the login's place (`_shown_by_entries` says why); an API key the agent's environment would get
-  (ANTHROPIC_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY) replaced by a
-  placeholder of its shape;
+  user has in a folder any mount shows, that folder shown as a tmpfs of its
+  host entries bound one by one with a read-only file of the agent's folder
+  in the login's place (`_shown_by_entries` says why), and a mount of the
+  login file itself given the placeholder; an API key the agent's
+  environment would get (ANTHROPIC_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY)
+  replaced by a placeholder of its shape;
 - `start` (the agent's start, after polkit allowed it, in a worker thread):
   the login files read as the user (proxy/loginfiles.py: by descriptor, no
   link followed, bounded), their placeholder files written into the agent's
@@ -41,7 +42,7 @@ from leviathd import fsat, fsids
 from leviathd.gate.service import agent_dir
 from leviathd.proxy import inject, refresh
 from leviathd.proxy import loginfiles as clilogins
-from leviathd.sandbox.spec import Mount, MountRole, SandboxSpec, is_within
+from leviathd.sandbox.spec import Mount, MountRole, SandboxSpec, host_resolve, is_within
 
 KIND = "login"
 # Every injection name of a login starts so; a configured credential's name
@@ -96,21 +97,46 @@ class _Entry:
 
 
 def _enclosing(spec: SandboxSpec, folder: str) -> int | None:
-    """The index of the bind that shows `folder` from the host (the deepest,
+    """The index of the bind or overlay that shows `folder` (the deepest,
     the last of equals: what lies on top), or None."""
     best: int | None = None
     for i, m in enumerate(spec.mounts):
-        if m.kind == "bind" and m.target != "/" and is_within(folder, m.target) and (
+        if m.kind in ("bind", "overlay") and m.target != "/" and is_within(folder, m.target) and (
                 best is None or len(m.target) >= len(spec.mounts[best].target)):
             best = i
     return best
 
 
+def _host_folders(spec: SandboxSpec, login_file: clilogins.LoginFile) -> tuple[str, ...]:
+    """The login's folder on the host, by its name and where it leads (the
+    fence's sources are resolved so, spec.host_resolve)."""
+    named = posixpath.join(spec.home, *login_file.rel[:-1])
+    return tuple(dict.fromkeys((named, host_resolve(named))))
+
+
+def _views(spec: SandboxSpec, hosts: tuple[str, ...]) -> list[str]:
+    """Every folder of the agent's view that a mount shows the login's host
+    folder at: the state folder's own bind, and any other mount whose source
+    holds it, by whatever name (a config mount of a link to ~/.claude, of a
+    folder above it). Decided on the mounts' sources, not on the one place
+    the fence puts the folder."""
+    out: dict[str, None] = {}
+    for m in spec.mounts:
+        if m.kind not in ("bind", "overlay") or m.role == MountRole.ENTRY or m.target == "/":
+            continue
+        for host in hosts:
+            if is_within(host, m.source):
+                out[posixpath.normpath(posixpath.join(
+                    m.target, posixpath.relpath(host, m.source)))] = None
+    return list(out)
+
+
 def _entries(spec: SandboxSpec, source: str, skip: str) -> tuple[list[_Entry], bool] | None:
     """The folder's entries (but `skip`), listed as the user by descriptor:
     folders and regular files, and links by their text; None when the folder
-    cannot be opened or the login is not a regular file in it. The flag says
-    entries were left out (past MAX_ENTRIES)."""
+    cannot be opened or holds no login (`skip` neither a regular file nor a
+    link: a login that is a link is covered too, the daemon never reads
+    through it). The flag says entries were left out (past MAX_ENTRIES)."""
     with fsids.as_user(spec.uid, spec.gid):
         try:
             fd = fsat.open_dir(source)
@@ -118,7 +144,7 @@ def _entries(spec: SandboxSpec, source: str, skip: str) -> tuple[list[_Entry], b
             return None
         try:
             st = fsat.lstat_at(fd, skip)
-            if st is None or not stat.S_ISREG(st.st_mode):
+            if st is None or not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                 return None
             out: list[_Entry] = []
             names = sorted(os.listdir(fd))
@@ -140,11 +166,17 @@ def _entries(spec: SandboxSpec, source: str, skip: str) -> tuple[list[_Entry], b
             os.close(fd)
 
 
-def _shown_by_entries(spec: SandboxSpec, login_file: clilogins.LoginFile,
+def _placeholder_bind(target: str, placeholder: str, tool: str) -> Mount:
+    return Mount("bind", target, placeholder, readonly=True, exact=True,
+                 why=f"{tool}'s login: placeholders (the real tokens stay on the host)")
+
+
+def _shown_by_entries(spec: SandboxSpec, folder: str, hosts: tuple[str, ...],
+                      login_file: clilogins.LoginFile,
                       placeholder: str) -> tuple[int, list[Mount], str | None] | None:
-    """The mounts that show the login's folder with the placeholder file in
-    the login's place, or None where the fence does not show the folder from
-    the host or the login is not there.
+    """The mounts that show the login's folder, seen at `folder`, with the
+    placeholder file in the login's place, or None where what lies on top at
+    `folder` is not the login's host folder or the login is not there.
 
     Not a bind of the placeholder over the host's file: a tool on the host
     that replaces the file by renaming a new one over it (Claude Code does
@@ -154,16 +186,21 @@ def _shown_by_entries(spec: SandboxSpec, login_file: clilogins.LoginFile,
     entry bound one by one (links as links), with the login a file the host
     cannot rename anything over. The folder's host entries made after the
     start are not seen, and top-level entries the agent makes are its own
-    (docs/sandbox.md)."""
-    folder = posixpath.join(spec.home, *login_file.rel[:-1])
+    (docs/sandbox.md). Under a throwaway layer (an overlay: a rename on the
+    host does not reach its names) the placeholder is bound over the name."""
     at = _enclosing(spec, folder)
     if at is None:
         return None
     encl = spec.mounts[at]
     source = posixpath.normpath(posixpath.join(encl.source, posixpath.relpath(folder, encl.target)))
+    if source not in hosts:
+        return None
     listed = _entries(spec, source, login_file.rel[-1])
     if listed is None:
         return None
+    login_at = posixpath.join(folder, login_file.rel[-1])
+    if encl.kind == "overlay":
+        return at, [_placeholder_bind(login_at, placeholder, login_file.tool)], None
     entries, cut = listed
     why = f"{login_file.tool}'s folder: host entries one by one, the login a placeholder"
     mounts = [Mount("tmpfs", folder, why=why)]
@@ -177,34 +214,45 @@ def _shown_by_entries(spec: SandboxSpec, login_file: clilogins.LoginFile,
             mounts.append(Mount("bind", target, posixpath.join(source, e.name),
                                 readonly=encl.readonly, exact=True, why=why,
                                 role=MountRole.ENTRY))
-    mounts.append(Mount("bind", posixpath.join(folder, login_file.rel[-1]), placeholder,
-                        readonly=True, exact=True,
-                        why=f"{login_file.tool}'s login: placeholders (the real tokens "
-                            "stay on the host)"))
-    note = (f"{login_file.tool}: ~/{'/'.join(login_file.rel[:-1])} has over {MAX_ENTRIES} "
+    mounts.append(_placeholder_bind(login_at, placeholder, login_file.tool))
+    note = (f"{login_file.tool}: {folder} has over {MAX_ENTRIES} "
             "entries; the rest are not shown" if cut else None)
     return at, mounts, note
 
 
 def plan(spec: SandboxSpec, plan_: Plan) -> SandboxSpec:
-    """The binds over the login files and the keys' placeholders; `plan_`
-    (the agent's, shared by its steps) keeps what `start` needs."""
+    """The login files covered and the keys' placeholders; `plan_` (the
+    agent's, shared by its steps) keeps what `start` needs. A login is
+    covered wherever a mount shows it: its folder, by any name, and a mount
+    of the login file itself."""
     mounts = list(spec.mounts)
     env = dict(spec.env)
     notes = list(spec.notes)
     for login_file in clilogins.LOGIN_FILES:
-        shown = _shown_by_entries(
-            replace(spec, mounts=tuple(mounts)), login_file,
-            posixpath.join(agent_dir(spec.execution_id), file_name(login_file)))
-        if shown is None:
+        placeholder = posixpath.join(agent_dir(spec.execution_id), file_name(login_file))
+        hosts = _host_folders(spec, login_file)
+        logins_at = {posixpath.join(h, login_file.rel[-1]) for h in hosts}
+        covered = False
+        # A mount of the login file itself (a config mount, by any name).
+        for i, m in enumerate(mounts):
+            if m.kind in ("bind", "overlay") and posixpath.normpath(m.source) in logins_at:
+                mounts[i] = _placeholder_bind(m.target, placeholder, login_file.tool)
+                covered = True
+        for folder in _views(replace(spec, mounts=tuple(mounts)), hosts):
+            shown = _shown_by_entries(replace(spec, mounts=tuple(mounts)), folder, hosts,
+                                      login_file, placeholder)
+            if shown is None:
+                continue
+            at, entry_mounts, cut = shown
+            covered = True
+            # Right above the mount that shows the folder: whatever the fence
+            # puts later inside it (a mask, a protected file) still lies on top.
+            mounts[at + 1:at + 1] = entry_mounts
+            if cut:
+                notes.append(cut)
+        if not covered:
             continue
-        at, entry_mounts, cut = shown
         plan_.files[login_file.tool] = login_file
-        # Right above the bind that shows the folder: whatever the fence puts
-        # later inside it (a mask, a protected file) still lies on top.
-        mounts[at + 1:at + 1] = entry_mounts
-        if cut:
-            notes.append(cut)
         notes.append(f"{login_file.tool}'s login (~/{'/'.join(login_file.rel)}): the agent "
                      "sees placeholders, swapped for the real tokens at the proxy toward "
                      f"{', '.join(login_file.hosts)} only")

@@ -68,6 +68,19 @@ MASKED_UNITS = (
     "sys-kernel-config.mount",
     "proc-sys-fs-binfmt_misc.automount",
     "systemd-binfmt.service",
+    # Hardware daemons a package may have brought (prometheus-node-exporter's
+    # collectors recommend them): with no such hardware in the bed they fail,
+    # and a failed unit is a degraded bed.
+    "nvmf-autoconnect.service",
+    "nvmefc-boot-connections.service",
+    "openipmi.service",
+    "smartmontools.service",
+    "smartd.service",
+    "prometheus-node-exporter-apt.timer",
+    "prometheus-node-exporter-ipmitool-sensor.timer",
+    "prometheus-node-exporter-mellanox-hca-temp.timer",
+    "prometheus-node-exporter-nvme.timer",
+    "prometheus-node-exporter-smartmon.timer",
 )
 
 

@@ -6,6 +6,7 @@ is the attacker's side, with the real Claude Code)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 import json
 import os
 from pathlib import Path
@@ -217,3 +218,57 @@ def test_a_folder_entry_gone_by_the_start_is_left_out_and_any_other_source_is_an
     fd = pinner.source(Mount("bind", there, there, exact=True, role=MountRole.ENTRY))
     assert fd >= 0
     os.close(fd)
+
+
+def _built(home: Path, user_config: str, workdir: Path,
+           workdir_mode: str = "rw") -> SandboxSpec:
+    """The spec as the daemon builds it (merge, build_spec on this host),
+    then the logins' plan."""
+    from leviathd.identity import UserInfo
+    from leviathd.sandbox.spec import RunRequest, build_spec_on_host
+
+    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["claude"]\n', "b.toml")
+    eff = resolve(parse_config("", "m.toml"), parse_config(user_config, "u.toml"), bp, "a").agent
+    me = UserInfo(name="u", uid=os.getuid(), gid=os.getgid(), groups=(), home=str(home))
+    spec = build_spec_on_host(eff, me, RunRequest(("claude",), str(workdir), workdir_mode),  # type: ignore[arg-type]
+                              "0123abcd", other_homes=[])
+    return logins.plan(replace(spec, proxy=True), logins.Plan())
+
+
+def _on_top(spec: SandboxSpec, target: str) -> Mount:
+    """The last mount at `target` or above it: what the agent meets there."""
+    from leviathd.sandbox.spec import is_within
+    return [m for m in spec.mounts if is_within(target, m.target) and m.target != "/"][-1]
+
+
+def test_a_login_is_covered_wherever_a_mount_shows_it(home: Path) -> None:
+    """Attacker's side: a config mount of the login file itself lay on top of
+    the placeholder, and a mount of a link to ~/.claude (or a throwaway
+    workdir reached through one) showed the real folder under another name;
+    a login that is a link was left as it was. Each is covered now: no mount
+    takes the host's login file, and every name it would appear at holds the
+    placeholder."""
+    real = home / ".claude" / ".credentials.json"
+    (home / "cl").symlink_to(home / ".claude")
+    (home / "w").mkdir()
+    spec = _built(home, '[sandbox]\nmounts = [{path = "~/.claude/.credentials.json"}, '
+                        '{path = "~/cl"}]\n', home / "w")
+    assert not [m for m in spec.mounts if m.source == str(real)], spec.mounts
+    for at in (real, home / "cl" / ".credentials.json"):
+        top = _on_top(spec, str(at))
+        assert top.source.endswith("/0123abcd/login-claude-code.json") and top.readonly, top
+    assert _on_top(spec, str(home / "cl" / "x")).kind == "tmpfs"
+
+    # A throwaway workdir that is a link to ~/.claude: the placeholder lies
+    # over the login in its layer.
+    (home / "wc").symlink_to(home / ".claude")
+    spec = _built(home, "", home / "wc", "throwaway")
+    top = _on_top(spec, str(home / "wc" / ".credentials.json"))
+    assert top.kind == "bind" and top.source.endswith("login-claude-code.json"), top
+
+    # A login that is a link (dotfiles kept elsewhere): covered, never followed.
+    (home / "dot.json").write_text(real.read_text())
+    real.unlink()
+    real.symlink_to(home / "dot.json")
+    spec = _built(home, "", home / "w")
+    assert _on_top(spec, str(real)).source.endswith("login-claude-code.json")
