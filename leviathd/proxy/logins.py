@@ -149,10 +149,17 @@ def _entries(spec: SandboxSpec, source: str, skip: str) -> tuple[list[_Entry], b
             out: list[_Entry] = []
             names = sorted(os.listdir(fd))
             for name in names[:MAX_ENTRIES + 1]:
-                if name == skip:
+                # The login under another name is never an entry: a CLI's
+                # write in progress (Claude Code writes `<login>.tmp.<hex>`
+                # and renames it over the login: bound at the start, the new
+                # login would stay in the agent's view), a backup, and a
+                # hard link of the login (the same file, decided on the inode).
+                if name.startswith(skip):
                     continue
                 try:
                     est = os.lstat(name, dir_fd=fd)
+                    if (est.st_dev, est.st_ino) == (st.st_dev, st.st_ino):
+                        continue
                     if stat.S_ISLNK(est.st_mode):
                         out.append(_Entry(name, os.readlink(name, dir_fd=fd)))
                     elif stat.S_ISDIR(est.st_mode) or stat.S_ISREG(est.st_mode):

@@ -6,9 +6,9 @@ is the attacker's side, with the real Claude Code)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -184,6 +184,10 @@ def test_the_login_folder_is_a_tmpfs_of_the_host_entries_with_the_placeholder_on
     (claude / "history.jsonl").write_text("")
     (claude / "to-etc").symlink_to("/etc")
     os.mkfifo(claude / "a-fifo")
+    # The login under other names: a host refresh's write in progress (to be
+    # renamed over the login) and a hard link of it. Neither is an entry.
+    (claude / ".credentials.json.tmp.9f3a").write_text("{}")
+    os.link(claude / ".credentials.json", claude / "same-file.json")
     mask = Mount("mask", f"{claude}/projects/hidden")
     spec = logins.plan(_spec(str(home), mounts=(
         Mount("bind", str(claude), str(claude)), mask)), logins.Plan())
