@@ -38,6 +38,15 @@ HIDDEN_IN_HOME: tuple[str, ...] = (
     ".password-store",
     ".config/leviath",
 )
+# The agent CLIs' logins (proxy/loginfiles.py reads the same files): the
+# fence shows placeholders in their place, so they are not hidden from it;
+# but the broker's grants, whose reads outside the workdir are the host's
+# view, never take them (policy/settings.py), whatever a grant covers.
+CLI_LOGINS_IN_HOME: tuple[str, ...] = (
+    ".claude/.credentials.json",
+    ".codex/auth.json",
+    ".gemini/oauth_creds.json",
+)
 # ...and absolute. "{uid}" is the user's uid.
 HIDDEN_ABSOLUTE: tuple[str, ...] = (
     "/run/user/{uid}",

@@ -16,7 +16,7 @@ from leviathd.domain.credentials import CredentialSpec
 from leviathd.domain.permission import Permission
 from leviathd.domain.sensitivity import Label, Sensitivity
 from leviathd.domain.tools import Registry, ToolKind
-from leviathd.hidden import builtin_hidden
+from leviathd.hidden import CLI_LOGINS_IN_HOME, builtin_hidden
 from leviathd.policy.allowlist import Allowlist, compile_allowlist
 from leviathd.policy.labels import clearance_for
 from leviathd.policy.permissions import compile_permissions
@@ -82,8 +82,11 @@ class CompiledPolicy:
         self.settings = settings
         self.permissions: dict[str, Permission] = compile_permissions(settings.permissions)
         # home and workdir are resolved to real paths by the read-path engine.
-        # The built-in hidden paths win over every grant, here as in the fence.
-        hidden = (*builtin_hidden(), *settings.hidden_paths)
+        # The built-in hidden paths win over every grant, here as in the fence;
+        # so do the agent CLIs' logins, which the fence shows as placeholders
+        # but a grant would read in the host's view (broker/tools.py reader).
+        hidden = (*builtin_hidden(), *(f"~/{rel}" for rel in CLI_LOGINS_IN_HOME),
+                  *settings.hidden_paths)
         self.grant: GrantIndex = build_index(
             settings.read_paths, home=home, workdir=workdir, hidden=hidden
         )

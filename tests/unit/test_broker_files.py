@@ -237,3 +237,29 @@ def test_granted_data_copied_into_the_workdir_keeps_its_label(
     os.rename(tree["work"] / "copy.md", tree["work"] / "renamed.md")
     again = call(broker.path, "read_file", {"path": "renamed.md"})
     assert (again["label"], again["taint"]) == ("private", "private")
+
+
+def test_a_grant_over_an_agent_clis_folder_never_reads_its_login(tree: dict[str, Path]) -> None:
+    """Issue 45: the fence shows placeholders in place of the CLIs' logins,
+    but a grant's read outside the workdir is the host's view: a grant of
+    ~/.claude read the real ~/.claude/.credentials.json through read_file,
+    read_files and list_dir's neighbour. The grant's other files are read."""
+    claude = tree["home"] / ".claude"
+    (claude / "projects").mkdir(parents=True)
+    (claude / ".credentials.json").write_text('{"claudeAiOauth": {"accessToken": "REAL"}}')
+    (claude / "projects" / "s.jsonl").write_text("a session")
+    settings = PolicySettings(read_paths=["~/.claude"], taint_enabled=True)
+    with running_broker(home=str(tree["home"]), workdir=str(tree["work"]), settings=settings,
+                        socket_path=str(tree["tmp"] / "b2.sock")) as b:
+        login = str(claude / ".credentials.json")
+        for tool, args in (("read_file", {"path": login}), ("read_files", {"paths": [login]})):
+            reply = call(b.path, tool, args)
+            assert not reply["ok"] and "REAL" not in str(reply), reply
+        reply = call(b.path, "read_file", {"path": str(claude / "projects" / "s.jsonl")})
+        assert reply["ok"] and reply["result"]["content"] == "a session", reply
+
+
+def test_the_brokers_list_of_logins_is_the_one_the_egress_reads() -> None:
+    from leviathd.hidden import CLI_LOGINS_IN_HOME
+    from leviathd.proxy.loginfiles import LOGIN_FILES
+    assert sorted("/".join(f.rel) for f in LOGIN_FILES) == sorted(CLI_LOGINS_IN_HOME)
