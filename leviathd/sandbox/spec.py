@@ -616,14 +616,35 @@ def _claude_config(p: _Plan, path: str) -> None:
                       why="Claude Code's config (read-only: an agent gets a copy)")
 
 
+# The kernel's own file systems: a bind of the host's /proc shows every file
+# the user's host processes see (/proc/PID/root), /sys and /dev the kernel's
+# knobs and devices. Never a config mount or a folder grant, by any name.
+KERNEL_FOLDERS = ("/proc", "/sys", "/dev")
+
+
+def _refuse_asked_mount(p: _Plan, path: str, what: str) -> None:
+    """A mount someone asked for (config `mounts`, `[[folders]]`) is refused
+    when it, or where it leads, is the whole home or holds it (`/`), or lies
+    in a kernel file system: decided on the name and on the resolved path,
+    so that a link (`~/w/h -> ~`, `~/p -> /proc`) changes nothing."""
+    for name in dict.fromkeys((path, p.resolve(path))):
+        if is_within(p.home, name):
+            raise InvalidArgument(f"{what} would show the whole home folder"
+                                  + (f" (it leads to {name})" if name != path else ""))
+        top = next((k for k in KERNEL_FOLDERS if is_within(name, k)), None)
+        if top is not None:
+            raise InvalidArgument(f"{what} is refused: {top} is the kernel's, never mounted "
+                                  "into an agent" + (f" (it leads to {name})" if name != path
+                                                     else ""))
+
+
 def _config_mounts(p: _Plan) -> None:
     """Extra mounts from config: refused when inside a hidden path."""
     for m in p.effective.mounts:
         path = expand(m.path, p.home)
         if m.access not in ("read", "write"):
             raise InvalidArgument(f"mount {m.path}: access must be read or write")
-        if is_within(p.home, path):
-            raise InvalidArgument(f"mount {m.path} would show the whole home folder")
+        _refuse_asked_mount(p, path, f"mount {m.path}")
         p.b.user_bind(path, readonly=m.access != "write", why="config mount", refuse=True)
 
 
@@ -647,8 +668,7 @@ def _folders(p: _Plan) -> None:
         if not folder_applies(f, p.workdir, p.home, p.resolve):
             continue
         path = expand(f.path, p.home)
-        if is_within(p.home, path):
-            raise InvalidArgument(f"folder {f.path} would show the whole home folder")
+        _refuse_asked_mount(p, path, f"folder {f.path}")
         who = " and ".join(x for x in (f"agent {f.agent}" if f.agent else "",
                                        f"repository {f.repository}" if f.repository else "")
                            if x)

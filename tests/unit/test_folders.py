@@ -75,3 +75,9 @@ def test_the_whole_home_is_refused() -> None:
 def test_a_folder_for_nobody_is_refused_by_the_model() -> None:
     with pytest.raises(ConfigError, match="names the agent or the repository"):
         parse_config('[[folders]]\npath = "~/x"\n', "user config")
+
+
+def test_a_folder_grant_of_proc_is_refused() -> None:
+    user = parse_config('[[folders]]\npath = "/proc"\nagent = "a"\n', "user config")
+    with pytest.raises(InvalidArgument, match="kernel"):
+        spec("a", f"{HOME}/r", user)

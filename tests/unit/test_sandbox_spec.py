@@ -456,3 +456,29 @@ def test_lev_inspect_says_who_acts_for_the_agent_and_in_which_view() -> None:
         engine = next(ln for ln in got[got.index("acting for it:"):].splitlines()
                       if ln.strip().startswith("container engine"))
         assert says in engine, engine
+
+
+@pytest.mark.parametrize("asked, leads_to, refusal", [
+    ("/proc", "/proc", "/proc is the kernel's"),
+    ("/sys/fs", "/sys/fs", "/sys is the kernel's"),
+    ("/dev", "/dev", "/dev is the kernel's"),
+    # By another name: a link the agent made in its workdir, named by the
+    # project's blueprint at the next run.
+    (f"{WORKDIR}/p", "/proc", "leads to /proc"),
+    (f"{WORKDIR}/h", HOME, "whole home folder"),
+    (f"{WORKDIR}/r", "/", "whole home folder"),
+])
+def test_a_config_mount_of_the_kernels_folders_or_the_home_is_refused_by_any_name(
+        asked: str, leads_to: str, refusal: str) -> None:
+    """Red team (issue 45): a blueprint's `mounts = [{path = "/proc"}]` put
+    the host's procfs over the agent's own, and /proc/PID/root of any of the
+    user's host processes read every file (the CLIs' real logins among
+    them); a writable mount of a link to the home gave the whole home."""
+    eff = Effective(kind=SandboxKind.NAMESPACE,
+                    mounts=[ConfigMount(path=asked, access=Access.WRITE)])
+
+    def resolve(path: str) -> str:
+        return leads_to + path[len(asked):] if is_within(path, asked) else path
+
+    with pytest.raises(InvalidArgument, match=refusal):
+        spec_for(eff, resolve=resolve)
