@@ -27,6 +27,10 @@ import stat
 from collections.abc import Iterable
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# The folders on the way: search rights are all a path's walk needs (a user
+# reaches her home under a /home of mode 0711), so they are passed with
+# O_PATH and only the folder asked for is opened for reading.
+_WALK_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Depth of descriptors remove_tree_at keeps open; deeper folders are moved up
 # to the top of the tree being removed first, so a user's million-deep tree
 # costs neither recursion nor a descriptor per level.
@@ -68,7 +72,7 @@ def open_dir(path: str, *, create_mode: int | None = None) -> int:
     caller's ownership; existing ones are left as they are."""
     parts = _components(path)
     hops = 0
-    fd = os.open("/", DIR_FLAGS)
+    fd = os.open("/", _WALK_FLAGS)
     try:
         i = 0
         while i < len(parts):
@@ -77,7 +81,7 @@ def open_dir(path: str, *, create_mode: int | None = None) -> int:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, create_mode, dir_fd=fd)
             try:
-                nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+                nxt = os.open(part, _WALK_FLAGS, dir_fd=fd)
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
@@ -90,14 +94,20 @@ def open_dir(path: str, *, create_mode: int | None = None) -> int:
                 base = "/" + "/".join(parts[:i])
                 parts = _components(os.path.normpath(os.path.join(base, target))) + parts[i + 1:]
                 os.close(fd)
-                fd = os.open("/", DIR_FLAGS)
+                fd = os.open("/", _WALK_FLAGS)
                 i = 0
                 continue
             os.close(fd)
             fd = nxt
             i += 1
+        walked, fd = fd, -1
+        try:
+            fd = os.open(".", DIR_FLAGS, dir_fd=walked)
+        finally:
+            os.close(walked)
     except BaseException:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         raise
     return fd
 

@@ -201,6 +201,10 @@ def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
                 raise ValueError(f"~/{'/'.join(rel)}: not the user's regular file")
+            if st.st_nlink > 1:
+                # Written in place, a hard link elsewhere (one an agent made
+                # while the folder was its own) would get the new tokens too.
+                raise ValueError(f"~/{'/'.join(rel)}: has several names (hard links)")
             if st.st_size > MAX_SIZE:
                 raise ValueError(f"~/{'/'.join(rel)}: over {MAX_SIZE} bytes")
             try:

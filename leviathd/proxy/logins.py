@@ -39,6 +39,7 @@ import stat
 from dataclasses import dataclass, field, replace
 
 from leviathd import fsat, fsids
+from leviathd.errors import InvalidArgument
 from leviathd.gate.service import agent_dir
 from leviathd.proxy import inject, refresh
 from leviathd.proxy import loginfiles as clilogins
@@ -131,35 +132,68 @@ def _views(spec: SandboxSpec, hosts: tuple[str, ...]) -> list[str]:
     return list(out)
 
 
-def _entries(spec: SandboxSpec, source: str, skip: str) -> tuple[list[_Entry], bool] | None:
-    """The folder's entries (but `skip`), listed as the user by descriptor:
-    folders and regular files, and links by their text; None when the folder
-    cannot be opened or holds no login (`skip` neither a regular file nor a
-    link: a login that is a link is covered too, the daemon never reads
-    through it). The flag says entries were left out (past MAX_ENTRIES)."""
+def refused(login_file: clilogins.LoginFile, where: str, why: str) -> InvalidArgument:
+    """The start is refused rather than an agent shown the real login."""
+    return InvalidArgument(
+        f"{login_file.tool}'s login {where}: {why}, so an agent could read the real login; "
+        "the start is refused (fix it on the host, or turn the placeholders off with "
+        "[proxy] cli_logins = false in your config, docs/sandbox.md)")
+
+
+def _open_folder(login_file: clilogins.LoginFile, source: str) -> int | None:
+    """The folder opened as the user to be listed, by its path (the kernel
+    asks only for search rights on the folders above: a /home of mode 0711
+    is common), checked to be that very folder; None when it is not there.
+    Any other failure refuses: a folder the fence can bind but the daemon
+    cannot list must not be shown as it is."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise refused(login_file, f"folder {source}", f"it cannot be listed ({exc.strerror})"
+                      ) from None
+    if os.readlink(f"/proc/self/fd/{fd}") != source:
+        os.close(fd)
+        raise refused(login_file, f"folder {source}", "it changed while it was looked at")
+    return fd
+
+
+def _entries(spec: SandboxSpec, login_file: clilogins.LoginFile,
+             source: str) -> tuple[list[_Entry], bool] | None:
+    """The folder's entries (but the login), listed as the user by
+    descriptor: folders and regular files, and links by their text; None
+    when the folder or the login is not there. The flag says entries were
+    left out (past MAX_ENTRIES). A login that is a link, or a regular file
+    with several names, refuses the start: the CLIs write their login
+    through such a name (an agent that had the folder while the user was
+    logged out could have planted it to receive her next login)."""
+    skip = login_file.rel[-1]
     with fsids.as_user(spec.uid, spec.gid):
-        try:
-            fd = fsat.open_dir(source)
-        except OSError:
+        fd = _open_folder(login_file, source)
+        if fd is None:
             return None
         try:
             st = fsat.lstat_at(fd, skip)
             if st is None or not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                 return None
+            at = posixpath.join(source, skip)
+            if stat.S_ISLNK(st.st_mode):
+                raise refused(login_file, at, "it is a link (to "
+                              f"{os.readlink(skip, dir_fd=fd)[:200]!r})")
+            if st.st_nlink > 1:
+                raise refused(login_file, at, "it has several names (hard links)")
             out: list[_Entry] = []
             names = sorted(os.listdir(fd))
             for name in names[:MAX_ENTRIES + 1]:
                 # The login under another name is never an entry: a CLI's
                 # write in progress (Claude Code writes `<login>.tmp.<hex>`
                 # and renames it over the login: bound at the start, the new
-                # login would stay in the agent's view), a backup, and a
-                # hard link of the login (the same file, decided on the inode).
+                # login would stay in the agent's view), a backup.
                 if name.startswith(skip):
                     continue
                 try:
                     est = os.lstat(name, dir_fd=fd)
-                    if (est.st_dev, est.st_ino) == (st.st_dev, st.st_ino):
-                        continue
                     if stat.S_ISLNK(est.st_mode):
                         out.append(_Entry(name, os.readlink(name, dir_fd=fd)))
                     elif stat.S_ISDIR(est.st_mode) or stat.S_ISREG(est.st_mode):
@@ -167,8 +201,9 @@ def _entries(spec: SandboxSpec, source: str, skip: str) -> tuple[list[_Entry], b
                 except OSError:
                     continue  # gone since the listing: a CLI's temporary file
             return out[:MAX_ENTRIES], len(names) > MAX_ENTRIES + 1
-        except OSError:
-            return None
+        except OSError as exc:
+            raise refused(login_file, f"folder {source}", f"it cannot be listed ({exc.strerror})"
+                          ) from None
         finally:
             os.close(fd)
 
@@ -202,12 +237,14 @@ def _shown_by_entries(spec: SandboxSpec, folder: str, hosts: tuple[str, ...],
     source = posixpath.normpath(posixpath.join(encl.source, posixpath.relpath(folder, encl.target)))
     if source not in hosts:
         return None
-    listed = _entries(spec, source, login_file.rel[-1])
+    listed = _entries(spec, login_file, source)
     if listed is None:
         return None
     login_at = posixpath.join(folder, login_file.rel[-1])
     if encl.kind == "overlay":
-        return at, [_placeholder_bind(login_at, placeholder, login_file.tool)], None
+        # A throwaway layer shows its lower folder's names as they come (the
+        # host CLI's `<login>.tmp.<hex>` during each refresh among them).
+        raise refused(login_file, f"folder {source}", f"a throwaway layer shows it at {folder}")
     entries, cut = listed
     why = f"{login_file.tool}'s folder: host entries one by one, the login a placeholder"
     mounts = [Mount("tmpfs", folder, why=why)]
@@ -240,11 +277,21 @@ def plan(spec: SandboxSpec, plan_: Plan) -> SandboxSpec:
         hosts = _host_folders(spec, login_file)
         logins_at = {posixpath.join(h, login_file.rel[-1]) for h in hosts}
         covered = False
-        # A mount of the login file itself (a config mount, by any name).
+        # A mount of the login file itself (a config mount, by any name); one
+        # of the login under another name, inside its folder, is refused.
         for i, m in enumerate(mounts):
-            if m.kind in ("bind", "overlay") and posixpath.normpath(m.source) in logins_at:
+            if m.kind not in ("bind", "overlay") or m.role == MountRole.ENTRY:
+                continue
+            source = posixpath.normpath(m.source)
+            if source in logins_at:
                 mounts[i] = _placeholder_bind(m.target, placeholder, login_file.tool)
                 covered = True
+                continue
+            inside = next((h for h in hosts if is_within(source, h) and source != h), None)
+            if inside is not None and posixpath.relpath(source, inside).startswith(
+                    login_file.rel[-1]):
+                raise refused(login_file, f"mount {source}", "it is the login under another "
+                              "name")
         for folder in _views(replace(spec, mounts=tuple(mounts)), hosts):
             shown = _shown_by_entries(replace(spec, mounts=tuple(mounts)), folder, hosts,
                                       login_file, placeholder)

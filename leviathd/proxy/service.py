@@ -150,10 +150,15 @@ class ProxyService(Feature):
     def extend_effective(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
         """The credentials injected at the egress (after the gate's, in the
         features' order), and the CLIs' logins as placeholders."""
-        if eff.proxy.cli_logins and egress.applies(spec) and spec.kind == SandboxKind.NAMESPACE:
+        # Every namespace step but one with the host's network (the user's
+        # choice: nothing would swap a placeholder there) shows placeholders:
+        # a step with no network at all too, or a blueprint's `network =
+        # false` stage would read the real login for a later proxied one.
+        if (eff.proxy.cli_logins and spec.kind == SandboxKind.NAMESPACE
+                and not spec.network):
             plan = self._login_plans.setdefault(spec.execution_id, logins.Plan())
             spec = logins.plan(spec, plan)
-            if plan.files or plan.env:
+            if (plan.files or plan.env) and egress.applies(spec):
                 spec = egress.extend_trust(spec)
         if not egress.injected(dict(eff.credentials)):
             return spec
@@ -163,6 +168,16 @@ class ProxyService(Feature):
 
     async def on_start(self, rec: AgentRecord, merged: MergeResult, user: UserInfo) -> None:
         direct = _direct(rec, merged)
+        # The placeholder files first: the fence binds them in every step
+        # that was planned with them, proxied or not.
+        plan = self._login_plans.pop(rec.id, None)
+        started: logins.Started | None = None
+        if plan is not None and (plan.files or plan.env):
+            started = await asyncio.to_thread(logins.start, plan, rec.id, user.uid, user.gid,
+                                              user.home)
+            for note in started.notes:
+                journal.record(f"agent {rec.id}: CLI logins: {note}",
+                               priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id)
         if not _proxied(merged) and not direct:
             return
         eff = merged.agent
@@ -179,13 +194,7 @@ class ProxyService(Feature):
         elif direct:
             injections = egress.injections(egress.git_only(dict(eff.credentials)),
                                            self._key(rec.id))
-        plan = self._login_plans.pop(rec.id, None)
-        if plan is not None and (plan.files or plan.env):
-            started = await asyncio.to_thread(logins.start, plan, rec.id, user.uid, user.gid,
-                                              user.home)
-            for note in started.notes:
-                journal.record(f"agent {rec.id}: CLI logins: {note}",
-                               priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id)
+        if started is not None and _proxied(merged):
             injections = (*injections, *started.injections)
             self._login_secrets[rec.id] = started.secrets
             if not injections:

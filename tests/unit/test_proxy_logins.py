@@ -184,10 +184,9 @@ def test_the_login_folder_is_a_tmpfs_of_the_host_entries_with_the_placeholder_on
     (claude / "history.jsonl").write_text("")
     (claude / "to-etc").symlink_to("/etc")
     os.mkfifo(claude / "a-fifo")
-    # The login under other names: a host refresh's write in progress (to be
-    # renamed over the login) and a hard link of it. Neither is an entry.
+    # The login under another name: a host refresh's write in progress (to
+    # be renamed over the login). Not an entry.
     (claude / ".credentials.json.tmp.9f3a").write_text("{}")
-    os.link(claude / ".credentials.json", claude / "same-file.json")
     mask = Mount("mask", f"{claude}/projects/hidden")
     spec = logins.plan(_spec(str(home), mounts=(
         Mount("bind", str(claude), str(claude)), mask)), logins.Plan())
@@ -224,18 +223,23 @@ def test_a_folder_entry_gone_by_the_start_is_left_out_and_any_other_source_is_an
     os.close(fd)
 
 
-def _built(home: Path, user_config: str, workdir: Path,
-           workdir_mode: str = "rw") -> SandboxSpec:
-    """The spec as the daemon builds it (merge, build_spec on this host),
-    then the logins' plan."""
+def _unplanned(home: Path, user_config: str, workdir: Path, workdir_mode: str = "rw",
+               blueprint: str = "") -> SandboxSpec:
+    """The spec as the daemon builds it (merge, build_spec on this host)."""
     from leviathd.identity import UserInfo
     from leviathd.sandbox.spec import RunRequest, build_spec_on_host
 
-    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["claude"]\n', "b.toml")
+    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["claude"]\n' + blueprint, "b.toml")
     eff = resolve(parse_config("", "m.toml"), parse_config(user_config, "u.toml"), bp, "a").agent
     me = UserInfo(name="u", uid=os.getuid(), gid=os.getgid(), groups=(), home=str(home))
-    spec = build_spec_on_host(eff, me, RunRequest(("claude",), str(workdir), workdir_mode),  # type: ignore[arg-type]
+    return build_spec_on_host(eff, me, RunRequest(("claude",), str(workdir), workdir_mode),  # type: ignore[arg-type]
                               "0123abcd", other_homes=[])
+
+
+def _built(home: Path, user_config: str, workdir: Path,
+           workdir_mode: str = "rw") -> SandboxSpec:
+    """The spec as the daemon builds it, then the logins' plan."""
+    spec = _unplanned(home, user_config, workdir, workdir_mode)
     return logins.plan(replace(spec, proxy=True), logins.Plan())
 
 
@@ -247,10 +251,9 @@ def _on_top(spec: SandboxSpec, target: str) -> Mount:
 
 def test_a_login_is_covered_wherever_a_mount_shows_it(home: Path) -> None:
     """Attacker's side: a config mount of the login file itself lay on top of
-    the placeholder, and a mount of a link to ~/.claude (or a throwaway
-    workdir reached through one) showed the real folder under another name;
-    a login that is a link was left as it was. Each is covered now: no mount
-    takes the host's login file, and every name it would appear at holds the
+    the placeholder, and a mount of a link to ~/.claude showed the real
+    folder under another name. Each is covered now: no mount takes the
+    host's login file, and every name it would appear at holds the
     placeholder."""
     real = home / ".claude" / ".credentials.json"
     (home / "cl").symlink_to(home / ".claude")
@@ -263,16 +266,57 @@ def test_a_login_is_covered_wherever_a_mount_shows_it(home: Path) -> None:
         assert top.source.endswith("/0123abcd/login-claude-code.json") and top.readonly, top
     assert _on_top(spec, str(home / "cl" / "x")).kind == "tmpfs"
 
-    # A throwaway workdir that is a link to ~/.claude: the placeholder lies
-    # over the login in its layer.
-    (home / "wc").symlink_to(home / ".claude")
-    spec = _built(home, "", home / "wc", "throwaway")
-    top = _on_top(spec, str(home / "wc" / ".credentials.json"))
-    assert top.kind == "bind" and top.source.endswith("login-claude-code.json"), top
 
-    # A login that is a link (dotfiles kept elsewhere): covered, never followed.
-    (home / "dot.json").write_text(real.read_text())
+def test_where_the_login_cannot_be_covered_the_start_is_refused(home: Path) -> None:
+    """Red team: a throwaway layer shows its lower folder's new names (the
+    host CLI's `.credentials.json.tmp.<hex>` at each refresh); a mount of
+    the login under another name (a backup) lay over the folder's tmpfs; a
+    login that is a link (its target shown elsewhere, and the CLIs write
+    through it: an agent that had the folder while the user was logged out
+    plants one) or a hard link. None is shown: the start is refused."""
+    from leviathd.errors import InvalidArgument
+
+    real = home / ".claude" / ".credentials.json"
+    (home / "w").mkdir()
+    (home / "wc").symlink_to(home / ".claude")
+    with pytest.raises(InvalidArgument, match="throwaway layer"):
+        _built(home, "", home / "wc", "throwaway")
+    (home / ".claude" / ".credentials.json.bak").write_text(real.read_text())
+    with pytest.raises(InvalidArgument, match="under another name"):
+        _built(home, '[sandbox]\nmounts = [{path = "~/.claude/.credentials.json.bak"}]\n',
+               home / "w")
+    (home / ".claude" / ".credentials.json.bak").unlink()
+    os.link(real, home / "w" / "planted.json")
+    with pytest.raises(InvalidArgument, match="several names"):
+        _built(home, "", home / "w")
+    (home / "w" / "planted.json").unlink()
+    (home / "w" / "dot.json").write_text(real.read_text())
     real.unlink()
-    real.symlink_to(home / "dot.json")
-    spec = _built(home, "", home / "w")
-    assert _on_top(spec, str(real)).source.endswith("login-claude-code.json")
+    real.symlink_to(home / "w" / "dot.json")
+    with pytest.raises(InvalidArgument, match="is a link"):
+        _built(home, "", home / "w")
+
+
+def test_a_step_with_no_network_shows_placeholders_too(home: Path, tmp_path: Path) -> None:
+    """Red team: the cover ran only where the proxy applies, so a blueprint's
+    `network = false` stage (a tightening: no finding) had ~/.claude as it
+    is, read-write: it copied the real login into the workdir for a later
+    proxied stage to send. Only a step with the host's network (the user's
+    own choice) is left as it is."""
+    from types import SimpleNamespace
+
+    from leviathd.proxy.service import ProxyService
+
+    (home / "w").mkdir()
+    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["claude"]\n'
+                         '[sandbox]\nnetwork = false\n', "b.toml")
+    eff = resolve(parse_config("", "m.toml"), None, bp, "a").agent
+    (tmp_path / "state").mkdir()
+    service = ProxyService(None, SimpleNamespace(broker_hooks=[]),  # type: ignore[arg-type]
+                           state_dir=str(tmp_path / "state"))
+    bare = _unplanned(home, "", home / "w", blueprint="[sandbox]\nnetwork = false\n")
+    assert not bare.proxy and not bare.network
+    out = service.extend_effective(bare, eff)
+    top = _on_top(out, f"{home}/.claude/.credentials.json")
+    assert top.source.endswith("login-claude-code.json"), top
+    assert service.extend_effective(replace(bare, network=True), eff).mounts == bare.mounts
