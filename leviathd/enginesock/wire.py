@@ -57,20 +57,16 @@ class Head:
         return self.target.partition("?")[2]
 
     def body_kind(self) -> tuple[str, int]:
-        """("chunked", 0), ("length", n) or ("none", 0)."""
-        te = (self.get("transfer-encoding") or "").lower()
-        if te:
-            if te != "chunked":
-                raise BadRequest(f"transfer-encoding {te[:40]} is not supported")
-            if self.get("content-length") is not None:
-                raise BadRequest("both content-length and transfer-encoding")
-            return "chunked", 0
-        cl = self.get("content-length")
-        if cl is None:
-            return "none", 0
-        if not cl.isdigit() or len(cl) > 15:
+        """("chunked", 0), ("length", n) or ("none", 0): the one HTTP layer's
+        framing (http/message.py), which refuses a body framed two ways or
+        any coding but chunked alone; no second reading of it here."""
+        try:
+            framing = message.Head(tuple(self.headers)).framing()
+        except BadMessage as exc:
+            raise BadRequest(str(exc)) from None
+        if framing.length >= 10**15:
             raise BadRequest("bad content-length")
-        return "length", int(cl)
+        return framing.kind, framing.length
 
     def encode(self, target: str, headers: list[tuple[str, str]]) -> bytes:
         try:
