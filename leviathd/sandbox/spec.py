@@ -555,6 +555,10 @@ def _workdir(p: _Plan) -> None:
         raise InvalidArgument(f"workdir {workdir} does not exist")
     if why is not None:
         raise InvalidArgument(f"workdir {workdir} is refused: {why}")
+    elsewhere = _state_under_another_name(p, workdir)
+    if elsewhere is not None:
+        raise InvalidArgument(f"workdir {workdir} is refused: {elsewhere}; run the agent in "
+                              "it by its own name")
     p.git_dirs, git_notes = _worktree_git_dirs(workdir, p.read_text, p.exists, resolve, refusal)
     b.notes += git_notes
     mode = p.request.workdir_mode
@@ -636,6 +640,32 @@ def _refuse_asked_mount(p: _Plan, path: str, what: str) -> None:
             raise InvalidArgument(f"{what} is refused: {top} is the kernel's, never mounted "
                                   "into an agent" + (f" (it leads to {name})" if name != path
                                                      else ""))
+    shown = _state_under_another_name(p, path)
+    if shown is not None:
+        raise InvalidArgument(f"{what} is refused: {shown}; mount it by its own name")
+
+
+def _state_under_another_name(p: _Plan, path: str) -> str | None:
+    """Why `path` would show an agent CLI's state (hooks, settings, logins)
+    under another name, or None. The fence protects and covers that state
+    where it lies by name; a link to ~/.claude (one the agent made in its
+    workdir) would show it writable elsewhere."""
+    real = p.resolve(path)
+    for rel in AGENT_STATE:
+        state = posixpath.join(p.home, rel)
+        for place in dict.fromkeys((state, p.resolve(state))):
+            if is_within(place, real):  # the state lies inside what is shown
+                at = posixpath.normpath(posixpath.join(path, posixpath.relpath(place, real)))
+                canonical = state
+            elif is_within(real, place):  # what is shown lies inside the state
+                at, canonical = path, posixpath.normpath(
+                    posixpath.join(state, posixpath.relpath(real, place)))
+            else:
+                continue
+            if at != canonical:
+                return (f"it leads to {real}, which shows the agent CLIs' state {state} at "
+                        f"{at}, under another name")
+    return None
 
 
 def _config_mounts(p: _Plan) -> None:

@@ -251,20 +251,22 @@ def _on_top(spec: SandboxSpec, target: str) -> Mount:
 
 def test_a_login_is_covered_wherever_a_mount_shows_it(home: Path) -> None:
     """Attacker's side: a config mount of the login file itself lay on top of
-    the placeholder, and a mount of a link to ~/.claude showed the real
-    folder under another name. Each is covered now: no mount takes the
-    host's login file, and every name it would appear at holds the
-    placeholder."""
-    real = home / ".claude" / ".credentials.json"
-    (home / "cl").symlink_to(home / ".claude")
+    the placeholder; a ~/.claude that is a link elsewhere (dotfiles) is shown
+    from where it leads. Each is covered: no mount takes the host's login
+    file, and every name it would appear at holds the placeholder. (The
+    folder under another name, a link to it, is refused: test_sandbox_spec.)"""
+    dot = home / "dotfiles"
+    dot.mkdir()
+    (home / ".claude").rename(dot / "claude")
+    (home / ".claude").symlink_to(dot / "claude")
+    real = dot / "claude" / ".credentials.json"
     (home / "w").mkdir()
-    spec = _built(home, '[sandbox]\nmounts = [{path = "~/.claude/.credentials.json"}, '
-                        '{path = "~/cl"}]\n', home / "w")
+    spec = _built(home, '[sandbox]\nmounts = [{path = "~/.claude/.credentials.json"}]\n',
+                  home / "w")
     assert not [m for m in spec.mounts if m.source == str(real)], spec.mounts
-    for at in (real, home / "cl" / ".credentials.json"):
-        top = _on_top(spec, str(at))
-        assert top.source.endswith("/0123abcd/login-claude-code.json") and top.readonly, top
-    assert _on_top(spec, str(home / "cl" / "x")).kind == "tmpfs"
+    top = _on_top(spec, str(home / ".claude" / ".credentials.json"))
+    assert top.source.endswith("/0123abcd/login-claude-code.json") and top.readonly, top
+    assert _on_top(spec, str(home / ".claude" / "x")).kind == "tmpfs"
 
 
 def test_where_the_login_cannot_be_covered_the_start_is_refused(home: Path) -> None:
@@ -279,8 +281,13 @@ def test_where_the_login_cannot_be_covered_the_start_is_refused(home: Path) -> N
     real = home / ".claude" / ".credentials.json"
     (home / "w").mkdir()
     (home / "wc").symlink_to(home / ".claude")
-    with pytest.raises(InvalidArgument, match="throwaway layer"):
+    with pytest.raises(InvalidArgument, match="under another name"):
         _built(home, "", home / "wc", "throwaway")
+    # (The spec builder refuses that first; the plan refuses a layer anyway.)
+    claude = str(home / ".claude")
+    layer = Mount("overlay", f"{home}/wc", claude, upper="/s/u", work="/s/w")
+    with pytest.raises(InvalidArgument, match="throwaway layer"):
+        logins.plan(_spec(str(home), mounts=(layer,)), logins.Plan())
     (home / ".claude" / ".credentials.json.bak").write_text(real.read_text())
     with pytest.raises(InvalidArgument, match="under another name"):
         _built(home, '[sandbox]\nmounts = [{path = "~/.claude/.credentials.json.bak"}]\n',

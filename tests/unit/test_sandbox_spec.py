@@ -482,3 +482,23 @@ def test_a_config_mount_of_the_kernels_folders_or_the_home_is_refused_by_any_nam
 
     with pytest.raises(InvalidArgument, match=refusal):
         spec_for(eff, resolve=resolve)
+
+
+def test_a_config_mount_of_the_agent_clis_state_under_another_name_is_refused() -> None:
+    """Red team (issue 45): a writable mount of a link to ~/.claude (the
+    agent made it in its workdir; the project's blueprint names it) showed
+    settings.json, whose hooks run on the host, writable there: the fence
+    protects it, and covers the login, where it lies by name."""
+    eff = Effective(kind=SandboxKind.NAMESPACE,
+                    mounts=[ConfigMount(path=f"{WORKDIR}/cl", access=Access.WRITE)])
+
+    def resolve(path: str) -> str:
+        if is_within(path, f"{WORKDIR}/cl"):
+            return f"{HOME}/.claude" + path[len(f"{WORKDIR}/cl"):]
+        return path
+
+    with pytest.raises(InvalidArgument, match="under another name"):
+        spec_for(eff, resolve=resolve)
+    by_name = Effective(kind=SandboxKind.NAMESPACE,
+                        mounts=[ConfigMount(path="~/.claude/projects", access=Access.WRITE)])
+    assert binds(spec_for(by_name))[f"{HOME}/.claude/projects"].readonly is False
