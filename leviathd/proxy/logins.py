@@ -323,6 +323,54 @@ def plan(spec: SandboxSpec, plan_: Plan) -> SandboxSpec:
     return replace(spec, mounts=tuple(mounts), env=env, notes=tuple(notes))
 
 
+def _holds_login(spec: SandboxSpec, m: Mount, login_file: clilogins.LoginFile) -> bool:
+    """Whether mount `m` shows the user's login (the file, or a folder that
+    holds it, by any name), looked at as the user."""
+    if m.kind not in ("bind", "overlay"):
+        return False
+    source = posixpath.normpath(m.source)
+    for host in _host_folders(spec, login_file):
+        login = posixpath.join(host, login_file.rel[-1])
+        if source == login:
+            return True
+        if is_within(host, source):
+            with fsids.as_user(spec.uid, spec.gid):
+                try:
+                    os.lstat(login)
+                except FileNotFoundError:
+                    continue
+                except OSError:
+                    return True  # cannot tell: withheld
+            return True
+    return False
+
+
+def withhold(spec: SandboxSpec) -> SandboxSpec:
+    """A container agent: its engine binds host paths as they are, with no
+    tmpfs of entries to put a placeholder in, so a mount that shows a CLI's
+    login is left out, with what the fence would protect or mask inside it,
+    and a note says so (red team of issue 45: a blueprint may choose the
+    container kind). A workdir that holds a login refuses the start."""
+    mounts: list[Mount] = []
+    notes = list(spec.notes)
+    dropped: list[str] = []
+    for m in spec.mounts:
+        hit = next((f for f in clilogins.LOGIN_FILES if _holds_login(spec, m, f)), None)
+        if hit is not None:
+            if m.role in (MountRole.WORKDIR, MountRole.WORKTREE_GIT):
+                raise refused(hit, f"workdir {m.target}", "a container agent's workdir would "
+                              "hold it as it is")
+            dropped.append(m.target)
+            notes.append(f"{m.target}: not shown to a container agent: it holds "
+                         f"{hit.tool}'s login, which a container cannot be given as a "
+                         "placeholder")
+            continue
+        if m.kind in ("protect", "mask") and any(is_within(m.target, d) for d in dropped):
+            continue
+        mounts.append(m)
+    return replace(spec, mounts=tuple(mounts), notes=tuple(notes))
+
+
 _KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 

@@ -160,6 +160,8 @@ class ProxyService(Feature):
             spec = logins.plan(spec, plan)
             if (plan.files or plan.env) and egress.applies(spec):
                 spec = egress.extend_trust(spec)
+        elif eff.proxy.cli_logins and spec.kind == SandboxKind.CONTAINER:
+            spec = logins.withhold(spec)
         if not egress.injected(dict(eff.credentials)):
             return spec
         if not egress.applies(spec):

@@ -327,3 +327,30 @@ def test_a_step_with_no_network_shows_placeholders_too(home: Path, tmp_path: Pat
     top = _on_top(out, f"{home}/.claude/.credentials.json")
     assert top.source.endswith("login-claude-code.json"), top
     assert service.extend_effective(replace(bare, network=True), eff).mounts == bare.mounts
+
+
+def test_a_container_agent_is_not_shown_a_folder_that_holds_a_login(
+        home: Path, tmp_path: Path) -> None:
+    """Red team: a blueprint may raise the kind to container (a tightening:
+    no finding), whose engine bound ~/.claude as it is, real login included.
+    The folder is left out, with what would be protected inside it; a
+    folder without a login is shown as before."""
+    from types import SimpleNamespace
+
+    from leviathd.proxy.service import ProxyService
+
+    (home / "w").mkdir()
+    (home / ".codex").mkdir()  # Codex installed, not logged in
+    blueprint = '[sandbox]\nkind = "container"\n'
+    spec = _unplanned(home, "", home / "w", blueprint=blueprint)
+    assert [m for m in spec.mounts if m.target == f"{home}/.claude" and m.kind == "bind"]
+    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["claude"]\n' + blueprint, "b.toml")
+    eff = resolve(parse_config("", "m.toml"), None, bp, "a").agent
+    (tmp_path / "state").mkdir()
+    service = ProxyService(None, SimpleNamespace(broker_hooks=[]),  # type: ignore[arg-type]
+                           state_dir=str(tmp_path / "state"))
+    out = service.extend_effective(spec, eff)
+    assert not [m for m in out.mounts if m.target.startswith(f"{home}/.claude/")
+                or m.target == f"{home}/.claude"], out.mounts
+    assert [m for m in out.mounts if m.target == f"{home}/.codex" and m.kind == "bind"]
+    assert any("not shown to a container agent" in n for n in out.notes)
