@@ -119,6 +119,12 @@ class Broker:
         self._lane = lane or Lanes().lane(user.uid)
         # What policy rules see of the agent (gate.Facts).
         self.agent_facts: Mapping[str, Any] = agent_facts or {"id": agent_id, "user": user.name}
+        # A container step has a view of its own (the container's mounts:
+        # protected files read-only) that the file tools do not enter yet:
+        # writes there would act in the host's view, past the container's
+        # protections, so they are refused (reads stay within the grants).
+        self.host_view_writes = "container" not in str(
+            self.agent_facts.get("sandbox", "")).split("+")
         self.user = user
         self.ledger = ledger
         self.approvals = approvals
@@ -235,6 +241,16 @@ class Broker:
                 return self._view
         assert self._opener is not None
         return self._opener
+
+    def write_opener(self) -> Opener:
+        """files_opener for a write: refused where it would be the host's
+        view of a container agent (see host_view_writes). Blocking."""
+        opener = self.files_opener()
+        if opener is self._opener and not self.host_view_writes:
+            raise RealPathRefused(
+                "write tools are refused to a container agent: its container's view is not "
+                "the one they would write in (write from inside the container)")
+        return opener
 
     def close(self) -> None:
         """The agent ended (or the daemon stops): its workers and its threads go."""
@@ -356,6 +372,7 @@ class Broker:
         read_file's file is read with that open when `ahead` is given."""
         kind = TOOLS.kind_of(tool)
         if kind in (ToolKind.READ, ToolKind.WRITE):
+            opener = self.write_opener if kind is ToolKind.WRITE else self.files_opener
             for attempt in (1, 2):
                 self.start()
                 assert self._opener is not None
@@ -365,7 +382,7 @@ class Broker:
                         if got is not None:
                             return got
                     return await self.in_pool(
-                        lambda: resolve.file_call(call, self.files_opener(), self.policy.grant,
+                        lambda: resolve.file_call(call, opener(), self.policy.grant,
                                                   write=kind is ToolKind.WRITE,
                                                   outside=self._opener))
                 except Unavailable:
@@ -673,7 +690,7 @@ class Broker:
                 try:
                     result = await self.in_pool(
                         _file_call, files, tool, args, workdir, self._budget(),
-                        self.files_opener,
+                        self.write_opener if kind is ToolKind.WRITE else self.files_opener,
                     )
                 except RealPathRefused as exc:
                     raise ToolRefused(str(exc), "real-path-not-granted") from None

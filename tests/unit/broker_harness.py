@@ -71,6 +71,7 @@ def running_broker(
     shell: ShellRunner | None = None,
     credential: CredentialRunner | None = None,
     budget: int | None = None,
+    agent_facts: dict[str, Any] | None = None,
 ) -> Iterator[Running]:
     own_cgroup = cgroup_of(os.getpid())
     if lookup is None:
@@ -90,7 +91,8 @@ def running_broker(
                               on_request=asked.append)
     broker = Broker(agent_id=AGENT, user=u, workdir=workdir, settings=settings,
                     ledger=Ledger(budget or settings.budget), approvals=approvals,
-                    audit=audit.append, shell=shell, credential=credential)
+                    audit=audit.append, shell=shell, credential=credential,
+                    agent_facts=agent_facts)
     server = BrokerServer(broker, lookup=lookup, path=socket_path, mode=mode)
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
     running = Running(broker, server, loop, audit, asked)

@@ -263,3 +263,27 @@ def test_the_brokers_list_of_logins_is_the_one_the_egress_reads() -> None:
     from leviathd.hidden import CLI_LOGINS_IN_HOME
     from leviathd.proxy.loginfiles import LOGIN_FILES
     assert sorted("/".join(f.rel) for f in LOGIN_FILES) == sorted(CLI_LOGINS_IN_HOME)
+
+
+def test_a_container_agents_write_tools_are_refused_in_the_hosts_view(
+        tree: dict[str, Path]) -> None:
+    """Issue 43 for the container kind: its container's mounts (protected
+    files read-only) are not entered by the file tools, which would write in
+    the host's view past them (a protected .git/config rewritten). Writes
+    are refused there; reads stay within the grants."""
+    settings = PolicySettings(read_paths=["~/notes"], taint_enabled=True)
+    facts = {"id": "abcd1234", "user": "tester", "sandbox": "namespace+container"}
+    with running_broker(home=str(tree["home"]), workdir=str(tree["work"]), settings=settings,
+                        socket_path=str(tree["tmp"] / "c.sock"), agent_facts=facts) as broker:
+        _container_writes_refused(broker, tree)
+
+
+def _container_writes_refused(broker: Running, tree: dict[str, Path]) -> None:
+    (tree["work"] / ".git").mkdir()
+    (tree["work"] / ".git" / "config").write_text("[core]\n")
+    for tool, args in (("write_file", {"path": ".git/config", "content": "[core]\nx=1\n"}),
+                       ("edit_file", {"path": ".git/config", "old": "[core]", "new": "[x]"})):
+        reply = call(broker.path, tool, args)
+        assert not reply["ok"] and "container" in str(reply), reply
+    assert (tree["work"] / ".git" / "config").read_text() == "[core]\n"
+    assert call(broker.path, "read_file", {"path": "main.py"})["ok"]
