@@ -338,7 +338,11 @@ def compile_grants(
             compiled.append(compile_pattern(text, home=real_home, workdir=real_workdir))
         except ReadPathError as exc:
             rejected.append((text, str(exc)))
-    hidden_abs = tuple(_expand_home(h, real_home) for h in hidden)
+    named = [h for h in (_expand_home(h, real_home) for h in hidden) if h]
+    # And where each leads: a ~/.ssh or ~/.claude kept elsewhere by a
+    # dotfiles manager (a link to ~/dotfiles/ssh) is as hidden there, since
+    # the paths decided on are real paths.
+    hidden_abs = tuple(dict.fromkeys([*named, *(os.path.realpath(h) for h in named)]))
     return ReadGrants(
         workdir=real_workdir,
         home=real_home,

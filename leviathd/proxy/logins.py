@@ -32,10 +32,12 @@ Not done (docs/sandbox.md): a login done inside the agent.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from leviathd import fsat, fsids
@@ -159,6 +161,24 @@ def _open_folder(login_file: clilogins.LoginFile, source: str) -> int | None:
     return fd
 
 
+def _check_login(login_file: clilogins.LoginFile, at: str, st: os.stat_result,
+                 link_text: Callable[[], str]) -> None:
+    """Refuses a login that is not one regular file of one name: a link
+    (to {text}), a file with several names, or a fifo or folder in its
+    place. The CLIs write their login through a link or a hard link, and
+    anything else there would read as "not logged in", leaving the folder
+    shown as it is: an agent that had the folder while the user was logged
+    out could have planted any of them to receive, or expose, her next
+    login."""
+    if stat.S_ISLNK(st.st_mode):
+        raise refused(login_file, at, f"it is a link (to {link_text()[:200]!r}, which may "
+                      "hold the real tokens)")
+    if not stat.S_ISREG(st.st_mode):
+        raise refused(login_file, at, "it is not a regular file")
+    if st.st_nlink > 1:
+        raise refused(login_file, at, "it has several names (hard links)")
+
+
 def _entries(spec: SandboxSpec, login_file: clilogins.LoginFile,
              source: str) -> tuple[list[_Entry], bool] | None:
     """The folder's entries (but the login), listed as the user by
@@ -175,14 +195,10 @@ def _entries(spec: SandboxSpec, login_file: clilogins.LoginFile,
             return None
         try:
             st = fsat.lstat_at(fd, skip)
-            if st is None or not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            if st is None:
                 return None
-            at = posixpath.join(source, skip)
-            if stat.S_ISLNK(st.st_mode):
-                raise refused(login_file, at, "it is a link (to "
-                              f"{os.readlink(skip, dir_fd=fd)[:200]!r})")
-            if st.st_nlink > 1:
-                raise refused(login_file, at, "it has several names (hard links)")
+            _check_login(login_file, posixpath.join(source, skip), st,
+                         lambda: os.readlink(skip, dir_fd=fd))
             out: list[_Entry] = []
             names = sorted(os.listdir(fd))
             for name in names[:MAX_ENTRIES + 1]:
@@ -324,23 +340,26 @@ def plan(spec: SandboxSpec, plan_: Plan) -> SandboxSpec:
 
 
 def _holds_login(spec: SandboxSpec, m: Mount, login_file: clilogins.LoginFile) -> bool:
-    """Whether mount `m` shows the user's login (the file, or a folder that
-    holds it, by any name), looked at as the user."""
+    """Whether mount `m` shows the user's login (the file, under any name in
+    its folder, or a folder that holds it), looked at as the user; a login
+    that is not one regular file of one name refuses."""
     if m.kind not in ("bind", "overlay"):
         return False
     source = posixpath.normpath(m.source)
     for host in _host_folders(spec, login_file):
         login = posixpath.join(host, login_file.rel[-1])
-        if source == login:
+        if source == login or (is_within(source, host) and posixpath.relpath(
+                source, host).startswith(login_file.rel[-1])):
             return True
         if is_within(host, source):
             with fsids.as_user(spec.uid, spec.gid):
                 try:
-                    os.lstat(login)
+                    st = os.lstat(login)
                 except FileNotFoundError:
                     continue
                 except OSError:
                     return True  # cannot tell: withheld
+                _check_login(login_file, login, st, functools.partial(os.readlink, login))
             return True
     return False
 
@@ -348,13 +367,18 @@ def _holds_login(spec: SandboxSpec, m: Mount, login_file: clilogins.LoginFile) -
 def withhold(spec: SandboxSpec) -> SandboxSpec:
     """A container agent: its engine binds host paths as they are, with no
     tmpfs of entries to put a placeholder in, so a mount that shows a CLI's
-    login is left out, with what the fence would protect or mask inside it,
-    and a note says so (red team of issue 45: a blueprint may choose the
-    container kind). A workdir that holds a login refuses the start."""
+    login is left out, with every mount inside it (a writable mount of its
+    settings.json would outlive the protection that went with it), and a
+    note says so; so is an API key the agent's environment would pass (no
+    placeholder is swapped for a container). Red team of issue 45: a
+    blueprint may choose the container kind. A workdir that holds a login
+    refuses the start."""
     mounts: list[Mount] = []
     notes = list(spec.notes)
     dropped: list[str] = []
     for m in spec.mounts:
+        if any(is_within(m.target, d) for d in dropped):
+            continue  # inside what is left out: binds, protections, masks
         hit = next((f for f in clilogins.LOGIN_FILES if _holds_login(spec, m, f)), None)
         if hit is not None:
             if m.role in (MountRole.WORKDIR, MountRole.WORKTREE_GIT):
@@ -365,10 +389,13 @@ def withhold(spec: SandboxSpec) -> SandboxSpec:
                          f"{hit.tool}'s login, which a container cannot be given as a "
                          "placeholder")
             continue
-        if m.kind in ("protect", "mask") and any(is_within(m.target, d) for d in dropped):
-            continue
         mounts.append(m)
-    return replace(spec, mounts=tuple(mounts), notes=tuple(notes))
+    env = dict(spec.env)
+    for name in ENV_KEYS:
+        if env.pop(name, None):
+            notes.append(f"{name}: not passed to a container agent (no placeholder is swapped "
+                         "for one)")
+    return replace(spec, mounts=tuple(mounts), env=env, notes=tuple(notes))
 
 
 _KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -87,6 +87,9 @@ HOME: tuple[str, ...] = (
     ".claude/daemon.json",
     ".claude/policy-limits.json",
     ".claude/loop.md",
+    # Claude Code's local install (`claude migrate-installer`): the host's
+    # `claude` alias runs ~/.claude/local/claude.
+    ".claude/local/",
     ".codex/config.toml",
     ".codex/hooks.json",
     ".codex/.env",

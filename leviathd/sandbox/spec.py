@@ -626,7 +626,7 @@ def _claude_config(p: _Plan, path: str) -> None:
 KERNEL_FOLDERS = ("/proc", "/sys", "/dev")
 
 
-def _refuse_asked_mount(p: _Plan, path: str, what: str) -> None:
+def _refuse_asked_mount(p: _Plan, path: str, what: str, *, writable: bool) -> None:
     """A mount someone asked for (config `mounts`, `[[folders]]`) is refused
     when it, or where it leads, is the whole home or holds it (`/`), or lies
     in a kernel file system: decided on the name and on the resolved path,
@@ -643,6 +643,13 @@ def _refuse_asked_mount(p: _Plan, path: str, what: str) -> None:
     shown = _state_under_another_name(p, path)
     if shown is not None:
         raise InvalidArgument(f"{what} is refused: {shown}; mount it by its own name")
+    copy = posixpath.join(p.home, claudestate.CONFIG)
+    if writable and copy in (path, p.resolve(path)):
+        # The agent gets a copy, merged back through an allow-list
+        # (claudestate.py): a writable bind over it would hand the host's
+        # `mcpServers` (commands the host's claude runs) to the agent.
+        raise InvalidArgument(f"{what} is refused writable: the agent gets a copy of "
+                              f"~/{claudestate.CONFIG} whose session keys are merged back")
 
 
 def _state_under_another_name(p: _Plan, path: str) -> str | None:
@@ -674,7 +681,7 @@ def _config_mounts(p: _Plan) -> None:
         path = expand(m.path, p.home)
         if m.access not in ("read", "write"):
             raise InvalidArgument(f"mount {m.path}: access must be read or write")
-        _refuse_asked_mount(p, path, f"mount {m.path}")
+        _refuse_asked_mount(p, path, f"mount {m.path}", writable=m.access == "write")
         p.b.user_bind(path, readonly=m.access != "write", why="config mount", refuse=True)
 
 
@@ -698,7 +705,7 @@ def _folders(p: _Plan) -> None:
         if not folder_applies(f, p.workdir, p.home, p.resolve):
             continue
         path = expand(f.path, p.home)
-        _refuse_asked_mount(p, path, f"folder {f.path}")
+        _refuse_asked_mount(p, path, f"folder {f.path}", writable=str(f.access) == "write")
         who = " and ".join(x for x in (f"agent {f.agent}" if f.agent else "",
                                        f"repository {f.repository}" if f.repository else "")
                            if x)

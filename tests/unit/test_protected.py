@@ -33,6 +33,8 @@ def test_agent_tool_settings_are_read_only_in_the_home_and_the_workdir() -> None
                 ".gemini/settings.json", ".config/opencode/opencode.json"):  # fmt: skip
         assert p[f"{HOME}/{rel}"] == (True, "file"), rel
     assert p[f"{HOME}/.claude/plugins"] == (True, "dir")
+    # Claude Code's local install: the host's `claude` alias runs it (red team).
+    assert p[f"{HOME}/.claude/local"] == (True, "dir")
     assert p[f"{WORKDIR}/.claude/settings.local.json"] == (True, "file")
     assert p[f"{WORKDIR}/.claude"] == (False, "dir")
 

@@ -354,3 +354,44 @@ def test_a_container_agent_is_not_shown_a_folder_that_holds_a_login(
                 or m.target == f"{home}/.claude"], out.mounts
     assert [m for m in out.mounts if m.target == f"{home}/.codex" and m.kind == "bind"]
     assert any("not shown to a container agent" in n for n in out.notes)
+
+
+def test_a_container_agent_loses_every_mount_inside_a_withheld_folder_and_the_key(
+        home: Path, tmp_path: Path) -> None:
+    """Red team, round 2: withholding ~/.claude from a container kept a
+    blueprint's writable mount of ~/.claude/settings.json (its protection
+    went with the folder: hooks run on the host), a mount of the login
+    under another name, and the real ANTHROPIC_API_KEY in its environment."""
+    from types import SimpleNamespace
+
+    from leviathd.proxy.service import ProxyService
+
+    (home / "w").mkdir()
+    (home / ".claude" / "settings.json").write_text("{}")
+    (home / ".claude" / ".credentials.json.bak").write_text("{}")
+    blueprint = ('[sandbox]\nkind = "container"\nmounts = [{path = "~/.claude/settings.json", '
+                 'access = "write"}, {path = "~/.claude/.credentials.json.bak"}]\n')
+    spec = _unplanned(home, "", home / "w", blueprint=blueprint)
+    spec = replace(spec, env={**spec.env, "ANTHROPIC_API_KEY": API_KEY})
+    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["claude"]\n' + blueprint, "b.toml")
+    eff = resolve(parse_config("", "m.toml"), None, bp, "a").agent
+    (tmp_path / "state").mkdir()
+    service = ProxyService(None, SimpleNamespace(broker_hooks=[]),  # type: ignore[arg-type]
+                           state_dir=str(tmp_path / "state"))
+    out = service.extend_effective(spec, eff)
+    assert not [m for m in out.mounts if m.target.startswith(f"{home}/.claude")], out.mounts
+    assert "ANTHROPIC_API_KEY" not in out.env
+
+
+def test_anything_but_one_regular_file_at_the_logins_name_refuses(home: Path) -> None:
+    """Red team, round 2: a fifo or folder an agent planted at the login's
+    name (its user logged out) read as "not logged in": the folder stayed
+    shown as it is for every later agent. Refused, as a link is."""
+    from leviathd.errors import InvalidArgument
+
+    login = home / ".claude" / ".credentials.json"
+    login.unlink()
+    os.mkfifo(login)
+    (home / "w").mkdir()
+    with pytest.raises(InvalidArgument, match="not a regular file"):
+        _built(home, "", home / "w")

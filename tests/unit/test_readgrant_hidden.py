@@ -28,3 +28,20 @@ def test_a_hidden_path_inside_the_workdir_stays_hidden() -> None:
     assert not index.may_read("/home/alice/.ssh/id_ed25519")
     assert not index.may_write("/home/alice/.ssh/authorized_keys")
     assert index.may_read("/home/alice/notes.md")
+
+
+def test_a_hidden_path_kept_elsewhere_by_a_link_is_hidden_where_it_leads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Red team, round 2: with ~/.claude and ~/.ssh links into ~/dotfiles
+    (stow), a grant of ~/dotfiles read the real login and key there: the
+    hidden paths were compared by name only, the decided paths are real."""
+    home = tmp_path / "home"
+    dot = home / "dotfiles"
+    (dot / "claude").mkdir(parents=True)
+    (dot / "ssh").mkdir()
+    (home / ".claude").symlink_to(dot / "claude")
+    (home / ".ssh").symlink_to(dot / "ssh")
+    index = build_index(["~/dotfiles"], home=str(home), workdir=str(home / "w"),
+                        hidden=("~/.ssh", "~/.claude/.credentials.json"))
+    assert not index.may_read(str(dot / "ssh" / "id_ed25519"))
+    assert not index.may_read(str(dot / "claude" / ".credentials.json"))
+    assert index.may_read(str(dot / "claude" / "settings.json"))

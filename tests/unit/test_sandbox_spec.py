@@ -502,3 +502,15 @@ def test_a_config_mount_of_the_agent_clis_state_under_another_name_is_refused() 
     by_name = Effective(kind=SandboxKind.NAMESPACE,
                         mounts=[ConfigMount(path="~/.claude/projects", access=Access.WRITE)])
     assert binds(spec_for(by_name))[f"{HOME}/.claude/projects"].readonly is False
+
+
+def test_a_writable_config_mount_of_claudes_state_file_is_refused() -> None:
+    """Red team, round 2: a blueprint's writable mount of ~/.claude.json lay
+    over the agent's copy (merged back through an allow-list): the host's
+    claude would run the MCP server commands the agent wrote."""
+    eff = Effective(kind=SandboxKind.NAMESPACE,
+                    mounts=[ConfigMount(path="~/.claude.json", access=Access.WRITE)])
+    with pytest.raises(InvalidArgument, match="refused writable"):
+        spec_for(eff)
+    read = Effective(kind=SandboxKind.NAMESPACE, mounts=[ConfigMount(path="~/.claude.json")])
+    spec_for(read)
