@@ -951,7 +951,21 @@ def _apply_sandbox(
             )
     if sb.mounts is not None:
         if opt_in:
-            got["mounts"] = list(sb.mounts)
+            # A blueprint's own mounts are read-only: the least trusted layer
+            # never makes a host folder writable (~/.local/bin, ~/.config with
+            # systemd/user and autostart: what the host runs next). Only your
+            # config gives write access.
+            got["mounts"] = [m if m.access is Access.READ else
+                             m.model_copy(update={"access": Access.READ}) for m in sb.mounts]
+            written = [m.path for m in sb.mounts if m.access is not Access.READ]
+            if written:
+                out.add(
+                    "warn",
+                    "blueprint-mounts-read-only",
+                    f"{where('mounts')} asks to write in {', '.join(written)}: a blueprint's "
+                    "own mounts are read-only",
+                    "a mounts entry with access = \"write\" in your config.toml gives it",
+                )
             if sb.mounts:
                 listed = ", ".join(f"{m.path} ({m.access.value})" for m in sb.mounts)
                 out.add(

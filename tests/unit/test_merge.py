@@ -129,10 +129,14 @@ def test_with_no_sandbox_of_the_users_own_a_blueprint_may_opt_in_with_image_and_
         'mounts = [{ path = "~/data", access = "write" }]',
     )
     assert r.agent.image == "alpine:3"
-    assert r.agent.mounts == [MountRequest(path="~/data", access=Access.WRITE)]
+    # Read-only: a blueprint never makes a host folder writable (red team of
+    # issue 45: ~/.local/bin or ~/.config/systemd, what the host runs next).
+    assert r.agent.mounts == [MountRequest(path="~/data", access=Access.READ)]
     assert r.agent.blueprint_sandbox is True
     (note,) = [f for f in r.findings if f.code == "blueprint-mounts"]
     assert note.level == "note" and "~/data (write)" in note.message
+    (warn,) = [f for f in r.findings if f.code == "blueprint-mounts-read-only"]
+    assert warn.level == "warn" and "~/data" in warn.message
 
 
 def test_with_a_sandbox_of_the_users_own_the_blueprints_image_is_discarded() -> None:

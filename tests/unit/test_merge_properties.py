@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from leviathd.config.merge import Effective, resolve
 from leviathd.config.models import Blueprint, Config
+from leviathd.domain.mounts import Access
 from leviathd.domain.permission import Permission
 from leviathd.domain.tools import TOOLS as REGISTRY
 from leviathd.readpatterns import normalize_pattern
@@ -149,8 +150,9 @@ def assert_no_looser(
     assert eff.scratch_dir == base.scratch_dir
     if opt_in:
         # The spec's exception: no [sandbox] in any config, so the blueprint's own
-        # mounts (exactly those it lists) may apply.
-        assert eff.mounts == base.mounts or eff.mounts == own_mounts
+        # mounts (exactly the paths it lists) may apply, read-only.
+        read_only = [m.model_copy(update={"access": Access.READ}) for m in own_mounts or []]
+        assert eff.mounts == base.mounts or (own_mounts is not None and eff.mounts == read_only)
     else:
         assert eff.image == base.image
         for m in eff.mounts:
