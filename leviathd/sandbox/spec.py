@@ -501,6 +501,10 @@ class _Plan:
     git_dirs: list[str] = field(default_factory=list)
     ask_git: Callable[[str], Sequence[GitView]] = lambda _w: ()
     is_file: Callable[[str], bool] = lambda _p: False
+    # The (device, inode) of what a path leads to, as the user; None when
+    # it cannot be looked at. A second path to a folder that no link shows
+    # (a bind mount of the home elsewhere) is the same folder by this fact.
+    file_id: Callable[[str], tuple[int, int] | None] = lambda _p: None
 
 
 def _system(p: _Plan) -> None:
@@ -643,6 +647,18 @@ def _refuse_asked_mount(p: _Plan, path: str, what: str, *, writable: bool) -> No
     shown = _state_under_another_name(p, path)
     if shown is not None:
         raise InvalidArgument(f"{what} is refused: {shown}; mount it by its own name")
+    # The same folders by another path that no link shows (a bind mount of
+    # the home elsewhere): decided on the folder itself.
+    asked = p.file_id(path)
+    if asked is not None:
+        if asked == p.file_id(p.home):
+            raise InvalidArgument(f"{what} would show the whole home folder (it is the home "
+                                  "under another path)")
+        for rel in AGENT_STATE:
+            state = posixpath.join(p.home, rel)
+            if not is_within(path, state) and asked == p.file_id(state):
+                raise InvalidArgument(f"{what} is refused: it is the agent CLIs' state {state} "
+                                      "under another path; mount it by its own name")
     copy = posixpath.join(p.home, claudestate.CONFIG)
     if writable and copy in (path, p.resolve(path)):
         # The agent gets a copy, merged back through an allow-list
@@ -841,6 +857,7 @@ def build_spec(
     other_homes: Iterable[str] = (),
     ask_git: Callable[[str], Sequence[GitView]] | None = None,
     is_file: Callable[[str], bool] | None = None,
+    file_id: Callable[[str], tuple[int, int] | None] | None = None,
 ) -> SandboxSpec:
     """Compute what the agent will see.
 
@@ -884,6 +901,7 @@ def build_spec(
         workdir=expand(request.workdir, home),
         b=_Builder(user=user, home=home, exists=exists, resolve=resolve_fn, hidden=list(hidden)),
         ask_git=ask_git or (lambda _w: ()), is_file=is_file or (lambda _p: False),
+        file_id=file_id or (lambda _p: None),
     )
     for _name, step in _STEPS:
         step(plan)
@@ -970,6 +988,20 @@ def host_is_file_as(uid: int, gid: int) -> Callable[[str], bool]:
     return is_file
 
 
+def host_file_id_as(uid: int, gid: int) -> Callable[[str], tuple[int, int] | None]:
+    from leviathd import fsids
+
+    def file_id(path: str) -> tuple[int, int] | None:
+        with fsids.as_user(uid, gid):
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            return st.st_dev, st.st_ino
+
+    return file_id
+
+
 def host_links() -> dict[str, str]:
     links: dict[str, str] = {}
     for path in SYSTEM_LINK_DIRS:
@@ -1014,6 +1046,7 @@ def build_spec_on_host(
         other_homes=host_other_homes(user) if other_homes is None else other_homes,
         ask_git=host_git_views(user),
         is_file=host_is_file_as(user.uid, user.gid),
+        file_id=host_file_id_as(user.uid, user.gid),
     )
     if spec.kind == SandboxKind.NAMESPACE:
         spec = replace(spec, scratch_fs=loopfs.backing())

@@ -514,3 +514,19 @@ def test_a_writable_config_mount_of_claudes_state_file_is_refused() -> None:
         spec_for(eff)
     read = Effective(kind=SandboxKind.NAMESPACE, mounts=[ConfigMount(path="~/.claude.json")])
     spec_for(read)
+
+
+def test_a_config_mount_of_the_home_or_its_state_by_another_path_is_refused() -> None:
+    """Red team, round 2: a bind mount of the home elsewhere on the host
+    (/data/home/alice) is the same folder by a path no link shows; a config
+    mount of it gave the whole home, writable. Decided on the folder itself
+    (device and inode, as the user), as the real test in tests/root does."""
+    ids = {HOME: (1, 2), "/data/home/alice": (1, 2), f"{HOME}/.claude": (1, 3),
+           "/data/home/alice/.claude": (1, 3)}
+    for alias, refusal in (("/data/home/alice", "whole home"),
+                           ("/data/home/alice/.claude", "under another path")):
+        eff = Effective(kind=SandboxKind.NAMESPACE,
+                        mounts=[ConfigMount(path=alias, access=Access.WRITE)])
+        with pytest.raises(InvalidArgument, match=refusal):
+            build_spec(eff, ALICE, RunRequest(("claude",), WORKDIR), "0123abcd",
+                       existing=everything_exists, file_id=ids.get)
