@@ -823,7 +823,7 @@ docker run -d --name vm-logs localhost/vm-cli:1 echo hi-from-logs >/dev/null && 
 docker logs vm-logs && echo logs-ok
 docker run --rm -v "$PWD:/w" localhost/vm-cli:1 sh -c \
     'echo "[core] hooksPath = /tmp/evil" >> /w/.git/config && echo container-wrote-config'
-DOCKER_BUILDKIT=0 docker build --no-cache --network none ctx && echo build-ok
+DOCKER_BUILDKIT=0 docker build --no-cache ctx && echo build-ok
 EOF12
 chown -R alice: /home/alice/work/ctx /home/alice/work/cli_probe.sh
 step docker_cli as alice "lev run -- sh cli_probe.sh"
