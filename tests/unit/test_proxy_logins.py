@@ -304,29 +304,35 @@ def test_where_the_login_cannot_be_covered_the_start_is_refused(home: Path) -> N
         _built(home, "", home / "w")
 
 
+def _extended(spec: SandboxSpec, blueprint: str, tmp_path: Path) -> SandboxSpec:
+    """`spec` as the daemon's proxy feature extends it for an agent of
+    `blueprint` (ProxyService.extend_effective, with no agents or gate)."""
+    from types import SimpleNamespace
+
+    from leviathd.proxy.service import ProxyService
+
+    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["claude"]\n' + blueprint, "b.toml")
+    eff = resolve(parse_config("", "m.toml"), None, bp, "a").agent
+    (tmp_path / "state").mkdir(exist_ok=True)
+    service = ProxyService(None, SimpleNamespace(broker_hooks=[]),  # type: ignore[arg-type]
+                           state_dir=str(tmp_path / "state"))
+    return service.extend_effective(spec, eff)
+
+
 def test_a_step_with_no_network_shows_placeholders_too(home: Path, tmp_path: Path) -> None:
     """Red team: the cover ran only where the proxy applies, so a blueprint's
     `network = false` stage (a tightening: no finding) had ~/.claude as it
     is, read-write: it copied the real login into the workdir for a later
     proxied stage to send. Only a step with the host's network (the user's
     own choice) is left as it is."""
-    from types import SimpleNamespace
-
-    from leviathd.proxy.service import ProxyService
-
     (home / "w").mkdir()
-    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["claude"]\n'
-                         '[sandbox]\nnetwork = false\n', "b.toml")
-    eff = resolve(parse_config("", "m.toml"), None, bp, "a").agent
-    (tmp_path / "state").mkdir()
-    service = ProxyService(None, SimpleNamespace(broker_hooks=[]),  # type: ignore[arg-type]
-                           state_dir=str(tmp_path / "state"))
-    bare = _unplanned(home, "", home / "w", blueprint="[sandbox]\nnetwork = false\n")
+    blueprint = "[sandbox]\nnetwork = false\n"
+    bare = _unplanned(home, "", home / "w", blueprint=blueprint)
     assert not bare.proxy and not bare.network
-    out = service.extend_effective(bare, eff)
+    out = _extended(bare, blueprint, tmp_path)
     top = _on_top(out, f"{home}/.claude/.credentials.json")
     assert top.source.endswith("login-claude-code.json"), top
-    assert service.extend_effective(replace(bare, network=True), eff).mounts == bare.mounts
+    assert _extended(replace(bare, network=True), blueprint, tmp_path).mounts == bare.mounts
 
 
 def test_a_container_agent_is_not_shown_a_folder_that_holds_a_login(
@@ -335,21 +341,12 @@ def test_a_container_agent_is_not_shown_a_folder_that_holds_a_login(
     no finding), whose engine bound ~/.claude as it is, real login included.
     The folder is left out, with what would be protected inside it; a
     folder without a login is shown as before."""
-    from types import SimpleNamespace
-
-    from leviathd.proxy.service import ProxyService
-
     (home / "w").mkdir()
     (home / ".codex").mkdir()  # Codex installed, not logged in
     blueprint = '[sandbox]\nkind = "container"\n'
     spec = _unplanned(home, "", home / "w", blueprint=blueprint)
     assert [m for m in spec.mounts if m.target == f"{home}/.claude" and m.kind == "bind"]
-    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["claude"]\n' + blueprint, "b.toml")
-    eff = resolve(parse_config("", "m.toml"), None, bp, "a").agent
-    (tmp_path / "state").mkdir()
-    service = ProxyService(None, SimpleNamespace(broker_hooks=[]),  # type: ignore[arg-type]
-                           state_dir=str(tmp_path / "state"))
-    out = service.extend_effective(spec, eff)
+    out = _extended(spec, blueprint, tmp_path)
     assert not [m for m in out.mounts if m.target.startswith(f"{home}/.claude/")
                 or m.target == f"{home}/.claude"], out.mounts
     assert [m for m in out.mounts if m.target == f"{home}/.codex" and m.kind == "bind"]
@@ -362,10 +359,6 @@ def test_a_container_agent_loses_every_mount_inside_a_withheld_folder_and_the_ke
     blueprint's writable mount of ~/.claude/settings.json (its protection
     went with the folder: hooks run on the host), a mount of the login
     under another name, and the real ANTHROPIC_API_KEY in its environment."""
-    from types import SimpleNamespace
-
-    from leviathd.proxy.service import ProxyService
-
     (home / "w").mkdir()
     (home / ".claude" / "settings.json").write_text("{}")
     (home / ".claude" / ".credentials.json.bak").write_text("{}")
@@ -373,12 +366,7 @@ def test_a_container_agent_loses_every_mount_inside_a_withheld_folder_and_the_ke
                  'access = "write"}, {path = "~/.claude/.credentials.json.bak"}]\n')
     spec = _unplanned(home, "", home / "w", blueprint=blueprint)
     spec = replace(spec, env={**spec.env, "ANTHROPIC_API_KEY": API_KEY})
-    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["claude"]\n' + blueprint, "b.toml")
-    eff = resolve(parse_config("", "m.toml"), None, bp, "a").agent
-    (tmp_path / "state").mkdir()
-    service = ProxyService(None, SimpleNamespace(broker_hooks=[]),  # type: ignore[arg-type]
-                           state_dir=str(tmp_path / "state"))
-    out = service.extend_effective(spec, eff)
+    out = _extended(spec, blueprint, tmp_path)
     assert not [m for m in out.mounts if m.target.startswith(f"{home}/.claude")], out.mounts
     assert "ANTHROPIC_API_KEY" not in out.env
 
