@@ -143,33 +143,28 @@ def refused(login_file: clilogins.LoginFile, where: str, why: str) -> InvalidArg
 
 
 def _open_folder(login_file: clilogins.LoginFile, source: str) -> int | None:
-    """The folder opened as the user to be listed, by its path (the kernel
-    asks only for search rights on the folders above: a /home of mode 0711
-    is common), checked to be that very folder; None when it is not there.
-    Any other failure refuses: a folder the fence can bind but the daemon
-    cannot list must not be shown as it is."""
+    """The folder opened as the user to be listed (fsat.open_dir: search
+    rights on the folders above are enough, a /home of mode 0711 is
+    common); None when it is not there. Any other failure refuses: a folder
+    the fence can bind but the daemon cannot list must not be shown as it
+    is."""
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return fsat.open_dir(source)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         raise refused(login_file, f"folder {source}", f"it cannot be listed ({exc.strerror})"
                       ) from None
-    if os.readlink(f"/proc/self/fd/{fd}") != source:
-        os.close(fd)
-        raise refused(login_file, f"folder {source}", "it changed while it was looked at")
-    return fd
 
 
 def _check_login(login_file: clilogins.LoginFile, at: str, st: os.stat_result,
                  link_text: Callable[[], str]) -> None:
-    """Refuses a login that is not one regular file of one name: a link
-    (to {text}), a file with several names, or a fifo or folder in its
-    place. The CLIs write their login through a link or a hard link, and
-    anything else there would read as "not logged in", leaving the folder
-    shown as it is: an agent that had the folder while the user was logged
-    out could have planted any of them to receive, or expose, her next
-    login."""
+    """Refuses a login that is not one regular file of one name: a link, a
+    file with several names, or a fifo or folder in its place. The CLIs
+    write their login through a link or a hard link, and anything else
+    there would read as "not logged in", leaving the folder shown as it is:
+    an agent that had the folder while the user was logged out could have
+    planted any of them to receive, or expose, her next login."""
     if stat.S_ISLNK(st.st_mode):
         raise refused(login_file, at, f"it is a link (to {link_text()[:200]!r}, which may "
                       "hold the real tokens)")
@@ -184,10 +179,8 @@ def _entries(spec: SandboxSpec, login_file: clilogins.LoginFile,
     """The folder's entries (but the login), listed as the user by
     descriptor: folders and regular files, and links by their text; None
     when the folder or the login is not there. The flag says entries were
-    left out (past MAX_ENTRIES). A login that is a link, or a regular file
-    with several names, refuses the start: the CLIs write their login
-    through such a name (an agent that had the folder while the user was
-    logged out could have planted it to receive her next login)."""
+    left out (past MAX_ENTRIES). A login that is not one regular file of
+    one name refuses the start (_check_login)."""
     skip = login_file.rel[-1]
     with fsids.as_user(spec.uid, spec.gid):
         fd = _open_folder(login_file, source)
@@ -244,8 +237,8 @@ def _shown_by_entries(spec: SandboxSpec, folder: str, hosts: tuple[str, ...],
     entry bound one by one (links as links), with the login a file the host
     cannot rename anything over. The folder's host entries made after the
     start are not seen, and top-level entries the agent makes are its own
-    (docs/sandbox.md). Under a throwaway layer (an overlay: a rename on the
-    host does not reach its names) the placeholder is bound over the name."""
+    (docs/sandbox.md). A throwaway layer (an overlay) showing the folder
+    refuses: its lower folder's new names come through."""
     at = _enclosing(spec, folder)
     if at is None:
         return None
