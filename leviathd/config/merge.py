@@ -195,6 +195,7 @@ def narrow_proxy(rules: ProxyRules, layer: ProxyConfig, *, where: str = "bluepri
 
 
 UPLOAD_MAX_DEFAULT = 4 << 30  # [sandbox.containers] upload_max unset: 4 GiB
+IMAGE_STORE_MAX_DEFAULT = 10 << 30  # [sandbox.containers] image_store_max unset: 10 GiB
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ class ContainerSettings:
     socket: str | None = None
     host_root: bool = False
     upload_max: int = UPLOAD_MAX_DEFAULT
+    image_store_max: int = IMAGE_STORE_MAX_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -448,6 +450,16 @@ def _tighten_containers(
             )
         else:
             got = replace(got, upload_max=lower.upload_max)
+    if lower.image_store_max is not None:
+        if lower.image_store_max > upper.image_store_max:
+            out.add(
+                "warn",
+                "containers-image-store-max-overruled",
+                f"{where} [sandbox.containers] image_store_max is overruled: over the "
+                f"machine's {upper.image_store_max} bytes",
+            )
+        else:
+            got = replace(got, image_store_max=lower.image_store_max)
     if lower.socket is not None:
         out.add(
             "warn",
@@ -839,6 +851,8 @@ def _config_layer(
         socket=mc.socket if host_root else None,
         host_root=host_root,
         upload_max=UPLOAD_MAX_DEFAULT if mc.upload_max is None else mc.upload_max,
+        image_store_max=(IMAGE_STORE_MAX_DEFAULT if mc.image_store_max is None
+                         else mc.image_store_max),
     )
     if user is not None and user.sandbox is not None:
         containers = _tighten_containers(containers, user.sandbox.containers, "user config", out)

@@ -262,6 +262,14 @@ def _upload_max(value: object) -> int | None:
     return size
 
 
+def _image_store_max(value: object) -> int | None:
+    size = parse_size(value)
+    if size is None and value is not None:
+        raise ValueError('must be a size such as "10G", or 0 to keep no images: "infinity" is '
+                         "not allowed (the store is on the machine's disk)")
+    return size
+
+
 class ContainersConfig(_Model):
     """`[sandbox.containers]`: the filtered container-engine socket of each agent
     (leviathd/enginesock). None = not set here."""
@@ -277,6 +285,10 @@ class ContainersConfig(_Model):
     # Bytes an agent may stream to the engine in request bodies over its
     # life (build contexts, image loads and imports, copies into containers).
     upload_max: Annotated[int | None, BeforeValidator(_upload_max)] = None
+    # The user's image store (enginesock/imagestore.py): what the user's
+    # agents pulled, loaded or built, kept for their next agents, its oldest
+    # images removed past this size; 0 keeps none.
+    image_store_max: Annotated[int | None, BeforeValidator(_image_store_max)] = None
 
 
 class SandboxConfig(_Model):

@@ -71,6 +71,9 @@ class Settings:
     # [sandbox.containers] upload_max: bytes of streamed request bodies over
     # the agent's life (config.merge.UPLOAD_MAX_DEFAULT when unset).
     upload_max: int = 4 << 30
+    # [sandbox.containers] image_store_max: the user's image store's bound
+    # (rootless only; enginesock/imagestore.py), 0 for none kept.
+    image_store_max: int = 0
 
 
 class AgentProxy:

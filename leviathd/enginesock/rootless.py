@@ -166,11 +166,18 @@ def service_argv(podman: str) -> list[str]:
     service is, the agent's scope, under its limits (measured in the bed:
     the container's sleep in memory, pids, cpu, devices and name=systemd of
     the scope)."""
-    return [podman, "--root", os.path.join(engineroot.STORAGE, "storage"),
+    return [podman, *storage_flags(), "--cgroup-manager", "cgroupfs", "system", "service",
+            "--time=0"]
+
+
+def storage_flags() -> list[str]:
+    """Where the engine's storage and runtime state are, as its root shows
+    them; libpod's database records them, so whatever else opens that
+    storage (enginesock/imagestore_exec.py) names them the same."""
+    return ["--root", os.path.join(engineroot.STORAGE, "storage"),
             "--runroot", os.path.join(engineroot.RUN, "containers"),
             "--tmpdir", os.path.join(engineroot.RUN, "libpod", "tmp"),
-            "--volumepath", os.path.join(engineroot.STORAGE, "volumes"),
-            "--cgroup-manager", "cgroupfs", "system", "service", "--time=0"]
+            "--volumepath", os.path.join(engineroot.STORAGE, "volumes")]
 
 
 def attach(supervisor_pid: int, unit: str, pid: int) -> str:

@@ -34,13 +34,13 @@ from leviathd.agents.service import Agents
 from leviathd.config.merge import Effective, MergeResult
 from leviathd.config.models import Publish
 from leviathd.domain.sandbox import SandboxKind
-from leviathd.enginesock import engine, pins, rootless
+from leviathd.enginesock import engine, imagestore, pins, rootless
 from leviathd.enginesock.proxy import SOCKET_NAME, AgentProxy, Settings
 from leviathd.enginesock.view import View, _Entry
-from leviathd.errors import Unavailable
+from leviathd.errors import NotFound, Unavailable
 from leviathd.events import Event
 from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
-from leviathd.identity import UserInfo
+from leviathd.identity import UserInfo, user_info
 from leviathd.paths import runtime_dir
 from leviathd.records import AgentRecord
 from leviathd.sandbox.container import daemon_instance
@@ -119,8 +119,10 @@ class EngineSockService(Feature):
             return replace(spec, notes=(*spec.notes, "container engine socket not bound: the "
                                         "agent's socket folder is not in its sandbox"))
         storage = os.path.join(self._state_dir, rootless.STORAGE)
+        images = os.path.join(self._state_dir, imagestore.STORE)
         refused: tuple[str, ...] = (runtime_dir(), os.path.realpath(runtime_dir()),
-                                    engine.service_dir(), storage, os.path.realpath(storage))
+                                    engine.service_dir(), storage, os.path.realpath(storage),
+                                    images, os.path.realpath(images))
         if eff.containers.socket:
             refused = (*refused, eff.containers.socket)
         if eff.containers.host_root:
@@ -164,6 +166,9 @@ class EngineSockService(Feature):
                               eff: Effective) -> None:
         """The user's own podman for this agent, then its proxy. No cgroup
         parent: the containers are the service's children in the scope."""
+        keep = eff.containers.image_store_max
+        if keep > 0:
+            await self._seed(rec, user)
         try:
             sock = await rootless.start(rec.id, rec.unit, rec.supervisor_pid, user,
                                         self._state_dir, host_network=eff.network is True,
@@ -181,10 +186,45 @@ class EngineSockService(Feature):
             publish_any=eff.containers.publish == Publish.ANY, engine=sock, podman=True,
             daemon=daemon_instance(), cgroup="", rootless=True,
             engine_offline=eff.network is not True, upload_max=eff.containers.upload_max,
-            egress_env=_egress_env() if eff.network == "proxy" else (),
+            egress_env=_egress_env() if eff.network == "proxy" else (), image_store_max=keep,
         )
         await self._open(settings, view)
         await asyncio.to_thread(self._save, settings, view)
+
+    async def _seed(self, rec: AgentRecord, user: UserInfo) -> None:
+        """The user's kept images into the agent's new storage, before its
+        engine runs; an agent whose copy fails starts with what was copied."""
+        try:
+            await asyncio.to_thread(rootless.prepare, rec.id, self._state_dir, user)
+            got = await imagestore.seed(rec.id, self._state_dir, user)
+        except (OSError, ValueError) as exc:
+            journal.record(f"agent {rec.id}: its user's kept images could not be copied in: "
+                           f"{exc}", priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,
+                           LEVIATH_EVENT=Event.ENGINE_SERVICE)
+            return
+        if got.get("seeded") or got.get("said"):
+            journal.record(f"agent {rec.id}: kept images copied into its engine: "
+                           f"{', '.join(got.get('seeded') or []) or 'none'}"
+                           + (f" ({got['said']})" if got.get("said") else ""),
+                           LEVIATH_AGENT=rec.id, LEVIATH_EVENT=Event.ENGINE_SERVICE)
+
+    @staticmethod
+    async def _keep(rec: AgentRecord, settings: Settings, state_dir: str) -> None:
+        """The ended agent's named images into its user's store (once its
+        scope is empty, before its storage goes)."""
+        try:
+            user = await asyncio.to_thread(user_info, settings.uid)
+            got = await imagestore.save(rec.id, state_dir, user, settings.image_store_max)
+        except (OSError, ValueError, NotFound) as exc:
+            journal.record(f"agent {rec.id}: its images could not be kept: {exc}",
+                           priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id,
+                           LEVIATH_EVENT=Event.ENGINE_CLEANUP)
+            return
+        journal.record(f"agent {rec.id}: images kept for its user's next agents: "
+                       f"{', '.join(got.get('saved') or []) or 'none'}; removed from the store "
+                       f"past image_store_max: {', '.join(got.get('pruned') or []) or 'none'}"
+                       + (f" ({got['said']})" if got.get("said") else ""),
+                       LEVIATH_AGENT=rec.id, LEVIATH_EVENT=Event.ENGINE_CLEANUP)
 
     @staticmethod
     async def _placement(rec: AgentRecord, sock: str) -> str:
@@ -245,6 +285,8 @@ class EngineSockService(Feature):
             # The pins only once nothing of the engine can start a container
             # from them again.
             await _release_pins(rec.id)
+            if settings.image_store_max > 0:
+                await self._keep(rec, settings, self._state_dir)
             try:
                 await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
             except OSError as exc:
