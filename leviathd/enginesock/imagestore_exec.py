@@ -20,11 +20,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from typing import Any
 
+from leviathd import fsat
 from leviathd.enginesock import engineroot
 from leviathd.sandbox.namespace import syscalls
 
@@ -85,6 +85,9 @@ def build_root(system: dict[str, int | str], dev: dict[str, int], storage: int, 
         os.close(os.open(f"{new}/dev/{name}", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
         m.attach(fd, f"{new}/dev/{name}")
         os.close(fd)
+    # libpod's locks are shared memory.
+    os.mkdir(f"{new}/dev/shm", 0o1777)
+    m.mount("tmpfs", f"{new}/dev/shm", "tmpfs", m.MS_NOSUID | m.MS_NODEV, "mode=1777,size=64m")
     for name in ("proc", "sys", "tmp", "run", "var"):
         os.mkdir(f"{new}/{name}", 0o755)
     os.mkdir(new + m.RUN, 0o755)
@@ -161,13 +164,21 @@ def _prune(store: list[str], env: dict[str, str], max_bytes: int) -> list[str]:
     return gone
 
 
+def _clear_tmp() -> None:
+    fd = fsat.open_dir(STORE)
+    try:
+        fsat.remove_tree_at(fd, os.path.basename(TMP))
+    finally:
+        os.close(fd)
+
+
 def work(orders: dict[str, Any]) -> dict[str, Any]:
     """As the user, in the root build_root made: the order's copies."""
     podman = str(orders["podman"])
     env = {"PATH": str(orders["path"]), "HOME": WORK, "XDG_RUNTIME_DIR": WORK,
            "USER": str(orders["user"]), "LOGNAME": str(orders["user"]), "TMPDIR": TMP}
-    shutil.rmtree(TMP, ignore_errors=True)  # what a copy that was cut short left
-    os.makedirs(TMP, 0o700, exist_ok=True)
+    _clear_tmp()  # what a copy that was cut short left
+    os.mkdir(TMP, 0o700)
     common = ["--cgroup-manager", "cgroupfs", "--events-backend", "none", "--log-level", "error"]
     store = [podman, "--root", f"{STORE}/storage", "--runroot", f"{STORE_RUN}/containers",
              "--tmpdir", f"{STORE_RUN}/libpod/tmp", "--volumepath", f"{STORE}/volumes", *common]
@@ -187,7 +198,7 @@ def work(orders: dict[str, Any]) -> dict[str, Any]:
                                   f"{engineroot.RUN}/containers]", env)
         else:
             out["seeded"] = []
-    shutil.rmtree(TMP, ignore_errors=True)
+    _clear_tmp()
     return out
 
 

@@ -70,6 +70,9 @@ def remove_cgroups(cgroup: str) -> None:
 
 
 SCOPE_EMPTY_WAIT = 30.0
+# How long a new agent's start waits for the ends of its user's other agents
+# to have kept their images.
+KEEP_WAIT = 300.0
 
 
 def _scope_procs(cgroup: str) -> bool:
@@ -110,6 +113,9 @@ class EngineSockService(Feature):
         self._snapshots = os.path.join(state_dir, "enginesock")
         self._pending: dict[str, tuple[View, Effective]] = {}
         self.live: dict[str, AgentProxy] = {}
+        # Agents whose images are to be kept: set once their end has copied
+        # them (or failed to). An attached `lev run` returns before that.
+        self._kept: dict[str, tuple[int, asyncio.Event]] = {}
         self.service = engine.Service()
 
     def extend_effective(self, spec: SandboxSpec, eff: Effective) -> SandboxSpec:
@@ -169,6 +175,7 @@ class EngineSockService(Feature):
         keep = eff.containers.image_store_max
         if keep > 0:
             await self._seed(rec, user)
+            self._kept[rec.id] = (user.uid, asyncio.Event())
         try:
             sock = await rootless.start(rec.id, rec.unit, rec.supervisor_pid, user,
                                         self._state_dir, host_network=eff.network is True,
@@ -194,6 +201,14 @@ class EngineSockService(Feature):
     async def _seed(self, rec: AgentRecord, user: UserInfo) -> None:
         """The user's kept images into the agent's new storage, before its
         engine runs; an agent whose copy fails starts with what was copied."""
+        # What the user's agents that have ended keep is copied first: the
+        # user's next `lev run` may come while their ends are still at it.
+        ending = [ev for agent_id, (uid, ev) in list(self._kept.items())
+                  if uid == user.uid and not self._running(agent_id)]
+        if ending:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in ending)),
+                                       KEEP_WAIT)
         try:
             await asyncio.to_thread(rootless.prepare, rec.id, self._state_dir, user)
             got = await imagestore.seed(rec.id, self._state_dir, user)
@@ -207,6 +222,10 @@ class EngineSockService(Feature):
                            f"{', '.join(got.get('seeded') or []) or 'none'}"
                            + (f" ({got['said']})" if got.get("said") else ""),
                            LEVIATH_AGENT=rec.id, LEVIATH_EVENT=Event.ENGINE_SERVICE)
+
+    def _running(self, agent_id: str) -> bool:
+        rec = self._agents.records.get(agent_id)
+        return rec is not None and rec.running
 
     @staticmethod
     async def _keep(rec: AgentRecord, settings: Settings, state_dir: str) -> None:
@@ -255,6 +274,14 @@ class EngineSockService(Feature):
 
     async def on_end(self, rec: AgentRecord) -> None:
         self._pending.pop(rec.id, None)
+        try:
+            await self._end(rec)
+        finally:
+            kept = self._kept.pop(rec.id, None)
+            if kept is not None:
+                kept[1].set()
+
+    async def _end(self, rec: AgentRecord) -> None:
         proxy = self.live.pop(rec.id, None)
         if proxy is not None:
             await proxy.close()

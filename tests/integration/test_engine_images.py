@@ -1,0 +1,137 @@
+"""Images kept per user (issue 49, item 4; leviathd/enginesock/imagestore.py),
+from inside real agents in the test bed, typed as a user types them with
+the docker CLI: what alice's agent imported is there for her next agent,
+never for bob's; what one agent of alice removes does not leave the store
+or another of her agents; the store's size bound removes the oldest.
+
+No registry: the images are `docker import`s of tarballs of the bed's
+static busybox (as test_engine_rootless.py makes them).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+from test_engine_rootless import MAKE_TARBALL
+from test_engine_socket_cli import BED_RUN, DOCKER, DOCKER_DIR
+from testbed import Testbed
+
+pytestmark = pytest.mark.testbed
+
+CONFIG = """[sandbox]
+kind = "namespace"
+[sandbox.containers]
+enabled = true
+"""
+SMALL = CONFIG + 'image_store_max = "3M"\n'
+WORK = "images-work"
+
+
+@pytest.fixture(scope="module")
+def bed(testbed: Testbed) -> Iterator[Testbed]:
+    docker = f"{DOCKER_DIR}/bin/docker"
+    if not os.access(docker, os.X_OK):
+        pytest.skip(f"no docker CLI in {DOCKER_DIR} (scripts/setup fetches it)")
+    testbed.run(["install", "-D", "-m", "0755", docker, DOCKER])
+    for user in ("alice", "bob"):
+        home = testbed.users[user].home
+        testbed.run(["mkdir", "-p", WORK], user=user, cwd=home)
+        for name in ("bb.tar", "bb2.tar"):
+            r = testbed.run(["sh", "-c", MAKE_TARBALL, "sh", f"{home}/{WORK}/{name}"],
+                            check=False, timeout=180)
+            if r.returncode == 3:
+                pytest.skip(r.stderr.strip())
+            assert r.returncode == 0, r.stderr
+        # The second image differs in one file: a layer of its own.
+        testbed.run(["sh", "-c", f"cd {home}/{WORK} && mkdir -p x/etc && echo two > "
+                     "x/etc/which && tar -rf bb2.tar -C x ./etc/which && rm -rf x"])
+        testbed.run(["chown", "-R", f"{user}:", f"{home}/{WORK}"])
+    testbed.write_file("/etc/leviath/config.toml", CONFIG)
+    testbed.run(["systemctl", "restart", "leviathd"])
+    yield testbed
+    testbed.write_file("/etc/leviath/config.toml", '[sandbox]\nkind = "namespace"\n')
+    testbed.run(["systemctl", "restart", "leviathd"])
+
+
+def in_agent(bed: Testbed, user: str, script: str) -> str:
+    """`script` in a new agent of `user` (which ends when it does); its output."""
+    home = bed.users[user].home
+    r = bed.run(["lev", "run", "--", "sh", "-c", script], user=user, cwd=f"{home}/{WORK}",
+                check=False, timeout=300)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    return r.stdout
+
+
+def _wait(bed: Testbed, path: str, seconds: float = 240) -> None:
+    """Until `path` exists (an agent's step that is done), or fails."""
+    deadline = time.monotonic() + seconds
+    while bed.run(["test", "-e", path], check=False).returncode != 0:
+        assert time.monotonic() < deadline, f"{path} never came"
+        time.sleep(0.3)
+
+
+IMAGES = f"{DOCKER} images --format '{{{{.Repository}}}}:{{{{.Tag}}}}' | sort"
+
+
+def test_an_image_alice_imported_is_her_next_agents_and_never_bobs(bed: Testbed) -> None:
+    out = in_agent(bed, "alice", f"{DOCKER} import bb.tar localhost/kept:1 >/dev/null && "
+                   f"echo imported")
+    assert "imported" in out, out
+    # Her next agent: listed, and it runs.
+    out = in_agent(bed, "alice", f"{IMAGES}; {DOCKER} run --rm {BED_RUN} localhost/kept:1 "
+                   "echo ran-kept")
+    assert "localhost/kept:1" in out and "ran-kept" in out, out
+    # Bob's agent: not listed, and not runnable (nothing to pull it from).
+    out = in_agent(bed, "bob", f"{IMAGES}; echo ---; {DOCKER} run --rm {BED_RUN} "
+                   "localhost/kept:1 echo ran-kept 2>&1 || echo run-failed")
+    listed, _, ran = out.partition("---\n")
+    assert "localhost/kept" not in listed, out
+    assert "ran-kept" not in ran.replace("echo ran-kept", "") and "run-failed" in ran, out
+    # Nor is her store a path bob may open.
+    r = bed.run(["ls", f"/var/lib/leviath/image-store/{bed.users['alice'].uid}"], user="bob",
+                check=False)
+    assert r.returncode != 0, r.stdout
+
+
+def test_what_one_agent_removes_stays_in_the_store_and_in_her_running_agent(
+        bed: Testbed) -> None:
+    in_agent(bed, "alice", f"{DOCKER} import bb.tar localhost/shared:1 >/dev/null")
+    home = bed.users["alice"].home
+    # Agent 3 runs a container of the kept image, and waits.
+    bed.run(["rm", "-f", f"{home}/{WORK}/go", f"{home}/{WORK}/held", f"{home}/{WORK}/done"])
+    bed.run(["lev", "run", "--detach", "--", "sh", "-c",
+                    f"{DOCKER} run -d --name held {BED_RUN} localhost/shared:1 sleep 600 "
+                    f">/dev/null && touch held; while [ ! -e go ]; do sleep 0.2; done; "
+                    f"{DOCKER} exec held echo still-running > held.out 2>&1; "
+                    f"{IMAGES} >> held.out; {DOCKER} rm -f held >/dev/null; touch done"],
+                   user="alice", cwd=f"{home}/{WORK}", timeout=120)
+    _wait(bed, f"{home}/{WORK}/held")
+    # Agent 2 tries to remove it (the socket's filter refuses: an agent
+    # removes only the images it built; were it let through, it would be
+    # agent 2's own copy), then ends.
+    out = in_agent(bed, "alice", f"{DOCKER} rmi -f localhost/shared:1 >/dev/null 2>&1 && "
+                   "echo removed || echo refused")
+    assert "refused" in out or "removed" in out, out
+    bed.run(["touch", f"{home}/{WORK}/go"], user="alice")
+    _wait(bed, f"{home}/{WORK}/done")
+    got = bed.run(["cat", f"{home}/{WORK}/held.out"]).stdout
+    assert "still-running" in got and "localhost/shared:1" in got, got
+    # The store still has it for the next agent.
+    out = in_agent(bed, "alice", IMAGES)
+    assert "localhost/shared:1" in out, out
+
+
+def test_the_store_size_bound_removes_the_oldest(bed: Testbed) -> None:
+    bed.write_file("/etc/leviath/config.toml", SMALL)
+    bed.run(["systemctl", "restart", "leviathd"])
+    try:
+        in_agent(bed, "bob", f"{DOCKER} import bb.tar localhost/old:1 >/dev/null")
+        in_agent(bed, "bob", f"{DOCKER} import bb2.tar localhost/new:1 >/dev/null")
+        out = in_agent(bed, "bob", IMAGES)
+        assert "localhost/new:1" in out and "localhost/old:1" not in out, out
+    finally:
+        bed.write_file("/etc/leviath/config.toml", CONFIG)
+        bed.run(["systemctl", "restart", "leviathd"])
