@@ -46,8 +46,13 @@ RUN_TIMEOUT = 3600.0
 _LOCKS: dict[int, asyncio.Lock] = {}
 
 
+def store_name(uid: int) -> str:
+    """One store per user, named by uid (a name may be reused)."""
+    return str(uid)
+
+
 def store_dir(state_dir: str, uid: int) -> str:
-    return os.path.join(state_dir, STORE, str(uid))
+    return os.path.join(state_dir, STORE, store_name(uid))
 
 
 def _lock(uid: int) -> asyncio.Lock:
@@ -56,7 +61,7 @@ def _lock(uid: int) -> asyncio.Lock:
 
 def prepare(state_dir: str, user: UserInfo) -> str:
     """The user's store folder (made, or taken over, by descriptor)."""
-    rootless._user_folder(os.path.join(state_dir, STORE), str(user.uid), user)
+    rootless._user_folder(os.path.join(state_dir, STORE), store_name(user.uid), user)
     return store_dir(state_dir, user.uid)
 
 
@@ -121,6 +126,6 @@ def _has_store(state_dir: str, uid: int) -> bool:
     except FileNotFoundError:
         return False
     try:
-        return fsat.lstat_at(pfd, str(uid)) is not None
+        return fsat.lstat_at(pfd, store_name(uid)) is not None
     finally:
         os.close(pfd)

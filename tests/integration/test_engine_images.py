@@ -135,3 +135,44 @@ def test_the_store_size_bound_removes_the_oldest(bed: Testbed) -> None:
     finally:
         bed.write_file("/etc/leviath/config.toml", CONFIG)
         bed.run(["systemctl", "restart", "leviathd"])
+
+
+SECRET = "not-for-any-agent-7f3a"
+
+
+def test_a_link_planted_in_an_agents_storage_copies_nothing_the_agent_could_not_read(
+        bed: Testbed) -> None:
+    """What a container breakout could do (it is the user, in the engine's
+    view): replace an image's layer folder in the agent's engine storage by
+    a link to a folder the agent's view hides (~/.ssh). The copy into the
+    store must not follow it to the real folder; the next agent must not
+    get the hidden file out of the kept image. Played here by alice outside
+    the agent, on the agent's storage, while the agent runs.
+
+    Two things stop this plant: the copy's root has no /home (imagestore_exec),
+    and c/storage rebuilds a layer from its recorded file list and c/image
+    checks each blob's digest; with /home shown to the copy (tried) this test
+    still passes, so it guards the promise, not the root alone."""
+    home = bed.users["alice"].home
+    bed.run(["sh", "-c", f"mkdir -p {home}/.ssh && echo {SECRET} > {home}/.ssh/id_test && "
+             f"chown -R alice: {home}/.ssh && chmod 700 {home}/.ssh"])
+    w = f"{home}/{WORK}"
+    bed.run(["rm", "-f", f"{w}/go", f"{w}/imported"])
+    agent = bed.run(["lev", "run", "--detach", "--", "sh", "-c",
+                     f"{DOCKER} import bb.tar localhost/leak:1 >/dev/null && touch imported; "
+                     "while [ ! -e go ]; do sleep 0.2; done"],
+                    user="alice", cwd=w, timeout=120).stdout.strip().split()[-1]
+    _wait(bed, f"{w}/imported")
+    layers = f"/var/lib/leviath/engine-storage/{agent}/storage/vfs/dir"
+    if bed.run(["test", "-d", layers], check=False).returncode != 0:
+        bed.run(["touch", f"{w}/go"], user="alice")
+        pytest.skip("the engine's storage driver here is not vfs")
+    r = bed.run(["sh", "-c", f"cd {layers} && for d in *; do mv $d ../moved-$d && "
+                 f"ln -s {home}/.ssh $d && echo planted; done"], user="alice")
+    assert "planted" in r.stdout, r.stderr
+    bed.run(["touch", f"{w}/go"], user="alice")
+    # The next agent: whatever was kept under that name, the hidden file is
+    # not in it.
+    out = in_agent(bed, "alice", f"{DOCKER} create --name leak {BED_RUN} localhost/leak:1 "
+                   f"true >/dev/null 2>&1 && {DOCKER} cp leak:/id_test - 2>&1; echo done")
+    assert "done" in out and SECRET not in out, out

@@ -40,7 +40,13 @@ EXEMPT = {
     "leviathd/enginesock/refused.py": "the engine socket's error class",
 }
 
-PENDING: dict[str, str] = {}
+PENDING: dict[str, str] = {
+    "leviathd/enginesock/imagestore.py":
+        "each user's image store is that user's alone; it is so twice over (named by uid, and "
+        "the user's own 0700 folder), and a mutant of either alone survives: store_name "
+        "returning one name for all users survived test_engine_images -k never_bobs, since "
+        "bob's copy, as bob, cannot open alice's folder",
+}
 
 
 def _modules() -> list[str]:
