@@ -31,11 +31,9 @@ from leviathd.sandbox.namespace import syscalls
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 MAX_ORDERS = 64 * 1024
 MAX_IMAGES = 1000
-STORE = "/.leviath-images"
-# The store's runtime folder: podman records it in the store's database.
-STORE_RUN = "/run/leviath-store"
 WORK = "/run/leviath-work"
-TMP = f"{STORE}/tmp"
+# In the store's folder: transient state, cleared before each use.
+STORE_TRANSIENT = ("run", "libpod-tmp", "tmp")
 STEP_TIMEOUT = 1800.0
 MAX_OUTPUT = 4 << 20
 
@@ -57,8 +55,16 @@ def _tmpfs(path: str, uid: int, gid: int) -> None:
                      f"mode=700,uid={uid},gid={gid},size=64m")
 
 
+def store_flags(store: str) -> list[str]:
+    """The store's places for podman, all in its folder and at the path the
+    machine shows: libpod's database records them, so its user can list and
+    prune it outside any agent with the same flags (docs/containers.md)."""
+    return ["--root", f"{store}/storage", "--runroot", f"{store}/run",
+            "--tmpdir", f"{store}/libpod-tmp", "--volumepath", f"{store}/volumes"]
+
+
 def build_root(system: dict[str, int | str], dev: dict[str, int], storage: int, store: int,
-               uid: int, gid: int) -> None:
+               store_path: str, uid: int, gid: int) -> None:
     """As PID 1 of a new PID and mount namespace: the root the module's
     docstring names, made the root."""
     m = engineroot
@@ -75,7 +81,7 @@ def build_root(system: dict[str, int | str], dev: dict[str, int], storage: int, 
         os.close(what)
         # Read-only whatever the machine's mount says.
         m.mount(None, target, None, m.MS_REMOUNT | m.MS_BIND | m.MS_RDONLY, None)
-    for folder, fd in ((m.STORAGE, storage), (STORE, store)):
+    for folder, fd in ((m.STORAGE, storage), (store_path, store)):
         os.makedirs(new + folder, 0o755, exist_ok=True)
         m.attach(fd, new + folder)
         os.close(fd)
@@ -89,11 +95,11 @@ def build_root(system: dict[str, int | str], dev: dict[str, int], storage: int, 
     os.mkdir(f"{new}/dev/shm", 0o1777)
     m.mount("tmpfs", f"{new}/dev/shm", "tmpfs", m.MS_NOSUID | m.MS_NODEV, "mode=1777,size=64m")
     for name in ("proc", "sys", "tmp", "run", "var"):
-        os.mkdir(f"{new}/{name}", 0o755)
+        os.makedirs(f"{new}/{name}", 0o755, exist_ok=True)  # var: the store may be below
     os.mkdir(new + m.RUN, 0o755)
     # Copies of big layers go through a temporary file (c/image: TMPDIR or
     # /var/tmp): on the store's disk, not a small tmpfs.
-    os.symlink(TMP, f"{new}/var/tmp")
+    os.symlink(f"{store_path}/tmp", f"{new}/var/tmp")
     os.chdir(new)
     syscalls.pivot_root(".", ".")
     m._check(m._libc.umount2(b".", m.MNT_DETACH), "umount the machine's root")
@@ -104,7 +110,7 @@ def build_root(system: dict[str, int | str], dev: dict[str, int], storage: int, 
     m.mount("tmpfs", "/tmp", "tmpfs", m.MS_NOSUID | m.MS_NODEV, "mode=1777,size=64m")
     m.mount("tmpfs", "/run", "tmpfs", m.MS_NOSUID | m.MS_NODEV, "mode=755,size=64m")
     m.mount("sysfs", "/sys", "sysfs", m.MS_RDONLY | m.MS_NOSUID | m.MS_NODEV | m.MS_NOEXEC, None)
-    for path in (WORK, STORE_RUN, m.RUN):
+    for path in (WORK, m.RUN):
         _tmpfs(path, uid, gid)
 
 
@@ -164,10 +170,13 @@ def _prune(store: list[str], env: dict[str, str], max_bytes: int) -> list[str]:
     return gone
 
 
-def _clear_tmp() -> None:
-    fd = fsat.open_dir(STORE)
+def _clear(store: str) -> None:
+    """What the last copy left in the store's transient folders (a stale
+    pause.pid names a process of another PID namespace)."""
+    fd = fsat.open_dir(store)
     try:
-        fsat.remove_tree_at(fd, os.path.basename(TMP))
+        for name in STORE_TRANSIENT:
+            fsat.remove_tree_at(fd, name)
     finally:
         os.close(fd)
 
@@ -176,18 +185,19 @@ def work(orders: dict[str, Any]) -> dict[str, Any]:
     """As the user, in the root build_root made: the order's copies."""
     podman = str(orders["podman"])
     env = {"PATH": str(orders["path"]), "HOME": WORK, "XDG_RUNTIME_DIR": WORK,
-           "USER": str(orders["user"]), "LOGNAME": str(orders["user"]), "TMPDIR": TMP}
-    _clear_tmp()  # what a copy that was cut short left
-    os.mkdir(TMP, 0o700)
+           "USER": str(orders["user"]), "LOGNAME": str(orders["user"]),
+           "TMPDIR": f"{orders['store']}/tmp"}
+    _clear(str(orders["store"]))
+    os.mkdir(f"{orders['store']}/tmp", 0o700)
     common = ["--cgroup-manager", "cgroupfs", "--events-backend", "none", "--log-level", "error"]
-    store = [podman, "--root", f"{STORE}/storage", "--runroot", f"{STORE_RUN}/containers",
-             "--tmpdir", f"{STORE_RUN}/libpod/tmp", "--volumepath", f"{STORE}/volumes", *common]
+    place = str(orders["store"])
+    store = [podman, *store_flags(place), *common]
     agent = [podman, *[str(a) for a in orders["agent_flags"]], *common]
     out: dict[str, Any] = {}
     if orders["mode"] == "save":
         driver = _driver(agent, env)
         names = [n for image in _images(agent, env) for n in _names(image)]
-        out["saved"] = _copy(agent, names, f"[{driver}@{STORE}/storage+{STORE_RUN}/containers]",
+        out["saved"] = _copy(agent, names, f"[{driver}@{place}/storage+{place}/run]",
                              env)
         out["pruned"] = _prune(store, env, int(orders["max"]))
     else:
@@ -198,7 +208,7 @@ def work(orders: dict[str, Any]) -> dict[str, Any]:
                                   f"{engineroot.RUN}/containers]", env)
         else:
             out["seeded"] = []
-    _clear_tmp()
+    _clear(place)
     return out
 
 
@@ -232,7 +242,7 @@ def main() -> int:
         code = 2
         try:
             os.close(out_r)
-            build_root(system, dev, storage, store, uid, gid)
+            build_root(system, dev, storage, store, str(orders["store"]), uid, gid)
             child = os.fork()
             if child == 0:
                 try:

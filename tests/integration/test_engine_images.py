@@ -90,6 +90,14 @@ def test_an_image_alice_imported_is_her_next_agents_and_never_bobs(bed: Testbed)
     listed, _, ran = out.partition("---\n")
     assert "localhost/kept" not in listed, out
     assert "ran-kept" not in ran.replace("echo ran-kept", "") and "run-failed" in ran, out
+    # Listed by alice outside any agent with the flags docs/containers.md gives.
+    store = f"/var/lib/leviath/image-store/{bed.users['alice'].uid}"
+    flags = (f"--root {store}/storage --runroot {store}/run --tmpdir {store}/libpod-tmp "
+             f"--volumepath {store}/volumes")
+    r = bed.run(["sh", "-c", "d=$(mktemp -d) && XDG_RUNTIME_DIR=$d HOME=$d podman "
+                 f"{flags} images --format '{{{{.Repository}}}}:{{{{.Tag}}}}'; rm -rf $d"],
+                user="alice", check=False, timeout=120)
+    assert "localhost/kept:1" in r.stdout, (r.stdout, r.stderr)
     # Nor is her store a path bob may open.
     r = bed.run(["ls", f"/var/lib/leviath/image-store/{bed.users['alice'].uid}"], user="bob",
                 check=False)
