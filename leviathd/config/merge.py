@@ -195,7 +195,8 @@ def narrow_proxy(rules: ProxyRules, layer: ProxyConfig, *, where: str = "bluepri
 
 
 UPLOAD_MAX_DEFAULT = 4 << 30  # [sandbox.containers] upload_max unset: 4 GiB
-IMAGE_STORE_MAX_DEFAULT = 10 << 30  # [sandbox.containers] image_store_max unset: 10 GiB
+# [sandbox.containers] image_store_max unset: 2 GiB (each agent's start copies the store)
+IMAGE_STORE_MAX_DEFAULT = 2 << 30
 
 
 @dataclass(frozen=True)

@@ -15,21 +15,21 @@ from leviathd.config.merge import IMAGE_STORE_MAX_DEFAULT, resolve
 from leviathd.enginesock import imagestore, imagestore_exec, rootless
 from leviathd.identity import UserInfo
 
-MACHINE = '[sandbox.containers]\nenabled = true\nimage_store_max = "2G"\n'
+MACHINE = '[sandbox.containers]\nenabled = true\nimage_store_max = "3G"\n'
 
 
-def test_the_bound_defaults_to_10g_and_a_user_only_lowers_it() -> None:
+def test_the_bound_defaults_to_2g_and_a_user_only_lowers_it() -> None:
     plain = resolve(parse_config("[sandbox.containers]\nenabled = true\n", "m"), None, None, "a")
-    assert plain.agent.containers.image_store_max == IMAGE_STORE_MAX_DEFAULT == 10 << 30
+    assert plain.agent.containers.image_store_max == IMAGE_STORE_MAX_DEFAULT == 2 << 30
     machine = parse_config(MACHINE, "m")
-    assert resolve(machine, None, None, "a").agent.containers.image_store_max == 2 << 30
+    assert resolve(machine, None, None, "a").agent.containers.image_store_max == 3 << 30
     lower = parse_config('[sandbox.containers]\nimage_store_max = "1G"\n', "u")
     assert resolve(machine, lower, None, "a").agent.containers.image_store_max == 1 << 30
     none = parse_config("[sandbox.containers]\nimage_store_max = 0\n", "u")
     assert resolve(machine, none, None, "a").agent.containers.image_store_max == 0
-    higher = parse_config('[sandbox.containers]\nimage_store_max = "3G"\n', "u")
+    higher = parse_config('[sandbox.containers]\nimage_store_max = "4G"\n', "u")
     got = resolve(machine, higher, None, "a")
-    assert got.agent.containers.image_store_max == 2 << 30
+    assert got.agent.containers.image_store_max == 3 << 30
     assert "containers-image-store-max-overruled" in {f.code for f in got.findings}
 
 
