@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -29,6 +31,7 @@ from leviathd.enginesock import engineroot
 from leviathd.sandbox.namespace import syscalls
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+PR_SET_PDEATHSIG = 1
 MAX_ORDERS = 64 * 1024
 MAX_IMAGES = 1000
 WORK = "/run/leviath-work"
@@ -50,7 +53,7 @@ def _system_parts(system: list[str]) -> dict[str, int | str]:
 
 
 def _tmpfs(path: str, uid: int, gid: int) -> None:
-    os.makedirs(path, 0o755, exist_ok=True)  # under /run only: the rest is read-only
+    os.makedirs(path, 0o755, exist_ok=True)  # (/run is a tmpfs; the rest was made before)
     engineroot.mount("tmpfs", path, "tmpfs", engineroot.MS_NOSUID | engineroot.MS_NODEV,
                      f"mode=700,uid={uid},gid={gid},size=64m")
 
@@ -127,8 +130,13 @@ def _images(argv: list[str], env: dict[str, str]) -> list[dict[str, Any]]:
     return [x for x in got if isinstance(x, dict)][:MAX_IMAGES] if isinstance(got, list) else []
 
 
+# An image reference as podman writes one (registry/path:tag); a storage an
+# agent's engine wrote could hold anything, and a name is an argument.
+_NAME = re.compile(r"[a-z0-9][A-Za-z0-9._/:@-]{0,254}")
+
+
 def _names(image: dict[str, Any]) -> list[str]:
-    return [str(n) for n in image.get("Names") or [] if isinstance(n, str)]
+    return [n for n in image.get("Names") or [] if isinstance(n, str) and _NAME.fullmatch(n)]
 
 
 def _driver(argv: list[str], env: dict[str, str]) -> str:
@@ -241,6 +249,13 @@ def main() -> int:
     if init == 0:
         code = 2
         try:
+            # The daemon ends a copy that takes too long by killing this
+            # launcher: the namespace's PID 1 (and with it every process of
+            # the copy) goes too. (Its parent is outside its PID namespace,
+            # so getppid says 0: a launcher killed before this line leaves
+            # a copy that ends by its own step timeouts.)
+            if engineroot._libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+                os._exit(2)
             os.close(out_r)
             build_root(system, dev, storage, store, str(orders["store"]), uid, gid)
             child = os.fork()

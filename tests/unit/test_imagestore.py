@@ -72,3 +72,11 @@ def test_the_bound_removes_the_oldest_first(monkeypatch: pytest.MonkeyPatch) -> 
     assert gone == ["localhost/old:1", "b" * 12]
     removed.clear()
     assert imagestore_exec._prune(["podman"], {}, 9) == [] and removed == []
+
+
+def test_only_names_podman_would_write_are_pushed() -> None:
+    image = {"Names": ["localhost/app:1", "docker.io/library/busybox:latest", "--rm",
+                       "a]b", "x" * 300, 7, "registry:5000/team/app@sha256:" + "0" * 64]}
+    assert imagestore_exec._names(image) == [
+        "localhost/app:1", "docker.io/library/busybox:latest",
+        "registry:5000/team/app@sha256:" + "0" * 64]
