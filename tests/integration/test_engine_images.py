@@ -54,6 +54,8 @@ def bed(testbed: Testbed) -> Iterator[Testbed]:
     yield testbed
     testbed.write_file("/etc/leviath/config.toml", '[sandbox]\nkind = "namespace"\n')
     testbed.run(["systemctl", "restart", "leviathd"])
+    # The bed is the session's: later modules' agents start with no kept images.
+    testbed.run(["rm", "-rf", "/var/lib/leviath/image-store"])
 
 
 def in_agent(bed: Testbed, user: str, script: str) -> str:
