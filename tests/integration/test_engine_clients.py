@@ -86,6 +86,8 @@ echo "inspect=$($DN inspect -f '{{{{.State.Status}}}} {{{{.HostConfig.LogConfig.
 {{{{.HostConfig.NetworkMode}}}}' bg)"
 echo "podman-ps=$(podman --remote --url "$DOCKER_HOST" ps -a --format '{{{{.Names}}}}' \
   | sort | tr '\\n' ,)"
+echo "podman-version=$(podman --remote --url "$DOCKER_HOST" version --format \
+'{{{{.Client.Version}}}} {{{{.Server.Version}}}}')"
 echo "podman-images=$(podman --remote --url "$DOCKER_HOST" images --format \
 '{{{{.Repository}}}}' | tr '\\n' ,)"
 podman --remote --url "$DOCKER_HOST" run --rm {IMAGE} true; echo "podman-run=$?"
@@ -143,6 +145,7 @@ def test_the_common_clients_work_as_typed_and_what_cannot_says_why(
     assert _value(out, "inspect") in ("running json-file host", "running k8s-file host"), out
     # podman --remote: its own API's ping and lists, its run refused saying why.
     assert _value(out, "podman-ps") == "bg,r26,rnew,", (out, err)
+    assert _value(out, "podman-version").startswith("4.3"), (out, err)
     assert "localhost/leviath-rootless-busybox" in _value(out, "podman-images"), (out, err)
     assert _value(out, "podman-run") != "0", out
     assert "podman's own API (libpod) is not filtered" in err, err

@@ -813,7 +813,8 @@ def _line(out: str, key: str) -> str:
 def test_podman5s_remote_client_lists_through_the_agents_socket_and_its_run_says_why(
         vm: Run) -> None:
     # Issue 49 item 2: Debian 13's podman 5 as `podman --remote` on an
-    # agent's socket: its ping and lists pass, its run is refused saying why.
+    # agent's socket: its ping, version and lists pass, its run is refused
+    # saying why.
     out = _clients_v5(vm)
     assert _line(out, "podman-client").startswith("5."), out
     assert _line(out, "podman-ps") == "v5bg,", out
