@@ -828,6 +828,22 @@ EOF12
 chown -R alice: /home/alice/work/ctx /home/alice/work/cli_probe.sh
 step docker_cli as alice "lev run -- sh cli_probe.sh"
 sha256sum /home/alice/work/.git/config | cut -d' ' -f1 >"$R/cli_git_config_after.out"
+# Issue 49 item 2: podman 5's own `podman --remote` (Debian 13's podman) and
+# Debian unstable's docker CLI (copied in by the test) on the same socket.
+install -m 0755 /mnt/host/docker-sid /usr/local/bin/docker-sid
+cat >/home/alice/work/clients_probe.sh <<'EOF13'
+docker import bb.tar localhost/vm-cli:1 >/dev/null && echo import-ok
+docker run -d --name v5bg localhost/vm-cli:1 sleep 300 >/dev/null && echo bg-ok
+echo "podman-client=$(podman --remote --url "$DOCKER_HOST" version --format '{{.Client.Version}}')"
+echo "podman-ps=$(podman --remote --url "$DOCKER_HOST" ps --format '{{.Names}}' | tr '\n' ,)"
+echo "podman-images=$(podman --remote --url "$DOCKER_HOST" images --format '{{.Repository}}' | tr '\n' ,)"
+podman --remote --url "$DOCKER_HOST" run --rm localhost/vm-cli:1 true; echo "podman-run=$?"
+echo "sid-version=$(docker-sid version --format '{{.Client.Version}} {{.Client.APIVersion}}')"
+docker-sid run localhost/vm-cli:1 sh -c 'echo hi-from-sid; exit 6'; echo "sid-run=$?"
+docker rm -f v5bg >/dev/null && echo cleaned
+EOF13
+chown alice: /home/alice/work/clients_probe.sh
+step clients_v5 as alice "lev run -- sh clients_probe.sh"
 # The file is rewritten every second: read once it shows the starts so far.
 step metrics_file sh -c '
     f=/var/lib/prometheus/node-exporter/leviathd.prom

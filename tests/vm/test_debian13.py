@@ -50,6 +50,7 @@ TIMEOUT = min(max(float(os.environ.get("LEVIATH_VM_TIMEOUT", "3600")), 60.0), 4 
 # pytest-timeout's default of 600 s.
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(TIMEOUT + 1800)]
 REPO = Path(__file__).resolve().parents[2]
+SID_DOCKER = "/opt/leviath-dev/docker/sid/bin/docker"
 KEEP = os.environ.get("LEVIATH_VM_KEEP")  # keep the share folder for a look
 
 
@@ -115,6 +116,9 @@ def bring_up() -> Run:
     shutil.copy(REPO / "tests" / "escape_probe.py", share / "escape_probe.py")
     (share / "engine_client.py").write_text(ENGINE_CLIENT)
     (share / "rootless_client.py").write_text(ROOTLESS_CLIENT)
+    # Debian unstable's docker CLI (scripts/setup fetches it), run in the VM
+    # as a client of an agent's socket.
+    shutil.copy(SID_DOCKER, share / "docker-sid")
     # The container check's system-call probe: static, so it runs in the
     # busybox image inside the VM (which has no compiler).
     subprocess.run(["gcc", "-static", "-O1", "-pthread", "-o", str(share / "syscall_probe"),
@@ -792,6 +796,38 @@ def test_the_debian_docker_cli_runs_and_reads_logs_with_no_extra_flags_on_podman
     lines = out.splitlines()
     assert "hi-from-run" in lines and "run-ok" in lines, out
     assert "hi-from-logs" in lines and "logs-ok" in lines, out
+
+
+def _clients_v5(vm: Run) -> str:
+    vm.rc("clients_v5")  # its status is the last command's: judged by the words
+    out = vm.out("clients_v5")
+    assert "import-ok" in out and "bg-ok" in out and "cleaned" in out, out
+    return out
+
+
+def _line(out: str, key: str) -> str:
+    return next((line[len(key) + 1:] for line in out.splitlines()
+                 if line.startswith(key + "=")), f"<no {key}= in the output>")
+
+
+def test_podman5s_remote_client_lists_through_the_agents_socket_and_its_run_says_why(
+        vm: Run) -> None:
+    # Issue 49 item 2: Debian 13's podman 5 as `podman --remote` on an
+    # agent's socket: its ping, version and lists pass, its run is refused
+    # saying why.
+    out = _clients_v5(vm)
+    assert _line(out, "podman-client").startswith("5."), out
+    assert _line(out, "podman-ps") == "v5bg,", out
+    assert "localhost/vm-cli" in _line(out, "podman-images"), out
+    assert _line(out, "podman-run") != "0", out
+    assert "podman's own API (libpod) is not filtered" in out, out
+
+
+def test_debian_unstables_docker_cli_runs_on_podman5(vm: Run) -> None:
+    out = _clients_v5(vm)
+    version, api = _line(out, "sid-version").split()[:2]
+    assert int(version.split(".")[0]) >= 28 and api == "1.41", out
+    assert "hi-from-sid" in out.splitlines() and _line(out, "sid-run") == "6", out
 
 
 def test_escape_a_bind_of_the_workdir_leaves_git_config_and_a_cache_mount_reads_no_ssh(
