@@ -20,6 +20,9 @@ access push, and (but for the ref advertisement) after a person approved it
 (proxy/tls.py).
 kind = "http": `header` set to `value` with `{secret}` replaced, or basic
 auth with `username` when `value = "basic"`.
+kind = "registry" (a user's container registry login, proxy/registries.py):
+`Authorization: Basic base64(user:password)`, into a request that sent no
+Authorization of its own.
 kind = "login" (an agent CLI's own login, proxy/logins.py): as "http", but
 only in place of its placeholder, never into a request that sent none (a
 login has several secrets for one header, and a provider may refuse two
@@ -53,7 +56,8 @@ class Injection:
     """One credential as the proxy applies it."""
 
     name: str
-    kind: str  # "git" | "http" | "cli" | "azure" | "azure-login" | "login" | "login-refresh"
+    # "git" | "http" | "cli" | "azure" | "azure-login" | "login" | "login-refresh" | "registry"
+    kind: str
     hosts: tuple[str, ...]
     placeholder: str
     header: str = "Authorization"
@@ -199,6 +203,8 @@ def carried(req: Request, inj: Injection) -> bool:
 
 
 def credential_value(inj: Injection, secret: str) -> str:
+    if inj.kind == "registry":  # the secret is `user:password` (proxy/registries.py)
+        return "Basic " + base64.b64encode(secret.encode()).decode()
     if inj.kind == "git" or inj.value == "basic":
         return _basic(inj.username, secret)
     return inj.value.replace("{secret}", secret)
