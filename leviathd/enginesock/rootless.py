@@ -42,10 +42,8 @@ from leviathd import fsat
 from leviathd.broker.server import cgroup_of
 from leviathd.enginesock import engine, engineroot
 from leviathd.events import Event
-from leviathd.gate.service import SANDBOX_RUNTIME
 from leviathd.identity import UserInfo
 from leviathd.paths import runtime_dir
-from leviathd.proxy.egress import BUNDLE
 from leviathd.sandbox.container.cgroups import cgroup_procs_files
 from leviathd.sandbox.forwarder import proxy_env
 from leviathd.sandbox.spec import SYSTEM_DIRS, SYSTEM_LINK_DIRS
@@ -243,7 +241,9 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
             # the registries whose logins the proxy puts in (proxy/registries.py):
             # the agent's bundle, root's and read-only in the fence. Go reads
             # SSL_CERT_FILE, then the system's folder of CAs when it is not there.
-            env["SSL_CERT_FILE"] = f"{SANDBOX_RUNTIME}/{BUNDLE}"
+            from leviathd.proxy.egress import trust_bundle  # not at import: a cycle
+
+            env["SSL_CERT_FILE"] = trust_bundle()
         orders = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups), "fd": fd,
                   "argv": service_argv(podman), "env": env, "cwd": engineroot.RUN,
                   "log": os.path.join(engineroot.RUN, "podman.log"),

@@ -1,0 +1,139 @@
+"""Issue 49 item 3, the pure and file parts: the user's registry logins are
+read from docker's and podman's files (by descriptor, no link followed, in
+podman's order), each becomes an injection toward its registry alone, and
+the egress puts `Authorization: Basic` in only where the agent sent no
+header of its own (tests/integration/test_engine_registry.py is the pull
+through a real registry stand-in, with the attacker's side)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from leviathd.proxy import inject, registries
+
+KEY = b"k" * 32
+
+
+def _auth(user: str, password: str) -> dict[str, str]:
+    return {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def _write(path: Path, doc: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+def _read(home: Path, runtime: Path) -> registries.Found:
+    return registries.read_logins(os.getuid(), os.getgid(), str(home), str(runtime))
+
+
+@pytest.fixture()
+def places(tmp_path: Path) -> tuple[Path, Path]:
+    home, runtime = tmp_path / "home", tmp_path / "run"
+    home.mkdir()
+    runtime.mkdir()
+    return home, runtime
+
+
+def test_the_auth_keys_docker_and_podman_write_name_a_registry_host() -> None:
+    assert registries.host_of("https://index.docker.io/v1/") == "docker.io"
+    assert registries.host_of("docker.io") == "docker.io"
+    assert registries.host_of("registry.example.com:5000") == "registry.example.com:5000"
+    assert registries.host_of("https://Ghcr.IO") == "ghcr.io"
+    assert registries.host_of("quay.io/team/repo") == "quay.io"
+    assert registries.host_of("r.example.com:443") == "r.example.com"
+    for bad in ("", "*.example.com", "a b", "host:99999", "host:0", "..", "x?y", "[::1]"):
+        assert registries.host_of(bad) is None, bad
+    assert registries.hosts_for("docker.io") == ("registry-1.docker.io", "auth.docker.io")
+    assert registries.hosts_for("quay.io") == ("quay.io",)
+
+
+def test_logins_are_read_in_podmans_order_with_notes_on_what_is_not_used(
+        places: tuple[Path, Path]) -> None:
+    home, runtime = places
+    _write(runtime / "containers" / "auth.json", {"auths": {"a.test": _auth("run", "pw-run")}})
+    _write(home / ".config" / "containers" / "auth.json",
+           {"auths": {"a.test": _auth("cfg", "pw-cfg"), "b.test:5000": _auth("cfg", "pw-b")}})
+    _write(home / ".docker" / "config.json", {
+        "auths": {"https://index.docker.io/v1/": {"username": "hub", "password": "pw-hub"},
+                  "b.test:5000": _auth("docker", "pw-late"),
+                  "helper.test": {},
+                  "*.bad": _auth("x", "y"),
+                  "nocolon.test": {"auth": base64.b64encode(b"nocolon").decode()},
+                  "broken.test": {"auth": "%%%"}},
+        "credHelpers": {"ecr.test": "ecr-login"}})
+    found = _read(home, runtime)
+    assert found.logins == {"a.test": "run:pw-run", "b.test:5000": "cfg:pw-b",
+                            "docker.io": "hub:pw-hub"}
+    text = "\n".join(found.notes)
+    assert "credential helper" in text and "helper.test" in text and "*.bad" in text
+    assert "nocolon.test" in text and "broken.test" in text
+    assert "pw-" not in text  # no value in a note (they go to the journal)
+
+
+def test_a_link_in_place_of_an_auth_file_or_its_folder_is_not_followed(
+        places: tuple[Path, Path], tmp_path: Path) -> None:
+    home, runtime = places
+    _write(tmp_path / "elsewhere" / "config.json", {"auths": {"x.test": _auth("u", "p")}})
+    (home / ".docker").mkdir()
+    (home / ".docker" / "config.json").symlink_to(tmp_path / "elsewhere" / "config.json")
+    (runtime / "containers").symlink_to(tmp_path / "elsewhere")
+    found = _read(home, runtime)
+    assert found.logins == {}
+    assert any("not a regular file" in n for n in found.notes), found.notes
+
+
+def test_an_oversized_or_unreadable_file_gives_a_note_not_a_failure(
+        places: tuple[Path, Path]) -> None:
+    home, runtime = places
+    (home / ".docker").mkdir()
+    (home / ".docker" / "config.json").write_bytes(b"{" + b" " * registries.MAX_SIZE + b"}")
+    _write(home / ".config" / "containers" / "auth.json", ["not", "an", "object"])
+    found = _read(home, runtime)
+    assert found.logins == {} and len(found.notes) == 2, found.notes
+
+
+def test_each_login_is_one_injection_toward_its_registry_alone(
+        places: tuple[Path, Path]) -> None:
+    home, runtime = places
+    _write(home / ".docker" / "config.json", {"auths": {
+        "reg.test:5000": _auth("u", "p1"), "docker.io": _auth("h", "p2")}})
+    injs = registries.injections(_read(home, runtime), KEY)
+    by_name = {i.name: i for i in injs}
+    assert set(by_name) == {"registry/reg.test:5000", "registry/docker.io"}
+    reg = by_name["registry/reg.test:5000"]
+    assert reg.kind == "registry" and reg.hosts == ("reg.test:5000",)
+    assert inject.covers(reg, "reg.test", 5000)
+    assert not inject.covers(reg, "reg.test", 443) and not inject.covers(reg, "other.test", 5000)
+    assert by_name["registry/docker.io"].hosts == registries.DOCKER_HUB
+    assert registries.read_secret("registry/reg.test:5000", os.getuid(), os.getgid(),
+                                  str(home), str(runtime)) == "u:p1"
+    with pytest.raises(LookupError):
+        registries.read_secret("registry/gone.test", os.getuid(), os.getgid(), str(home),
+                               str(runtime))
+
+
+def test_the_login_goes_only_into_a_request_with_no_authorization_of_its_own() -> None:
+    """The attacker's side: the agent's forged header is kept as its own (the
+    registry refuses it); the user's login is never added beside it."""
+    inj = registries.injections(registries.Found({"reg.test": "u:real-pw"}), KEY)[0]
+    secrets = {inj.name: "u:real-pw"}
+    basic = base64.b64encode(b"u:real-pw").decode()
+    req = inject.parse_head(b"GET /v2/ HTTP/1.1\r\nHost: reg.test")
+    head, used = inject.rebuild(req, [inj], secrets, host="reg.test")
+    assert f"Authorization: Basic {basic}\r\n".encode() in head and used == [inj.name]
+    req = inject.parse_head(b"GET /v2/ HTTP/1.1\r\nHost: reg.test\r\n"
+                            b"Authorization: Basic Zm9yZ2VkOm5vcGU=")
+    head, used = inject.rebuild(req, [inj], secrets, host="reg.test")
+    assert used == [] and basic.encode() not in head
+    assert b"Authorization: Basic Zm9yZ2VkOm5vcGU=\r\n" in head
+    # A registry's bearer token (after the token flow) is the client's own.
+    req = inject.parse_head(b"GET /v2/x/manifests/1 HTTP/1.1\r\nHost: reg.test\r\n"
+                            b"Authorization: Bearer tok")
+    head, used = inject.rebuild(req, [inj], secrets, host="reg.test")
+    assert used == [] and b"Authorization: Bearer tok\r\n" in head
