@@ -212,6 +212,7 @@ def test_a_pull_from_a_registry_gets_the_users_login_at_the_egress_and_the_agent
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    print(out, err, scan.stdout, images)
     assert proc.returncode == 0, (out, err)
     # As typed: the pull and the run work, with the login put in at the egress.
     assert "Error" not in _value(out, "pull") and "bb:1" in _value(out, "pull"), (out, err)

@@ -80,6 +80,7 @@ def test_a_link_in_place_of_an_auth_file_or_its_folder_is_not_followed(
         places: tuple[Path, Path], tmp_path: Path) -> None:
     home, runtime = places
     _write(tmp_path / "elsewhere" / "config.json", {"auths": {"x.test": _auth("u", "p")}})
+    _write(tmp_path / "elsewhere" / "auth.json", {"auths": {"y.test": _auth("u", "p")}})
     (home / ".docker").mkdir()
     (home / ".docker" / "config.json").symlink_to(tmp_path / "elsewhere" / "config.json")
     (runtime / "containers").symlink_to(tmp_path / "elsewhere")
