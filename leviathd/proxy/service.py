@@ -79,6 +79,15 @@ def _direct(rec: AgentRecord, merged: MergeResult) -> bool:
             and bool(egress.git_only(dict(merged.agent.credentials))))
 
 
+def registry_logins(sandbox: str, merged: MergeResult) -> bool:
+    """Whether the user's registry logins are put in at this agent's egress
+    (proxy/registries.py): only for an agent whose own engine (the user's
+    rootless podman, never a root engine) pulls through this proxy."""
+    eff = merged.agent
+    return (sandbox in egress.FENCED and _proxied(merged) and eff.containers.enabled
+            and not eff.containers.host_root)
+
+
 class ProxyService(Feature):
     def __init__(self, agents: Agents, gate: GateService, *, state_dir: str) -> None:
         self._agents = agents
@@ -196,8 +205,7 @@ class ProxyService(Feature):
         elif direct:
             injections = egress.injections(egress.git_only(dict(eff.credentials)),
                                            self._key(rec.id))
-        if (rec.sandbox in egress.FENCED and _proxied(merged) and eff.containers.enabled
-                and not eff.containers.host_root):
+        if registry_logins(rec.sandbox, merged):
             # The agent's own engine pulls through this proxy: the user's
             # registry logins are put in there, toward each registry alone.
             found = await asyncio.to_thread(registries.read_logins, user.uid, user.gid,

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from leviathd.config.load import parse_blueprint, parse_config
+from leviathd.config.merge import MergeResult, resolve
 from leviathd.proxy import inject, registries
+from leviathd.proxy.service import registry_logins
 
 KEY = b"k" * 32
 
@@ -138,3 +141,21 @@ def test_the_login_goes_only_into_a_request_with_no_authorization_of_its_own() -
                             b"Authorization: Bearer tok")
     head, used = inject.rebuild(req, [inj], secrets, host="reg.test")
     assert used == [] and b"Authorization: Bearer tok\r\n" in head
+
+
+def _merged(machine: str) -> MergeResult:
+    bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["run"]\n', "b.toml")
+    return resolve(parse_config(machine, "m.toml"), None, bp, "a")
+
+
+def test_only_an_agent_whose_own_engine_pulls_through_its_proxy_gets_the_logins() -> None:
+    """An agent with no engine (or a root engine, whose pulls do not go
+    through the agent's proxy) is not given the use of the user's registry
+    logins."""
+    base = '[sandbox]\nkind = "namespace"\nnetwork = "proxy"\n'
+    on = base + "[sandbox.containers]\nenabled = true\n"
+    assert registry_logins("namespace", _merged(on))
+    assert not registry_logins("namespace", _merged(base))
+    assert not registry_logins("none", _merged(on))
+    assert not registry_logins("namespace", _merged(on.replace('"proxy"', "true")))
+    assert not registry_logins("namespace", _merged(on + "host_root_engine = true\n"))
