@@ -44,6 +44,10 @@ OUTSIDE = "10.79.0.2"
 REGISTRY = "registry.test:5000"
 IMAGE = f"{REGISTRY}/demo/bb:1"
 
+# alice's login, as `docker login` writes it, for the registry and for the
+# one the policy denies.
+AUTHS = {"auths": {REGISTRY: {"auth": BASIC}, "https://denied-reg.test:5000": {"auth": BASIC}}}
+
 HOSTS = f"""127.0.0.1 localhost
 {OUTSIDE} registry.test other.test denied-reg.test
 """
@@ -90,6 +94,9 @@ D={DOCKER_NEW}
 echo "pull=$($D pull {IMAGE} 2>&1 | tail -n 1)"
 echo "run=$($D run --rm {IMAGE} echo ran-from-the-registry 2>&1 | tr '\\n' ' ')"
 echo "denied=$($D pull denied-reg.test:5000/demo/bb:1 2>&1 | tr '\\n' ' ')"
+echo "login=$(echo agent-pw | $D login -u agent --password-stdin {REGISTRY} 2>&1 \
+  | tr '\n' ' ')"
+echo "pull-after-login=$($D pull {IMAGE} 2>&1 | tail -n 1)"
 $D info > info.txt 2>&1
 env > env.txt
 echo "secret-in-files=$(grep -rlsF -e '{PASSWORD}' -e '{BASIC}' $HOME /tmp /var/tmp /run \\
@@ -160,12 +167,8 @@ def rbed(testbed: Testbed) -> Iterator[Testbed]:
         bed.run(["podman", "push", "-q", "--creds", f"{REG_USER}:{PASSWORD}", IMAGE],
                 timeout=180)
         bed.run(["podman", "rmi", "-f", IMAGE], check=False)
-        # alice's login, as `docker login` writes it, for the registry and
-        # for the one the policy denies.
-        auths = {"auths": {REGISTRY: {"auth": BASIC},
-                           "https://denied-reg.test:5000": {"auth": BASIC}}}
         bed.run(["mkdir", "-p", f"{home}/.docker", f"{home}/{WORK}"], user="alice")
-        bed.write_file(f"{home}/.docker/config.json", json.dumps(auths), mode=0o600)
+        bed.write_file(f"{home}/.docker/config.json", json.dumps(AUTHS), mode=0o600)
         bed.run(["chown", "-R", "alice:", f"{home}/.docker", f"{home}/{WORK}"])
         bed.write_file("/etc/leviath/config.toml", CONFIG)
         bed.run(["systemctl", "restart", "leviathd"])
@@ -238,3 +241,7 @@ def test_a_pull_from_a_registry_gets_the_users_login_at_the_egress_and_the_agent
     assert _value(out, "other") == "401", out
     assert _value(out, "other-as-registry") == "401", out
     assert _value(out, "left") == "0", out
+    # A `docker login` inside the agent is the agent's: the user's file is
+    # as it was, and her login still serves the pull.
+    assert json.loads(bed.read_file(f"{home}/.docker/config.json")) == AUTHS, _value(out, "login")
+    assert "bb:1" in _value(out, "pull-after-login"), out
