@@ -108,6 +108,8 @@ B=/run/leviath/ca-bundle.pem
 echo "bare=$({CURL} --cacert $B https://{REGISTRY}/v2/)"
 echo "forged=$({CURL} --cacert $B -H 'Authorization: Basic Zm9yZ2VkOm5vcGU=' \\
   https://{REGISTRY}/v2/)"
+echo "push=$({CURL} --cacert $B -X POST https://{REGISTRY}/v2/demo/bb/blobs/uploads/)"
+echo "delete=$({CURL} --cacert $B -X DELETE https://{REGISTRY}/v2/demo/bb/manifests/1)"
 echo "other=$({CURL} https://other.test:5000/v2/)"
 echo "other-as-registry=$({CURL} -H 'Host: {REGISTRY}' https://other.test:5000/v2/)"
 touch scan-now
@@ -236,6 +238,9 @@ def test_a_pull_from_a_registry_gets_the_users_login_at_the_egress_and_the_agent
     # no Authorization gets it), never read it; its own forged header is kept.
     assert _value(out, "bare") == "200", out
     assert _value(out, "forged") == "401", out
+    # Reads only: a blob upload or a delete by the agent's own curl gets no
+    # login (the registry answers 401), never writes to alice's registry.
+    assert _value(out, "push") == "401" and _value(out, "delete") == "401", out
     # The same registry under a name alice has no login for: none given,
     # whatever Host header the agent sends.
     assert _value(out, "other") == "401", out

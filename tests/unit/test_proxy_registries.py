@@ -143,6 +143,40 @@ def test_the_login_goes_only_into_a_request_with_no_authorization_of_its_own() -
     assert used == [] and b"Authorization: Bearer tok\r\n" in head
 
 
+@pytest.mark.parametrize("head", [
+    b"POST /v2/app/blobs/uploads/ HTTP/1.1",
+    b"PUT /v2/app/manifests/latest HTTP/1.1",
+    b"PATCH /v2/app/blobs/uploads/u1 HTTP/1.1",
+    b"DELETE /v2/app/manifests/sha256:00 HTTP/1.1",
+    b"GET /token?service=reg.test&scope=repository:app:push,pull HTTP/1.1",
+    b"GET /token?service=reg.test&scope=repository:app:pull&scope=repository:app:push HTTP/1.1",
+    b"GET /token?scope=repository:app:pull%20repository:app:push HTTP/1.1",
+    b"GET /token?scope=repository:app:* HTTP/1.1",
+    b"GET /token?scope=registry:catalog:* HTTP/1.1",
+    b"GET /token?SCOPE=repository:app:delete HTTP/1.1",
+    b"POST /token HTTP/1.1",
+])
+def test_the_login_never_writes_to_the_registry(head: bytes) -> None:
+    """The attacker's side (red team of issue 49 item 3): the agent's own
+    curl through its proxy, with no Authorization, toward the registry: an
+    upload, a manifest write or delete, a token with push, `*` or delete
+    rights gets no login."""
+    inj = registries.injections(registries.Found({"reg.test": "u:real-pw"}), KEY)[0]
+    req = inject.parse_head(head + b"\r\nHost: reg.test")
+    assert inject.applying([inj], req) == []
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /v2/ HTTP/1.1", b"HEAD /v2/app/manifests/latest HTTP/1.1",
+    b"GET /v2/app/blobs/sha256:00 HTTP/1.1",
+    b"GET /token?service=reg.test&scope=repository:team/app:pull HTTP/1.1",
+    b"GET /token?scope=repository:a:pull+repository:b:pull&account=u HTTP/1.1",
+])
+def test_a_pull_gets_the_login(head: bytes) -> None:
+    inj = registries.injections(registries.Found({"reg.test": "u:real-pw"}), KEY)[0]
+    assert inject.applying([inj], inject.parse_head(head + b"\r\nHost: reg.test")) == [inj]
+
+
 def _merged(machine: str) -> MergeResult:
     bp = parse_blueprint('[agent]\nname = "a"\ncommand = ["run"]\n', "b.toml")
     return resolve(parse_config(machine, "m.toml"), None, bp, "a")
