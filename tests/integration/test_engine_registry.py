@@ -128,6 +128,7 @@ def rbed(testbed: Testbed) -> Iterator[Testbed]:
     path, _version = _host_docker()
     bed.copy_in(path, DOCKER_NEW, mode=0o755)
     old_hosts = bed.read_file("/etc/hosts")
+    old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
     home = bed.users["alice"].home
     bed.run(f"""
         set -e
@@ -181,6 +182,9 @@ def rbed(testbed: Testbed) -> Iterator[Testbed]:
                 " && update-ca-certificates --fresh >/dev/null 2>&1", check=False)
         bed.write_file("/etc/hosts", old_hosts)
         bed.run(["rm", "-rf", f"{home}/.docker", f"{home}/{WORK}"], check=False)
+        # The next module finds the machine config as this one did.
+        bed.write_file("/etc/leviath/config.toml", old_config)
+        bed.run(["systemctl", "restart", "leviathd"])
 
 
 def _when_scannable(bed: Testbed, proc: subprocess.Popen[str], work: str) -> str:
