@@ -353,16 +353,18 @@ def agent_file_name(tool_slug: str) -> str:
 def write_agent_file(agent_id: str, tool_slug: str,
                      values: dict[tuple[str, ...], object]) -> None:
     """The agent's placeholder file (root's, in its folder, bound read-only
-    into the agent) updated in place: the bind is on its inode."""
+    into the agent) updated in place: the bind is on its inode, and a new
+    file renamed over its name would not be what the agent sees."""
+    name = agent_file_name(tool_slug)
     fd = fsat.open_dir(agent_dir(agent_id))
     try:
-        file_fd = fsat.open_at(fd, agent_file_name(tool_slug), os.O_RDWR | os.O_NONBLOCK)
+        file_fd = fsat.open_at(fd, name, os.O_RDWR | os.O_NONBLOCK)
+        try:
+            clilogins.update_in_place(file_fd, name, values)
+        finally:
+            os.close(file_fd)
     finally:
         os.close(fd)
-    try:
-        clilogins.update_in_place(file_fd, agent_file_name(tool_slug), values)
-    finally:
-        os.close(file_fd)
 
 
 @dataclass
