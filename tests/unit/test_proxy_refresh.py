@@ -196,7 +196,8 @@ class _Daemon:
     """CliRefresh with the host's file, the agent's file and the provider
     stood in for (what each would have been given is kept)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, answer: bytes) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, answer: bytes,
+                 host_access: str | None = None) -> None:
         self.sent: list[tuple[str, str, bytes, bool]] = []
         self.host: list[dict[tuple[str, ...], object]] = []
         self.agent: list[dict[tuple[str, ...], object]] = []
@@ -208,7 +209,9 @@ class _Daemon:
 
         monkeypatch.setattr(refresh, "post", post)
         monkeypatch.setattr(clilogins, "read_value", lambda *a: {
-            ("tokens", "refresh_token"): CODEX_REFRESH, ("refresh_token",): GEMINI_REAL}[a[4]])
+            ("tokens", "refresh_token"): CODEX_REFRESH, ("refresh_token",): GEMINI_REAL,
+            ("tokens", "access_token"): host_access, ("tokens", "id_token"): CODEX_NEW_ID,
+        }.get(tuple(a[4])))
         monkeypatch.setattr(clilogins, "write_values", lambda *a: self.host.append(a[4]))
         monkeypatch.setattr(refresh, "write_agent_file", lambda a, s, v: self.agent.append(v))
 
@@ -310,3 +313,33 @@ def test_an_attackers_refresh_sends_nothing_on_and_writes_nothing(
                 rest=smuggled) is not None
     assert len(daemon2.sent) == 1
     assert daemon.sent == [] and daemon.host == [] and daemon.agent == []
+
+
+def test_a_codex_refresh_asked_for_a_stale_copy_is_answered_from_the_fresh_host_file(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's access token has over FRESH seconds left (another agent's
+    refresh, the CLI on the host): Codex asking because its own copy is old
+    gets the host's tokens as placeholders, and nothing goes to the provider,
+    whose refresh tokens may be single-use; when Codex says the provider
+    refused its token (unauthorized_recovery), or the host's token is near
+    its expiry too, the daemon refreshes."""
+    fresh = jwt(exp=100 + refresh.FRESH + 60, **AUTH)
+    daemon = _Daemon(monkeypatch, json.dumps({"access_token": CODEX_NEW_ACCESS}).encode(),
+                     host_access=fresh)
+    cli = daemon.refresher("codex", ("auth.openai.com",))
+    got = _ask(cli, "auth.openai.com", "/oauth/token", codex_body(CODEX_RPH))
+    assert got is not None and daemon.sent == [] and daemon.host == []
+    answer = json.loads(got[0][got[0].index(b"\r\n\r\n") + 4:])
+    assert answer == {"access_token": refresh.shown_as(fresh, SIG_ACCESS),
+                      "refresh_token": CODEX_RPH,
+                      "id_token": refresh.shown_as(CODEX_NEW_ID, SIG_ID)}
+    assert daemon.agent[0][("tokens", "access_token")] == refresh.shown_as(fresh, SIG_ACCESS)
+    _ask(cli, "auth.openai.com", "/oauth/token",
+         codex_body(CODEX_RPH, refresh_reason="unauthorized_recovery"))
+    assert len(daemon.sent) == 1 and len(daemon.host) == 1
+    near = _Daemon(monkeypatch, json.dumps({"access_token": CODEX_NEW_ACCESS}).encode(),
+                   host_access=jwt(exp=100 + refresh.FRESH, **AUTH))
+    _ask(near.refresher("codex", ("auth.openai.com",)), "auth.openai.com", "/oauth/token",
+         codex_body(CODEX_RPH))
+    assert len(near.sent) == 1 and len(near.host) == 1
+    assert refresh.jwt_exp("a.b") is None and refresh.jwt_exp(fresh) == 100 + refresh.FRESH + 60
