@@ -50,6 +50,7 @@ random signature, which is what the injector knows it by
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime
 import json
@@ -98,6 +99,10 @@ class Refresher:
     # The agent's placeholder file rewritten with the new placeholders (the
     # CLI cannot save them itself: module docstring).
     agent_file: bool = False
+    # A refresh the CLI asks for only because its own view is stale (its
+    # `refresh_reason` one of FROM_FILE_REASONS) answered from the host's
+    # file while its access token (a JWT) has over FRESH seconds left.
+    from_file: bool = False
 
 
 REFRESHERS: tuple[Refresher, ...] = (
@@ -109,7 +114,7 @@ REFRESHERS: tuple[Refresher, ...] = (
     Refresher("Codex", "codex", ("auth.openai.com",), "/oauth/token",
               ("tokens", "access_token"), ("tokens", "refresh_token"), (), (),
               fields=("client_id", "refresh_reason"), id_token=("tokens", "id_token"),
-              last_refresh=("last_refresh",), agent_file=True),
+              last_refresh=("last_refresh",), agent_file=True, from_file=True),
     Refresher("Gemini CLI", "gemini-cli", ("oauth2.googleapis.com",), "/token",
               ("access_token",), ("refresh_token",), ("expiry_date",), ("scope",),
               scope_list=False, form=True, fields=("client_id", "client_secret"),
@@ -120,6 +125,10 @@ _FIELD = re.compile(r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$")
 _JWT = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
 _SIGNATURE = re.compile(r"^[A-Za-z0-9_-]+$")
 MAX_FORM_FIELDS = 16
+# Codex asks for a refresh when its access token's `exp` is within about 300
+# s; a host token with more left than this is one it would not refresh.
+FRESH = 600.0
+FROM_FILE_REASONS = ("proactive_expiry", "scheduled")
 _SECRET_KEY = re.compile(r"token|key|secret|password", re.IGNORECASE)
 
 
@@ -322,6 +331,20 @@ async def post(host: str, path: str, data: bytes, *, connect: Connect,
 _LOCKS: dict[int, asyncio.Lock] = {}
 
 
+def jwt_exp(token: str) -> float | None:
+    """A JWT's `exp` claim (pure; the signature is not checked: the daemon
+    read the token from the user's own file), None for anything else."""
+    if not _JWT.match(token) or len(token) > MAX_RESPONSE:
+        return None
+    claims = token.split(".")[1]
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    exp = doc.get("exp") if isinstance(doc, dict) else None
+    return float(exp) if isinstance(exp, (int, float)) and not isinstance(exp, bool) else None
+
+
 def _rfc3339(when: float) -> str:
     return datetime.datetime.fromtimestamp(when, datetime.UTC).strftime(
         "%Y-%m-%dT%H:%M:%S.%fZ")
@@ -392,6 +415,53 @@ class CliRefresh:
         name = injection_name(tool_slug, path)
         return next((i.placeholder for i in self.injections if i.name == name), None)
 
+    async def _from_file(self, r: Refresher, rel: tuple[str, ...], real: str, now: float,
+                         fields: dict[str, object]) -> Refreshed | None:
+        """The host's tokens as they are, when the CLI asks only because its
+        own copy looks stale and the host's access token has over FRESH
+        seconds left (refreshed since by the daemon for another agent, by
+        the CLI on the host, or the CLI inside could not read the agent's
+        rewritten file): nothing is sent to the provider, whose refresh
+        tokens may be single-use. A CLI that says the provider refused its
+        token (Codex's `unauthorized_recovery`) gets a real refresh."""
+        if not r.from_file or fields.get("refresh_reason") not in FROM_FILE_REASONS:
+            return None
+        access = await asyncio.to_thread(clilogins.read_value, self.uid, self.gid, self.home,
+                                         rel, r.access)
+        exp = jwt_exp(access) if access is not None else None
+        if access is None or exp is None or exp - now <= FRESH:
+            return None
+        id_token = (await asyncio.to_thread(clilogins.read_value, self.uid, self.gid,
+                                            self.home, rel, r.id_token) if r.id_token else None)
+        try:
+            return Refreshed(inject.check_secret(access), real, None, None, {},
+                             id_token if id_token is not None and _JWT.match(id_token)
+                             else None)
+        except ValueError:
+            return None
+
+    async def _from_provider(self, r: Refresher, host: str, rel: tuple[str, ...], real: str,
+                             now: float, fields: dict[str, object]) -> Refreshed:
+        """The daemon's refresh at the provider with the real refresh token,
+        the new tokens written to the host's file as the user."""
+        try:
+            body = {**fields, "refresh_token": inject.check_secret(real)}
+            sent = (urllib.parse.urlencode(body) if r.form else json.dumps(body)).encode()
+            status, got = await post(host, r.path, sent, connect=self.connect,
+                                     upstream=self.upstream, form=r.form)
+            refreshed = parse_answer(status, got, real)
+        except (OSError, ValueError, TimeoutError) as exc:
+            raise inject.Refusal(502, f"the refresh failed: {str(exc)[:200]}") from None
+        try:
+            await asyncio.to_thread(
+                clilogins.write_values, self.uid, self.gid, self.home, rel,
+                file_values(r, refreshed, now, access=refreshed.access,
+                            refresh=refreshed.refresh, id_token=refreshed.id_token))
+        except (OSError, ValueError) as exc:
+            raise inject.Refusal(502, "the new tokens could not be written to the "
+                                      f"host's file: {str(exc)[:200]}") from None
+        return refreshed
+
     async def answer(self, host: str, port: int, req: inject.Request,
                      reader: asyncio.StreamReader) -> tuple[bytes, str] | None:
         bare = req.path.partition("?")[0]
@@ -415,24 +485,11 @@ class CliRefresh:
                 if real is None:
                     raise inject.Refusal(502, f"{r.tool}'s login on the host has no refresh "
                                               "token now")
-                try:
-                    body = {**fields, "refresh_token": inject.check_secret(real)}
-                    sent = (urllib.parse.urlencode(body) if r.form else json.dumps(body)
-                            ).encode()
-                    status, got = await post(host, r.path, sent, connect=self.connect,
-                                             upstream=self.upstream, form=r.form)
-                    refreshed = parse_answer(status, got, real)
-                except (OSError, ValueError, TimeoutError) as exc:
-                    raise inject.Refusal(502, f"the refresh failed: {str(exc)[:200]}") from None
                 now = self.now()
-                try:
-                    await asyncio.to_thread(
-                        clilogins.write_values, self.uid, self.gid, self.home, login_file.rel,
-                        file_values(r, refreshed, now, access=refreshed.access,
-                                    refresh=refreshed.refresh, id_token=refreshed.id_token))
-                except (OSError, ValueError) as exc:
-                    raise inject.Refusal(502, "the new tokens could not be written to the "
-                                              f"host's file: {str(exc)[:200]}") from None
+                refreshed = await self._from_file(r, login_file.rel, real, now, fields)
+                if refreshed is None:
+                    refreshed = await self._from_provider(r, host, login_file.rel, real, now,
+                                                          fields)
                 id_shown = (shown_as(refreshed.id_token, id_ph)
                             if refreshed.id_token is not None and id_ph is not None else None)
                 if r.agent_file and self.agent_id is not None:
