@@ -159,8 +159,12 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
         pytest.fail(f"{GEMINI} is missing: run scripts/setup (it fetches the pinned npm packages)")
     home = bed.users["alice"].home
     files = {".gemini/oauth_creds.json": LOGIN, ".gemini/settings.json": SETTINGS}
+    login = f"{home}/.gemini/oauth_creds.json"
+    assert bed.run(["test", "-e", login], check=False).returncode != 0
+    # settings.json may be there already: the fence makes the CLIs' protected
+    # settings files (empty) when another module's agent started.
+    old = bed.run(["cat", f"{home}/.gemini/settings.json"], check=False)
     for rel, doc in files.items():
-        assert bed.run(["test", "-e", f"{home}/{rel}"], check=False).returncode != 0, rel
         bed.run(["sh", "-c", 'mkdir -p -m 700 "$(dirname "$1")" && umask 077 && cat > "$1"',
                  "login", rel], user="alice", cwd=home, input=json.dumps(doc, indent=2))
     lay_out(bed, "gmw", "gmbp", BLUEPRINT)
@@ -172,7 +176,12 @@ def agent(testbed: Testbed) -> Iterator[Agent]:
             with answering(bed, Agent(bed, "alice", out, f"{home}/gmw")) as a:
                 yield a
     finally:
-        bed.run(["rm", "-f", *(f"{home}/{rel}" for rel in files)], check=False)
+        bed.run(["rm", "-f", login], check=False)
+        if old.returncode == 0:
+            bed.run(["sh", "-c", 'cat > "$1"', "restore", ".gemini/settings.json"],
+                    user="alice", cwd=home, input=old.stdout, check=False)
+        else:
+            bed.run(["rm", "-f", f"{home}/.gemini/settings.json"], check=False)
 
 
 def _split(secret: str) -> str:
