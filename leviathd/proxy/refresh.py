@@ -260,7 +260,8 @@ def agent_answer(refreshed: Refreshed, access_ph: str, refresh_ph: str,
     token is given as a placeholder JWT (its claims, the agent's signature)
     where the agent holds one: Codex saves it and reads the account from it.
     Not the real one: OpenAI's ID token is what Codex exchanges for an API
-    key (a token-exchange grant), so it is a bearer credential."""
+    key (its 0.171.0 binary holds the token-exchange grant with an id_token
+    subject for an `openai-api-key`), so it is a bearer credential."""
     shown = _shown(refreshed.answer, 0)
     shown["access_token"] = shown_as(refreshed.access, access_ph)
     shown["refresh_token"] = shown_as(refreshed.refresh, refresh_ph)
