@@ -205,32 +205,49 @@ def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
                 # Written in place, a hard link elsewhere (one an agent made
                 # while the folder was its own) would get the new tokens too.
                 raise ValueError(f"~/{'/'.join(rel)}: has several names (hard links)")
-            if st.st_size > MAX_SIZE:
-                raise ValueError(f"~/{'/'.join(rel)}: over {MAX_SIZE} bytes")
-            try:
-                doc = json.loads(os.pread(fd, MAX_SIZE + 1, 0))
-            except (UnicodeDecodeError, RecursionError, json.JSONDecodeError):
-                raise ValueError(f"~/{'/'.join(rel)}: not JSON") from None
-            if not isinstance(doc, dict):
-                raise ValueError(f"~/{'/'.join(rel)}: not a JSON object")
-            for path, value in values.items():
-                where: Any = doc
-                for key in path[:-1][:MAX_DEPTH]:
-                    where = where.get(key) if isinstance(where, dict) else None
-                if not isinstance(where, dict):
-                    raise ValueError(f"~/{'/'.join(rel)}: no object at {'/'.join(path[:-1])}")
-                where[path[-1]] = value
-            data = json.dumps(doc).encode()
-            if len(data) > MAX_SIZE:
-                raise ValueError(f"~/{'/'.join(rel)}: would be over {MAX_SIZE} bytes")
-            view = memoryview(data)
-            while view:
-                view = view[os.pwrite(fd, view, len(data) - len(view)):]
-            os.ftruncate(fd, len(data))
-            os.fsync(fd)
+            update_in_place(fd, f"~/{'/'.join(rel)}", values)
         finally:
             os.close(fd)
             os.close(dir_fd)
+
+
+def update_in_place(fd: int, label: str, values: Mapping[tuple[str, ...], object]) -> None:
+    """Set `values` (keys path -> value) in the JSON object of the regular
+    file open at `fd` (at most MAX_SIZE), every other key kept, only into
+    objects it already has; written in place (the same inode, for the
+    binds over it) and synced. ValueError names `label`, never a value."""
+    if os.fstat(fd).st_size > MAX_SIZE:
+        raise ValueError(f"{label}: over {MAX_SIZE} bytes")
+    try:
+        doc = json.loads(os.pread(fd, MAX_SIZE + 1, 0))
+    except (UnicodeDecodeError, RecursionError, json.JSONDecodeError):
+        raise ValueError(f"{label}: not JSON") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{label}: not a JSON object")
+    for path, value in values.items():
+        where: Any = doc
+        for key in path[:-1][:MAX_DEPTH]:
+            where = where.get(key) if isinstance(where, dict) else None
+        if not isinstance(where, dict):
+            raise ValueError(f"{label}: no object at {'/'.join(path[:-1])}")
+        where[path[-1]] = value
+    data = json.dumps(doc, indent=2).encode() + b"\n"
+    if len(data) > MAX_SIZE:
+        raise ValueError(f"{label}: would be over {MAX_SIZE} bytes")
+    view = memoryview(data)
+    while view:
+        view = view[os.pwrite(fd, view, len(data) - len(view)):]
+    os.ftruncate(fd, len(data))
+    os.fsync(fd)
+
+
+def matched_by(value: str) -> str:
+    """What identifies a placeholder in what the CLI sends: a JWT's random
+    signature (its header and claims are the real token's, which change at
+    each refresh: the agent's CLI gets the new claims with the same
+    signature, so that it sees the new `exp` and decides as on the host),
+    any other value whole."""
+    return value.split(".")[2] if _JWT.match(value) else value
 
 
 def read_logins(uid: int, gid: int, home: str,

@@ -368,7 +368,7 @@ class ProxyService(Feature):
         # A CLI login's refresh: answered by the daemon, which refreshes with
         # the real token and writes the host's file as the user (proxy/refresh.py).
         cli = refresh.CliRefresh.of(injections, uid=user.uid, gid=user.gid, home=user.home,
-                                    connect=connect, upstream=upstream)
+                                    connect=connect, upstream=upstream, agent_id=agent_id)
         return Injector(ca=ca, injections=injections,
                         secret=az.wrap(secret) if az is not None else secret,
                         push=push if push in ("allow", "ask", "deny") else "ask",

@@ -202,9 +202,11 @@ def stand_in_log(bed: Testbed) -> list[dict[str, str]]:
 
 
 @contextlib.contextmanager
-def stand_in(bed: Testbed) -> Iterator[None]:
-    """The outside namespace and the stand-in, the test CA in the bed's trust
-    store, /etc/hosts, and the daemon restarted with CONFIG; all undone after."""
+def stand_in(bed: Testbed, server: str = SERVER, hosts: tuple[str, ...] = HOSTS
+             ) -> Iterator[None]:
+    """The outside namespace and the stand-in (`server`, for `hosts`), the
+    test CA in the bed's trust store, /etc/hosts, and the daemon restarted
+    with CONFIG; all undone after."""
     old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
     old_hosts = bed.read_file("/etc/hosts")
     bed.run(f"""
@@ -223,14 +225,14 @@ def stand_in(bed: Testbed) -> Iterator[None]:
             -keyout ca.key -out ca.pem 2>/dev/null
         openssl req -newkey rsa:2048 -nodes -subj /CN=api.anthropic.com -keyout tls.key \
             -out tls.csr 2>/dev/null
-        printf 'subjectAltName={",".join("DNS:" + h for h in HOSTS)}\\n' > san.ext
+        printf 'subjectAltName={",".join("DNS:" + h for h in hosts)}\\n' > san.ext
         openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
             -extfile san.ext -out tls.pem 2>/dev/null
         cp ca.pem /usr/local/share/ca-certificates/leviath-cli45test.crt
         update-ca-certificates >/dev/null 2>&1
     """)
-    bed.write_file("/etc/hosts", f"127.0.0.1 localhost\n{OUTSIDE} {' '.join(HOSTS)}\n")
-    bed.write_file("/srv/cli45/server.py", SERVER)
+    bed.write_file("/etc/hosts", f"127.0.0.1 localhost\n{OUTSIDE} {' '.join(hosts)}\n")
+    bed.write_file("/srv/cli45/server.py", server)
     pid = bed.run("setsid ip netns exec lvcl python3 /srv/cli45/server.py "
                   ">/srv/cli45/server.err 2>&1 </dev/null & echo $!").stdout.strip()
     bed.run("for i in $(seq 100); do curl -fs https://other.test/ready >/dev/null && exit 0; "
