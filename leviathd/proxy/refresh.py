@@ -14,7 +14,7 @@ answers that request itself:
   verified against the system's CAs, to an address the agent's proxy
   settings allow, the answer bounded), writes the new tokens back to the
   host's file as the user (proxy/loginfiles.py `write_values`: by
-  descriptor, in place so that the agents' binds over it stay, other keys
+  descriptor, a new file renamed over the old one, other keys
   and mode kept), and
   answers the CLI with the provider's JSON where the tokens are the agent's
   same placeholders (the injector reads the new real values from the file);
