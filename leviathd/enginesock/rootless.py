@@ -244,6 +244,13 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
             # environment (http_proxy = true: builds' RUN steps), go there,
             # under the agent's egress policy.
             env.update(proxy_env())
+            # Its TLS trust: the system's CAs and the agent's proxy CA, for
+            # the registries whose logins the proxy puts in (proxy/registries.py):
+            # the agent's bundle, root's and read-only in the fence. Go reads
+            # SSL_CERT_FILE, then the system's folder of CAs when it is not there.
+            from leviathd.proxy.egress import trust_bundle  # not at import: a cycle
+
+            env["SSL_CERT_FILE"] = trust_bundle()
         orders = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups), "fd": fd,
                   "argv": service_argv(podman), "env": env, "cwd": engineroot.RUN,
                   "log": os.path.join(engineroot.RUN, "podman.log"),

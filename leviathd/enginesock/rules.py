@@ -783,13 +783,14 @@ async def decide(method: str, path: str, query: str, body: bytes | None, c: Chec
 
 def _libpod(method: str, prefix: str, rest: str, q: list[tuple[str, str]],
             c: Checks) -> Decision:
-    """`podman --remote`: its ping and its lists pass (the same allow-lists,
+    """`podman --remote`: its ping, version and lists pass (the same allow-lists,
     the agent's label added); everything else of libpod is refused. Its
     container create takes podman's SpecGenerator, a body of other fields
     and namespaces than the Docker API's, which no model here rebuilds."""
     if not c.podman:
         raise Refused("podman's own API (libpod) is refused: the engine is not podman")
-    if method in ("GET", "HEAD") and rest == "/libpod/_ping":
+    if method in ("GET", "HEAD") and rest in ("/libpod/_ping", "/libpod/version"):
+        # `podman --remote version`: the engine's version, as /version is.
         return Decision(_target(prefix, rest, queries.rebuild("info", q)))
     if method == "GET" and rest == "/libpod/containers/json":
         q = queries.rebuild("libpod/containers/json", q)

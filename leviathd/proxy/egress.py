@@ -140,6 +140,11 @@ def _not_injected(spec: SandboxSpec, kind: str) -> str:
     return f"not injected at the egress ({why}); {held}"
 
 
+def trust_bundle() -> str:
+    """The bundle as the agent's fence (and its engine) names it."""
+    return f"{SANDBOX_RUNTIME}/{BUNDLE}"
+
+
 def extend_trust(spec: SandboxSpec) -> SandboxSpec:
     """The trust bundle's variables alone (the CLIs' logins, proxy/logins.py:
     their TLS is ended by the proxy with the agent's CA)."""

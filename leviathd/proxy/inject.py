@@ -20,6 +20,9 @@ access push, and (but for the ref advertisement) after a person approved it
 (proxy/tls.py).
 kind = "http": `header` set to `value` with `{secret}` replaced, or basic
 auth with `username` when `value = "basic"`.
+kind = "registry" (a user's container registry login, proxy/registries.py):
+`Authorization: Basic base64(user:password)`, into a request that sent no
+Authorization of its own and is a registry read (`Request.registry_read`).
 kind = "login" (an agent CLI's own login, proxy/logins.py): as "http", but
 only in place of its placeholder, never into a request that sent none (a
 login has several secrets for one header, and a provider may refuse two
@@ -32,6 +35,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -53,7 +57,8 @@ class Injection:
     """One credential as the proxy applies it."""
 
     name: str
-    kind: str  # "git" | "http" | "cli" | "azure" | "azure-login" | "login" | "login-refresh"
+    # "git" | "http" | "cli" | "azure" | "azure-login" | "login" | "login-refresh" | "registry"
+    kind: str
     hosts: tuple[str, ...]
     placeholder: str
     header: str = "Authorization"
@@ -135,6 +140,33 @@ class Request:
         return not self.fetch
 
     @property
+    def registry_read(self) -> bool:
+        """A container registry read (a pull): GET or HEAD, and every token
+        scope it asks for (`scope=repository:NAME:pull`, the token realm's
+        query, several joined by spaces) only pulls. Anything else toward a
+        registry login's host (a blob upload, a manifest PUT or DELETE, a
+        token with push or `*` rights, an OAuth POST) gets no login: the
+        user's login never writes to her registry for an agent (red team of
+        issue 49 item 3: the agent's own curl through its proxy pushed)."""
+        if self.method not in ("GET", "HEAD"):
+            return False
+        _, _, query = self.path.partition("?")
+        try:
+            fields = urllib.parse.parse_qsl(query, keep_blank_values=True,
+                                            strict_parsing=bool(query), max_num_fields=64)
+        except ValueError:
+            return False
+        for key, value in fields:
+            if key.lower() != "scope":
+                continue
+            for scope in value.split():
+                kind, _, rest = scope.partition(":")
+                name, _, actions = rest.rpartition(":")
+                if kind != "repository" or not name or actions != "pull":
+                    return False
+        return True
+
+    @property
     def receive_pack(self) -> bool:
         """A POST a server may route to receive-pack, by any spelling: its
         body is read for the ref updates and push options to approve."""
@@ -171,9 +203,10 @@ def parse_head(raw: bytes) -> Request:
 def applying(injections: Iterable[Injection], req: Request) -> list[Injection]:
     """The credentials `req` may carry: an intercept-only entry (the azure
     authority's) none, a git credential only a proven fetch unless its
-    `access` includes push."""
+    `access` includes push, a registry login only a registry read."""
     return [i for i in injections if i.kind not in INTERCEPT_ONLY
-            and (i.kind != "git" or req.fetch or "push" in i.access)]
+            and (i.kind != "git" or req.fetch or "push" in i.access)
+            and (i.kind != "registry" or req.registry_read)]
 
 
 def _basic(user: str, password: str) -> str:
@@ -199,6 +232,8 @@ def carried(req: Request, inj: Injection) -> bool:
 
 
 def credential_value(inj: Injection, secret: str) -> str:
+    if inj.kind == "registry":  # the secret is `user:password` (proxy/registries.py)
+        return "Basic " + base64.b64encode(secret.encode()).decode()
     if inj.kind == "git" or inj.value == "basic":
         return _basic(inj.username, secret)
     return inj.value.replace("{secret}", secret)

@@ -179,11 +179,12 @@ def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
     MAX_SIZE read), every other key kept, only into objects the file
     already has. Raises OSError or ValueError (never with a value in it).
 
-    Written IN PLACE (the same inode: its mode and owner stay), not as a new
-    file renamed over it: each running agent has its placeholder file bound
-    over this name, and a rename over a name that is a mount point in
-    another mount namespace detaches that mount (Linux >= 3.18), which would
-    show the agent the real file."""
+    Written as a new file of the same mode renamed over the old one (the
+    host's CLIs write it so too): a crash or a reader at that moment sees the
+    old file or the new, never half of one. No agent has a mount on this
+    name: a fenced agent sees the folder as a tmpfs of its entries with its
+    own placeholder file in the login's place (proxy/logins.py), and an
+    agent given the folder as it is sees the rename through its bind."""
     with fsids.as_user(uid, gid):
         home_fd = fsat.open_dir(home)
         try:
@@ -202,35 +203,64 @@ def write_values(uid: int, gid: int, home: str, rel: tuple[str, ...],
             if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
                 raise ValueError(f"~/{'/'.join(rel)}: not the user's regular file")
             if st.st_nlink > 1:
-                # Written in place, a hard link elsewhere (one an agent made
-                # while the folder was its own) would get the new tokens too.
+                # A login of several names is not one the daemon keeps: a hard
+                # link elsewhere may be one an agent made while the folder
+                # was its own (proxy/logins.py refuses such a login too).
                 raise ValueError(f"~/{'/'.join(rel)}: has several names (hard links)")
-            if st.st_size > MAX_SIZE:
-                raise ValueError(f"~/{'/'.join(rel)}: over {MAX_SIZE} bytes")
-            try:
-                doc = json.loads(os.pread(fd, MAX_SIZE + 1, 0))
-            except (UnicodeDecodeError, RecursionError, json.JSONDecodeError):
-                raise ValueError(f"~/{'/'.join(rel)}: not JSON") from None
-            if not isinstance(doc, dict):
-                raise ValueError(f"~/{'/'.join(rel)}: not a JSON object")
-            for path, value in values.items():
-                where: Any = doc
-                for key in path[:-1][:MAX_DEPTH]:
-                    where = where.get(key) if isinstance(where, dict) else None
-                if not isinstance(where, dict):
-                    raise ValueError(f"~/{'/'.join(rel)}: no object at {'/'.join(path[:-1])}")
-                where[path[-1]] = value
-            data = json.dumps(doc).encode()
-            if len(data) > MAX_SIZE:
-                raise ValueError(f"~/{'/'.join(rel)}: would be over {MAX_SIZE} bytes")
-            view = memoryview(data)
-            while view:
-                view = view[os.pwrite(fd, view, len(data) - len(view)):]
-            os.ftruncate(fd, len(data))
-            os.fsync(fd)
+            data = updated(os.pread(fd, MAX_SIZE + 1, 0), st.st_size,
+                           f"~/{'/'.join(rel)}", values)
+            fsat.atomic_write_at(dir_fd, rel[-1], data, mode=stat.S_IMODE(st.st_mode))
         finally:
             os.close(fd)
             os.close(dir_fd)
+
+
+def update_in_place(fd: int, label: str, values: Mapping[tuple[str, ...], object]) -> None:
+    """Set `values` (keys path -> value) in the JSON object of the regular
+    file open at `fd` (at most MAX_SIZE), every other key kept, only into
+    objects it already has; written in place (the same inode, for the
+    agent's bind over it: its own placeholder file) and synced. ValueError
+    names `label`, never a value."""
+    data = updated(os.pread(fd, MAX_SIZE + 1, 0), os.fstat(fd).st_size, label, values)
+    view = memoryview(data)
+    while view:
+        view = view[os.pwrite(fd, view, len(data) - len(view)):]
+    os.ftruncate(fd, len(data))
+    os.fsync(fd)
+
+
+def updated(raw: bytes, size: int, label: str,
+            values: Mapping[tuple[str, ...], object]) -> bytes:
+    """The JSON object `raw` (a file of `size` bytes) with `values` set,
+    every other key kept, only into objects it already has."""
+    if size > MAX_SIZE or len(raw) > MAX_SIZE:
+        raise ValueError(f"{label}: over {MAX_SIZE} bytes")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, RecursionError, json.JSONDecodeError):
+        raise ValueError(f"{label}: not JSON") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{label}: not a JSON object")
+    for path, value in values.items():
+        where: Any = doc
+        for key in path[:-1][:MAX_DEPTH]:
+            where = where.get(key) if isinstance(where, dict) else None
+        if not isinstance(where, dict):
+            raise ValueError(f"{label}: no object at {'/'.join(path[:-1])}")
+        where[path[-1]] = value
+    data = json.dumps(doc, indent=2).encode() + b"\n"
+    if len(data) > MAX_SIZE:
+        raise ValueError(f"{label}: would be over {MAX_SIZE} bytes")
+    return data
+
+
+def matched_by(value: str) -> str:
+    """What identifies a placeholder in what the CLI sends: a JWT's random
+    signature (its header and claims are the real token's, which change at
+    each refresh: the agent's CLI gets the new claims with the same
+    signature, so that it sees the new `exp` and decides as on the host),
+    any other value whole."""
+    return value.split(".")[2] if _JWT.match(value) else value
 
 
 def read_logins(uid: int, gid: int, home: str,

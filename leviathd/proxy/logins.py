@@ -461,8 +461,12 @@ def start(plan_: Plan, agent_id: str, uid: int, gid: int, home: str) -> Started:
             own: list[inject.Injection] = []
             for i, (ph, real) in enumerate(sorted(login.real.items())):
                 name = f"{PREFIX}{slug(tool)}/{_path_name(login.paths.get(ph, ()), i)}"
+                # A JWT's placeholder is known by its random signature: the
+                # daemon's answer to a refresh gives the CLI the new claims
+                # (its new `exp`) with the same signature (proxy/refresh.py).
                 own.append(inject.Injection(
-                    name=name, kind=KIND, hosts=login.hosts, placeholder=ph,
+                    name=name, kind=KIND, hosts=login.hosts,
+                    placeholder=clilogins.matched_by(ph),
                     header="Authorization", value="Bearer {secret}"))
                 secrets[name] = real
             # Its token endpoint: the CLI's refresh answered by the daemon.

@@ -35,7 +35,7 @@ from leviathd.gate.service import GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.policy.approvals import ApprovalQueue
 from leviathd.policy.labels import clearance_for
-from leviathd.proxy import azure, egress, inject, logins, policy, refresh, tls
+from leviathd.proxy import azure, egress, inject, logins, policy, refresh, registries, tls
 from leviathd.proxy.server import Agent, Injector, ProxyServer
 from leviathd.records import AgentRecord
 from leviathd.sandbox import forwarder
@@ -77,6 +77,15 @@ def _direct(rec: AgentRecord, merged: MergeResult) -> bool:
                 "namespace" in kinds
                 and any(e.network is True for e in (merged.agent, *merged.stages.values()))))
             and bool(egress.git_only(dict(merged.agent.credentials))))
+
+
+def registry_logins(sandbox: str, merged: MergeResult) -> bool:
+    """Whether the user's registry logins are put in at this agent's egress
+    (proxy/registries.py): only for an agent whose own engine (the user's
+    rootless podman, never a root engine) pulls through this proxy."""
+    eff = merged.agent
+    return (sandbox in egress.FENCED and _proxied(merged) and eff.containers.enabled
+            and not eff.containers.host_root)
 
 
 class ProxyService(Feature):
@@ -196,6 +205,15 @@ class ProxyService(Feature):
         elif direct:
             injections = egress.injections(egress.git_only(dict(eff.credentials)),
                                            self._key(rec.id))
+        if registry_logins(rec.sandbox, merged):
+            # The agent's own engine pulls through this proxy: the user's
+            # registry logins are put in there, toward each registry alone.
+            found = await asyncio.to_thread(registries.read_logins, user.uid, user.gid,
+                                            user.home)
+            injections = (*injections, *registries.injections(found, self._key(rec.id)))
+            for note in found.notes:
+                journal.record(f"agent {rec.id}: registry logins: {note}",
+                               priority=syslog.LOG_WARNING, LEVIATH_AGENT=rec.id)
         if started is not None and _proxied(merged):
             injections = (*injections, *started.injections)
             self._login_secrets[rec.id] = started.secrets
@@ -324,6 +342,10 @@ class ProxyService(Feature):
             live.broker.placeholder_for = by_name.get
 
         async def secret(name: str) -> str:
+            if name.startswith(registries.PREFIX):
+                # A registry login: read again from the user's files, as the user.
+                return await asyncio.to_thread(registries.read_secret, name, user.uid,
+                                               user.gid, user.home)
             if name.startswith(logins.PREFIX):
                 # A CLI login's: read again from the host's file, as the user.
                 return await asyncio.to_thread(
@@ -346,7 +368,7 @@ class ProxyService(Feature):
         # A CLI login's refresh: answered by the daemon, which refreshes with
         # the real token and writes the host's file as the user (proxy/refresh.py).
         cli = refresh.CliRefresh.of(injections, uid=user.uid, gid=user.gid, home=user.home,
-                                    connect=connect, upstream=upstream)
+                                    connect=connect, upstream=upstream, agent_id=agent_id)
         return Injector(ca=ca, injections=injections,
                         secret=az.wrap(secret) if az is not None else secret,
                         push=push if push in ("allow", "ask", "deny") else "ask",

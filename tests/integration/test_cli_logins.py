@@ -17,6 +17,9 @@ logs each request's Host, Authorization and x-api-key.
 - while claude runs, no real secret is in any /proc/*/environ or cmdline the
   agent reads, nor its environment, nor any file under its home (the
   real ~/.claude included), workdir, /tmp or /run/leviath;
+- while claude is held on the stand-in's answer (its login loaded and
+  sent), the memory of every process alice's agent can read holds claude's
+  placeholder and no real secret;
 - the placeholders sent to other.test (allowed, not Anthropic's) arrive as
   they are;
 - the CLI's own refresh inside (the real claude, its placeholder file's copy
@@ -101,7 +104,14 @@ NEW_ACCESS = "sk-ant-oat01-NewAccess0From0The0Standin0Endpoint0Hq4Wz8Ly1Nc5Vr3Ke
 NEW_REFRESH = "sk-ant-ort01-NewRefresh0From0The0Standin0Endpoint0Ub6Jt2Xo9Sm4Dg7"
 
 SERVER = f"""
-import http.server, json, ssl
+import http.server, json, ssl, threading
+
+# A model request whose prompt holds HOLD waits, the CLI blocked on it with
+# its login loaded, until GET /release: the memory scan inside the agent runs
+# in that window, which /held reports open (no timing on either side).
+HOLD = b"hold-for-scan"
+held = []
+release = threading.Event()
 
 def event(name, data):
     return f"event: {{name}}\\ndata: {{json.dumps(data)}}\\n\\n"
@@ -145,9 +155,17 @@ class H(http.server.BaseHTTPRequestHandler):
                                 "key": self.headers.get("x-api-key", ""),
                                 "goog": self.headers.get("x-goog-api-key", ""),
                                 "refresh": refresh}}) + "\\n")
-        if self.path == "/v1/oauth/token":
+        if self.path == "/held":
+            out, kind = str(len(held)).encode(), "text/plain"
+        elif self.path == "/release":
+            release.set()
+            out, kind = b"released", "text/plain"
+        elif self.path == "/v1/oauth/token":
             out, kind = TOKENS, "application/json"
         elif self.path.startswith("/v1/messages"):
+            if HOLD in body:
+                held.append(1)
+                release.wait(120)
             out = SSE if b'"stream":true' in body else WHOLE
             kind = "text/event-stream" if out is SSE else "application/json"
         else:
@@ -184,9 +202,11 @@ def stand_in_log(bed: Testbed) -> list[dict[str, str]]:
 
 
 @contextlib.contextmanager
-def stand_in(bed: Testbed) -> Iterator[None]:
-    """The outside namespace and the stand-in, the test CA in the bed's trust
-    store, /etc/hosts, and the daemon restarted with CONFIG; all undone after."""
+def stand_in(bed: Testbed, server: str = SERVER, hosts: tuple[str, ...] = HOSTS
+             ) -> Iterator[None]:
+    """The outside namespace and the stand-in (`server`, for `hosts`), the
+    test CA in the bed's trust store, /etc/hosts, and the daemon restarted
+    with CONFIG; all undone after."""
     old_config = bed.run("cat /etc/leviath/config.toml 2>/dev/null", check=False).stdout
     old_hosts = bed.read_file("/etc/hosts")
     bed.run(f"""
@@ -205,14 +225,14 @@ def stand_in(bed: Testbed) -> Iterator[None]:
             -keyout ca.key -out ca.pem 2>/dev/null
         openssl req -newkey rsa:2048 -nodes -subj /CN=api.anthropic.com -keyout tls.key \
             -out tls.csr 2>/dev/null
-        printf 'subjectAltName={",".join("DNS:" + h for h in HOSTS)}\\n' > san.ext
+        printf 'subjectAltName={",".join("DNS:" + h for h in hosts)}\\n' > san.ext
         openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
             -extfile san.ext -out tls.pem 2>/dev/null
         cp ca.pem /usr/local/share/ca-certificates/leviath-cli45test.crt
         update-ca-certificates >/dev/null 2>&1
     """)
-    bed.write_file("/etc/hosts", f"127.0.0.1 localhost\n{OUTSIDE} {' '.join(HOSTS)}\n")
-    bed.write_file("/srv/cli45/server.py", SERVER)
+    bed.write_file("/etc/hosts", f"127.0.0.1 localhost\n{OUTSIDE} {' '.join(hosts)}\n")
+    bed.write_file("/srv/cli45/server.py", server)
     pid = bed.run("setsid ip netns exec lvcl python3 /srv/cli45/server.py "
                   ">/srv/cli45/server.err 2>&1 </dev/null & echo $!").stdout.strip()
     bed.run("for i in $(seq 100); do curl -fs https://other.test/ready >/dev/null && exit 0; "
@@ -311,6 +331,98 @@ def test_claude_code_works_with_the_real_login_that_never_enters_the_agent(
     assert {"Bearer " + ACCESS} <= {e["auth"] for e in to_api}, to_api
     assert API_KEY in {e["key"] for e in to_api}, to_api
     assert not any(s in out + err + "".join(replies.values()) for s in SECRETS)
+
+
+# Inside the agent, as alice: the scanner starts claude (so that claude is its
+# child, as an attacker's own process would have it) logged in by OAuth, with
+# a prompt the stand-in holds; once the stand-in holds it (claude has read its
+# login and sent it), every process's memory the agent can read is searched
+# for every real secret, and claude's for its placeholder (that the scan saw
+# the login at all); then the stand-in lets claude finish. The secrets are
+# written split, so that this script's text is no hit of its own.
+MEMSCAN = f"""
+import json, os, re, subprocess, sys, time
+SECRETS = [{", ".join(f"{s[:16]!r} + {s[16:]!r}" for s in SECRETS)}]
+placeholder = re.search(rb"sk-ant-oat01-[A-Za-z0-9_-]+", open(
+    os.path.expanduser("~/.claude/.credentials.json"), "rb").read()).group()
+env = {{k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}}
+env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"
+claude = subprocess.Popen(["timeout", "90", "{CLAUDE}", "-p", "hold-for-scan say hello"],
+                          env=env, stdout=open("held.out", "wb"), stderr=subprocess.STDOUT)
+
+def curl(path):
+    return subprocess.run(["curl", "-fsS", "https://other.test" + path],
+                          capture_output=True, text=True).stdout.strip()
+
+deadline = time.monotonic() + 90
+while curl("/held") in ("", "0"):
+    if claude.poll() is not None or time.monotonic() > deadline:
+        sys.exit("claude never reached the held request: " + open("held.out").read())
+    time.sleep(0.1)
+
+def tree(root):
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        for task in os.listdir(f"/proc/{{pid}}/task"):
+            with open(f"/proc/{{pid}}/task/{{task}}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+    return out
+
+def memory(pid):
+    with open(f"/proc/{{pid}}/maps") as maps, open(f"/proc/{{pid}}/mem", "rb", 0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if perms[0] != "r" or line.rstrip().endswith(("[vvar]", "[vsyscall]")):
+                continue
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(start)
+                yield mem.read(end - start)
+            except OSError:
+                continue
+
+ours = set(tree(claude.pid))
+found, hits, scanned, pids = False, [], 0, 0
+for name in os.listdir("/proc"):
+    if not name.isdigit() or int(name) == os.getpid():
+        continue
+    try:
+        for chunk in memory(int(name)):
+            scanned += len(chunk)
+            hits += [name for s in SECRETS if s.encode() in chunk]
+            found = found or (int(name) in ours and placeholder in chunk)
+        pids += 1
+    except OSError:
+        continue
+curl("/release")
+rc = claude.wait()
+print(json.dumps({{"rc": rc, "hits": hits, "placeholder_seen": found, "pids": pids,
+                  "claude_pids": len(ours), "scanned": scanned}}))
+"""
+
+
+def test_no_process_the_agent_can_read_holds_a_real_secret_in_its_memory(
+        testbed: Testbed, agent: Agent) -> None:
+    """While the real claude is blocked on the STAND-IN's answer with its
+    OAuth login loaded and sent, the memory of every process alice's agent
+    can read (claude and its children among them) holds its placeholder and
+    no real token or key."""
+    testbed.write_file(f"{agent.workdir}/memscan.py", MEMSCAN)
+    testbed.run(["chown", "alice:", f"{agent.workdir}/memscan.py"])
+    rc, out, err = agent.call("python3 memscan.py", timeout=240)
+    assert rc == 0, (out, err)
+    got = json.loads(out.splitlines()[-1])
+    reply = testbed.read_file(f"{agent.workdir}/held.out")
+    assert got["rc"] == 0 and "standin-pong" in reply, (got, reply)
+    # The scan read claude's memory (its placeholder is there), so a real
+    # secret there would have been found.
+    assert got["placeholder_seen"] and got["scanned"] > 10_000_000, got
+    assert got["hits"] == [], got
+    held = [e for e in stand_in_log(testbed)
+            if e["host"] == "api.anthropic.com" and e["path"].startswith("/v1/messages")]
+    assert held and held[-1]["auth"] == "Bearer " + ACCESS, held
 
 
 def test_the_agent_holds_placeholders_of_the_same_shape_which_another_host_gets_as_they_are(

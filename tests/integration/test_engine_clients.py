@@ -86,6 +86,8 @@ echo "inspect=$($DN inspect -f '{{{{.State.Status}}}} {{{{.HostConfig.LogConfig.
 {{{{.HostConfig.NetworkMode}}}}' bg)"
 echo "podman-ps=$(podman --remote --url "$DOCKER_HOST" ps -a --format '{{{{.Names}}}}' \
   | sort | tr '\\n' ,)"
+echo "podman-version=$(podman --remote --url "$DOCKER_HOST" version --format \
+'{{{{.Client.Version}}}} {{{{.Server.Version}}}}')"
 echo "podman-images=$(podman --remote --url "$DOCKER_HOST" images --format \
 '{{{{.Repository}}}}' | tr '\\n' ,)"
 podman --remote --url "$DOCKER_HOST" run --rm {IMAGE} true; echo "podman-run=$?"
@@ -143,6 +145,7 @@ def test_the_common_clients_work_as_typed_and_what_cannot_says_why(
     assert _value(out, "inspect") in ("running json-file host", "running k8s-file host"), out
     # podman --remote: its own API's ping and lists, its run refused saying why.
     assert _value(out, "podman-ps") == "bg,r26,rnew,", (out, err)
+    assert _value(out, "podman-version").startswith("4.3"), (out, err)
     assert "localhost/leviath-rootless-busybox" in _value(out, "podman-images"), (out, err)
     assert _value(out, "podman-run") != "0", out
     assert "podman's own API (libpod) is not filtered" in err, err
@@ -163,6 +166,87 @@ def test_the_common_clients_work_as_typed_and_what_cannot_says_why(
     mine = [e for e in _value(out, "my-cgroup").split() if e.endswith(".scope")]
     assert mine and all(e in checked for e in mine), out
     assert _value(out, "left") == "0", out
+
+
+# Debian unstable's docker CLI and compose (scripts/setup: whatever sid had
+# when fetched, 28.5 and 2.40 when this was written), at paths of the bed's
+# that no other test uses; compose as the CLI's plugin through DOCKER_CONFIG.
+SID = "/opt/leviath-dev/docker/sid"
+DOCKER_SID = "/usr/local/lib/leviath-test/sid/docker"
+SID_CONFIG = "/usr/local/lib/leviath-test/sid/config"
+
+SID_SCRIPT = f"""
+export DOCKER_CONFIG={SID_CONFIG}; D={DOCKER_SID}
+echo "v=$($D version --format '{{{{.Client.Version}}}} {{{{.Client.APIVersion}}}}')"
+echo "vc=$($D compose version --short)"
+$D import {TARBALL} {IMAGE} >/dev/null || echo import-failed
+$D run --name r {IMAGE} sh -c 'echo plain-run-sid; exit 5'; echo "r=$?"
+$D run -d --name bg {IMAGE} sh -c 'echo from-the-logs; sleep 300' >/dev/null
+i=0; until $D logs bg 2>&1 | grep -q from-the-logs || [ $i -ge 300 ]; do
+  i=$((i+1)); sleep 0.1; done
+echo "logs=$($D logs bg 2>&1)"
+echo "exec=$($D exec bg sh -c 'echo exec-in-$((6*7))')"
+echo copied-in > in.txt && $D cp in.txt bg:/tmp/in.txt && $D exec bg cat /tmp/in.txt
+$D cp bg:/etc/passwd out.txt && echo "cp-out=$(head -c 4 out.txt)"
+echo "ps=$($D ps --format '{{{{.Names}}}}' | sort | tr '\\n' ,)"
+echo "inspect=$($D inspect -f '{{{{.State.Status}}}}' bg)"
+$D volume create vsid >/dev/null && echo "volumes=$($D volume ls -q | tr '\\n' ,)"
+$D run --rm -v vsid:/v {IMAGE} sh -c 'echo in-volume > /v/f' && \
+  echo "volume-read=$($D run --rm -v vsid:/v {IMAGE} cat /v/f)"
+$D network create nsid >/dev/null && \
+  echo "networks=$($D network ls --format '{{{{.Name}}}}' | sort | tr '\\n' ,)"
+$D network rm nsid >/dev/null
+(cd plain && $D compose -p plain up -d 2>/dev/null && echo compose-up-ok
+ i=0; until $D compose -p plain logs web 2>&1 | grep -q web-says-hi || [ $i -ge 300 ]; do
+   i=$((i+1)); sleep 0.1; done
+ $D compose -p plain logs --no-log-prefix web; $D compose -p plain down -t 0 2>/dev/null \
+   && echo compose-down-ok)
+$D rm -f r bg >/dev/null; $D volume rm vsid >/dev/null
+echo "left=$($D ps -a -q | wc -l) $($D volume ls -q | wc -l)"
+"""
+
+
+@pytest.fixture(scope="module")
+def sid_clients(clients: tuple[Testbed, str]) -> Testbed:
+    tb = clients[0]
+    for rel, where in (("bin/docker", DOCKER_SID),
+                       ("config/cli-plugins/docker-compose",
+                        f"{SID_CONFIG}/cli-plugins/docker-compose")):
+        if not os.access(f"{SID}/{rel}", os.X_OK):
+            pytest.fail(f"{SID}/{rel} is missing: run scripts/setup (it fetches sid's)")
+        tb.copy_in(f"{SID}/{rel}", where, mode=0o755)
+    return tb
+
+
+def test_debian_unstables_docker_cli_and_compose_work_as_typed(sid_clients: Testbed) -> None:
+    """The newest Debian docker CLI and compose (sid's), typed as a user
+    types them: run attached with its exit status, -d and logs, exec, cp
+    both ways, ps, inspect, a named volume, network create/ls/rm, compose
+    up/logs/down."""
+    tb = sid_clients
+    home = tb.users["alice"].home
+    r = tb.run(["lev", "run", "--", "sh", "-c", SID_SCRIPT], user="alice",
+               cwd=f"{home}/rootless-work", check=False, timeout=400)
+    out, err = r.stdout, r.stderr
+    assert r.returncode == 0, (out, err)
+    version, api = _value(out, "v").split()
+    print(f"sid's docker CLI {version} (API {api}), compose {_value(out, 'vc')}")
+    assert int(version.split(".")[0]) >= 28 and api == "1.41", out
+    assert "import-failed" not in out, err
+    assert "plain-run-sid" in out and _value(out, "r") == "5", (out, err)
+    assert _value(out, "logs") == "from-the-logs", (out, err)
+    assert _value(out, "exec") == "exec-in-42", (out, err)
+    assert "copied-in" in out.splitlines() and _value(out, "cp-out") == "root", (out, err)
+    assert _value(out, "ps") == "bg,", out
+    assert _value(out, "inspect") == "running", out
+    assert "vsid," in _value(out, "volumes") and _value(out, "volume-read") == "in-volume", (
+        out, err)
+    # (the list shows the agent's own networks: the engine's default is not
+    # one, its containers share the agent's network namespace)
+    assert _value(out, "networks") == "nsid,", (out, err)
+    assert "compose-up-ok" in out and "web-says-hi" in out, (out, err)
+    assert "compose-down-ok" in out, (out, err)
+    assert _value(out, "left") == "0 0", out
 
 
 def test_the_bed_has_the_clients_it_names() -> None:

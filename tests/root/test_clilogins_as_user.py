@@ -66,11 +66,12 @@ def test_a_file_the_user_cannot_read_is_not_read(home: Path) -> None:
     assert logins == [] and len(notes) == 1 and "ermission" in notes[0], notes
 
 
-def test_new_tokens_are_written_in_place_as_the_user_and_never_through_a_link(
+def test_new_tokens_are_written_whole_as_the_user_and_never_through_a_link(
         home: Path) -> None:
-    """proxy/refresh.py's write-back: the same inode (an agent's bind over
-    the name stays), its mode and other keys kept; a link in the file's
-    place, a file of root's, or one she made read-only is not written."""
+    """proxy/refresh.py's write-back: a new file renamed over the old one
+    (never half written), hers, its mode and other keys kept, nothing left
+    beside it; a link in the file's place, a file of root's, or one she made
+    read-only is not written."""
     creds = home / ".claude" / ".credentials.json"
     creds.write_text(json.dumps({"claudeAiOauth": {"accessToken": SECRET, "refreshToken": "r",
                                                    "subscriptionType": "max"}, "other": 1}))
@@ -85,7 +86,8 @@ def test_new_tokens_are_written_in_place_as_the_user_and_never_through_a_link(
         "accessToken": new, "refreshToken": "r", "subscriptionType": "max", "expiresAt": 5},
         "other": 1}
     st = creds.stat()
-    assert (st.st_ino, st.st_mode & 0o777, st.st_uid) == (inode, 0o600, NOBODY)
+    assert (st.st_mode & 0o777, st.st_uid) == (0o600, NOBODY) and st.st_ino != inode
+    assert sorted(p.name for p in creds.parent.iterdir()) == [".credentials.json"]
     values = {("claudeAiOauth", "accessToken"): "x"}
     # She made it read-only: root's rights would write it anyway.
     os.chmod(creds, 0o400)

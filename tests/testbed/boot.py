@@ -81,6 +81,9 @@ MASKED_UNITS = (
     "prometheus-node-exporter-mellanox-hca-temp.timer",
     "prometheus-node-exporter-nvme.timer",
     "prometheus-node-exporter-smartmon.timer",
+    # Debian's registry (issue 49's stand-in) starts on install with a config
+    # whose htpasswd path is a folder: a failed unit. Tests run their own.
+    "docker-registry.service",
 )
 
 

@@ -150,6 +150,7 @@ def _label_filter(target: str) -> list[str]:
 def test_podman_remotes_ping_and_lists_pass_with_the_agents_label() -> None:
     assert _decide("GET", "/v4.3.1/libpod/_ping").target == "/v4.3.1/libpod/_ping"
     assert _decide("HEAD", "/v5.4.2/libpod/_ping").target == "/v5.4.2/libpod/_ping"
+    assert _decide("GET", "/v5.4.2/libpod/version").target == "/v5.4.2/libpod/version"
     d = _decide("GET", "/v4.3.1/libpod/containers/json?all=false&external=false&filters=%7B%7D"
                 "&last=-1&namespace=false&size=false&sync=false")
     assert _label_filter(d.target) == ["org.leviath.engine-agent=aaaa1111"]
@@ -166,6 +167,8 @@ def test_podman_remotes_ping_and_lists_pass_with_the_agents_label() -> None:
     ("POST", "/v4.3.1/libpod/images/pull?reference=x"),
     ("GET", "/v4.3.1/libpod/containers/json?external=true"),
     ("GET", "/v4.3.1/libpod/info"),
+    ("POST", "/v4.3.1/libpod/version"),
+    ("GET", "/v4.3.1/libpod/versions"),
     ("POST", "/v4.3.1/libpod/containers/abc/start"),
 ])
 def test_the_rest_of_libpod_is_refused_saying_why(method: str, path: str) -> None:

@@ -6,6 +6,7 @@ is the attacker's side, with the real Claude Code)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from dataclasses import replace
@@ -383,3 +384,37 @@ def test_anything_but_one_regular_file_at_the_logins_name_refuses(home: Path) ->
     (home / "w").mkdir()
     with pytest.raises(InvalidArgument, match="not a regular file"):
         _built(home, "", home / "w")
+
+
+def test_a_codex_jwt_placeholder_keeps_the_claims_and_is_swapped_by_its_signature(
+        home: Path, tmp_path_factory: pytest.TempPathFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Codex decides when to refresh from its access token's `exp`: the
+    placeholder keeps the claims; the injector knows it by its random
+    signature, so the claims the daemon's refresh answer gives it (a new
+    `exp`) still carry the real token out (proxy/refresh.py)."""
+    def part(doc: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(doc).encode()).rstrip(b"=").decode()
+    real = f"{part({'alg': 'RS256'})}.{part({'exp': 1000})}.{'R' * 43}"
+    (home / ".codex").mkdir()
+    (home / ".codex" / "auth.json").write_text(json.dumps({"OPENAI_API_KEY": None, "tokens": {
+        "access_token": real, "refresh_token": "rt_" + "R" * 40, "account_id": "a1"}}))
+    agents = tmp_path_factory.mktemp("agents")
+    (agents / "0123abcd").mkdir()
+    monkeypatch.setattr(logins, "agent_dir", lambda agent_id: str(agents / agent_id))
+    plan = logins.Plan()
+    logins.plan(_spec(str(home), mounts=(Mount("bind", f"{home}/.codex", f"{home}/.codex"),)),
+                plan)
+    started = logins.start(plan, "0123abcd", os.getuid(), os.getgid(), str(home))
+    shown = json.loads((agents / "0123abcd" / "login-codex.json").read_text())["tokens"]
+    head, claims, sig = shown["access_token"].split(".")
+    assert [head, claims] == real.split(".")[:2] and sig != "R" * 43
+    access = next(i for i in started.injections
+                  if i.name == "login/codex/tokens/access_token")
+    assert access.placeholder == sig and started.secrets[access.name] == real
+    # The CLI sends the new claims with the same signature: the real token goes.
+    later = f"{head}.{part({'exp': 999999})}.{sig}"
+    req = inject.parse_head(b"POST /backend-api/codex/responses HTTP/1.1\r\nHost: chatgpt.com"
+                            b"\r\nAuthorization: Bearer " + later.encode())
+    out, used = inject.rebuild(req, [access], {access.name: real}, host="chatgpt.com")
+    assert f"Authorization: Bearer {real}\r\n".encode() in out and used == [access.name]

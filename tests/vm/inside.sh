@@ -828,6 +828,22 @@ EOF12
 chown -R alice: /home/alice/work/ctx /home/alice/work/cli_probe.sh
 step docker_cli as alice "lev run -- sh cli_probe.sh"
 sha256sum /home/alice/work/.git/config | cut -d' ' -f1 >"$R/cli_git_config_after.out"
+# Issue 49 item 2: podman 5's own `podman --remote` (Debian 13's podman) and
+# Debian unstable's docker CLI (copied in by the test) on the same socket.
+install -m 0755 /mnt/host/docker-sid /usr/local/bin/docker-sid
+cat >/home/alice/work/clients_probe.sh <<'EOF13'
+docker import bb.tar localhost/vm-cli:1 >/dev/null && echo import-ok
+docker run -d --name v5bg localhost/vm-cli:1 sleep 300 >/dev/null && echo bg-ok
+echo "podman-client=$(podman --remote --url "$DOCKER_HOST" version --format '{{.Client.Version}}')"
+echo "podman-ps=$(podman --remote --url "$DOCKER_HOST" ps --format '{{.Names}}' | tr '\n' ,)"
+echo "podman-images=$(podman --remote --url "$DOCKER_HOST" images --format '{{.Repository}}' | tr '\n' ,)"
+podman --remote --url "$DOCKER_HOST" run --rm localhost/vm-cli:1 true; echo "podman-run=$?"
+echo "sid-version=$(docker-sid version --format '{{.Client.Version}} {{.Client.APIVersion}}')"
+docker-sid run localhost/vm-cli:1 sh -c 'echo hi-from-sid; exit 6'; echo "sid-run=$?"
+docker rm -f v5bg >/dev/null && echo cleaned
+EOF13
+chown alice: /home/alice/work/clients_probe.sh
+step clients_v5 as alice "lev run -- sh clients_probe.sh"
 # The file is rewritten every second: read once it shows the starts so far.
 step metrics_file sh -c '
     f=/var/lib/prometheus/node-exporter/leviathd.prom
@@ -847,6 +863,91 @@ step metrics_exporter sh -c '
     done
     grep -E "^(node_textfile_scrape_error|node_textfile_mtime_seconds|leviathd_)" /tmp/node-exporter.txt'
 rm -f /etc/leviath/config.toml /home/alice/.ssh/vm-cli-marker
+systemctl reload leviathd
+
+# --- issue 49 item 3: a pull from a registry STAND-IN (the host's Debian
+# docker-registry binary; TLS from the test's CA; basic auth) on the dummy
+# interface; alice's login in her ~/.docker/config.json (hidden from her
+# agent), put in at the agent's egress. Root pushes the image first; the
+# password leaves the share before any agent runs.
+step registry_up sh -c '
+    set -e
+    install -d -m 700 /srv/reg /srv/reg/data
+    cp '"$H"'/registry/* /srv/reg/ && rm -f '"$H"'/registry/password
+    chmod 600 /srv/reg/password; chmod 755 /srv/reg/docker-registry
+    cp /srv/reg/ca.crt /usr/local/share/ca-certificates/vm-registry-ca.crt
+    update-ca-certificates >/dev/null 2>&1
+    ip addr add 10.77.0.3/24 dev lvout0
+    echo "10.77.0.3 registry.test" >>/etc/hosts
+    cat >/srv/reg/config.yml <<EOR
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: /srv/reg/data
+http:
+  addr: 10.77.0.3:5000
+  tls:
+    certificate: /srv/reg/tls.pem
+    key: /srv/reg/tls.key
+auth:
+  htpasswd:
+    realm: stand-in
+    path: /srv/reg/htpasswd
+EOR
+    setsid /srv/reg/docker-registry serve /srv/reg/config.yml >/srv/reg/err 2>&1 </dev/null &
+    for i in $(seq 150); do
+        [ "$(curl -s -o /dev/null -w "%{http_code}" https://registry.test:5000/v2/)" = 401 ] && break
+        sleep 0.2
+    done
+    podman import -q /home/alice/work/bb.tar registry.test:5000/demo/bb:1 >/dev/null
+    podman push -q --creds "$(cat /srv/reg/password)" registry.test:5000/demo/bb:1
+    podman rmi -f registry.test:5000/demo/bb:1 >/dev/null
+    install -d -o alice -g alice -m 700 /home/alice/.docker
+    printf "{\"auths\": {\"registry.test:5000\": {\"auth\": \"%s\"}}}" \
+        "$(tr -d "\n" </srv/reg/password | base64 -w0)" >/home/alice/.docker/config.json
+    chown alice: /home/alice/.docker/config.json; chmod 600 /home/alice/.docker/config.json
+    install -D -m 755 '"$H"'/docker-compose /usr/libexec/docker/cli-plugins/docker-compose
+    echo pushed'
+cat >/etc/leviath/config.toml <<'EOF14'
+[sandbox]
+network = "proxy"
+
+[sandbox.containers]
+enabled = true
+
+[proxy]
+private_ranges = ["10.77.0.0/24"]
+ports = [5000]
+EOF14
+systemctl reload leviathd
+sleep 2
+# The probe's scan looks for the password, split so that the probe's own
+# text is no hit.
+pw=$(cut -d: -f2 /srv/reg/password)
+mkdir -p /home/alice/work/regc
+cat >/home/alice/work/regc/compose.yaml <<'EOF15'
+services:
+  web:
+    image: registry.test:5000/demo/bb:1
+    command: ["echo", "compose-from-the-registry"]
+    network_mode: none
+EOF15
+cat >/home/alice/work/registry_probe.sh <<EOF16
+a='$(printf %s "$pw" | cut -c1-8)'; b='$(printf %s "$pw" | cut -c9-)'
+docker pull registry.test:5000/demo/bb:1 >/dev/null 2>pull.err && echo pull-ok || cat pull.err
+docker run --rm registry.test:5000/demo/bb:1 echo ran-from-the-registry
+(cd regc && docker compose -p regc up 2>&1 | grep -o compose-from-the-registry | head -n 1 \
+  && docker compose -p regc down -t 0 >/dev/null 2>&1 && echo compose-up-ok)
+echo "secret-in-env=\$(env | grep -c "\$a\$b")"
+echo "secret-in-files=\$(grep -rlsF "\$a\$b" \$HOME /tmp /var/tmp /run /etc /srv /mnt /dev/shm 2>/dev/null | tr '\n' ,)"
+echo "docker-config=\$(cat \$HOME/.docker/config.json 2>&1 | head -c 200)"
+echo "push=\$(curl -s -o /dev/null -w '%{http_code}' -X POST https://registry.test:5000/v2/demo/bb/blobs/uploads/)"
+EOF16
+chown -R alice: /home/alice/work/regc /home/alice/work/registry_probe.sh
+step registry_pull as alice "lev run -- sh registry_probe.sh"
+rm -f /etc/leviath/config.toml /home/alice/.docker/config.json
 systemctl reload leviathd
 
 # --- issue 46: `lev -H alice@localhost ps` over the VM's sshd (openssh-server)
