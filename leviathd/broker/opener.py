@@ -224,9 +224,8 @@ class Opener:
                                   "read": {"max_bytes": max_bytes, "budget": budget}}
         try:
             try:
-                reply, out, got = await asyncio.wait_for(self._exchange(header, budget),
-                                                         TIMEOUT)
-            except (OSError, EOFError, ValueError, TimeoutError) as exc:
+                reply, out, got = await self._exchange(header, budget)
+            except (OSError, EOFError, ValueError) as exc:
                 self._kill()
                 why = str(exc) or "it exited (out of the agent's memory?)"
                 raise Unavailable(f"the file worker process failed: {why}") from None
@@ -244,25 +243,30 @@ class Opener:
     async def _exchange(
         self, header: dict[str, Any], max_reply: int
     ) -> tuple[dict[str, Any], bytes, list[int]]:
-        """wire.send and wire.recv on the non-blocking socket. The request
-        is one small packet into an empty queue (one request at a time, and
-        the worker read the last one before it replied): a full queue is a
-        failure, not a wait."""
+        """wire.send and wire.recv on the non-blocking socket, each wait at
+        most TIMEOUT. The request is one small packet into an empty queue
+        (one request at a time, and the worker read the last one before it
+        replied): a full queue is a failure, not a wait."""
         wire.send(self._nb, header)
-        await self._readable()
-        raw, fds, _flags, _addr = socket.recv_fds(self._nb, wire.MAX_HEADER, 2)
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                raw, fds, _flags, _addr = socket.recv_fds(self._nb, wire.MAX_HEADER, 2)
+                break
+            except BlockingIOError:
+                await self._readable(loop)
         try:
             if not raw:
                 raise EOFError
-            reply = json.loads(raw)
-            size = int(reply.get("data", 0))
-            if size > max_reply:
-                raise ValueError(f"message of {size} bytes over {max_reply}")
-            parts: list[bytes] = []
-            got = 0
+            reply, size, inline = wire.split(raw, max_reply)
+            parts: list[bytes] = [inline]
+            got = len(inline)
             while got < size:
-                await self._readable()
-                part = self._nb.recv(wire.CHUNK)
+                try:
+                    part = self._nb.recv(wire.CHUNK)
+                except BlockingIOError:
+                    await self._readable(loop)
+                    continue
                 if not part:
                     raise EOFError
                 parts.append(part)
@@ -273,19 +277,26 @@ class Opener:
             raise
         return reply, b"".join(parts), fds
 
-    async def _readable(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def _readable(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Until the worker's socket can be read; TimeoutError after TIMEOUT
+        (a worker its user stopped, a file on a hung mount)."""
         ready: asyncio.Future[None] = loop.create_future()
-        fd = self._nb.fileno()
 
         def wake() -> None:
             if not ready.done():
                 ready.set_result(None)
 
+        def late() -> None:
+            if not ready.done():
+                ready.set_exception(TimeoutError("no reply in time"))
+
+        fd = self._nb.fileno()
         loop.add_reader(fd, wake)
+        timer = loop.call_later(TIMEOUT, late)
         try:
             await ready
         finally:
+            timer.cancel()
             loop.remove_reader(fd)
 
     def _open(

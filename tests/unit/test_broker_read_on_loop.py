@@ -180,8 +180,8 @@ def test_a_round_trip_abandoned_on_the_loop_ends_the_worker(tmp_path: Path) -> N
         with pytest.raises(Unavailable):
             fd, _content = opener.open_read(str(tmp_path / "g"), READ_FLAGS, 100, 1000)
             os.close(fd)
-        _pid, status = os.waitpid(opener.pid, 0)  # gone: its socket was closed
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        # Gone (its socket was closed): killed, not ended on its own.
+        assert opener._proc.wait() == -signal.SIGKILL
     finally:
         opener.close()
 
@@ -249,3 +249,27 @@ def test_a_view_whose_fence_ended_is_not_used_from_the_loop(broker: Running) -> 
         assert b._view_now() is None
     finally:
         b._view = None
+
+
+@pytest.mark.parametrize("raw", [b'{"data": 2}\nabc', b'{"data": 20}\nab', b'{"data": 20}'])
+def test_a_worker_message_over_its_bounds_is_refused(raw: bytes) -> None:
+    """The data sent in the header's packet (one wake-up instead of two) is
+    bounded as the rest: no more than the header says, which is no more
+    than the reader allows."""
+    from leviathd.broker import opener_worker as wire
+
+    with pytest.raises(ValueError):
+        wire.split(raw, 10)
+
+
+def test_a_message_in_one_packet_and_in_several_reads_the_same() -> None:
+    import socket
+
+    from leviathd.broker import opener_worker as wire
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with a, b:
+        for data in (b"", b"x" * 100, bytes(range(256)) * 600):
+            wire.send(a, {"op": "t"}, data)
+            header, got, fds = wire.recv(b, 1 << 20)
+            assert (header["op"], got, fds) == ("t", data, [])
