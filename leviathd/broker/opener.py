@@ -162,6 +162,13 @@ class Opener:
         self._nb = socket.socket(fileno=os.dup(parent.fileno()))
         self._nb.setblocking(False)
         self._lock = threading.Lock()
+        # Whether a round trip is awaited on the loop, and whether close()
+        # came meanwhile: that round trip closes `_nb` when it ends, after
+        # its reader is removed (closed earlier, the number could be reused
+        # by another socket, whose reader that removal would take away).
+        self._state = threading.Lock()
+        self._on_loop = False
+        self._closed = False
         if cgroup is not None and os.geteuid() == 0:
             try:
                 _attach(self._proc.pid, cgroup)
@@ -219,6 +226,11 @@ class Opener:
         reply must never be taken for the next request's."""
         if not self._lock.acquire(blocking=False):
             return None
+        with self._state:
+            if self._closed:
+                self._lock.release()
+                raise Unavailable("the file worker was closed")
+            self._on_loop = True
         header: dict[str, Any] = {"op": "open", "path": path, "flags": flags, "mode": 0,
                                   "follow": True,
                                   "read": {"max_bytes": max_bytes, "budget": budget}}
@@ -233,6 +245,11 @@ class Opener:
                 self._kill()
                 raise
         finally:
+            with self._state:
+                self._on_loop = False
+                closed = self._closed
+            if closed:
+                self._nb.close()
             self._lock.release()
         fd, reply, out = self._opened(path, reply, out, got)
         ahead = reply.get("read")
@@ -397,8 +414,12 @@ class Opener:
         answering the close of a file it opened, which not even SIGKILL
         ends) held the loop, and every user, with it (before: a wait of up
         to 5 s, then one without end)."""
+        with self._state:
+            self._closed = True
+            waited = self._on_loop
         self._sock.close()
-        self._nb.close()
+        if not waited:
+            self._nb.close()
         if self._fence is not None:
             os.close(self._fence)
             self._fence = None

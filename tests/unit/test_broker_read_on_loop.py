@@ -273,3 +273,29 @@ def test_a_message_in_one_packet_and_in_several_reads_the_same() -> None:
             wire.send(a, {"op": "t"}, data)
             header, got, fds = wire.recv(b, 1 << 20)
             assert (header["op"], got, fds) == ("t", data, [])
+
+
+def test_a_worker_closed_while_the_loop_waits_on_it(tmp_path: Path) -> None:
+    """The view's worker is closed (its fence ended, found by a pool thread)
+    while a read waits on it on the loop: the read fails by name, and the
+    socket is closed only after its reader was removed."""
+    (tmp_path / "f").write_text("x")
+    opener = _worker(tmp_path)
+    nb = opener._nb
+    try:
+        os.kill(opener.pid, signal.SIGSTOP)
+
+        async def scenario() -> None:
+            task = asyncio.create_task(opener.open_read_async(
+                str(tmp_path / "f"), READ_FLAGS, 100, 1000))
+            while not opener._lock.locked():
+                await asyncio.sleep(0)
+            opener.close()
+            assert nb.fileno() >= 0  # still the loop's until its wait ends
+            with pytest.raises(Unavailable):
+                await task
+            assert nb.fileno() == -1
+
+        asyncio.run(scenario())
+    finally:
+        opener.close()
