@@ -72,6 +72,9 @@ class AuditRecord:
 
 AuditSink = Callable[[AuditRecord], None]
 T = TypeVar("T")
+# How many read_files take the pool's path at once after one whose file
+# system's checks had to be made in the pool (Broker._pool_reads).
+POOL_READS = 32
 
 # Bytes of a reply that are not the result: ok, label, entry, taint, id.
 ENVELOPE = 512
@@ -149,6 +152,11 @@ class Broker:
         self._watch_failure: str | None = None
         self._in_flight = 0
         self._pool: ThreadPoolExecutor | None = None
+        # Reads left to take the pool's path at once (_read_ahead_on_loop):
+        # after a file whose checks could not be made on the loop, the next
+        # ones are likely on the same file system, where the loop's path
+        # would add its own wait to the pool's hop.
+        self._pool_reads = 0
         # Files the agent wrote while its taint was above Internal, with that
         # taint: reading them back carries it again (no laundering through
         # the workdir). Keyed by (st_dev, st_ino), which survives renames.
@@ -435,6 +443,9 @@ class Broker:
         (localfs.py), else in the pool. None: the pool's path is to be taken
         (the agent's view is not open yet or has ended, or its worker is
         busy with a pool thread's request)."""
+        if self._pool_reads > 0:
+            self._pool_reads -= 1
+            return None
         opener = self._view_now()
         if opener is None:
             return None
@@ -452,6 +463,7 @@ class Broker:
         fd, content = got
         if localfs.local(fd):
             return files.take_ahead(path, fd, content, plan, budget)
+        self._pool_reads = POOL_READS
         return await self.in_pool(files.take_ahead, path, fd, content, plan, budget)
 
     def _view_now(self) -> Opener | None:
