@@ -11,7 +11,10 @@ device number alone.
 
 The device number is read with statx(AT_STATX_DONT_SYNC): a network or FUSE
 file system answers it from the attributes it has cached, without a request
-(fs/fuse/dir.c, fuse_update_get_attr). Anonymous devices (major 0: FUSE,
+(fs/fuse/dir.c, fuse_update_get_attr; NFS likewise, fs/nfs/inode.c). Other
+network file systems (CIFS, 9p, Ceph) were not checked for that flag: one
+that ignores it could make this one statx wait on its server, which only
+root can have mounted. Anonymous devices (major 0: FUSE,
 NFS, tmpfs, overlayfs, btrfs, proc) are refused, and so are the block
 devices a user may have attached to a file of hers, served by anything (loop,
 nbd, device-mapper, whose targets are not looked at here). `fuseblk` (FUSE
