@@ -17,7 +17,9 @@ there, and under a read-only or throwaway workdir the host's tree is not
 reachable. The namespace is joined once, before the first request.
 
 Wire format (SOCK_SEQPACKET): a message is one JSON header packet, with
-any descriptors, then `header["data"]` bytes in packets of at most CHUNK.
+any descriptors, then `header["data"]` bytes in packets of at most CHUNK;
+data that fits in one packet with its header follows the header's line in
+that packet (one wake-up of the reader instead of two).
 """
 
 from __future__ import annotations
