@@ -16,13 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
-from leviathd.broker import gitcreds, resolve, schema
+from leviathd.broker import gitcreds, localfs, resolve, schema
 from leviathd.broker.credentials import CredentialRunner, read_secret, run_credential
 from leviathd.broker.limits import too_large
 from leviathd.broker.net import AddressRefused
-from leviathd.broker.opener import Opener
+from leviathd.broker.opener import Opener, OpenFailed
 from leviathd.broker.rulelane import Lane, Lanes
 from leviathd.broker.tools import (
+    READ_FLAGS,
     ArgvRequest,
     ArgvRunner,
     FileTools,
@@ -71,6 +72,9 @@ class AuditRecord:
 
 AuditSink = Callable[[AuditRecord], None]
 T = TypeVar("T")
+# How many read_files take the pool's path at once after one whose file
+# system's checks had to be made in the pool (Broker._pool_reads).
+POOL_READS = 32
 
 # Bytes of a reply that are not the result: ok, label, entry, taint, id.
 ENVELOPE = 512
@@ -148,6 +152,11 @@ class Broker:
         self._watch_failure: str | None = None
         self._in_flight = 0
         self._pool: ThreadPoolExecutor | None = None
+        # Reads left to take the pool's path at once (_read_ahead_on_loop):
+        # after a file whose checks could not be made on the loop, the next
+        # ones are likely on the same file system, where the loop's path
+        # would add its own wait to the pool's hop.
+        self._pool_reads = 0
         # Files the agent wrote while its taint was above Internal, with that
         # taint: reading them back carries it again (no laundering through
         # the workdir). Keyed by (st_dev, st_ino), which survives renames.
@@ -412,16 +421,64 @@ class Broker:
         assert self._opener is not None
         files = FileTools(self._opener, self.policy.grant, self.limits)
         budget = self._budget()
+        got = await self._read_ahead_on_loop(files, path, args.get("max_bytes"), budget)
+        if got is None:
 
-        def work() -> tuple[str, RawJSON | None]:
-            files.outside = files.opener
-            files.opener = self.files_opener()
-            return files.read_ahead(path, args.get("max_bytes"), budget)
+            def work() -> tuple[str, RawJSON | None]:
+                files.outside = files.opener
+                files.opener = self.files_opener()
+                return files.read_ahead(path, args.get("max_bytes"), budget)
 
-        real, result = await self.in_pool(work)
+            got = await self.in_pool(work)
+        real, result = got
         if result is not None:
             ahead.files, ahead.result, ahead.real, ahead.budget = files, result, real, budget
         return replace(call, target=real, paths=(real,))
+
+    async def _read_ahead_on_loop(self, files: FileTools, path: str, max_bytes: Any,
+                                  budget: int) -> tuple[str, RawJSON | None] | None:
+        """FileTools.read_ahead with no thread in between (issue 47): the
+        worker's round trip awaited on the loop, and the checks on what it
+        opened made there too when its file system cannot make them wait
+        (localfs.py), else in the pool. None: the pool's path is to be taken
+        (the agent's view is not open yet or has ended, or its worker is
+        busy with a pool thread's request)."""
+        if self._pool_reads > 0:
+            self._pool_reads -= 1
+            return None
+        opener = self._view_now()
+        if opener is None:
+            return None
+        files.outside, files.opener = files.opener, opener
+        plan = files.plan_ahead(path, max_bytes, budget)
+        if plan is None:
+            return path, None
+        try:
+            got = await files.reader(path).open_read_async(path, READ_FLAGS, plan[2], plan[3])
+        except OpenFailed:
+            return path, None
+        if got is None:
+            files.opener, files.outside = files.outside, None
+            return None
+        fd, content = got
+        if localfs.local(fd):
+            return files.take_ahead(path, fd, content, plan, budget)
+        self._pool_reads = POOL_READS
+        return await self.in_pool(files.take_ahead, path, fd, content, plan, budget)
+
+    def _view_now(self) -> Opener | None:
+        """files_opener without waiting: the opener if it is ready now, None
+        when making or replacing it would block (files_opener does that in
+        the pool)."""
+        if self._fence is None:
+            return self._opener
+        if not self._view_lock.acquire(blocking=False):
+            return None
+        try:
+            view = self._view
+            return None if view is None or view.stale() else view
+        finally:
+            self._view_lock.release()
 
     async def _dialled(self, tool: str, args: Mapping[str, Any], call: Call) -> Call:
         """The call with the address it will dial (broker/resolve.py)."""

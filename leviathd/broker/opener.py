@@ -33,6 +33,7 @@ which decides on the real path of that descriptor (readlink
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -156,7 +157,18 @@ class Opener:
         child.close()
         self._sock = parent
         self._sock.settimeout(TIMEOUT)
+        # The same socket for the event loop's round trips (open_read_async):
+        # without a timeout, its calls never wait; readiness is the loop's.
+        self._nb = socket.socket(fileno=os.dup(parent.fileno()))
+        self._nb.setblocking(False)
         self._lock = threading.Lock()
+        # Whether a round trip is awaited on the loop, and whether close()
+        # came meanwhile: that round trip closes `_nb` when it ends, after
+        # its reader is removed (closed earlier, the number could be reused
+        # by another socket, whose reader that removal would take away).
+        self._state = threading.Lock()
+        self._on_loop = False
+        self._closed = False
         if cgroup is not None and os.geteuid() == 0:
             try:
                 _attach(self._proc.pid, cgroup)
@@ -202,6 +214,108 @@ class Opener:
             return fd, None
         return fd, (out, bool(ahead.get("truncated")))
 
+    async def open_read_async(
+        self, path: str, flags: int, max_bytes: int, budget: int
+    ) -> tuple[int, tuple[bytes, bool] | None] | None:
+        """`open_read` from the event loop, with no thread in between: the
+        request is sent and the reply awaited without blocking (the loop waits
+        for the worker's socket to be readable, at most TIMEOUT). None when
+        the worker is busy with a pool thread's request: the caller takes the
+        blocking path. A worker that fails, times out or whose round trip is
+        abandoned (the caller cancelled) is killed, as in `_request`: a late
+        reply must never be taken for the next request's."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        with self._state:
+            if self._closed:
+                self._lock.release()
+                raise Unavailable("the file worker was closed")
+            self._on_loop = True
+        header: dict[str, Any] = {"op": "open", "path": path, "flags": flags, "mode": 0,
+                                  "follow": True,
+                                  "read": {"max_bytes": max_bytes, "budget": budget}}
+        try:
+            try:
+                reply, out, got = await self._exchange(header, budget)
+            except (OSError, EOFError, ValueError) as exc:
+                self._kill()
+                why = str(exc) or "it exited (out of the agent's memory?)"
+                raise Unavailable(f"the file worker process failed: {why}") from None
+            except BaseException:
+                self._kill()
+                raise
+        finally:
+            with self._state:
+                self._on_loop = False
+                closed = self._closed
+            if closed:
+                self._nb.close()
+            self._lock.release()
+        fd, reply, out = self._opened(path, reply, out, got)
+        ahead = reply.get("read")
+        if not isinstance(ahead, dict) or not ahead.get("ok") or not ahead.get("fits"):
+            return fd, None
+        return fd, (out, bool(ahead.get("truncated")))
+
+    async def _exchange(
+        self, header: dict[str, Any], max_reply: int
+    ) -> tuple[dict[str, Any], bytes, list[int]]:
+        """wire.send and wire.recv on the non-blocking socket, each wait at
+        most TIMEOUT. The request is one small packet into an empty queue
+        (one request at a time, and the worker read the last one before it
+        replied): a full queue is a failure, not a wait."""
+        wire.send(self._nb, header)
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                raw, fds, _flags, _addr = socket.recv_fds(self._nb, wire.MAX_HEADER, 2)
+                break
+            except BlockingIOError:
+                await self._readable(loop)
+        try:
+            if not raw:
+                raise EOFError
+            reply, size, inline = wire.split(raw, max_reply)
+            parts: list[bytes] = [inline]
+            got = len(inline)
+            while got < size:
+                try:
+                    part = self._nb.recv(wire.CHUNK)
+                except BlockingIOError:
+                    await self._readable(loop)
+                    continue
+                if not part:
+                    raise EOFError
+                parts.append(part)
+                got += len(part)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return reply, b"".join(parts), fds
+
+    async def _readable(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Until the worker's socket can be read; TimeoutError after TIMEOUT
+        (a worker its user stopped, a file on a hung mount)."""
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        def late() -> None:
+            if not ready.done():
+                ready.set_exception(TimeoutError("no reply in time"))
+
+        fd = self._nb.fileno()
+        loop.add_reader(fd, wake)
+        timer = loop.call_later(TIMEOUT, late)
+        try:
+            await ready
+        finally:
+            timer.cancel()
+            loop.remove_reader(fd)
+
     def _open(
         self, path: str, flags: int, mode: int, *, dir_fd: int | None = None,
         follow: bool = True, read: dict[str, int] | None = None, max_reply: int = 0,
@@ -213,6 +327,12 @@ class Opener:
         reply, out, got = self._request(
             header, fds=[dir_fd] if dir_fd is not None else [], max_reply=max_reply
         )
+        return self._opened(path, reply, out, got)
+
+    def _opened(
+        self, path: str, reply: dict[str, Any], out: bytes, got: list[int]
+    ) -> tuple[int, dict[str, Any], bytes]:
+        """An open's reply: the one descriptor it sent, or OpenFailed."""
         if not reply.get("ok"):
             for fd in got:
                 os.close(fd)
@@ -294,7 +414,12 @@ class Opener:
         answering the close of a file it opened, which not even SIGKILL
         ends) held the loop, and every user, with it (before: a wait of up
         to 5 s, then one without end)."""
+        with self._state:
+            self._closed = True
+            waited = self._on_loop
         self._sock.close()
+        if not waited:
+            self._nb.close()
         if self._fence is not None:
             os.close(self._fence)
             self._fence = None

@@ -17,7 +17,9 @@ there, and under a read-only or throwaway workdir the host's tree is not
 reachable. The namespace is joined once, before the first request.
 
 Wire format (SOCK_SEQPACKET): a message is one JSON header packet, with
-any descriptors, then `header["data"]` bytes in packets of at most CHUNK.
+any descriptors, then `header["data"]` bytes in packets of at most CHUNK;
+data that fits in one packet with its header follows the header's line in
+that packet (one wake-up of the reader instead of two).
 """
 
 from __future__ import annotations
@@ -47,24 +49,41 @@ class Fail(Exception):
 def send(sock: socket.socket, header: dict[str, Any], data: bytes = b"",
          fds: list[int] | None = None) -> None:
     header["data"] = len(data)
-    socket.send_fds(sock, [json.dumps(header).encode()], fds or [])
+    head = json.dumps(header).encode()
+    if data and len(head) + 1 + len(data) <= CHUNK:
+        # One packet, the data after the header's line (json.dumps writes no
+        # raw newline): one wake-up of the reader instead of two.
+        socket.send_fds(sock, [head, b"\n", data], fds or [])
+        return
+    socket.send_fds(sock, [head], fds or [])
     view = memoryview(data)
     for start in range(0, len(view), CHUNK):
         sock.send(view[start:start + CHUNK])
+
+
+def split(raw: bytes, max_data: int) -> tuple[dict[str, Any], int, bytes]:
+    """A message's first packet: its header, the size of its data, and the
+    part of the data that came in the same packet."""
+    line, _, inline = raw.partition(b"\n")
+    header = json.loads(line)
+    size = int(header.get("data", 0))
+    if size > max_data or len(inline) > size:
+        raise ValueError(f"message of {max(size, len(inline))} bytes over {max_data}")
+    return header, size, inline
 
 
 def recv(sock: socket.socket, max_data: int) -> tuple[dict[str, Any], bytes, list[int]]:
     raw, fds, _flags, _addr = socket.recv_fds(sock, MAX_HEADER, 2)
     if not raw:
         raise EOFError
-    header = json.loads(raw)
-    size = int(header.get("data", 0))
-    if size > max_data:
+    try:
+        header, size, inline = split(raw, max_data)
+    except ValueError:
         for fd in fds:
             os.close(fd)
-        raise ValueError(f"message of {size} bytes over {max_data}")
-    parts: list[bytes] = []
-    got = 0
+        raise
+    parts: list[bytes] = [inline]
+    got = len(inline)
     while got < size:
         part = sock.recv(CHUNK)
         if not part:

@@ -25,13 +25,14 @@ from leviathd.policy.readgrant import GrantIndex
 from leviathd.readpatterns import is_inside
 
 MAX_READ = 1 << 20
-_READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK  # NONBLOCK: a FIFO cannot hang us
+READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK  # NONBLOCK: a FIFO cannot hang us
 # Room left in a reply, per path still to come, for a short error entry.
 _ENTRY_RESERVE = 400
 _SHOWN = 200
 # A read_file read with the open that finds its real path (read_ahead) keeps
 # at most this much content across the decision: more is read again after it.
 AHEAD_MAX = 64 << 10
+_TAIL = len(b', "truncated": false}')
 # Folders above a written file that keep its mark, at most.
 _MAX_MARK_DEPTH = 256
 
@@ -168,7 +169,7 @@ class FileTools:
     ) -> tuple[int, str, tuple[bytes, bool] | None]:
         """The descriptor, its real path, and with `ahead` (max_bytes, budget)
         the content the worker read with the open, if any."""
-        flags = _READ_FLAGS | (os.O_DIRECTORY if directory else 0)
+        flags = READ_FLAGS | (os.O_DIRECTORY if directory else 0)
         content = None
         opener = self.reader(path)
         try:
@@ -225,18 +226,37 @@ class FileTools:
         hand over only once the gate allowed this real path; nothing is
         opened where the agent may not read as written, and a real path it
         may not read is given back lexical, as resolve does (the run then
-        refuses it), with no content. The descriptor is closed here: none is
-        held while the gate decides."""
-        if not self.index.may_read(path):
+        refuses it), with no content."""
+        plan = self.plan_ahead(path, max_bytes, budget)
+        if plan is None:
             return path, None
-        limit = self._max(max_bytes)
-        tail = len(b', "truncated": false}')
-        guess = budget - len(_enc({"path": path})) - len(b', "content": ') - tail - 16
-        ahead = (min(limit, AHEAD_MAX), min(guess, AHEAD_MAX))
         try:
-            fd, got = self.reader(path).open_read(path, _READ_FLAGS, *ahead)
+            fd, got = self.reader(path).open_read(path, READ_FLAGS, plan[2], plan[3])
         except OpenFailed:
             return path, None
+        return self.take_ahead(path, fd, got, plan, budget)
+
+    def plan_ahead(self, path: str, max_bytes: int | None, budget: int
+                   ) -> tuple[int, int, int, int] | None:
+        """For read_ahead: (the bytes the call may read, the room for their
+        encoding, and both as the worker reads them with the open, at most
+        AHEAD_MAX); None: `path` is not one the agent may read as written,
+        and nothing is opened for it."""
+        if not self.index.may_read(path):
+            return None
+        limit = self._max(max_bytes)
+        guess = budget - len(_enc({"path": path})) - len(b', "content": ') - _TAIL - 16
+        return limit, guess, min(limit, AHEAD_MAX), min(guess, AHEAD_MAX)
+
+    def take_ahead(self, path: str, fd: int, got: tuple[bytes, bool] | None,
+                   plan: tuple[int, int, int, int], budget: int
+                   ) -> tuple[str, RawJSON | None]:
+        """read_ahead's checks on the descriptor the worker opened for `path`
+        and the content it read with it (`got`): the real path to decide on,
+        and the reply if this descriptor may be read. Blocking on a file
+        system whose server may wait (localfs.py says where it does not).
+        The descriptor is closed here: none is held while the gate decides."""
+        guess = plan[1]
         try:
             real = fd_real_path(fd)
             if not self.index.may_read(real):
@@ -247,10 +267,10 @@ class FileTools:
             if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or got is None or guess < 2:
                 return real, None
             content, truncated = got
-            if truncated and ahead != (limit, guess):
+            if truncated and plan[2:] != plan[:2]:
                 return real, None  # cut by AHEAD_MAX, not by what was asked
             head = _enc({"path": real})[:-1] + b', "content": '
-            if len(content) > budget - len(head) - tail:
+            if len(content) > budget - len(head) - _TAIL:
                 return real, None
             label = filelabels.read_label(fd)
         finally:
