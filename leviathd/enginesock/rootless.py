@@ -200,7 +200,7 @@ def attach(supervisor_pid: int, unit: str, pid: int) -> str:
 
 async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
                 state_dir: str, *, host_network: bool, agent_network: bool = False,
-                image: bool = False) -> str:
+                image: bool = False, trust_bundle: str | None = None) -> str:
     """Starts the agent's service; its socket's path. The service itself
     runs once the agent's fence does (enginesock/rootless_exec.py: it sees
     what the fence shows), after the daemon has released the agent: until
@@ -213,7 +213,8 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
     namespace reach exactly what the agent reaches, never more. `image`:
     the agent's fence is a container of an image (the container kind),
     which has no podman: the engine's system folders are the machine's,
-    read-only, the rest the container's."""
+    read-only, the rest the container's. `trust_bundle`: the CA bundle, as
+    the fence names it, the engine trusts behind the agent's proxy."""
     podman = await asyncio.to_thread(preflight, user)
     mappers = [os.path.realpath(shutil.which(t, path=ENGINE_PATH) or t) for t in
                ("newuidmap", "newgidmap")]
@@ -248,9 +249,8 @@ async def start(agent_id: str, unit: str, supervisor_pid: int, user: UserInfo,
             # the registries whose logins the proxy puts in (proxy/registries.py):
             # the agent's bundle, root's and read-only in the fence. Go reads
             # SSL_CERT_FILE, then the system's folder of CAs when it is not there.
-            from leviathd.proxy.egress import trust_bundle  # not at import: a cycle
-
-            env["SSL_CERT_FILE"] = trust_bundle()
+            if trust_bundle is not None:
+                env["SSL_CERT_FILE"] = trust_bundle
         orders = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups), "fd": fd,
                   "argv": service_argv(podman), "env": env, "cwd": engineroot.RUN,
                   "log": os.path.join(engineroot.RUN, "podman.log"),

@@ -39,7 +39,7 @@ from leviathd.enginesock.proxy import SOCKET_NAME, AgentProxy, Settings
 from leviathd.enginesock.view import View, _Entry
 from leviathd.errors import NotFound, Unavailable
 from leviathd.events import Event
-from leviathd.gate.service import SANDBOX_RUNTIME, GateService, agent_dir
+from leviathd.gate.service import CA_BUNDLE, SANDBOX_RUNTIME, GateService, agent_dir
 from leviathd.identity import UserInfo, user_info
 from leviathd.paths import runtime_dir
 from leviathd.records import AgentRecord
@@ -180,7 +180,8 @@ class EngineSockService(Feature):
             sock = await rootless.start(rec.id, rec.unit, rec.supervisor_pid, user,
                                         self._state_dir, host_network=eff.network is True,
                                         agent_network=eff.network == "proxy",
-                                        image=rec.sandbox == SandboxKind.CONTAINER)
+                                        image=rec.sandbox == SandboxKind.CONTAINER,
+                                        trust_bundle=CA_BUNDLE)
         except rootless.RootlessUnavailable as exc:
             await asyncio.to_thread(rootless.remove, rec.id, self._state_dir)
             raise Unavailable(f"the agent's container engine (rootless podman as "

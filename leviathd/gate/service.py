@@ -65,6 +65,9 @@ from leviathd.systemd import journal
 # At shutdown, between unlinking the brokers' sockets and closing them.
 DRAIN_SECONDS = 0.2
 SANDBOX_RUNTIME = "/run/leviath"  # where the agent's folder appears in a namespace sandbox
+# The agent's trust bundle in that folder (the system's CAs and the agent's
+# proxy CA; proxy/egress.py writes it): its engine trusts it too.
+CA_BUNDLE = f"{SANDBOX_RUNTIME}/ca-bundle.pem"
 SOCKET_NAME = "broker.sock"
 SHELL_TIMEOUT = 300
 

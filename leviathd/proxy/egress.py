@@ -27,12 +27,12 @@ from leviathd import fsat
 from leviathd.config.merge import Effective
 from leviathd.config.models import CredentialConfig
 from leviathd.domain.sandbox import SandboxKind
-from leviathd.gate.service import SANDBOX_RUNTIME, agent_dir
+from leviathd.gate.service import CA_BUNDLE, SANDBOX_RUNTIME, agent_dir
 from leviathd.proxy import azure, inject
 from leviathd.sandbox import gitenv
 from leviathd.sandbox.spec import SandboxSpec
 
-BUNDLE = "ca-bundle.pem"
+BUNDLE = CA_BUNDLE.rsplit("/", 1)[1]  # its name in the agent's folder
 # network = true: git's per-URL proxy for the covered hosts, written by the
 # daemon once its loopback port is bound (and again after a restart, on a new
 # port); the sandbox's git includes it (a missing file is no error to git).
@@ -138,11 +138,6 @@ def _not_injected(spec: SandboxSpec, kind: str) -> str:
     else:
         held = "not offered"
     return f"not injected at the egress ({why}); {held}"
-
-
-def trust_bundle() -> str:
-    """The bundle as the agent's fence (and its engine) names it."""
-    return f"{SANDBOX_RUNTIME}/{BUNDLE}"
 
 
 def extend_trust(spec: SandboxSpec) -> SandboxSpec:
