@@ -96,9 +96,18 @@ def test_an_image_alice_imported_is_her_next_agents_and_never_bobs(bed: Testbed)
     store = f"/var/lib/leviath/image-store/{bed.users['alice'].uid}"
     flags = (f"--root {store}/storage --runroot {store}/run --tmpdir {store}/libpod-tmp "
              f"--volumepath {store}/volumes")
-    r = bed.run(["sh", "-c", "d=$(mktemp -d) && XDG_RUNTIME_DIR=$d HOME=$d podman "
-                 f"{flags} images --format '{{{{.Repository}}}}:{{{{.Tag}}}}'; rm -rf $d"],
-                user="alice", check=False, timeout=120)
+    # In a scope of its own, stopped after: rootless podman leaves its pause
+    # process (catatonit -P) running as alice, which later modules would
+    # take for something an agent left.
+    scope = "leviath-test-store-list.scope"
+    try:
+        r = bed.run(["systemd-run", "--quiet", "--scope", f"--unit={scope}", "--uid=alice",
+                     "--gid=alice", "sh", "-c",
+                     "d=$(mktemp -d) && XDG_RUNTIME_DIR=$d HOME=$d podman "
+                     f"{flags} images --format '{{{{.Repository}}}}:{{{{.Tag}}}}'; rm -rf $d"],
+                    check=False, timeout=120)
+    finally:
+        bed.run(["systemctl", "stop", scope], check=False)
     assert "localhost/kept:1" in r.stdout, (r.stdout, r.stderr)
     # Nor is her store a path bob may open.
     r = bed.run(["ls", f"/var/lib/leviath/image-store/{bed.users['alice'].uid}"], user="bob",
