@@ -51,12 +51,6 @@ TIMEOUT = min(max(float(os.environ.get("LEVIATH_VM_TIMEOUT", "3600")), 60.0), 4 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(TIMEOUT + 1800)]
 REPO = Path(__file__).resolve().parents[2]
 SID_DOCKER = "/opt/leviath-dev/docker/sid/bin/docker"
-SID_COMPOSE = "/opt/leviath-dev/docker/sid/config/cli-plugins/docker-compose"
-# Issue 49 item 3 in the VM: a registry STAND-IN (this machine's Debian
-# docker-registry binary, which scripts/setup installs; the VM image has no
-# package of it), TLS from a test CA made here, basic auth.
-REG_USER = "vm-reg-user"
-REG_PASSWORD = "vm-reg-pw-4d8e2a6c0b9f1e3a"
 KEEP = os.environ.get("LEVIATH_VM_KEEP")  # keep the share folder for a look
 
 
@@ -105,53 +99,6 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"Debian 13 VM unavailable: {reason}")
 
 
-def _registry_files(folder: Path) -> None:
-    """The VM registry's binary, test CA, certificate for registry.test, and
-    htpasswd (bcrypt, as htpasswd -B makes it)."""
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    folder.mkdir()
-    registry = shutil.which("docker-registry")
-    if registry is None:
-        _unavailable("docker-registry missing (run scripts/setup)")
-    shutil.copy(str(registry), folder / "docker-registry")
-    htpasswd = subprocess.run(["htpasswd", "-Bbn", REG_USER, REG_PASSWORD], check=True,
-                              capture_output=True, text=True, timeout=60).stdout
-    (folder / "htpasswd").write_text(htpasswd)
-    # For root's push in the VM, which takes it out of the share before any
-    # agent runs (inside.sh, registry_up).
-    (folder / "password").write_text(f"{REG_USER}:{REG_PASSWORD}")
-    now = datetime.datetime.now(datetime.UTC)
-    day = datetime.timedelta(days=1)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(name("leviath vm registry CA"))
-          .issuer_name(name("leviath vm registry CA")).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - day)
-          .not_valid_after(now + 30 * day)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    leaf = (x509.CertificateBuilder().subject_name(name("registry.test")).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - day).not_valid_after(now + 30 * day)
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("registry.test")]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    pem = serialization.Encoding.PEM
-    (folder / "ca.crt").write_bytes(ca.public_bytes(pem))
-    (folder / "tls.pem").write_bytes(leaf.public_bytes(pem))
-    (folder / "tls.key").write_bytes(key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-
-
 def bring_up() -> Run:
     """Build the image and the .deb, run the unit tests in a Debian 13 root,
     boot the VM and wait for its checks. tests/vm/conftest.py starts this in a
@@ -172,8 +119,6 @@ def bring_up() -> Run:
     # Debian unstable's docker CLI (scripts/setup fetches it), run in the VM
     # as a client of an agent's socket.
     shutil.copy(SID_DOCKER, share / "docker-sid")
-    shutil.copy(SID_COMPOSE, share / "docker-compose")
-    _registry_files(share / "registry")
     # The container check's system-call probe: static, so it runs in the
     # busybox image inside the VM (which has no compiler).
     subprocess.run(["gcc", "-static", "-O1", "-pthread", "-o", str(share / "syscall_probe"),
@@ -883,20 +828,6 @@ def test_debian_unstables_docker_cli_runs_on_podman5(vm: Run) -> None:
     version, api = _line(out, "sid-version").split()[:2]
     assert int(version.split(".")[0]) >= 28 and api == "1.41", out
     assert "hi-from-sid" in out.splitlines() and _line(out, "sid-run") == "6", out
-
-
-def test_a_pull_from_a_registry_gets_alices_login_at_the_egress_on_debian13(vm: Run) -> None:
-    # Issue 49 item 3 on podman 5: alice's agent pulls from the registry
-    # STAND-IN (basic auth) with her login put in at its egress, runs the
-    # image and a compose file of it; the password is nowhere inside; the
-    # agent's own upload gets no login.
-    out = vm.out("registry_pull")
-    assert "pull-ok" in out and "ran-from-the-registry" in out, out
-    assert "compose-up-ok" in out and "compose-from-the-registry" in out, out
-    assert _line(out, "secret-in-env") == "0" and _line(out, "secret-in-files") == "", out
-    assert "auths" not in _line(out, "docker-config"), out
-    assert _line(out, "push") == "401", out
-    assert REG_PASSWORD not in out
 
 
 def test_escape_a_bind_of_the_workdir_leaves_git_config_and_a_cache_mount_reads_no_ssh(
