@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from test_engine_rootless import MAKE_TARBALL
-from test_engine_socket_cli import BED_RUN, DOCKER, DOCKER_DIR
+from test_engine_socket_cli import DOCKER, DOCKER_DIR
 from testbed import Testbed
 
 pytestmark = pytest.mark.testbed
@@ -83,11 +83,11 @@ def test_an_image_alice_imported_is_her_next_agents_and_never_bobs(bed: Testbed)
                    f"echo imported")
     assert "imported" in out, out
     # Her next agent: listed, and it runs.
-    out = in_agent(bed, "alice", f"{IMAGES}; {DOCKER} run --rm {BED_RUN} localhost/kept:1 "
+    out = in_agent(bed, "alice", f"{IMAGES}; {DOCKER} run --rm localhost/kept:1 "
                    "echo ran-kept")
     assert "localhost/kept:1" in out and "ran-kept" in out, out
     # Bob's agent: not listed, and not runnable (nothing to pull it from).
-    out = in_agent(bed, "bob", f"{IMAGES}; echo ---; {DOCKER} run --rm {BED_RUN} "
+    out = in_agent(bed, "bob", f"{IMAGES}; echo ---; {DOCKER} run --rm "
                    "localhost/kept:1 echo ran-kept 2>&1 || echo run-failed")
     listed, _, ran = out.partition("---\n")
     assert "localhost/kept" not in listed, out
@@ -122,7 +122,7 @@ def test_what_one_agent_removes_stays_in_the_store_and_in_her_running_agent(
     # Agent 3 runs a container of the kept image, and waits.
     bed.run(["rm", "-f", f"{home}/{WORK}/go", f"{home}/{WORK}/held", f"{home}/{WORK}/done"])
     bed.run(["lev", "run", "--detach", "--", "sh", "-c",
-                    f"{DOCKER} run -d --name held {BED_RUN} localhost/shared:1 sleep 600 "
+                    f"{DOCKER} run -d --name held localhost/shared:1 sleep 600 "
                     f">/dev/null && touch held; while [ ! -e go ]; do sleep 0.2; done; "
                     f"{DOCKER} exec held echo still-running > held.out 2>&1; "
                     f"{IMAGES} >> held.out; {DOCKER} rm -f held >/dev/null; touch done"],
