@@ -196,6 +196,32 @@ srv.serve_forever()
 """
 
 
+# The end of the Codex and Gemini CLI stand-ins (test_codex_refresh.py,
+# test_gemini_refresh.py): the answer `code`, `kind`, `out` written, each
+# handshake in its own thread, served on the outside address with the
+# stand-in's certificate.
+SERVE_TAIL = f"""        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = serve
+
+    def setup(self):
+        self.request.do_handshake()
+        super().setup()
+
+    def log_message(self, *args):
+        pass
+
+srv = http.server.ThreadingHTTPServer(("{OUTSIDE}", 443), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("/srv/cli45/tls.pem", "/srv/cli45/tls.key")
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
+srv.serve_forever()
+"""
+
 def stand_in_log(bed: Testbed) -> list[dict[str, str]]:
     out = bed.run(["cat", "/srv/cli45/log.jsonl"], check=False).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]

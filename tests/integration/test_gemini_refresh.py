@@ -36,7 +36,7 @@ from collections.abc import Iterator
 
 import pytest
 from loop_agent import lay_out
-from test_cli_logins import stand_in, stand_in_log
+from test_cli_logins import SERVE_TAIL, stand_in, stand_in_log
 from test_egress_credentials import answering
 from test_gate_bed import Agent
 from testbed import Testbed
@@ -129,27 +129,8 @@ class H(http.server.BaseHTTPRequestHandler):
             out = json.dumps({{"response": REPLY, "traceId": "t1"}}).encode()
         elif path.endswith(":countTokens"):
             out = b'{{"totalTokens": 1}}'
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    do_GET = do_POST = serve
-
-    def setup(self):
-        self.request.do_handshake()
-        super().setup()
-
-    def log_message(self, *args):
-        pass
-
-srv = http.server.ThreadingHTTPServer(("10.81.0.2", 443), H)
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain("/srv/cli45/tls.pem", "/srv/cli45/tls.key")
-srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
-srv.serve_forever()
-"""
+        code = 200
+{SERVE_TAIL}"""
 
 
 @pytest.fixture(scope="module")
