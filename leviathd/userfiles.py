@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat
 
-from leviathd import fsids
+from leviathd import fsat, fsids
 
 
 def _open_as(path: str, uid: int, gid: int) -> int:
@@ -40,5 +40,36 @@ def read_user_file(path: str, uid: int, gid: int, *, limit: int = 1 << 20) -> st
         if len(data) > limit:
             raise PermissionError(f"{path}: larger than {limit} bytes")
         return data.decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)
+
+
+def read_noted(dir_fd: int, rel: tuple[str, ...], where: str, limit: int,
+               notes: list[str]) -> bytes | None:
+    """The regular file `rel` under the user's folder `dir_fd` (opened as
+    her), walked by descriptor with no link followed, at most `limit` bytes;
+    None when it is absent, or not readable with a note naming `where` (the
+    CLIs' logins, proxy/loginfiles.py, and registry logins,
+    proxy/registries.py)."""
+    try:
+        fd = fsat.walk_at(dir_fd, rel[:-1])
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        notes.append(f"{where}: {exc.strerror or exc}")
+        return None
+    try:
+        st = fsat.lstat_at(fd, rel[-1])
+        if st is None:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            notes.append(f"{where}: not a regular file")
+            return None
+        return fsat.read_at(fd, rel[-1], limit)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        notes.append(f"{where}: {getattr(exc, 'strerror', None) or exc}")
+        return None
     finally:
         os.close(fd)

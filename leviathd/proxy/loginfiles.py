@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from leviathd import fsat, fsids
+from leviathd import fsat, fsids, userfiles
 
 MAX_SIZE = 64 << 10
 MAX_DEPTH = 8
@@ -292,25 +292,4 @@ def read_logins(uid: int, gid: int, home: str,
 
 
 def _read(home_fd: int, rel: tuple[str, ...], notes: list[str]) -> bytes | None:
-    try:
-        fd = fsat.walk_at(home_fd, rel[:-1])
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        notes.append(f"~/{'/'.join(rel)}: {exc.strerror or exc}")
-        return None
-    try:
-        st = fsat.lstat_at(fd, rel[-1])
-        if st is None:
-            return None
-        if not stat.S_ISREG(st.st_mode):
-            notes.append(f"~/{'/'.join(rel)}: not a regular file")
-            return None
-        return fsat.read_at(fd, rel[-1], MAX_SIZE)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        notes.append(f"~/{'/'.join(rel)}: {getattr(exc, 'strerror', None) or exc}")
-        return None
-    finally:
-        os.close(fd)
+    return userfiles.read_noted(home_fd, rel, f"~/{'/'.join(rel)}", MAX_SIZE, notes)

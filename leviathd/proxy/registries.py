@@ -33,11 +33,10 @@ import binascii
 import json
 import os
 import re
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from leviathd import fsat, fsids
+from leviathd import fsat, fsids, userfiles
 from leviathd.proxy import inject
 
 KIND = "registry"
@@ -141,29 +140,7 @@ def parse(data: bytes, where: str, found: Found) -> None:
 
 
 def _read(dir_fd: int, rel: tuple[str, ...], where: str, notes: list[str]) -> bytes | None:
-    """One file under `dir_fd`, by descriptor, no link followed, bounded."""
-    try:
-        fd = fsat.walk_at(dir_fd, rel[:-1])
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        notes.append(f"{where}: {exc.strerror or exc}")
-        return None
-    try:
-        st = fsat.lstat_at(fd, rel[-1])
-        if st is None:
-            return None
-        if not stat.S_ISREG(st.st_mode):
-            notes.append(f"{where}: not a regular file; its logins are not used")
-            return None
-        return fsat.read_at(fd, rel[-1], MAX_SIZE)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        notes.append(f"{where}: {getattr(exc, 'strerror', None) or exc}")
-        return None
-    finally:
-        os.close(fd)
+    return userfiles.read_noted(dir_fd, rel, where, MAX_SIZE, notes)
 
 
 def _own_dir(path: str, uid: int) -> int | None:
