@@ -120,21 +120,26 @@ class MachineParts:
                 os.close(fd)
 
 
-def machine_parts(run: str, storage: str, mappers: list[str],
-                  system: list[str]) -> MachineParts:
-    """Clones of the engine's folders, the id mappers and the device nodes,
-    and of the `system` folders (top-level, read-only), taken in the
-    machine's view (before the launcher enters the agent's)."""
+def system_parts(system: list[str]) -> dict[str, int | str]:
+    """The top-level `system` folders (`/usr`, ...) by name: a clone of each
+    folder, the target of each link (`/bin` -> usr/bin); what is absent is
+    left out."""
     taken: dict[str, int | str] = {}
     for path in system:
         name = path.strip("/")
         if "/" in name or not name:
             continue
         with contextlib.suppress(FileNotFoundError):
-            if os.path.islink(path):
-                taken[name] = os.readlink(path)
-            else:
-                taken[name] = clone(path)
+            taken[name] = os.readlink(path) if os.path.islink(path) else clone(path)
+    return taken
+
+
+def machine_parts(run: str, storage: str, mappers: list[str],
+                  system: list[str]) -> MachineParts:
+    """Clones of the engine's folders, the id mappers and the device nodes,
+    and of the `system` folders (top-level, read-only), taken in the
+    machine's view (before the launcher enters the agent's)."""
+    taken = system_parts(system)
     dev: dict[str, int] = {}
     for name in (*DEV_NODES, *DEV_EXTRA):
         path = f"/dev/{name}"

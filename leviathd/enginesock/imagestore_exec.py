@@ -41,17 +41,6 @@ STEP_TIMEOUT = 1800.0
 MAX_OUTPUT = 4 << 20
 
 
-def _system_parts(system: list[str]) -> dict[str, int | str]:
-    taken: dict[str, int | str] = {}
-    for path in system:
-        name = path.strip("/")
-        if "/" in name or not name:
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            taken[name] = os.readlink(path) if os.path.islink(path) else engineroot.clone(path)
-    return taken
-
-
 def _tmpfs(path: str, uid: int, gid: int) -> None:
     os.makedirs(path, 0o755, exist_ok=True)  # (/run is a tmpfs; the rest was made before)
     engineroot.mount("tmpfs", path, "tmpfs", engineroot.MS_NOSUID | engineroot.MS_NODEV,
@@ -235,7 +224,7 @@ def main() -> int:
             raise OSError("setns(/proc/1/ns/mnt)")
     finally:
         os.close(ns)
-    system = _system_parts([str(p) for p in orders["system"]])
+    system = engineroot.system_parts([str(p) for p in orders["system"]])
     dev = {}
     for name in engineroot.DEV_NODES:
         with contextlib.suppress(OSError):
